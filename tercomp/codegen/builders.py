@@ -1,0 +1,159 @@
+"""Small MLIR-emission helpers shared by the op lowerings (linalg on tensors).
+
+LowerCtx is what every op's `lower` rule receives: it maps tern Values to MLIR values,
+turns tern types into MLIR types, materializes symbolic dims as `index` values (from
+`tensor.dim` of the function arguments that carry them), and builds the common
+`linalg.generic` / `tensor.empty` / `linalg.fill` shapes.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import sympy
+from iree.compiler import ir
+from iree.compiler.dialects import arith, linalg, tensor
+
+from ..ir import TensorType, is_static
+from ..ir.types import DTYPES
+
+PARALLEL = "parallel"
+REDUCTION = "reduction"
+
+
+def elem_type(dtype: str) -> ir.Type:
+    name = DTYPES[dtype][1]
+    return {"f64": ir.F64Type.get, "f32": ir.F32Type.get, "f16": ir.F16Type.get}.get(
+        name, lambda: ir.IntegerType.get_signless(int(name[1:])))()
+
+
+def tensor_type(t: TensorType) -> ir.RankedTensorType:
+    dyn = ir.ShapedType.get_dynamic_size()
+    return ir.RankedTensorType.get([d if is_static(d) else dyn for d in t.shape], elem_type(t.dtype))
+
+
+def scalar_const(value, dtype: str) -> ir.Value:
+    et = elem_type(dtype)
+    if dtype.startswith("f"):
+        return arith.ConstantOp(et, ir.FloatAttr.get(et, float(value))).result
+    if dtype == "i1":
+        return arith.ConstantOp(et, ir.IntegerAttr.get(et, 1 if value else 0)).result
+    return arith.ConstantOp(et, ir.IntegerAttr.get(et, int(value))).result
+
+
+def index_const(v: int) -> ir.Value:
+    return arith.ConstantOp(ir.IndexType.get(), v).result
+
+
+def iterator_attr(kinds: Sequence[str]) -> ir.ArrayAttr:
+    return ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{k}>") for k in kinds])
+
+
+def maps_attr(maps: Sequence[ir.AffineMap]) -> ir.ArrayAttr:
+    return ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps])
+
+
+def affine_map(n_dims: int, exprs: Sequence) -> ir.AffineMap:
+    """exprs: ints k -> dim k; ('c', v) -> the constant v."""
+    out = []
+    for e in exprs:
+        if isinstance(e, tuple):
+            out.append(ir.AffineConstantExpr.get(e[1]))
+        else:
+            out.append(ir.AffineDimExpr.get(e))
+    return ir.AffineMap.get(n_dims, 0, out)
+
+
+class LowerCtx:
+    """State of the tern -> MLIR lowering of one function."""
+
+    def __init__(self, symbol_sources: dict):
+        self.values: dict = {}          # tern Value -> ir.Value
+        self.symbol_sources = symbol_sources  # sympy Symbol -> (ir.Value, axis)
+        self._dim_cache: dict = {}
+
+    # -- dims ------------------------------------------------------------------------
+    def dim(self, d) -> ir.Value:
+        """An `index` value for a static or symbolic dim."""
+        if is_static(d):
+            return index_const(d)
+        key = sympy.srepr(d)
+        if key not in self._dim_cache:
+            self._dim_cache[key] = self._emit_dim(d)
+        return self._dim_cache[key]
+
+    def _emit_dim(self, e) -> ir.Value:
+        if isinstance(e, (int, sympy.Integer)):
+            return index_const(int(e))
+        if isinstance(e, sympy.Symbol):
+            src, axis = self.symbol_sources[e]
+            return tensor.DimOp(src, index_const(axis)).result
+        if isinstance(e, sympy.Add):
+            acc = self._emit_dim(e.args[0])
+            for a in e.args[1:]:
+                acc = arith.AddIOp(acc, self._emit_dim(a)).result
+            return acc
+        if isinstance(e, sympy.Mul):
+            num, den = sympy.fraction(e)
+            acc = None
+            for a in sympy.Mul.make_args(num):
+                v = self._emit_dim(a)
+                acc = v if acc is None else arith.MulIOp(acc, v).result
+            if den != 1:
+                acc = arith.DivUIOp(acc, self._emit_dim(den)).result
+            return acc
+        if isinstance(e, sympy.Rational):
+            raise ValueError(f"non-integer dimension {e}")
+        raise ValueError(f"cannot materialize dimension {e}")
+
+    def dyn_sizes(self, t: TensorType) -> list:
+        return [self.dim(d) for d in t.shape if not is_static(d)]
+
+    # -- tensors ---------------------------------------------------------------------
+    def empty(self, t: TensorType) -> ir.Value:
+        sizes = [d if is_static(d) else self.dim(d) for d in t.shape]
+        return tensor.EmptyOp(sizes, elem_type(t.dtype)).result
+
+    def fill(self, t: TensorType, value) -> ir.Value:
+        init = self.empty(t)
+        return linalg.fill(scalar_const(value, t.dtype), outs=[init])
+
+    def generic(self, inputs: Sequence[ir.Value], input_maps: Sequence[ir.AffineMap],
+                out_type: TensorType, out_map: ir.AffineMap, iterators: Sequence[str],
+                body: Callable, init: ir.Value | None = None, in_elem=None) -> ir.Value:
+        """One linalg.generic with a single output. `body(*scalar_args, acc)` returns the
+        yielded scalar; `init` defaults to tensor.empty (for all-parallel generics)."""
+        if init is None:
+            init = self.empty(out_type)
+        op = linalg.GenericOp([tensor_type(out_type)], list(inputs), [init],
+                              maps_attr(list(input_maps) + [out_map]), iterator_attr(iterators))
+        arg_types = [ir.RankedTensorType(v.type).element_type for v in inputs]
+        block = op.regions[0].blocks.append(*arg_types, elem_type(out_type.dtype))
+        with ir.InsertionPoint(block):
+            linalg.YieldOp([body(*block.arguments)])
+        return op.result
+
+    def elementwise(self, operands: Sequence[ir.Value], operand_types: Sequence[TensorType],
+                    out_type: TensorType, body: Callable) -> ir.Value:
+        """A parallel generic with NumPy broadcasting of every operand to out_type."""
+        r = out_type.rank
+        maps = [broadcast_map(t, out_type) for t in operand_types]
+        ident = ir.AffineMap.get_identity(r)
+        return self.generic(operands, maps, out_type, ident, [PARALLEL] * r,
+                            lambda *args: body(*args[:-1]))
+
+
+def broadcast_map(t: TensorType, out: TensorType) -> ir.AffineMap:
+    """NumPy broadcasting as an affine map: right-aligned, size-1 dims read index 0."""
+    r, k = out.rank, t.rank
+    exprs = []
+    for i, d in enumerate(t.shape):
+        od = out.shape[r - k + i]
+        exprs.append(("c", 0) if (d == 1 and od != 1) else r - k + i)
+    return affine_map(r, exprs)
+
+
+def dense_attr(value: np.ndarray, t: TensorType) -> ir.Attribute:
+    """A dense elements attribute built from the NumPy buffer (fast for big constants)."""
+    arr = np.ascontiguousarray(value)
+    return ir.DenseElementsAttr.get(arr, type=tensor_type(t))

@@ -1,0 +1,100 @@
+"""Lower a tern Graph to an MLIR module (linalg on tensors, tensor, arith, math).
+
+Each op is lowered by its registry entry: `lower` emits MLIR directly; a composite's
+`decompose` is expanded into other tern ops first, which are then lowered. Symbolic
+dims become dynamic dims whose sizes are read with `tensor.dim` from the function
+argument that introduced each symbol. After lowering, a legality check makes sure no
+op outside the dialects IREE accepts is left (an unknown op reaching IREE in-process
+can crash the interpreter).
+"""
+from __future__ import annotations
+
+from iree.compiler import ir
+from iree.compiler.dialects import func
+
+from ..errors import CompileError, TercompError
+from ..ir import Graph, Op
+from ..ops import GraphBuilder, get
+from .builders import LowerCtx, tensor_type
+
+LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "flow", "util", "hal")
+
+
+def _location(op: Op) -> ir.Location:
+    return ir.Location.file(op.loc.file, max(op.loc.line, 0), max(op.loc.col, 0))
+
+
+def lower_op(ctx: LowerCtx, op: Op):
+    opdef = get(op.opname)
+    with _location(op):
+        if opdef.lower is not None:
+            results = opdef.lower(ctx, op, [ctx.values[v] for v in op.operands])
+        elif opdef.decompose is not None:
+            scratch = Graph(name="decomposition")
+            b = GraphBuilder(scratch, op.loc)
+            outs = opdef.decompose(b, list(op.operands), op.attrs)
+            outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+            for sub in scratch.ops:
+                lower_op(ctx, sub)
+            results = [ctx.values[v] for v in outs]
+        else:
+            raise CompileError(f"tern.{op.opname} has no lowering to MLIR", loc=op.loc,
+                               hint="run the pass that rewrites it first (e.g. the ternary pass)")
+    for r, m in zip(op.results, results):
+        ctx.values[r] = m
+
+
+def lower_graph(graph: Graph, module: ir.Module) -> None:
+    """Append `func.func @<graph.name>` to `module` (inside an active context)."""
+    arg_types = [tensor_type(v.type) for v in graph.inputs]
+    res_types = [tensor_type(v.type) for v in graph.outputs]
+    with ir.InsertionPoint(module.body), ir.Location.unknown():
+        fop = func.FuncOp(graph.name, (arg_types, res_types))
+        entry = fop.add_entry_block()
+    sources = {}
+    for v, a in zip(graph.inputs, entry.arguments):
+        for axis, d in enumerate(v.type.shape):
+            if not isinstance(d, int) and d.is_Symbol and d not in sources:
+                sources[d] = (a, axis)
+    ctx = LowerCtx(sources)
+    for v, a in zip(graph.inputs, entry.arguments):
+        ctx.values[v] = a
+    with ir.InsertionPoint(entry), ir.Location.unknown():
+        for op in graph.ops:
+            try:
+                lower_op(ctx, op)
+            except TercompError:
+                raise
+            except Exception as e:
+                raise CompileError(f"lowering tern.{op.opname} to MLIR failed: {e}", loc=op.loc) from None
+        func.ReturnOp([ctx.values[v] for v in graph.outputs])
+
+
+def check_legal(module: ir.Module) -> None:
+    """Fail loudly if an op of a dialect IREE does not take is left in the module."""
+    bad = []
+
+    def visit(op):
+        name = op.name if hasattr(op, "name") else op.operation.name
+        if name.split(".")[0] not in LEGAL_DIALECTS:
+            bad.append(name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    if bad:
+        raise CompileError(f"ops IREE cannot take are left after lowering: {sorted(set(bad))}",
+                           hint="a lowering is missing for these ops")
+    if not module.operation.verify():
+        raise CompileError("the lowered MLIR module does not verify")
+
+
+def to_mlir(graphs, ctx: ir.Context) -> ir.Module:
+    """Lower one or more graphs into one MLIR module in `ctx`."""
+    if isinstance(graphs, Graph):
+        graphs = [graphs]
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        for g in graphs:
+            lower_graph(g, module)
+        check_legal(module)
+    return module

@@ -1,0 +1,53 @@
+"""Every error tercomp raises derives from TercompError.
+
+Errors say what was wrong, where in the user's code (a SourceLoc when one is known) and
+what to do about it.
+"""
+from __future__ import annotations
+
+
+class TercompError(Exception):
+    """Base class of all tercomp errors.
+
+    `loc` is the user's source location (file:line) when the error was caused by a line
+    of user code; `hint` says what to do instead.
+    """
+
+    def __init__(self, message: str, *, loc=None, hint: str | None = None):
+        self.message = message
+        self.loc = loc
+        self.hint = hint
+        text = message
+        if loc is not None and str(loc):
+            text = f"{loc}: {text}"
+        if hint:
+            text = f"{text}\n  hint: {hint}"
+        super().__init__(text)
+
+
+class TraceError(TercompError):
+    """A problem found while tracing user code (shapes, dtypes, control flow)."""
+
+
+class ParseError(TercompError):
+    """Malformed tern IR text; the message names line and column."""
+
+
+class VerifyError(TercompError):
+    """The IR broke a rule of an op; the message names op, rule and location."""
+
+
+class CompileError(TercompError):
+    """IREE rejected the module; the message names the stage and IREE's diagnostics."""
+
+
+class InputError(TercompError):
+    """Arguments given to a compiled module do not match its signature."""
+
+
+class ArtifactError(TercompError):
+    """A saved artifact is missing, truncated, tampered with or from another version."""
+
+
+class DeviceUnavailable(TercompError):
+    """The requested device is not present; the message names the drivers that are."""

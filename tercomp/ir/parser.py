@@ -1,0 +1,403 @@
+"""Parse tern IR text (as printed by printer.py, or written by hand) back into a Graph.
+
+Errors are ParseErrors naming the line and column. Result types of ops are recomputed
+by the op registry's shape rules (installed with `set_type_inference` when tercomp.ops
+is imported) and checked against the printed types, so symbolic dims come back as the
+same sympy expressions they were traced with.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import ParseError
+from .graph import Graph, SourceLoc, UNKNOWN_LOC
+from .types import DTYPES, TensorType, as_dim, is_static, numpy_dtype
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+|//[^\n]*)
+  | (?P<tensor>tensor<[^>]*>)
+  | (?P<dense>dense<"[^"]*">|dense<[^<>]*>|dense_resource<[^>]*>)
+  | (?P<value>%[A-Za-z0-9_.$\-]+)
+  | (?P<symbol>@[A-Za-z0-9_.$\-]+)
+  | (?P<string>"(?:[^"\\]|\\.)*")
+  | (?P<number>-?0x[0-9A-Fa-f]+|-?\d+\.\d*(?:[eE][-+]?\d+)?|-?\d+(?:[eE][-+]?\d+)?|-?inf|nan)
+  | (?P<arrow>->)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<punct>[(){}\[\],:=<>?])
+""", re.VERBOSE)
+
+_infer: Optional[Callable] = None
+
+
+def set_type_inference(fn: Callable):
+    """fn(opname, operand_types, attrs) -> list[TensorType]; raises on a bad op."""
+    global _infer
+    _infer = fn
+
+
+class _Tok:
+    __slots__ = ("kind", "text", "line", "col")
+
+    def __init__(self, kind, text, line, col):
+        self.kind, self.text, self.line, self.col = kind, text, line, col
+
+
+def _tokenize(text: str, filename: str):
+    toks = []
+    pos, line, line_start = 0, 1, 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m:
+            raise ParseError(f"unexpected character {text[pos]!r}",
+                             loc=SourceLoc(filename, line, pos - line_start + 1))
+        kind = m.lastgroup
+        if kind != "ws":
+            toks.append(_Tok(kind, m.group(), line, pos - line_start + 1))
+        nl = m.group().count("\n")
+        if nl:
+            line += nl
+            line_start = pos + m.group().rfind("\n") + 1
+        pos = m.end()
+    toks.append(_Tok("eof", "", line, pos - line_start + 1))
+    return toks
+
+
+_MLIR_TO_DTYPE = {v[1]: k for k, v in DTYPES.items()}
+
+
+class _Parser:
+    def __init__(self, text: str, filename: str):
+        self.filename = filename
+        self.toks = _tokenize(text, filename)
+        self.i = 0
+
+    # -- token helpers ---------------------------------------------------------------
+    @property
+    def tok(self):
+        return self.toks[self.i]
+
+    def error(self, msg, tok=None):
+        tok = tok or self.tok
+        return ParseError(f"{msg} (found {tok.text or 'end of input'!r})",
+                          loc=SourceLoc(self.filename, tok.line, tok.col),
+                          hint=f"at line {tok.line}, column {tok.col}")
+
+    def accept(self, text):
+        if self.tok.text == text:
+            self.i += 1
+            return True
+        return False
+
+    def expect(self, text):
+        if not self.accept(text):
+            raise self.error(f"expected {text!r}")
+
+    def expect_kind(self, kind):
+        t = self.tok
+        if t.kind != kind:
+            raise self.error(f"expected a {kind}")
+        self.i += 1
+        return t
+
+    # -- grammar -----------------------------------------------------------------------
+    def parse_type(self) -> TensorType:
+        t = self.expect_kind("tensor")
+        body = t.text[len("tensor<"):-1]
+        parts = body.split("x")
+        elem = parts[-1]
+        if elem not in _MLIR_TO_DTYPE:
+            raise ParseError(f"unknown element type {elem!r}", loc=SourceLoc(self.filename, t.line, t.col),
+                             hint=f"use one of {sorted(_MLIR_TO_DTYPE)}")
+        dims = []
+        for p in parts[:-1]:
+            if p == "?":
+                dims.append(None)
+            elif p.isdigit():
+                dims.append(int(p))
+            else:
+                raise ParseError(f"bad dimension {p!r} in {t.text}", loc=SourceLoc(self.filename, t.line, t.col))
+        return dims, _MLIR_TO_DTYPE[elem]
+
+    def parse_types(self, close=")"):
+        out = []
+        if self.accept(close):
+            return out
+        while True:
+            out.append((self.tok, self.parse_type()))
+            if self.accept(close):
+                return out
+            self.expect(",")
+
+    def parse_attr(self):
+        t = self.tok
+        if t.text in ("true", "false"):
+            self.i += 1
+            return t.text == "true"
+        if t.kind == "string":
+            self.i += 1
+            return bytes(t.text[1:-1], "utf-8").decode("unicode_escape")
+        if t.kind == "number":
+            self.i += 1
+            num = t.text
+            ty = None
+            if self.accept(":"):
+                ty = self.expect_kind("ident").text
+            if ty in ("f64", "f32", "f16") or ("." in num) or "inf" in num or num == "nan":
+                if num.lower().startswith(("0x", "-0x")) and ty:
+                    bits = int(num, 16)
+                    return float(np.array(bits, dtype=np.uint64).view(np.float64))
+                return float(num)
+            return int(num, 0)
+        if t.text == "[":
+            self.i += 1
+            items = []
+            if self.accept("]"):
+                return items
+            while True:
+                items.append(self.parse_attr())
+                if self.accept("]"):
+                    return items
+                self.expect(",")
+        if t.kind == "dense":
+            self.i += 1
+            self.expect(":")
+            ttok = self.tok
+            dims, dtype = self.parse_type()
+            return _DenseLiteral(t, ttok, dims, dtype)
+        raise self.error("expected an attribute value")
+
+    def parse_attr_dict(self):
+        out = {}
+        self.expect("{")
+        if self.accept("}"):
+            return out
+        while True:
+            key = self.expect_kind("ident").text
+            self.expect("=")
+            out[key] = self.parse_attr()
+            if self.accept("}"):
+                return out
+            self.expect(",")
+
+    def parse_loc(self):
+        if not self.accept("loc"):
+            return UNKNOWN_LOC
+        self.expect("(")
+        f = self.expect_kind("string").text[1:-1]
+        self.expect(":")
+        line = int(self.expect_kind("number").text)
+        col = 0
+        if self.accept(":"):
+            col = int(self.expect_kind("number").text)
+        self.expect(")")
+        return SourceLoc(f, line, col)
+
+    def parse(self) -> Graph:
+        wrapped = self.accept("module")
+        if wrapped:
+            self.expect("{")
+        g = self.parse_func()
+        if wrapped:
+            self.expect("}")
+        if self.tok.kind != "eof":
+            raise self.error("expected end of input after the function")
+        return g
+
+    def parse_func(self) -> Graph:
+        self.expect("func.func")
+        g = Graph(name=self.expect_kind("symbol").text[1:])
+        env = {}
+        self.expect("(")
+        if not self.accept(")"):
+            while True:
+                vt = self.expect_kind("value")
+                self.expect(":")
+                ttok = self.tok
+                dims, dtype = self.parse_type()
+                attrs = self.parse_attr_dict() if self.tok.text == "{" else {}
+                names = attrs.get("tern.dims")
+                if names is not None:
+                    if len(names) != len(dims):
+                        raise self.error("tern.dims has a different rank than the type", ttok)
+                    dims = [as_dim(n) for n in names]
+                elif any(d is None for d in dims):
+                    dims = [d if d is not None else f"{vt.text[1:]}_d{k}" for k, d in enumerate(dims)]
+                name = vt.text[1:]
+                if name in env:
+                    raise self.error(f"value %{name} defined twice", vt)
+                v = g.add_input(name, TensorType(tuple(dims), dtype))
+                env[name] = v
+                if self.accept(")"):
+                    break
+                self.expect(",")
+        self.expect("->")
+        if self.accept("("):
+            self.parse_types()
+        else:
+            self.parse_type()
+        fattrs = self.parse_attr_dict() if self.accept("attributes") else {}
+        self.expect("{")
+        while True:
+            if self.tok.text in ('"func.return"', "return"):
+                self.parse_return(g, env, fattrs)
+                self.expect("}")
+                return g
+            self.parse_op(g, env)
+
+    def lookup(self, env, tok):
+        name = tok.text[1:]
+        if name not in env:
+            raise self.error(f"use of undefined value %{name}", tok)
+        return env[name]
+
+    def parse_values(self, env, close=")"):
+        vals = []
+        if self.accept(close):
+            return vals
+        while True:
+            vals.append(self.lookup(env, self.expect_kind("value")))
+            if self.accept(close):
+                return vals
+            self.expect(",")
+
+    def parse_return(self, g, env, fattrs):
+        if self.accept("return"):
+            vals = []
+            if self.tok.kind == "value":
+                while True:
+                    vals.append(self.lookup(env, self.expect_kind("value")))
+                    if not self.accept(","):
+                        break
+                self.expect(":")
+                while True:
+                    self.parse_type()
+                    if not self.accept(","):
+                        break
+        else:
+            self.i += 1
+            self.expect("(")
+            vals = self.parse_values(env)
+            self.expect(":")
+            self.expect("(")
+            self.parse_types()
+            self.expect("->")
+            self.expect("(")
+            self.expect(")")
+        self.parse_loc()
+        names = fattrs.get("tern.output_names")
+        if names is not None and len(names) != len(vals):
+            names = None
+        g.set_outputs(vals, names)
+
+    def parse_op(self, g, env):
+        start = self.tok
+        results = []
+        if self.tok.kind == "value":
+            while True:
+                results.append(self.expect_kind("value"))
+                if not self.accept(","):
+                    break
+            self.expect("=")
+        name_tok = self.expect_kind("string")
+        full = name_tok.text[1:-1]
+        if not full.startswith("tern."):
+            raise self.error(f"unknown op {full!r}: only tern ops may appear in tern IR", name_tok)
+        opname = full[len("tern."):]
+        self.expect("(")
+        operands = self.parse_values(env)
+        attrs = self.parse_attr_dict() if self.tok.text == "{" else {}
+        self.expect(":")
+        self.expect("(")
+        in_types = self.parse_types()
+        self.expect("->")
+        if self.accept("("):
+            out_types = self.parse_types()
+        else:
+            out_types = [(self.tok, self.parse_type())]
+        loc = self.parse_loc()
+        if len(in_types) != len(operands):
+            raise self.error(f"{full} has {len(operands)} operands but {len(in_types)} operand types", name_tok)
+        for (ttok, (dims, dtype)), v in zip(in_types, operands):
+            self.check_type(ttok, dims, dtype, v.type, f"operand %{v.name}")
+        if len(out_types) != len(results):
+            raise self.error(f"{full} has {len(results)} results but {len(out_types)} result types", name_tok)
+        for k, a in list(attrs.items()):
+            if isinstance(a, _DenseLiteral):
+                attrs[k] = a.to_numpy(self)
+        if _infer is not None:
+            try:
+                types = _infer(opname, [v.type for v in operands], attrs)
+            except ParseError:
+                raise
+            except Exception as e:
+                raise ParseError(f"{full}: {e}", loc=SourceLoc(self.filename, name_tok.line, name_tok.col),
+                                 hint=f"at line {name_tok.line}, column {name_tok.col}") from None
+            if len(types) != len(results):
+                raise self.error(f"{full} produces {len(types)} results, not {len(results)}", name_tok)
+        else:
+            types = [TensorType(tuple(d if d is not None else f"d{k}" for k, d in enumerate(dims)), dt)
+                     for _, (dims, dt) in out_types]
+        for (ttok, (dims, dtype)), t in zip(out_types, types):
+            self.check_type(ttok, dims, dtype, t, "result")
+        op = g.add_op(opname, operands, attrs, types, loc, names=[r.text[1:] for r in results])
+        for rtok, r in zip(results, op.results):
+            if rtok.text[1:] in env:
+                raise self.error(f"value {rtok.text} defined twice", rtok)
+            if r.name != rtok.text[1:]:
+                raise self.error(f"value name {rtok.text} clashes with another", rtok)
+            env[r.name] = r
+
+    def check_type(self, tok, dims, dtype, t: TensorType, what):
+        ok = dtype == t.dtype and len(dims) == len(t.shape) and all(
+            (d is None and not is_static(e)) or d == e for d, e in zip(dims, t.shape))
+        if not ok:
+            raise ParseError(f"{what} has type {t.mlir()} but the text says {tok.text}",
+                             loc=SourceLoc(self.filename, tok.line, tok.col),
+                             hint=f"at line {tok.line}, column {tok.col}")
+
+
+class ElidedConstant:
+    """Stands in for a constant whose data was elided from the text: it knows its shape
+    and dtype (so types are recomputed) but cannot be evaluated or compiled."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.size = int(np.prod(self.shape))
+
+
+class _DenseLiteral:
+    def __init__(self, tok, ttok, dims, dtype):
+        self.tok, self.ttok, self.dims, self.dtype = tok, ttok, dims, dtype
+
+    def to_numpy(self, p: _Parser):
+        text = self.tok.text
+        if text.startswith("dense_resource"):
+            if any(d is None for d in self.dims):
+                raise p.error("a constant must have a static shape", self.ttok)
+            return ElidedConstant(tuple(self.dims), numpy_dtype(self.dtype))
+        body = text[len("dense<"):-1]
+        if any(d is None for d in self.dims):
+            raise p.error("a constant must have a static shape", self.ttok)
+        shape = tuple(self.dims)
+        npdt = numpy_dtype(self.dtype)
+        try:
+            if body.startswith('"0x'):
+                raw = bytes.fromhex(body[3:-1])
+                arr = np.frombuffer(raw, dtype=npdt.newbyteorder("<")).astype(npdt)
+                if arr.size == 1:
+                    return np.full(shape, arr[0], dtype=npdt)
+                return arr.reshape(shape)
+            lit = body.replace("true", "True").replace("false", "False")
+            arr = np.array(eval(lit, {"__builtins__": {}}, {"inf": np.inf, "nan": np.nan}), dtype=npdt)
+            return np.broadcast_to(arr, shape).copy() if arr.ndim == 0 else arr.reshape(shape)
+        except Exception as e:
+            raise ParseError(f"malformed dense literal: {e}", loc=SourceLoc(p.filename, self.tok.line, self.tok.col),
+                             hint=f"at line {self.tok.line}, column {self.tok.col}") from None
+
+
+def parse(text: str, filename: str = "<string>") -> Graph:
+    """Parse tern IR text into a Graph. Raises ParseError with line and column."""
+    return _Parser(text, filename).parse()

@@ -1,0 +1,125 @@
+"""Tensor types of tern IR: a shape of ints or sympy expressions, and a dtype name.
+
+A symbolic dim (`sympy.Symbol("B")`) lowers to a dynamic MLIR dim (`?`), so one
+compiled module serves every value of B. Dims computed from symbols (B*2, after a
+reshape or concatenate) stay sympy expressions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple, Union
+
+import numpy as np
+import sympy
+
+Dim = Union[int, sympy.Expr]
+
+# dtype name -> (numpy dtype, MLIR element type)
+DTYPES = {
+    "f64": (np.float64, "f64"),
+    "f32": (np.float32, "f32"),
+    "f16": (np.float16, "f16"),
+    "i64": (np.int64, "i64"),
+    "i32": (np.int32, "i32"),
+    "i16": (np.int16, "i16"),
+    "i8": (np.int8, "i8"),
+    "i1": (np.bool_, "i1"),
+}
+_FROM_NUMPY = {np.dtype(v[0]).name: k for k, v in DTYPES.items()}
+_ALIASES = {"float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64",
+            "int32": "i32", "int16": "i16", "int8": "i8", "bool": "i1"}
+
+
+def dtype_name(dt) -> str:
+    """Normalize 'float32', np.float32, np.dtype('float32') or 'f32' to 'f32'."""
+    if isinstance(dt, str) and dt in DTYPES:
+        return dt
+    if isinstance(dt, str) and dt in _ALIASES:
+        return _ALIASES[dt]
+    try:
+        return _FROM_NUMPY[np.dtype(dt).name]
+    except (TypeError, KeyError):
+        raise ValueError(f"unsupported dtype {dt!r}; supported: {sorted(DTYPES)}") from None
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    return np.dtype(DTYPES[name][0])
+
+
+def is_float(name: str) -> bool:
+    return name.startswith("f")
+
+
+def is_int(name: str) -> bool:
+    return name.startswith("i")
+
+
+def as_dim(d) -> Dim:
+    """An int stays an int; a string becomes a Symbol; a sympy integer becomes an int."""
+    if isinstance(d, str):
+        return sympy.Symbol(d, integer=True, positive=True)
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    if isinstance(d, sympy.Expr):
+        d = sympy.simplify(d)
+        return int(d) if d.is_Integer else d
+    raise ValueError(f"a dimension must be an int or a name, got {d!r}")
+
+
+def is_static(d: Dim) -> bool:
+    return isinstance(d, int)
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: Tuple[Dim, ...]
+    dtype: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(as_dim(d) for d in self.shape))
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return all(is_static(d) for d in self.shape)
+
+    @property
+    def symbols(self) -> set:
+        out = set()
+        for d in self.shape:
+            if not is_static(d):
+                out |= d.free_symbols
+        return out
+
+    def numel(self) -> Dim:
+        n = sympy.Integer(1)
+        for d in self.shape:
+            n = n * d
+        return as_dim(n)
+
+    def mlir(self) -> str:
+        """MLIR spelling: symbolic dims print as '?'."""
+        dims = "".join(f"{d if is_static(d) else '?'}x" for d in self.shape)
+        return f"tensor<{dims}{DTYPES[self.dtype][1]}>"
+
+    def with_shape(self, shape) -> "TensorType":
+        return TensorType(tuple(shape), self.dtype)
+
+    def with_dtype(self, dtype) -> "TensorType":
+        return TensorType(self.shape, dtype)
+
+    def __str__(self):
+        dims = ", ".join(str(d) for d in self.shape)
+        return f"[{dims}]{self.dtype}"
+
+
+def concrete_shape(shape, bindings: dict) -> tuple:
+    """Evaluate a symbolic shape given {Symbol: int}."""
+    out = []
+    for d in shape:
+        out.append(d if is_static(d) else int(d.subs(bindings)))
+    return tuple(out)

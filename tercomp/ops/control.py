@@ -1,0 +1,43 @@
+"""Constants and gradient control: constant, stop_gradient."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import TensorType
+from ..ir.types import dtype_name
+from .registry import OpDef, REQUIRED, register
+
+
+def _constant_infer(types, a):
+    v = a["value"]
+    return [TensorType(tuple(v.shape), dtype_name(v.dtype))]
+
+
+def _constant_reference(xs, a):
+    v = a["value"]
+    if not isinstance(v, np.ndarray):
+        from ..errors import TercompError
+        raise TercompError("this constant's data was elided from the IR text, so it cannot be evaluated",
+                           hint="print or dump the IR with elide=False to keep constants")
+    return [v]
+
+
+def _constant_lower(ctx, op, operands):
+    from iree.compiler.dialects import arith
+    from ..codegen.builders import dense_attr, tensor_type
+    t = op.results[0].type
+    v = op.attrs["value"]
+    if not isinstance(v, np.ndarray):
+        from ..errors import CompileError
+        raise CompileError(f"constant %{op.results[0].name} has elided data and cannot be compiled",
+                           loc=op.loc, hint="parse IR printed with elide=False")
+    return [arith.ConstantOp(tensor_type(t), dense_attr(v, t)).result]
+
+
+register(OpDef("constant", "control", _constant_infer, _constant_reference, num_operands=0,
+               attrs={"value": REQUIRED}, lower=_constant_lower, differentiable=False))
+
+
+register(OpDef("stop_gradient", "control", lambda ts, a: [ts[0]], lambda xs, a: [xs[0]],
+               lower=lambda ctx, op, xs: [xs[0]], vjp=lambda b, op, cts: [None],
+               doc="identity whose gradient is zero"))

@@ -1,0 +1,224 @@
+"""Elementwise ops, each defined by one sympy expression.
+
+From the expression come the NumPy reference (sympy.lambdify), the derivative
+(sympy.diff, simplified, emitted as tern ops) and the MLIR lowering (the body of a
+linalg.generic, printed by codegen.sympy_mlir). Binary ops broadcast as NumPy does.
+
+Expressions are chosen so that both they and their derivatives are numerically stable:
+sigmoid is (tanh(x/2) + 1) / 2 (its derivative (1 - tanh(x/2)^2) / 4 never forms
+inf/inf), relu and maximum are Piecewise (their derivatives are exact 0/1 selects; ties
+of maximum send the gradient to the first operand).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import sympy
+
+from ..errors import TraceError
+from ..ir import TensorType, numpy_dtype
+from ..ir.types import is_float, is_static
+from .registry import OpDef, REQUIRED, register
+
+X, Y = sympy.symbols("x y", real=True)
+P = sympy.Symbol("p", real=True)
+
+
+def broadcast_shapes(*shapes):
+    """NumPy broadcasting of static or symbolic shapes; TraceError names all shapes."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for i in range(rank):
+        dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
+        non1 = [d for d in dims if d != 1]
+        d = non1[0] if non1 else 1
+        for e in non1[1:]:
+            if e != d:
+                shown = " and ".join("[" + ", ".join(str(x) for x in s) + "]" for s in shapes)
+                raise TraceError(f"shapes {shown} cannot be broadcast together (dim {i}: {d} vs {e})",
+                                 hint="reshape or expand_dims one operand so the trailing dims agree")
+        out.append(d)
+    return tuple(out)
+
+
+def _same_dtype(types, opname):
+    dts = {t.dtype for t in types}
+    if len(dts) > 1:
+        raise TraceError(f"{opname}: operands have different dtypes {sorted(dts)}",
+                         hint="cast one operand with tc.cast(x, dtype) (or x.astype(dtype))")
+    return types[0].dtype
+
+
+def _symbols(n):
+    return (X, Y)[:n]
+
+
+@functools.lru_cache(maxsize=None)
+def _derivative(expr, sym, subs_key):
+    e = expr.subs(dict(subs_key)) if subs_key else expr
+    d = sympy.diff(e, sym)
+    return sympy.simplify(d) if d.count_ops() < 40 else d
+
+
+def _bound(expr, attrs):
+    if "exponent" in attrs:
+        return expr.subs(P, sympy.nsimplify(attrs["exponent"]))
+    return expr
+
+
+def elementwise(name, expr, arity, *, attrs=None, result_dtype=None, differentiable=True,
+                float_only=False, doc=""):
+    syms = _symbols(arity)
+
+    def infer(types, a):
+        dt = _same_dtype(types, name)
+        if float_only and not is_float(dt):
+            raise TraceError(f"{name} needs a floating-point operand, got {dt}",
+                             hint="cast the operand to float32 first")
+        return [TensorType(broadcast_shapes(*[t.shape for t in types]), result_dtype or dt)]
+
+    def reference(xs, a):
+        e = _bound(expr, a)
+        dt = xs[0].dtype
+        f = sympy.lambdify(syms, e, modules="numpy")
+        with np.errstate(all="ignore"):
+            out = f(*xs)
+        shape = np.broadcast_shapes(*[x.shape for x in xs])
+        odt = numpy_dtype(result_dtype) if result_dtype else dt
+        return [np.broadcast_to(np.asarray(out), shape).astype(odt)]
+
+    def lower(ctx, op, operands):
+        from ..codegen.sympy_mlir import SympyToArith
+        e = _bound(expr, op.attrs)
+        types = [v.type for v in op.operands]
+        dt = types[0].dtype
+
+        def body(*args):
+            p = SympyToArith(dict(zip(syms, args)), dt)
+            return p.emit_cond(e) if result_dtype == "i1" else p.emit(e)
+        return [ctx.elementwise(operands, types, op.results[0].type, body)]
+
+    def vjp(b, op, cts):
+        from .sympy_tern import SympyToTern
+        from .shape import unbroadcast
+        g = cts[0]
+        key = tuple(sorted(((P, sympy.nsimplify(op.attrs["exponent"])),))) if "exponent" in op.attrs else ()
+        out = []
+        em = SympyToTern(b, dict(zip(syms, op.operands)), op.operands[0].dtype)
+        for v, s in zip(op.operands, syms):
+            d = _derivative(expr, s, key)
+            if d == 0:
+                out.append(None)
+                continue
+            contrib = g if d == 1 else (b.neg(g) if d == -1 else b.mul(g, em.emit(d)))
+            out.append(unbroadcast(b, contrib, v.type))
+        return out
+
+    return register(OpDef(name, "elementwise", infer, reference, num_operands=arity,
+                          attrs=attrs or {}, lower=lower, vjp=vjp if differentiable else None,
+                          differentiable=differentiable, expr=expr, doc=doc))
+
+
+# -- unary -----------------------------------------------------------------------------
+elementwise("neg", -X, 1)
+elementwise("exp", sympy.exp(X), 1, float_only=True)
+elementwise("log", sympy.log(X), 1, float_only=True)
+elementwise("sqrt", sympy.sqrt(X), 1, float_only=True)
+elementwise("rsqrt", 1 / sympy.sqrt(X), 1, float_only=True)
+elementwise("tanh", sympy.tanh(X), 1, float_only=True)
+elementwise("sigmoid", (sympy.tanh(X / 2) + 1) / 2, 1, float_only=True)
+elementwise("relu", sympy.Piecewise((X, X > 0), (0, True)), 1)
+elementwise("silu", X * (sympy.tanh(X / 2) + 1) / 2, 1, float_only=True)
+elementwise("gelu", X * (1 + sympy.tanh(sympy.sqrt(2 / sympy.pi) * (X + sympy.Float("0.044715") * X ** 3))) / 2,
+            1, float_only=True, doc="GELU, tanh approximation")
+elementwise("abs", sympy.Abs(X), 1)
+elementwise("sign", sympy.sign(X), 1, differentiable=False)
+elementwise("pow", X ** P, 1, attrs={"exponent": REQUIRED}, float_only=True,
+            doc="x ** exponent for a scalar exponent")
+
+# -- binary ----------------------------------------------------------------------------
+elementwise("add", X + Y, 2)
+elementwise("sub", X - Y, 2)
+elementwise("mul", X * Y, 2)
+elementwise("div", X / Y, 2, float_only=True)
+elementwise("maximum", sympy.Piecewise((X, X >= Y), (Y, True)), 2)
+elementwise("minimum", sympy.Piecewise((X, X <= Y), (Y, True)), 2)
+
+# -- comparisons (boolean results, no gradient) ----------------------------------------
+for _name, _rel in [("lt", X < Y), ("le", X <= Y), ("gt", X > Y), ("ge", X >= Y),
+                    ("eq", sympy.Eq(X, Y)), ("ne", sympy.Ne(X, Y))]:
+    elementwise(_name, _rel, 2, result_dtype="i1", differentiable=False)
+
+
+# -- where and cast: elementwise but not sympy-defined ---------------------------------
+def _where_infer(types, a):
+    c, x, y = types
+    if c.dtype != "i1":
+        raise TraceError(f"where: the condition must be boolean, got {c.dtype}",
+                         hint="compare with tc.greater(...) etc. to get a boolean")
+    dt = _same_dtype([x, y], "where")
+    return [TensorType(broadcast_shapes(c.shape, x.shape, y.shape), dt)]
+
+
+def _where_lower(ctx, op, operands):
+    from iree.compiler.dialects import arith
+    return [ctx.elementwise(operands, [v.type for v in op.operands], op.results[0].type,
+                            lambda c, x, y: arith.SelectOp(c, x, y).result)]
+
+
+def _where_vjp(b, op, cts):
+    from .shape import unbroadcast
+    c, x, y = op.operands
+    g = cts[0]
+    zero = b.scalar(0.0, g.dtype)
+    return [None, unbroadcast(b, b.where(c, g, zero), x.type), unbroadcast(b, b.where(c, zero, g), y.type)]
+
+
+register(OpDef("where", "elementwise", _where_infer,
+               lambda xs, a: [np.where(xs[0], xs[1], xs[2])], num_operands=3,
+               lower=_where_lower, vjp=_where_vjp, nondiff_operands=(0,)))
+
+
+def _cast_lower(ctx, op, operands):
+    from iree.compiler.dialects import arith
+    from ..codegen.builders import elem_type
+    src, dst = op.operands[0].dtype, op.results[0].dtype
+    et = elem_type(dst)
+
+    def body(x):
+        if src == dst:
+            return x
+        if is_float(src) and is_float(dst):
+            wider = int(dst[1:]) > int(src[1:])
+            return (arith.ExtFOp if wider else arith.TruncFOp)(et, x).result
+        if is_float(src):
+            if dst == "i1":
+                from ..codegen.builders import scalar_const
+                return arith.CmpFOp(ir_pred(14), x, scalar_const(0.0, src)).result
+            return arith.FPToSIOp(et, x).result
+        if is_float(dst):
+            return (arith.UIToFPOp if src == "i1" else arith.SIToFPOp)(et, x).result
+        sw, dw = int(src[1:]), int(dst[1:])
+        if dw > sw:
+            return (arith.ExtUIOp if src == "i1" else arith.ExtSIOp)(et, x).result
+        return arith.TruncIOp(et, x).result
+    return [ctx.elementwise(operands, [op.operands[0].type], op.results[0].type, body)]
+
+
+def ir_pred(code):
+    from iree.compiler import ir
+    return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), code)
+
+
+def _cast_vjp(b, op, cts):
+    src = op.operands[0].dtype
+    if not is_float(src):
+        return [None]
+    return [b.cast(cts[0], dtype=src)]
+
+
+register(OpDef("cast", "elementwise",
+               lambda ts, a: [ts[0].with_dtype(a["dtype"])],
+               lambda xs, a: [(xs[0] != 0) if a["dtype"] == "i1" else xs[0].astype(numpy_dtype(a["dtype"]))],
+               attrs={"dtype": REQUIRED}, lower=_cast_lower, vjp=_cast_vjp))

@@ -1,0 +1,29 @@
+"""The reference interpreter: run a Graph with each op's NumPy reference."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError, TercompError
+from ..ir import Graph
+from .registry import get
+
+
+def interpret(graph: Graph, *inputs, return_env: bool = False):
+    """Evaluate `graph` on NumPy arrays; returns the list of outputs."""
+    if len(inputs) != len(graph.inputs):
+        raise InputError(f"{graph.name} takes {len(graph.inputs)} inputs, got {len(inputs)}")
+    env = {}
+    for v, x in zip(graph.inputs, inputs):
+        env[v] = np.asarray(x)
+    for op in graph.ops:
+        opdef = get(op.opname)
+        try:
+            outs = opdef.reference([env[v] for v in op.operands], op.attrs)
+        except TercompError:
+            raise
+        except Exception as e:
+            raise TercompError(f"the reference of tern.{op.opname} failed: {e}", loc=op.loc) from None
+        for r, o in zip(op.results, outs):
+            env[r] = np.asarray(o)
+    outs = [env[v] for v in graph.outputs]
+    return (outs, env) if return_env else outs
