@@ -86,6 +86,7 @@ class Graph:
     ops: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
     output_names: list = field(default_factory=list)
+    meta: dict = field(default_factory=dict, repr=False)  # pytree structure of args/results
     _names: dict = field(default_factory=dict, repr=False)
 
     def fresh_name(self, base: str) -> str:

@@ -1,0 +1,153 @@
+"""simplify: constant folding, algebraic identities, CSE and DCE.
+
+The identities are a table (opname -> patterns), applied by the shared rewrite driver.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ..ir import Graph
+from ..ops import get
+from .manager import register_pass
+from .rewrite import copy_op, dce, rewrite
+
+FOLD_LIMIT = 1 << 20   # fold ops whose result has at most this many elements
+
+
+def const_value(v):
+    """The NumPy value of a constant op's result, or None."""
+    p = v.producer
+    if p is not None and p.opname == "constant" and isinstance(p.attrs.get("value"), np.ndarray):
+        return p.attrs["value"]
+    return None
+
+
+def _is_splat(v, x) -> bool:
+    c = const_value(v)
+    return c is not None and c.size > 0 and c.dtype != np.bool_ and bool(np.all(c == x))
+
+
+def _same_type(a, b):
+    return a.type == b.type
+
+
+def _identity(side_value, side):
+    """x op c -> x when c is the splat `side_value` (on `side` 0 or 1) and types agree."""
+    def pat(b, op, xs):
+        c, x = (xs[0], xs[1]) if side == 0 else (xs[1], xs[0])
+        if _is_splat(c, side_value) and x.type == op.results[0].type:
+            return x
+        return None
+    return pat
+
+
+def _involution(b, op, xs):
+    p = xs[0].producer
+    if p is not None and p.opname == op.opname:
+        return p.operands[0]
+    return None
+
+
+def _transpose_transpose(b, op, xs):
+    p = xs[0].producer
+    perm = op.attrs["perm"]
+    if perm == list(range(len(perm))):
+        return xs[0]
+    if p is not None and p.opname == "transpose":
+        inner = p.attrs["perm"]
+        composed = [inner[i] for i in perm]
+        if composed == list(range(len(composed))):
+            return p.operands[0]
+        return b.emit("transpose", p.operands[0], perm=composed, name=op.results[0].name)
+    return None
+
+
+def _noop_if_same_type(b, op, xs):
+    return xs[0] if xs[0].type == op.results[0].type else None
+
+
+def _reshape_reshape(b, op, xs):
+    if xs[0].type == op.results[0].type:
+        return xs[0]
+    p = xs[0].producer
+    if p is not None and p.opname == "reshape":
+        return b.emit("reshape", p.operands[0], shape=op.attrs["shape"], name=op.results[0].name)
+    return None
+
+
+PATTERNS = {
+    "add": [_identity(0, 0), _identity(0, 1)],
+    "sub": [_identity(0, 1)],
+    "mul": [_identity(1, 0), _identity(1, 1)],
+    "div": [_identity(1, 1)],
+    "neg": [_involution],
+    "transpose": [_transpose_transpose],
+    "reshape": [_reshape_reshape],
+    "cast": [_noop_if_same_type],
+    "broadcast_to": [_noop_if_same_type],
+}
+
+
+def _fold(b, op, xs):
+    opdef = get(op.opname)
+    if op.opname == "constant" or opdef.lower is None and opdef.decompose is None:
+        return None
+    if op.opname == "stop_gradient":
+        return None
+    vals = [const_value(v) for v in xs]
+    if any(v is None for v in vals) or not op.results or len(op.results) != 1:
+        return None
+    t = op.results[0].type
+    if not t.is_static or int(np.prod(t.shape)) > FOLD_LIMIT:
+        return None
+    try:
+        out = opdef.reference(vals, op.attrs)[0]
+    except Exception:
+        return None
+    return b.emit("constant", value=np.asarray(out), name=op.results[0].name)
+
+
+def _attr_key(v):
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, v.shape, hashlib.sha1(np.ascontiguousarray(v).tobytes()).hexdigest())
+    if isinstance(v, list):
+        return tuple(_attr_key(x) for x in v)
+    return (type(v).__name__, v)
+
+
+def cse(graph: Graph) -> Graph:
+    seen = {}
+
+    def on_op(b, op, xs):
+        key = (op.opname, tuple(id(x) for x in xs), tuple(sorted((k, _attr_key(v)) for k, v in op.attrs.items())))
+        if key in seen:
+            return seen[key]
+        results = copy_op(b, op, xs)
+        seen[key] = results
+        return results
+    return rewrite(graph, {}, on_op=on_op)
+
+
+@register_pass("simplify")
+def simplify(graph: Graph, max_iters: int = 4) -> Graph:
+    """Fold constants, apply the identity table, CSE, DCE; repeat to a fixed point."""
+    patterns = {k: list(v) for k, v in PATTERNS.items()}
+    patterns["*"] = [_fold]
+    for _ in range(max_iters):
+        before = len(graph.ops)
+        graph = dce(cse(dce(rewrite(graph, patterns))))
+        if len(graph.ops) == before:
+            break
+    return graph
+
+
+@register_pass("cse")
+def cse_pass(graph: Graph) -> Graph:
+    return dce(cse(graph))
+
+
+@register_pass("dce")
+def dce_pass(graph: Graph) -> Graph:
+    return dce(graph)

@@ -1,0 +1,237 @@
+"""NumPy-named functions that work on traced tensors (and eagerly on arrays).
+
+    tc.exp(x), tc.sum(x, axis=1, keepdims=True), tc.matmul(a, b) / a @ b, tc.where(c, a, b),
+    tc.softmax(x, axis=-1), tc.layer_norm(x, w, b), tc.cross_entropy(logits, labels), ...
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TraceError
+from .tracer import Tracer, apply, current_trace, user_location
+
+
+def _rank(x):
+    return x.ndim if isinstance(x, Tracer) else np.ndim(x)
+
+
+def _axes(x, axis):
+    r = _rank(x)
+    if axis is None:
+        return list(range(r))
+    axes = [axis] if isinstance(axis, int) else list(axis)
+    out = []
+    for a in axes:
+        if not -r <= a < r:
+            raise TraceError(f"axis {a} is out of range for a tensor of rank {r}", loc=user_location())
+        out.append(a % r)
+    return sorted(out)
+
+
+def _axis(x, axis):
+    return _axes(x, axis)[0]
+
+
+# -- elementwise -------------------------------------------------------------------------
+def _unary(opname):
+    def f(x):
+        return apply(opname, x)
+    f.__name__ = opname
+    f.__doc__ = f"Elementwise {opname} (tern.{opname})."
+    return f
+
+
+exp, log, sqrt, rsqrt, tanh, sigmoid = (_unary(n) for n in ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid"))
+relu, silu, gelu, negative, sign = (_unary(n) for n in ("relu", "silu", "gelu", "neg", "sign"))
+abs = absolute = _unary("abs")
+stop_gradient = _unary("stop_gradient")
+
+
+def add(a, b): return apply("add", a, b)
+def subtract(a, b): return apply("sub", a, b)
+def multiply(a, b): return apply("mul", a, b)
+def divide(a, b): return apply("div", a, b)
+def maximum(a, b): return apply("maximum", a, b)
+def minimum(a, b): return apply("minimum", a, b)
+def less(a, b): return apply("lt", a, b)
+def less_equal(a, b): return apply("le", a, b)
+def greater(a, b): return apply("gt", a, b)
+def greater_equal(a, b): return apply("ge", a, b)
+def equal(a, b): return apply("eq", a, b)
+def not_equal(a, b): return apply("ne", a, b)
+def where(cond, a, b): return apply("where", cond, a, b)
+
+
+def square(x):
+    return apply("mul", x, x)
+
+
+def power(x, p):
+    """x ** p for a scalar p (tern.pow); p == 2 becomes x * x."""
+    if isinstance(p, Tracer) or np.ndim(p) != 0:
+        raise TraceError("tc.power takes a scalar exponent", loc=user_location(),
+                         hint="for a tensor exponent use tc.exp(p * tc.log(x))")
+    if p == 1:
+        return x
+    if p == 2:
+        return apply("mul", x, x)
+    return apply("pow", x, exponent=float(p))
+
+
+def clip(x, lo, hi):
+    return minimum(maximum(x, lo), hi)
+
+
+def astype(x, dtype):
+    from ..ir.types import dtype_name
+    return apply("cast", x, dtype=dtype_name(dtype))
+
+
+cast = astype
+
+
+# -- reductions --------------------------------------------------------------------------
+def sum(x, axis=None, keepdims=False):
+    return apply("sum", x, axes=_axes(x, axis), keepdims=keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    return apply("mean", x, axes=_axes(x, axis), keepdims=keepdims)
+
+
+def max(x, axis=None, keepdims=False):
+    return apply("max", x, axes=_axes(x, axis), keepdims=keepdims)
+
+
+def min(x, axis=None, keepdims=False):
+    return apply("min", x, axes=_axes(x, axis), keepdims=keepdims)
+
+
+def argmax(x, axis=-1, keepdims=False):
+    return apply("argmax", x, axis=_axis(x, axis), keepdims=keepdims)
+
+
+def var(x, axis=None, keepdims=False):
+    m = mean(x, axis, keepdims=True)
+    return mean(square(x - m), axis, keepdims=keepdims)
+
+
+# -- linear algebra ----------------------------------------------------------------------
+def matmul(a, b, transpose_b=False):
+    """NumPy matmul (batch dims broadcast; 1-D operands are promoted and squeezed)."""
+    ra, rb = _rank(a), _rank(b)
+    if ra == 0 or rb == 0:
+        raise TraceError("matmul does not take scalars", loc=user_location(), hint="use * instead")
+    if ra == 1:
+        a = expand_dims(a, 0)
+    if rb == 1:
+        b = expand_dims(b, 0 if transpose_b else 1)
+    out = apply("matmul", a, b, transpose_b=bool(transpose_b))
+    if ra == 1:
+        out = squeeze(out, -2)
+    if rb == 1:
+        out = squeeze(out, -1)
+    return out
+
+
+dot = matmul
+
+
+# -- shapes ------------------------------------------------------------------------------
+def _dim_attr(d):
+    return d if isinstance(d, (int, np.integer)) and not isinstance(d, bool) else str(d)
+
+
+def reshape(x, *shape):
+    """Reshape; one dim may be -1. Symbolic dims are allowed (`x.reshape(x.shape[0], -1)`)."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    return apply("reshape", x, shape=[_dim_attr(d) for d in shape])
+
+
+def transpose(x, axes=None):
+    r = _rank(x)
+    perm = list(range(r))[::-1] if axes is None else [a % r for a in axes]
+    return apply("transpose", x, perm=perm)
+
+
+def swapaxes(x, a, b):
+    r = _rank(x)
+    perm = list(range(r))
+    perm[a % r], perm[b % r] = perm[b % r], perm[a % r]
+    return apply("transpose", x, perm=perm)
+
+
+def broadcast_to(x, shape):
+    return apply("broadcast_to", x, shape=[_dim_attr(d) for d in shape])
+
+
+def expand_dims(x, axis):
+    r = _rank(x) + 1
+    return apply("expand_dims", x, axis=axis % r)
+
+
+def squeeze(x, axis=None):
+    shape = x.shape if isinstance(x, Tracer) else np.shape(x)
+    axes = [i for i, d in enumerate(shape) if d == 1] if axis is None else _axes(x, axis)
+    return apply("squeeze", x, axes=axes)
+
+
+def concatenate(xs, axis=0):
+    xs = list(xs)
+    return apply("concatenate", *xs, axis=_axis(xs[0], axis))
+
+
+def stack(xs, axis=0):
+    xs = [expand_dims(x, axis) for x in xs]
+    return concatenate(xs, axis)
+
+
+def take(x, indices, axis=0):
+    """Gather `indices` (an integer tensor) along `axis`: embedding lookup."""
+    return apply("take", x, indices, axis=_axis(x, axis))
+
+
+# -- composites --------------------------------------------------------------------------
+def softmax(x, axis=-1):
+    return apply("softmax", x, axis=_axis(x, axis))
+
+
+def log_softmax(x, axis=-1):
+    return apply("log_softmax", x, axis=_axis(x, axis))
+
+
+def logsumexp(x, axis=None, keepdims=False):
+    return apply("logsumexp", x, axes=_axes(x, axis), keepdims=keepdims)
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    return apply("layer_norm", x, weight, bias, eps=float(eps))
+
+
+def rms_norm(x, weight, eps=1e-6):
+    return apply("rms_norm", x, weight, eps=float(eps))
+
+
+def one_hot(indices, num_classes):
+    return apply("one_hot", indices, num_classes=int(num_classes))
+
+
+def cross_entropy(logits, labels, reduction="mean"):
+    """Softmax cross-entropy with integer labels; reduction 'mean', 'sum' or 'none'."""
+    per = apply("cross_entropy", logits, labels)
+    if reduction == "none":
+        return per
+    if reduction == "sum":
+        return sum(per)
+    if reduction == "mean":
+        return mean(per)
+    raise TraceError(f"unknown reduction {reduction!r}", loc=user_location(),
+                     hint="use 'mean', 'sum' or 'none'")
+
+
+METHODS = {
+    "reshape": reshape, "transpose": transpose, "sum": sum, "mean": mean, "max": max,
+    "min": min, "argmax": argmax, "astype": astype, "exp": exp, "log": log, "sqrt": sqrt,
+    "tanh": tanh, "squeeze": squeeze, "swapaxes": swapaxes, "var": var, "clip": clip,
+}

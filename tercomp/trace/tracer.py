@@ -1,0 +1,242 @@
+"""Tracing: run user Python on Tracer values and record tern ops into a Graph.
+
+A Tracer stands for a tern Value inside an active Trace. Operators, methods and the
+NumPy-named functions of `tercomp.trace.api` call `apply(opname, ...)`, which emits
+into the innermost active trace (with the user's source line), or, when no argument is
+a Tracer, evaluates the op's NumPy reference eagerly.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import numpy as np
+
+from ..errors import TraceError
+from ..ir import Graph, SourceLoc, TensorType, UNKNOWN_LOC, Value, numpy_dtype
+from ..ir.types import dtype_name
+from ..ops import GraphBuilder, get
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_state = threading.local()
+
+
+def _trace_stack() -> list:
+    if not hasattr(_state, "stack"):
+        _state.stack = []
+    return _state.stack
+
+
+def user_location() -> SourceLoc:
+    """The innermost stack frame outside the tercomp package: the user's line."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not os.path.abspath(fn).startswith(_PKG_DIR) and not fn.startswith("<frozen"):
+            col = 0
+            try:
+                pos = list(f.f_code.co_positions())[f.f_lasti // 2]
+                col = (pos[2] or 0) + 1
+            except (AttributeError, IndexError):
+                pass
+            path = fn
+            try:
+                rel = os.path.relpath(fn)
+                if not rel.startswith(".."):
+                    path = rel
+            except ValueError:
+                pass
+            return SourceLoc(path, f.f_lineno, col)
+        f = f.f_back
+    return UNKNOWN_LOC
+
+
+class Trace:
+    """An active trace: a Graph being built."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.builder = GraphBuilder(graph)
+
+    def __enter__(self):
+        _trace_stack().append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _trace_stack().pop()
+
+    def emit(self, opname, operands, attrs, name=None, loc=None):
+        self.builder.loc = loc or user_location()
+        out = self.builder.emit(opname, *operands, name=name, **attrs)
+        if isinstance(out, tuple):
+            return tuple(Tracer(v, self) for v in out)
+        return Tracer(out, self)
+
+    def const(self, value, like_dtype=None, name="cst", loc=None) -> Value:
+        arr = np.asarray(value)
+        if like_dtype is not None and (arr.dtype.kind in "iuf" or arr.dtype == np.bool_) and arr.ndim == 0 \
+                and not isinstance(value, np.ndarray):
+            arr = arr.astype(numpy_dtype(like_dtype))
+        elif arr.dtype == np.float64 and not isinstance(value, np.ndarray):
+            arr = arr.astype(np.float32)
+        self.builder.loc = loc or user_location()
+        return self.builder.emit("constant", name=name, value=arr)
+
+
+def current_trace():
+    stack = _trace_stack()
+    return stack[-1] if stack else None
+
+
+class Tracer:
+    """A traced tensor. Behaves like a NumPy array for shapes, operators and methods."""
+
+    __array_priority__ = 1000
+
+    def __init__(self, value: Value, trace: Trace):
+        self.value = value
+        self.trace = trace
+
+    # -- metadata ----------------------------------------------------------------------
+    @property
+    def shape(self):
+        return self.value.type.shape
+
+    @property
+    def dtype(self):
+        return self.value.type.dtype
+
+    @property
+    def ndim(self):
+        return self.value.type.rank
+
+    @property
+    def name(self):
+        return self.value.name
+
+    def __repr__(self):
+        return f"Tracer(%{self.value.name}: {self.value.type})"
+
+    __hash__ = object.__hash__
+
+    # -- Python control flow is not traceable -------------------------------------------
+    def _no_concrete(self, what):
+        raise TraceError(f"{what} of a traced value %{self.value.name} ({self.value.type}): "
+                         "the value is not known while tracing",
+                         loc=user_location(),
+                         hint="use tc.where(cond, a, b) instead of if/else, tc.maximum/tc.minimum "
+                              "instead of max()/min(), and keep loops over Python ints")
+
+    def __bool__(self):
+        self._no_concrete("Python control flow (if/while/and/or) on the truth value")
+
+    def __float__(self):
+        self._no_concrete("float()")
+
+    def __int__(self):
+        self._no_concrete("int()")
+
+    def __index__(self):
+        self._no_concrete("using as a Python index")
+
+    def __array__(self, *a, **k):
+        self._no_concrete("converting to a NumPy array")
+
+    def __len__(self):
+        d = self.shape[0] if self.shape else None
+        if isinstance(d, int):
+            return d
+        self._no_concrete("len()")
+
+    def __iter__(self):
+        n = len(self)
+        return (self[i] for i in range(n))
+
+    # -- operators -----------------------------------------------------------------------
+    def __add__(self, o): return apply("add", self, o)
+    def __radd__(self, o): return apply("add", o, self)
+    def __sub__(self, o): return apply("sub", self, o)
+    def __rsub__(self, o): return apply("sub", o, self)
+    def __mul__(self, o): return apply("mul", self, o)
+    def __rmul__(self, o): return apply("mul", o, self)
+    def __truediv__(self, o): return apply("div", self, o)
+    def __rtruediv__(self, o): return apply("div", o, self)
+    def __neg__(self): return apply("neg", self)
+    def __pos__(self): return self
+    def __abs__(self): return apply("abs", self)
+    def __lt__(self, o): return apply("lt", self, o)
+    def __le__(self, o): return apply("le", self, o)
+    def __gt__(self, o): return apply("gt", self, o)
+    def __ge__(self, o): return apply("ge", self, o)
+    def __eq__(self, o): return apply("eq", self, o)
+    def __ne__(self, o): return apply("ne", self, o)
+
+    def __pow__(self, p):
+        from . import api
+        return api.power(self, p)
+
+    def __matmul__(self, o):
+        from . import api
+        return api.matmul(self, o)
+
+    def __rmatmul__(self, o):
+        from . import api
+        return api.matmul(o, self)
+
+    def __getitem__(self, idx):
+        from .indexing import getitem
+        return getitem(self, idx)
+
+    # -- methods (NumPy names) ------------------------------------------------------------
+    def __getattr__(self, name):
+        from . import api
+        fn = api.METHODS.get(name)
+        if fn is None:
+            raise AttributeError(f"traced tensors have no attribute {name!r}")
+        return lambda *a, **k: fn(self, *a, **k)
+
+    @property
+    def T(self):
+        from . import api
+        return api.transpose(self)
+
+
+def _is_traced(x):
+    return isinstance(x, Tracer)
+
+
+def apply(opname: str, *args, name: str | None = None, **attrs):
+    """Apply a registered op to Tracers, arrays or Python scalars.
+
+    With a Tracer among the arguments the op is recorded into that trace; otherwise the
+    op's NumPy reference runs eagerly and NumPy arrays come back.
+    """
+    tracers = [a for a in args if _is_traced(a)]
+    if not tracers:
+        arrs = [np.asarray(a, dtype=np.float32) if isinstance(a, float) else np.asarray(a) for a in args]
+        opdef = get(opname)
+        outs = opdef.reference(arrs, _normalize(opdef, attrs))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    trace = tracers[-1].trace
+    stack = _trace_stack()
+    if trace not in stack:
+        raise TraceError(f"a traced value %{tracers[-1].name} was used after its trace ended",
+                         loc=user_location(),
+                         hint="do not keep traced values in globals or attributes across calls")
+    loc = user_location()
+    like = tracers[0].dtype
+    operands = []
+    for a in args:
+        if _is_traced(a):
+            if a.trace is not trace:
+                raise TraceError("values from two different traces were mixed", loc=loc)
+            operands.append(a.value)
+        else:
+            operands.append(trace.const(a, like_dtype=like, loc=loc))
+    return trace.emit(opname, operands, attrs, name=name, loc=loc)
+
+
+def _normalize(opdef, attrs):
+    from ..ops.registry import normalize_attrs
+    return normalize_attrs(opdef, attrs)
