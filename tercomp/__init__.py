@@ -16,3 +16,5 @@ from .compiler import compile
 from .runtime.module import CompiledModule
 
 __version__ = "0.1.0"
+from .transforms import grad, value_and_grad, vjp, jvp, custom_vjp
+from .passes import autodiff as _autodiff  # noqa: F401  registers the autodiff pass

@@ -40,14 +40,37 @@ def compile(fn, *example_args, target: str = "llvm-cpu", ternary: str = "auto",
     with ctx:
         dumper.add("mlir", module.operation.get_asm(large_elements_limit=16), ext="mlir")
     all_flags = target_args + list(flags)
-    if dumper.dump_dir:
-        phases = os.path.join(dumper.dump_dir, "iree")
-        all_flags.append(f"--dump-compilation-phases-to={phases}")
     vmfb = compile_module(session, module, all_flags, stage=f"the IREE compile for {target}")
     if dumper.dump_dir:
-        _collect_phases(dumper, os.path.join(dumper.dump_dir, "iree"))
+        with ctx:
+            _dump_phases(dumper, all_flags, str(module))
     return CompiledModule(vmfb, Signature.from_graph(graph), dumper.stages, device=device,
                           targets=[target], meta={"flags": all_flags})
+
+
+def _dump_phases(dumper: Dumper, flags, module_text: str):
+    """IREE's phases (input, abi, preprocessing, global-optimization, dispatch-creation,
+    flow, stream, executable-sources, ...): `--dump-compilation-phases-to` is an option
+    of the iree-compile tool, not of the in-process session, so the tool runs once more
+    on the dumped MLIR."""
+    import subprocess
+    import sys
+    path = os.path.join(dumper.dump_dir, "iree")
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".mlir", delete=False) as f:
+        f.write(module_text)
+        src = f.name
+    tool = os.path.join(os.path.dirname(sys.executable), "iree-compile")
+    cmd = [tool if os.path.exists(tool) else "iree-compile", src, *flags,
+           f"--dump-compilation-phases-to={path}", "--mlir-elide-elementsattrs-if-larger=16",
+           "-o", os.devnull]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise TercompError(f"dumping IREE's compilation phases failed: {e}") from None
+    finally:
+        os.unlink(src)
+    _collect_phases(dumper, path)
 
 
 def _collect_phases(dumper: Dumper, path: str):

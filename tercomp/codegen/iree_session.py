@@ -54,6 +54,13 @@ def compile_module(session: Session, module: ir.Module, flags: Sequence[str],
     except Exception as e:  # IREE reports unknown flags as ValueError
         raise CompileError(f"IREE rejected the compiler flags {list(flags)}: {e}",
                            hint="check the spelling of extra flags") from None
+    # Re-read the module from its text before compiling. The Python builders of some
+    # structured ops (linalg.fill, linalg.transpose) leave their region empty; the
+    # custom printer hides that and the parser rebuilds the body, but handed over
+    # directly such a module segfaults IREE 3.13 in-process. Bytecode keeps the empty
+    # region, so text it is (hex-encoded constants: ~0.7 s per 64 MB).
+    with module.context:
+        module = ir.Module.parse(str(module))
     inv = session.invocation()
     with capture_stderr() as diag:
         inv.enable_console_diagnostics()

@@ -41,3 +41,20 @@ register(OpDef("constant", "control", _constant_infer, _constant_reference, num_
 register(OpDef("stop_gradient", "control", lambda ts, a: [ts[0]], lambda xs, a: [xs[0]],
                lower=lambda ctx, op, xs: [xs[0]], vjp=lambda b, op, cts: [None],
                doc="identity whose gradient is zero"))
+
+
+def _custom_vjp_vjp(b, op, cts):
+    from ..transforms import run_custom_bwd
+    return run_custom_bwd(b, op, cts)
+
+
+register(OpDef(
+    "custom_vjp", "control",
+    lambda ts, a: list(ts[:a["n_outputs"]]),
+    lambda xs, a: list(xs[:a["n_outputs"]]),
+    num_operands=None,
+    attrs={"rule": REQUIRED, "n_outputs": REQUIRED, "n_inputs": REQUIRED, "res_tree": "None"},
+    lower=lambda ctx, op, xs: list(xs[:op.attrs["n_outputs"]]),
+    vjp=_custom_vjp_vjp,
+    doc="identity on its first n_outputs operands (the forward's results); its VJP calls the "
+        "user's bwd on the residual operands (tc.custom_vjp)"))

@@ -58,7 +58,14 @@ def _symbols(n):
 def _derivative(expr, sym, subs_key):
     e = expr.subs(dict(subs_key)) if subs_key else expr
     d = sympy.diff(e, sym)
-    return sympy.simplify(d) if d.count_ops() < 40 else d
+    if d.count_ops() >= 40:
+        return d
+    # keep the simplified form only if it stays within the functions tern has ops for
+    # (simplify likes to turn 1 - tanh(x)**2 into cosh(x)**-2)
+    s = sympy.simplify(d)
+    known = (sympy.exp, sympy.log, sympy.tanh, sympy.Abs, sympy.sign, sympy.Piecewise)
+    ok = all(isinstance(f, known) for f in s.atoms(sympy.Function))
+    return s if ok and s.count_ops() <= d.count_ops() else d
 
 
 def _bound(expr, attrs):

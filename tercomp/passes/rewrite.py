@@ -29,7 +29,7 @@ def rewrite(graph: Graph, patterns: dict, on_op=None) -> Graph:
         operands = [repl[v] for v in op.operands]
         b.loc = op.loc
         out = None
-        for pat in patterns.get(op.opname, ()) + patterns.get("*", ()):
+        for pat in list(patterns.get(op.opname, ())) + list(patterns.get("*", ())):
             out = pat(b, op, operands)
             if out is not None:
                 break
