@@ -15,7 +15,7 @@ _CMPF = {sympy.StrictLessThan: "olt", sympy.LessThan: "ole", sympy.StrictGreater
          sympy.GreaterThan: "oge", sympy.Equality: "oeq", sympy.Unequality: "une"}
 _CMPI = {sympy.StrictLessThan: "slt", sympy.LessThan: "sle", sympy.StrictGreaterThan: "sgt",
          sympy.GreaterThan: "sge", sympy.Equality: "eq", sympy.Unequality: "ne"}
-_CMPF_CODE = {"oeq": 1, "ogt": 2, "oge": 3, "olt": 4, "ole": 5, "une": 14}
+_CMPF_CODE = {"oeq": 1, "ogt": 2, "oge": 3, "olt": 4, "ole": 5, "une": 13}
 _CMPI_CODE = {"eq": 0, "ne": 1, "slt": 2, "sle": 3, "sgt": 4, "sge": 5}
 _UNARY_MATH = {sympy.exp: math.ExpOp, sympy.log: math.LogOp, sympy.tanh: math.TanhOp,
                sympy.Abs: None, sympy.cos: math.CosOp, sympy.sin: math.SinOp}

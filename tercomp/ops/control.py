@@ -52,7 +52,7 @@ register(OpDef(
     "custom_vjp", "control",
     lambda ts, a: list(ts[:a["n_outputs"]]),
     lambda xs, a: list(xs[:a["n_outputs"]]),
-    num_operands=None,
+    num_operands=None, num_results=None,
     attrs={"rule": REQUIRED, "n_outputs": REQUIRED, "n_inputs": REQUIRED, "res_tree": "None"},
     lower=lambda ctx, op, xs: list(xs[:op.attrs["n_outputs"]]),
     vjp=_custom_vjp_vjp,

@@ -202,7 +202,7 @@ def _cast_lower(ctx, op, operands):
         if is_float(src):
             if dst == "i1":
                 from ..codegen.builders import scalar_const
-                return arith.CmpFOp(ir_pred(14), x, scalar_const(0.0, src)).result
+                return arith.CmpFOp(ir_pred(13), x, scalar_const(0.0, src)).result
             return arith.FPToSIOp(et, x).result
         if is_float(dst):
             return (arith.UIToFPOp if src == "i1" else arith.SIToFPOp)(et, x).result

@@ -24,6 +24,7 @@ class OpDef:
     infer: Callable[[list, dict], list]           # operand types, attrs -> result types
     reference: Callable[[list, dict], list]        # numpy arrays, attrs -> numpy arrays
     num_operands: Optional[int] = 1                # None: variadic
+    num_results: Optional[int] = 1                 # None: variadic
     attrs: dict = field(default_factory=dict)      # name -> default (REQUIRED if none)
     lower: Optional[Callable] = None               # (LowerCtx, op, mlir operands) -> mlir values
     decompose: Optional[Callable] = None           # (GraphBuilder, operands, attrs) -> values
