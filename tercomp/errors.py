@@ -32,6 +32,13 @@ class TraceError(TercompError):
 class ParseError(TercompError):
     """Malformed tern IR text; the message names line and column."""
 
+    def __init__(self, message: str, *, loc=None, hint: str | None = None):
+        if loc is not None and f"line {loc.line}" not in message:
+            message = f"{message} (line {loc.line}, column {loc.col})"
+        if hint and hint.startswith("at line"):
+            hint = None
+        super().__init__(message, loc=loc, hint=hint)
+
 
 class VerifyError(TercompError):
     """The IR broke a rule of an op; the message names op, rule and location."""

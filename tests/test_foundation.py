@@ -1,0 +1,206 @@
+"""The walking skeleton: trace -> tern IR -> simplify -> linalg -> IREE -> run."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tercomp as tc
+from tercomp import nn
+from tercomp.ir import parse
+from tercomp.passes import run_pipeline
+from tests.conftest import ROOT, run_filecheck
+
+sys.path.insert(0, os.path.join(ROOT, "samples"))
+import mlp as mlp_sample  # noqa: E402
+import transformer_block as tb_sample  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    nn.manual_seed(0)
+    model = mlp_sample.MLP(32, 16, 10)
+    return model, tc.compile(model, tc.spec(("B", 32), "float32"))
+
+
+def test_mlp_one_module_serves_every_batch(mlp):
+    model, exe = mlp
+    rng = np.random.default_rng(1)
+    for batch in (1, 7, 64):
+        x = rng.standard_normal((batch, 32)).astype(np.float32)
+        np.testing.assert_allclose(exe(x), mlp_sample.reference(model, x), rtol=1e-5, atol=1e-5)
+
+
+def test_transformer_block_matches_numpy():
+    nn.manual_seed(0)
+    block = tb_sample.Block(dim=32, heads=2, seq=8, hidden=64)
+    exe = tc.compile(block, tc.spec(("B", 8, 32), "float32"))
+    x = np.random.default_rng(2).standard_normal((3, 8, 32)).astype(np.float32)
+    np.testing.assert_allclose(exe(x), tb_sample.reference(block, x), rtol=1e-4, atol=1e-4)
+
+
+def _sample_graphs():
+    nn.manual_seed(0)
+    yield "mlp", tc.trace(mlp_sample.MLP(32, 16, 10), tc.spec(("B", 32)))
+    block = tb_sample.Block(dim=32, heads=2, seq=8, hidden=64)
+    yield "transformer_block", tc.trace(block, tc.spec(("B", 8, 32)))
+    yield "mlp_grad", tc.trace(tc.grad(lambda m, x, y: tc.cross_entropy(m(x), y)),
+                               mlp_sample.MLP(32, 16, 10), np.ones((4, 32), np.float32),
+                               np.zeros(4, np.int32))
+
+
+@pytest.mark.parametrize("name,graph", list(_sample_graphs()), ids=lambda v: v if isinstance(v, str) else "")
+def test_print_parse_round_trip(name, graph):
+    from tercomp.ir.printer import print_graph
+    text = print_graph(graph, elide=False)
+    back = parse(text, f"{name}.tern.mlir")
+    assert back.structurally_equal(graph)
+    assert str(back) == str(graph)
+
+
+@pytest.mark.parametrize("name,graph", list(_sample_graphs()), ids=lambda v: v if isinstance(v, str) else "")
+def test_printed_ir_verifies_with_irdl(name, graph, tmp_path):
+    path = tmp_path / f"{name}.tern.mlir"
+    path.write_text(str(graph))
+    iree_opt = os.path.join(os.path.dirname(sys.executable), "iree-opt")
+    r = subprocess.run([iree_opt if os.path.exists(iree_opt) else "iree-opt",
+                        f"--irdl-file={ROOT}/dialects/tern.irdl.mlir", str(path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_irdl_file_is_in_sync_with_the_registry():
+    from tercomp.ops.irdl import generate
+    with open(os.path.join(ROOT, "dialects", "tern.irdl.mlir")) as f:
+        assert f.read() == generate(), "regenerate: python -m tercomp.ops.irdl > dialects/tern.irdl.mlir"
+
+
+def test_traced_ir_filecheck():
+    def f(x, w):
+        h = tc.matmul(x, w, transpose_b=True)
+        return tc.sum(tc.relu(h), axis=1)
+    g = tc.trace(f, tc.spec(("B", 8)), np.ones((4, 8), np.float32))
+    run_filecheck(str(g), """
+# CHECK-LABEL: func.func @forward(%x: tensor<?x8xf32> {tern.dims = ["B", 8 : i64]}, %w: tensor<4x8xf32>)
+# CHECK: %[[H:.*]] = "tern.matmul"(%x, %w) {transpose_b = true} : (tensor<?x8xf32>, tensor<4x8xf32>) -> tensor<?x4xf32> loc("{{.*}}test_foundation.py":[[L:[0-9]+]]:{{[0-9]+}})
+# CHECK: %[[R:.*]] = "tern.relu"(%[[H]])
+# CHECK: %[[S:.*]] = "tern.sum"(%[[R]]) {axes = [1 : i64], keepdims = false}
+# CHECK: "func.return"(%[[S]])
+""")
+
+
+def test_simplify_filecheck():
+    text = """
+func.func @f(%x: tensor<4x3xf32>) -> (tensor<4x3xf32>, tensor<4x3xf32>) attributes {tern.output_names = ["a", "b"]} {
+  %one = "tern.constant"() {value = dense<1.0> : tensor<f32>} : () -> tensor<f32>
+  %zero = "tern.constant"() {value = dense<0.0> : tensor<f32>} : () -> tensor<f32>
+  %m = "tern.mul"(%x, %one) : (tensor<4x3xf32>, tensor<f32>) -> tensor<4x3xf32>
+  %a = "tern.add"(%m, %zero) : (tensor<4x3xf32>, tensor<f32>) -> tensor<4x3xf32>
+  %t = "tern.transpose"(%a) {perm = [1 : i64, 0 : i64]} : (tensor<4x3xf32>) -> tensor<3x4xf32>
+  %tt = "tern.transpose"(%t) {perm = [1 : i64, 0 : i64]} : (tensor<3x4xf32>) -> tensor<4x3xf32>
+  %e1 = "tern.exp"(%tt) : (tensor<4x3xf32>) -> tensor<4x3xf32>
+  %e2 = "tern.exp"(%x) : (tensor<4x3xf32>) -> tensor<4x3xf32>
+  %c = "tern.constant"() {value = dense<2.0> : tensor<f32>} : () -> tensor<f32>
+  %c2 = "tern.mul"(%c, %c) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  %s = "tern.mul"(%e2, %c2) : (tensor<4x3xf32>, tensor<f32>) -> tensor<4x3xf32>
+  "func.return"(%e1, %s) : (tensor<4x3xf32>, tensor<4x3xf32>) -> ()
+}
+"""
+    g = run_pipeline(parse(text), ["simplify"])
+    run_filecheck(str(g), """
+# CHECK-LABEL: func.func @f(
+# CHECK-NOT: "tern.transpose"
+# CHECK-NOT: "tern.add"
+# CHECK: %[[E:.*]] = "tern.exp"(%x)
+# CHECK-NOT: "tern.exp"
+# CHECK: %[[C:.*]] = "tern.constant"() {value = dense<4.0> : tensor<f32>}
+# CHECK: %[[S:.*]] = "tern.mul"(%[[E]], %[[C]])
+# CHECK: "func.return"(%[[E]], %[[S]])
+""")
+
+
+def test_linalg_lowering_of_matmul_and_reduction_filecheck():
+    exe = tc.compile(lambda x, w: tc.sum(x @ w, axis=1), tc.spec(("B", 8)), np.ones((8, 4), np.float32))
+    run_filecheck(exe.ir("mlir"), """
+# CHECK-LABEL: func.func @forward(%arg0: tensor<?x8xf32>, %arg1: tensor<8x4xf32>) -> tensor<?xf32>
+# CHECK: %[[D:.*]] = tensor.dim %arg0, %{{.*}} : tensor<?x8xf32>
+# CHECK: %[[MM:.*]] = linalg.matmul ins(%arg0, %arg1 : tensor<?x8xf32>, tensor<8x4xf32>)
+# CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]{{.*}} ins(%[[MM]] : tensor<?x4xf32>)
+# CHECK: arith.addf
+# CHECK-NOT: tern.
+""")
+
+
+# -- errors ---------------------------------------------------------------------------
+def test_shape_mismatch_names_both_shapes_and_the_user_line():
+    def bad(x, y):
+        return x + y   # the line the error must point at
+    with pytest.raises(tc.TraceError) as e:
+        tc.trace(bad, np.ones((3, 4), np.float32), np.ones((5,), np.float32))
+    msg = str(e.value)
+    assert "[3, 4]" in msg and "[5]" in msg
+    assert e.value.loc.file.endswith("test_foundation.py")
+    assert e.value.loc.line == bad.__code__.co_firstlineno + 1
+
+
+def test_python_control_flow_on_a_traced_value_says_what_to_do():
+    def f(x):
+        if tc.sum(x) > 0:
+            return x
+        return -x
+    with pytest.raises(tc.TraceError, match="tc.where"):
+        tc.trace(f, np.ones(3, np.float32))
+
+
+def test_malformed_ir_gives_line_and_column():
+    text = 'func.func @f(%x: tensor<3xf32>) -> (tensor<3xf32>) {\n  %y = "tern.exp"(%x) : (tensor<3xf32>) -> tensor<3xf32>\n  %z = "tern.exp"(%q) : (tensor<3xf32>) -> tensor<3xf32>\n}'
+    with pytest.raises(tc.ParseError) as e:
+        parse(text, "bad.tern.mlir")
+    assert e.value.loc.line == 3 and e.value.loc.col == 19
+    assert "undefined value %q" in str(e.value)
+    with pytest.raises(tc.ParseError, match="line 1"):
+        parse("func.func @f(%x: tensor<3xq7>) -> () {}")
+
+
+def test_parsed_ir_with_wrong_types_is_rejected():
+    text = 'func.func @f(%x: tensor<3xf32>) -> (tensor<4xf32>) {\n  %y = "tern.exp"(%x) : (tensor<3xf32>) -> tensor<4xf32>\n  "func.return"(%y) : (tensor<4xf32>) -> ()\n}'
+    with pytest.raises(tc.ParseError, match="tensor<3xf32>"):
+        parse(text)
+
+
+def test_wrong_inputs_to_a_compiled_module_are_caught_before_iree(mlp):
+    _, exe = mlp
+    with pytest.raises(tc.InputError, match="dim 1 must be 32"):
+        exe(np.ones((2, 31), np.float32))
+    with pytest.raises(tc.InputError, match="dtype f32"):
+        exe(np.ones((2, 32), np.float64))
+    with pytest.raises(tc.InputError, match="takes 1 input"):
+        exe(np.ones((2, 32), np.float32), np.ones(3, np.float32))
+
+
+def test_verifier_names_op_rule_and_location():
+    from tercomp.ir.verifier import verify
+    g = tc.trace(lambda x: tc.exp(x), np.ones(3, np.float32))
+    op = g.ops[0]
+    op.results[0].type = op.results[0].type.with_shape((4,))
+    with pytest.raises(tc.VerifyError, match=r"tern.exp.*shape rule.*result types"):
+        verify(g, "a test")
+
+
+def test_dump_dir_writes_numbered_stages(tmp_path):
+    exe = tc.compile(lambda x: tc.tanh(x) * 2.0, tc.spec(("B", 4)), dump_dir=str(tmp_path))
+    files = sorted(os.listdir(tmp_path))
+    assert files[:3] == ["00-tern.tern.mlir", "01-simplify.tern.mlir", "02-mlir.mlir"]
+    assert os.path.isdir(tmp_path / "iree")
+    assert "flow.dispatch" in exe.ir("flow")
+    assert exe.ir("tern") == (tmp_path / "00-tern.tern.mlir").read_text()
+
+
+def test_big_constants_are_elided_in_dumps():
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    exe = tc.compile(lambda x: x @ w, tc.spec(("B", 64)))
+    run_filecheck(exe.ir("tern"), """
+# CHECK: "tern.constant"() {value = dense_resource<__elided__> : tensor<64x64xf32>}
+""")
+    assert len(exe.ir("mlir")) < 4000
