@@ -1,0 +1,158 @@
+"""Time the ternary matmul kernels against NumPy f32 and IREE's own f32 matmul.
+
+    python bench/ternary_kernels.py            # warm: one layer, weights cache-resident
+    python bench/ternary_kernels.py --cold     # 16 distinct 4096x4096 layers chained,
+                                               # so weights stream from DRAM (decode)
+
+Every number is the median wall time of `main(x)` including `.to_host()` of the result,
+with x already on the device (`iree.runtime.asdevicearray`), and its ratio to NumPy's
+`x @ W.T` measured in the same run; all kernels take turns, so load from other
+processes affects them alike. The ternary kernels quantize activations
+(act_quant=True, BitNet b1.58) unless the row says "noquant".
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import iree.runtime as rt  # noqa: E402
+from iree.compiler import ir  # noqa: E402
+from iree.compiler.dialects import arith, func, linalg, tensor  # noqa: E402
+
+from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session  # noqa: E402
+from tercomp.codegen.ternary_kernels import (choose_strategy, emit_ternary_matmul,  # noqa: E402
+                                             strategy_flags)
+from tercomp.ops.ternary_pack import absmean_ternarize, pack_ternary  # noqa: E402
+
+SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 2048, 2048)]
+VARIANTS = [("addsub", True), ("int8", True), ("f32", True), ("f32", False)]
+DENSE_FLAGS = ["--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all",
+               "--iree-opt-const-expr-max-size-increase-threshold=4294967296",
+               "--iree-opt-const-eval=false"]
+
+
+class Loaded:
+    """A compiled module on local-task with device-resident inputs."""
+
+    def __init__(self, vmfb: bytes):
+        self.config = rt.Config("local-task")
+        self.ctx = rt.SystemContext(config=self.config)
+        self.ctx.add_vm_module(rt.VmModule.copy_buffer(self.ctx.instance, vmfb))
+        self.main = self.ctx.modules.module["main"]
+
+    def on_device(self, x: np.ndarray):
+        return rt.asdevicearray(self.config.device, x)
+
+
+def interleaved_medians(fns: dict, rounds: int, calls: int = 5) -> dict:
+    """Median seconds per call of each fn. The fns take turns (`calls` each, `rounds`
+    times) so that a load change on the machine hits all of them alike and the ratios
+    stay meaningful; the first calls (hoisted initializers, page faults) are dropped."""
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+        fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def make_layers(count: int, k: int, n: int, rng):
+    layers = []
+    for _ in range(count):
+        t, scale = absmean_ternarize(rng.standard_normal((n, k)).astype(np.float32))
+        layers.append((t, scale, pack_ternary(t)))
+    return layers
+
+
+def compile_chain(m: int, k: int, layers, emit_one, flags) -> Loaded:
+    """A `main` applying every layer in turn (N == K when there are several)."""
+    # Not build_and_compile: it prints the module, which means gigabytes of hex here.
+    session, ctx = new_session()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            @func.FuncOp.from_py_func(ir.RankedTensorType.get([m, k], ir.F32Type.get()))
+            def main(x):
+                for layer in layers:
+                    x = emit_one(x, layer)
+                return x
+        vmfb = compile_module(session, module, [*HOST_CPU_FLAGS, *flags])
+    return Loaded(vmfb)
+
+
+def emit_dense(x, layer):
+    """IREE's own f32 matmul on the dense weights scale * T (the baseline to beat)."""
+    t, scale, _ = layer
+    w = np.ascontiguousarray((t * scale).astype(np.float32))
+    f32 = ir.F32Type.get()
+    m = ir.RankedTensorType(x.type).get_dim_size(0)
+    wc = arith.constant(ir.RankedTensorType.get(list(w.shape), f32), ir.DenseElementsAttr.get(w))
+    out = linalg.fill(arith.constant(f32, 0.0), outs=[tensor.empty([m, w.shape[0]], f32)])
+    maps = [ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(a), ir.AffineDimExpr.get(b)])
+            for a, b in ((0, 2), (1, 2), (0, 1))]
+    return linalg.matmul(x, wc, outs=[out], indexing_maps=maps)
+
+
+def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng) -> list[tuple[str, float]]:
+    """(label, seconds per layer) for NumPy, IREE f32 and every ternary variant."""
+    layers = make_layers(n_layers, k, n, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    dense = [np.ascontiguousarray((t * s).astype(np.float32)) for t, s, _ in layers]
+
+    def numpy_chain():
+        y = x
+        for w in dense:
+            y = y @ w.T
+        return y
+
+    variants = [("IREE f32 linalg.matmul (data tiling)", emit_dense, DENSE_FLAGS)]
+    for strategy, aq in VARIANTS:
+        variants.append((strategy + ("" if aq else " noquant"),
+                         lambda v, layer, s=strategy, a=aq: emit_ternary_matmul(
+                             v, layer[2], k, n, layer[1], strategy=s, act_quant=a),
+                         strategy_flags(strategy)))
+    fns = {"numpy f32 x @ W.T": numpy_chain}
+    for name, emit_one, flags in variants:
+        t0 = time.perf_counter()
+        mod = compile_chain(m, k, layers, emit_one, flags)
+        label = f"{name}  [compile {time.perf_counter() - t0:.1f}s]"
+        xd = mod.on_device(x)
+        fns[label] = lambda mod=mod, xd=xd: mod.main(xd).to_host()
+    return [(name, secs / n_layers) for name, secs in interleaved_medians(fns, rounds).items()]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cold", action="store_true",
+                    help="distinct 4096x4096 layers chained (weights from DRAM), M=1")
+    ap.add_argument("--layers", type=int, default=16, help="layer count for --cold")
+    ap.add_argument("--rounds", type=int, default=20,
+                    help="turns each kernel gets (5 timed calls per turn)")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    shapes = [(1, 4096, 4096)] if args.cold else SHAPES
+    n_layers = args.layers if args.cold else 1
+    for m, k, n in shapes:
+        print(f"\n{m}x{k}x{n}" + (f"  cold: {n_layers} distinct layers, time per layer"
+                                  if args.cold else "")
+              + f"   (choose_strategy -> {choose_strategy(m, k, n)})")
+        rows = run(m, k, n, n_layers, args.rounds, rng)
+        base = rows[0][1]
+        for name, secs in rows:
+            print(f"  {name:55s} {secs * 1e3:8.3f} ms  {secs / base:6.2f}x numpy")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

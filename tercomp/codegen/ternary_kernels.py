@@ -1,0 +1,364 @@
+"""MLIR emitters for `y[M, N] = scale * x[M, K] @ T[N, K]^T` with T ternary and packed
+2-bit planar (`tercomp/ops/ternary_pack.py`), built with IREE's MLIR Python builders.
+
+Three strategies, the formulations measured in `shared/kernels/` (README there):
+
+``"addsub"``  (ref_d) int8 activations (per-row absmax) and a fused masked add/sub over
+              the 2-bit constant: no multiplies and no widened weights. K/4 is split
+              into (KO, KI) with KI a *parallel* accumulator dimension of i16 partial
+              sums (exact while KO * 4 * 127 < 32767), then a small generic reduces KI
+              into i32. The fastest decode (M = 1) kernel. Without activation
+              quantization it emits the "f32" kernel.
+``"int8"``    (ref_c) the packed constant is unpacked to i8 {-1, 0, 1} by its own
+              generic, which IREE hoists to module load (the .vmfb stays 2-bit, RAM
+              holds 1 B/weight), then an i8 x i8 -> i32 `linalg.matmul` that data tiling
+              lowers to IREE's VNNI ukernel. Best from M = 2 up. Without activation
+              quantization it unpacks to f32 (4 B/weight resident) for an f32 matmul.
+``"f32"``     (ref_b) exact f32 masked add/sub on the f32 x, or on the integer-valued
+              quantized x when ``act_quant`` (then the result equals the int kernels
+              up to the final rounding, since the integer sums are exact in f32).
+
+Every kernel computes `ternary_matmul_reference` (up to float rounding):
+
+>>> import numpy as np
+>>> import iree.runtime
+>>> from iree.compiler.dialects import func
+>>> from tercomp.codegen.iree_session import HOST_CPU_FLAGS, build_and_compile
+>>> from tercomp.ops.ternary_pack import absmean_ternarize, pack_ternary
+>>> t, scale = absmean_ternarize(np.random.default_rng(0).standard_normal((6, 10)))
+>>> packed = pack_ternary(t)
+>>> def build():
+...     x_type = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size(), 10], ir.F32Type.get())
+...     @func.FuncOp.from_py_func(x_type)
+...     def main(x):
+...         return emit_ternary_matmul(x, packed, 10, 6, scale, strategy="int8", act_quant=True)
+>>> _, vmfb = build_and_compile(build, [*HOST_CPU_FLAGS, *strategy_flags("int8")])
+>>> mod = iree.runtime.load_vm_flatbuffer(vmfb, driver="local-task")
+>>> mod.main(np.ones((3, 10), np.float32)).to_host().shape
+(3, 6)
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+from iree.compiler import ir
+from iree.compiler.dialects import arith, linalg, math, tensor
+
+from ..errors import TercompError
+from ..ops.ternary_pack import k_split
+
+STRATEGIES = ("addsub", "int8", "f32")
+
+_DATA_TILING = ("--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all")
+# Hoist the weight unpack (a constant expression that grows 4x or 16x) to module load:
+# the size threshold lets the hoisting happen at all; const-eval=false keeps the
+# compiler from evaluating it, so the .vmfb stores the 2-bit constant.
+_HOIST_TO_LOAD = ("--iree-opt-const-expr-max-size-increase-threshold=4294967296",
+                  "--iree-opt-const-eval=false")
+_FLAGS = {
+    "addsub": (),
+    "f32": (),
+    "int8": _DATA_TILING + _HOIST_TO_LOAD,
+}
+
+_ACT_EPS = 1e-5
+_PAR = "#linalg.iterator_type<parallel>"
+_RED = "#linalg.iterator_type<reduction>"
+
+
+def strategy_flags(strategy: str) -> list[str]:
+    """The IREE flags a strategy needs on top of `HOST_CPU_FLAGS`.
+
+    >>> strategy_flags("addsub")
+    []
+    >>> strategy_flags("int8")[:2]
+    ['--iree-opt-data-tiling=true', '--iree-llvmcpu-enable-ukernels=all']
+    """
+    _check_strategy(strategy, allow_auto=False)
+    return list(_FLAGS[strategy])
+
+
+def choose_strategy(m: int | None, k: int, n: int) -> str:
+    """The fastest strategy for an [m, k] x [k, n] ternary matmul on llvm-cpu.
+
+    Measured (shared/kernels/README.md, bench/ternary_kernels.py): the fused int8
+    add/sub kernel wins only for a single row (decode, 0.2x NumPy at 1x4096x4096);
+    from M = 2 the data-tiled int8 matmul is faster (0.35 vs 0.41 ms at M = 2) and
+    stays so for prefill. A dynamic M (None) serves batches, so it gets "int8".
+
+    >>> choose_strategy(1, 4096, 4096), choose_strategy(8, 4096, 4096), choose_strategy(None, 64, 64)
+    ('addsub', 'int8', 'int8')
+    """
+    return "addsub" if m == 1 else "int8"
+
+
+def emit_ternary_matmul(x: ir.Value, packed: np.ndarray, k: int, n: int, scale: float, *,
+                        strategy: str, act_quant: bool) -> ir.Value:
+    """Emit `y = scale * x @ T^T` at the current insertion point; returns y.
+
+    `x` is a `tensor<M x K x f32>` value (M static or dynamic), `packed` the uint8
+    [N, KB] output of `pack_ternary` (KB * 4 >= K; columns past K are zero-padded in
+    the kernel too), `scale` the absmean scale. With `act_quant`, x is quantized per
+    row to int8 first (`act_quant` in ternary_pack). `strategy` is one of
+    "addsub", "int8", "f32" or "auto" (`choose_strategy(M or None, K, N)`); compile
+    with `strategy_flags` of the strategy used. Returns a `tensor<M x N x f32>` value.
+    """
+    _check_strategy(strategy, allow_auto=True)
+    packed = _check_packed(packed, k, n)
+    x_type = ir.RankedTensorType(x.type)
+    if (x_type.rank != 2 or x_type.is_dynamic_dim(1) or x_type.get_dim_size(1) != k
+            or not isinstance(x_type.element_type, ir.F32Type)):
+        raise TercompError(f"ternary matmul expects x of type tensor<?x{k}xf32> (M static "
+                           f"or dynamic), got {x_type}")
+    m = None if x_type.is_dynamic_dim(0) else x_type.get_dim_size(0)
+    if strategy == "auto":
+        strategy = choose_strategy(m, k, n)
+    kern = _Kernel(x, m, k, n, packed, float(scale))
+    if strategy == "int8":
+        return kern.int8_matmul(act_quant)
+    if strategy == "addsub" and act_quant:
+        return kern.addsub(integer=True, act_quant=True)
+    return kern.addsub(integer=False, act_quant=act_quant)
+
+
+# ---------------------------------------------------------------------- validation
+def _check_strategy(strategy, allow_auto: bool):
+    ok = STRATEGIES + (("auto",) if allow_auto else ())
+    if strategy not in ok:
+        raise TercompError(f"unknown ternary matmul strategy {strategy!r}; expected one of "
+                           f"{', '.join(map(repr, ok))}",
+                           hint=None if allow_auto else
+                           "resolve 'auto' with choose_strategy(m, k, n) first")
+
+
+def _check_packed(packed, k: int, n: int) -> np.ndarray:
+    packed = np.asarray(packed)
+    if packed.dtype == np.int8:
+        packed = packed.view(np.uint8)
+    if packed.ndim != 2 or packed.dtype != np.uint8:
+        raise TercompError(f"packed ternary weights must be a uint8 [N, KB] array, got "
+                           f"{packed.dtype} of shape {packed.shape}")
+    if packed.shape[0] != n or not 0 < k <= 4 * packed.shape[1]:
+        raise TercompError(f"packed ternary weights of shape {packed.shape} do not hold a "
+                           f"[{n}, {k}] matrix (need [N, KB] with 4 * KB >= K)")
+    if ((packed & (packed >> 1)) & 0x55).any():
+        raise TercompError("packed ternary weights hold invalid 2-bit codes 0b11",
+                           hint="pack the weights with tercomp.ops.ternary_pack.pack_ternary")
+    return np.ascontiguousarray(packed)
+
+
+# ------------------------------------------------------------------- IR helpers
+def _amap(ndim: int, results: Sequence[int]) -> ir.AffineMap:
+    """affine_map<(d0..d{ndim-1}) -> (d{results[0]}, ...)>"""
+    return ir.AffineMap.get(ndim, 0, [ir.AffineDimExpr.get(d) for d in results])
+
+
+def _generic(result_type: ir.Type, ins: Sequence[ir.Value], out: ir.Value,
+             maps: Sequence[ir.AffineMap], iters: Sequence[str],
+             body: Callable[..., ir.Value]) -> ir.Value:
+    """One-result linalg.generic whose body is `body(*scalar_args) -> yielded value`."""
+    op = linalg.GenericOp([result_type], list(ins), [out],
+                          ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+                          ir.ArrayAttr.get([ir.Attribute.parse(it) for it in iters]))
+    elem_types = [ir.RankedTensorType(v.type).element_type for v in (*ins, out)]
+    block = op.regions[0].blocks.append(*elem_types)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([body(*block.arguments)])
+    return op.results[0]
+
+
+def _const(value, type_: ir.Type) -> ir.Value:
+    return arith.constant(type_, value)
+
+
+class _Kernel:
+    """Shared state of one emitted kernel: x, its (possibly dynamic) M, the weights."""
+
+    def __init__(self, x: ir.Value, m: int | None, k: int, n: int, packed: np.ndarray,
+                 scale: float):
+        self.x, self.m, self.k, self.n, self.scale = x, m, k, n, scale
+        self.packed = packed
+        self.kb = packed.shape[1]
+        self.kp = 4 * self.kb
+        self.f32 = ir.F32Type.get()
+        self.i8 = ir.IntegerType.get_signless(8)
+        self.i16 = ir.IntegerType.get_signless(16)
+        self.i32 = ir.IntegerType.get_signless(32)
+        self.index = ir.IndexType.get()
+        dyn = ir.ShapedType.get_dynamic_size()
+        self.m_static = dyn if m is None else m
+        # The dynamic sizes that tensor ops need when M is dynamic: [tensor.dim(x, 0)].
+        self.m_values = [tensor.dim(x, _const(0, self.index))] if m is None else []
+
+    # -- shapes with the leading M dimension
+    def ttype(self, shape_after_m: Sequence[int], elem: ir.Type) -> ir.RankedTensorType:
+        return ir.RankedTensorType.get([self.m_static, *shape_after_m], elem)
+
+    def empty(self, shape_after_m: Sequence[int], elem: ir.Type) -> ir.Value:
+        m = self.m_values[0] if self.m_values else self.m
+        return tensor.empty([m, *shape_after_m], elem)
+
+    def zeros(self, shape_after_m: Sequence[int], elem: ir.Type) -> ir.Value:
+        zero = _const(0.0 if elem == self.f32 else 0, elem)
+        return linalg.fill(zero, outs=[self.empty(shape_after_m, elem)])
+
+    # -- weights
+    def weights(self) -> ir.Value:
+        """The packed planar constant as tensor<N x KB x i8>, from its bytes."""
+        data = self.packed.view(np.int8)
+        t = ir.RankedTensorType.get(list(data.shape), self.i8)
+        return arith.constant(t, ir.DenseElementsAttr.get(data, type=self.i8))
+
+    # -- activations
+    def row_absmax(self) -> ir.Value:
+        """max |x[m, :]| as tensor<M x f32>."""
+        return _generic(self.ttype([], self.f32), [self.x], self.zeros([], self.f32),
+                        [_amap(2, [0, 1]), _amap(2, [0])], [_PAR, _RED],
+                        lambda v, acc: arith.maximumf(acc, math.absf(v)))
+
+    def quantize(self, amax: ir.Value, elem: ir.Type) -> ir.Value:
+        """clip(rint(x * (127 / max(amax, eps))), -127, 127) as i8 or integer-valued f32,
+        in the order `ternary_pack.act_quant` uses (so the rounding agrees exactly)."""
+        f32 = self.f32
+
+        def body(v, am, _out):
+            amc = arith.maximumf(am, _const(_ACT_EPS, f32))
+            s = arith.divf(_const(127.0, f32), amc)
+            r = math.roundeven(arith.mulf(v, s))
+            r = arith.minimumf(arith.maximumf(r, _const(-127.0, f32)), _const(127.0, f32))
+            return r if elem == f32 else arith.fptosi(elem, r)
+
+        return _generic(self.ttype([self.k], elem), [self.x, amax],
+                        self.empty([self.k], elem),
+                        [_amap(2, [0, 1]), _amap(2, [0]), _amap(2, [0, 1])], [_PAR, _PAR],
+                        body)
+
+    def pad_k(self, v: ir.Value) -> ir.Value:
+        """Zero-pad [M, K] to [M, KP] (the pack's zero-code columns meet zeros of x)."""
+        if self.kp == self.k:
+            return v
+        elem = ir.RankedTensorType(v.type).element_type
+        op = tensor.PadOp(self.ttype([self.kp], elem), v, [], [], [0, 0], [0, self.kp - self.k])
+        block = op.regions[0].blocks.append(self.index, self.index)
+        with ir.InsertionPoint(block):
+            tensor.YieldOp(_const(0.0 if elem == self.f32 else 0, elem))
+        return op.result
+
+    def planes(self, v: ir.Value, ko: int, ki: int) -> list[ir.Value]:
+        """Padded x [M, KP] viewed as [M, 4, KO, KI] and cut into the 4 planes [M, KO, KI]."""
+        elem = ir.RankedTensorType(v.type).element_type
+        xe = tensor.expand_shape(self.ttype([4, ko, ki], elem), v, [[0], [1, 2, 3]],
+                                 self.m_values, [self.m_static, 4, ko, ki])
+        return [tensor.extract_slice(self.ttype([ko, ki], elem), xe, [], self.m_values, [],
+                                     [0, j, 0, 0], [self.m_static, 1, ko, ki], [1, 1, 1, 1])
+                for j in range(4)]
+
+    # -- strategies
+    def addsub(self, *, integer: bool, act_quant: bool) -> ir.Value:
+        """Masked add/sub over the planar constant with a (KO, KI) split of K/4; i8
+        operands into i16 partial sums (`integer`) or exact f32 (ref_d / ref_b)."""
+        f32, i8 = self.f32, self.i8
+        amax = self.row_absmax() if act_quant else None
+        if integer:
+            xv = self.quantize(amax, i8)
+            ko, ki = k_split(self.kb)
+            part_t, sum_t = self.i16, self.i32
+        else:
+            xv = self.quantize(amax, f32) if act_quant else self.x
+            # f32 has no overflow bound: one 512-bit vector of KI = 16 lanes as in ref_b.
+            ko, ki = (self.kb // 16, 16) if self.kb % 16 == 0 else k_split(self.kb)
+            part_t, sum_t = f32, f32
+        xs = self.planes(self.pad_k(xv), ko, ki)
+        w = tensor.expand_shape(ir.RankedTensorType.get([self.n, ko, ki], i8), self.weights(),
+                                [[0], [1, 2]], [], [self.n, ko, ki])
+        elem = i8 if integer else f32
+        masks = [(_const(1 << (2 * j), i8), _const(_to_i8(2 << (2 * j)), i8)) for j in range(4)]
+        z8, zero = _const(0, i8), _const(0 if integer else 0.0, elem)
+
+        def body(a0, a1, a2, a3, p, acc):
+            terms = []
+            for a, (pos, neg) in zip((a0, a1, a2, a3), masks):
+                is_pos = arith.cmpi(arith.CmpIPredicate.ne, arith.andi(p, pos), z8)
+                is_neg = arith.cmpi(arith.CmpIPredicate.ne, arith.andi(p, neg), z8)
+                minus = arith.subi(zero, a) if integer else arith.negf(a)
+                t = arith.select(is_pos, a, arith.select(is_neg, minus, zero))
+                terms.append(arith.extsi(part_t, t) if integer else t)
+            add = arith.addi if integer else arith.addf
+            # Sum the planes first and touch the accumulator with one add, the form
+            # the vectorizer recognizes as a reduction (pitfall 2: 9.5 ms -> 0.6 ms).
+            s = add(add(terms[0], terms[1]), add(terms[2], terms[3]))
+            return add(acc, s)
+
+        xmap, wmap, pmap = _amap(4, [0, 2, 3]), _amap(4, [1, 2, 3]), _amap(4, [0, 1, 3])
+        part = _generic(self.ttype([self.n, ki], part_t), [*xs, w],
+                        self.zeros([self.n, ki], part_t),
+                        [xmap, xmap, xmap, xmap, wmap, pmap], [_PAR, _PAR, _RED, _PAR], body)
+
+        def reduce_ki(v, acc):
+            return arith.addi(acc, arith.extsi(sum_t, v)) if integer else arith.addf(acc, v)
+
+        total = _generic(self.ttype([self.n], sum_t), [part], self.zeros([self.n], sum_t),
+                         [_amap(3, [0, 1, 2]), _amap(3, [0, 1])], [_PAR, _PAR, _RED],
+                         reduce_ki)
+        return self.dequant(total, amax)
+
+    def int8_matmul(self, act_quant: bool) -> ir.Value:
+        """Unpack to {-1, 0, 1} (hoisted by the strategy's flags), then linalg.matmul."""
+        if act_quant:
+            amax = self.row_absmax()
+            xv, elem, acc_t = self.pad_k(self.quantize(amax, self.i8)), self.i8, self.i32
+        else:
+            amax, xv, elem, acc_t = None, self.pad_k(self.x), self.f32, self.f32
+        wt = self.unpack(elem)
+        acc = linalg.matmul(xv, wt, outs=[self.zeros([self.n], acc_t)],
+                            indexing_maps=[_amap(3, [0, 2]), _amap(3, [1, 2]),
+                                           _amap(3, [0, 1])])
+        return self.dequant(acc, amax)
+
+    def unpack(self, elem: ir.Type) -> ir.Value:
+        """tensor<N x KP x elem> with values {-1, 0, 1}: code c of plane j at
+        (p >> 2j) & 3, value (c & 1) - (c >> 1)."""
+        i8 = self.i8
+        one, three = _const(1, i8), _const(3, i8)
+
+        def body(p, _out):
+            j = arith.index_cast(i8, linalg.IndexOp(1).result)
+            c = arith.andi(arith.shrui(p, arith.shli(j, one)), three)
+            v = arith.subi(arith.andi(c, one), arith.shrui(c, one))
+            return v if elem == i8 else arith.sitofp(elem, v)
+
+        n, kb = self.n, self.kb
+        wu = _generic(ir.RankedTensorType.get([n, 4, kb], elem), [self.weights()],
+                      tensor.empty([n, 4, kb], elem),
+                      [_amap(3, [0, 2]), _amap(3, [0, 1, 2])], [_PAR, _PAR, _PAR], body)
+        return tensor.collapse_shape(ir.RankedTensorType.get([n, self.kp], elem), wu,
+                                     [[0], [1, 2]])
+
+    def dequant(self, acc: ir.Value, amax: ir.Value | None) -> ir.Value:
+        """y = acc * scale (f32) or, after activation quantization, acc * scale / s with
+        1/s = max(amax, eps) / 127."""
+        f32 = self.f32
+        is_int = isinstance(ir.RankedTensorType(acc.type).element_type, ir.IntegerType)
+
+        def to_f32(a):
+            return arith.sitofp(f32, a) if is_int else a
+
+        out_t, out = self.ttype([self.n], f32), self.empty([self.n], f32)
+        if amax is None:
+            return _generic(out_t, [acc], out, [_amap(2, [0, 1])] * 2, [_PAR, _PAR],
+                            lambda a, _o: arith.mulf(to_f32(a), _const(self.scale, f32)))
+
+        wscale = float(np.float32(self.scale / 127.0))
+
+        def body(a, am, _o):
+            inv_s = arith.mulf(arith.maximumf(am, _const(_ACT_EPS, f32)), _const(wscale, f32))
+            return arith.mulf(to_f32(a), inv_s)
+
+        return _generic(out_t, [acc, amax], out,
+                        [_amap(2, [0, 1]), _amap(2, [0]), _amap(2, [0, 1])], [_PAR, _PAR], body)
+
+
+def _to_i8(v: int) -> int:
+    """An unsigned byte mask as the signed i8 literal MLIR expects (0x80 -> -128)."""
+    return v - 256 if v >= 128 else v

@@ -1,0 +1,116 @@
+"""matmul: NumPy matmul of rank >= 2 operands with broadcast batch dims, optionally with
+the rhs given transposed (`transpose_b`: b is [..., N, K], as nn.Linear stores weights).
+
+Matmul is bilinear: its VJP is an lhs rule and an rhs rule, each a matmul of the
+cotangent with the other operand, then summed over the batch dims that were broadcast.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TraceError
+from ..ir import TensorType
+from ..ir.types import is_float
+from .elementwise import broadcast_shapes
+from .registry import OpDef, register
+from .shape import fmt_shape, same_dim, unbroadcast
+
+
+def _matmul_dims(a: TensorType, b: TensorType, transpose_b: bool):
+    """(batch shape, M, K, N) of a matmul, or a TraceError naming both shapes."""
+    shown = f"{fmt_shape(a.shape)} and {fmt_shape(b.shape)}" + (" (transpose_b)" if transpose_b else "")
+    if a.rank < 2 or b.rank < 2:
+        raise TraceError(f"matmul: operands {shown} must both have rank >= 2",
+                         hint="tern.matmul takes matrices; the tracer turns a 1-D operand into a "
+                              "matrix with expand_dims and removes that dim after with squeeze")
+    if a.dtype != b.dtype:
+        raise TraceError(f"matmul: operands {shown} have different dtypes {a.dtype} and {b.dtype}",
+                         hint="cast one operand with x.astype(dtype)")
+    m, k = a.shape[-2:]
+    n, kb = (b.shape[-2], b.shape[-1]) if transpose_b else (b.shape[-1], b.shape[-2])
+    if not same_dim(k, kb):
+        raise TraceError(f"matmul: contraction dims differ for {shown}: {k} vs {kb}",
+                         hint="the last dim of a must equal the " +
+                              ("last" if transpose_b else "second-to-last") + " dim of b")
+    try:
+        batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except TraceError:
+        raise TraceError(f"matmul: batch dims of {shown} cannot be broadcast together",
+                         hint="the leading dims must be equal or 1") from None
+    return batch, m, k, n
+
+
+def _matmul_infer(types, attrs):
+    a, b = types
+    batch, m, _, n = _matmul_dims(a, b, attrs["transpose_b"])
+    return [TensorType(tuple(batch) + (m, n), a.dtype)]
+
+
+def _matmul_ref(xs, attrs):
+    a, b = xs
+    if attrs["transpose_b"]:
+        b = np.swapaxes(b, -1, -2)
+    return [np.matmul(a, b).astype(a.dtype)]
+
+
+def _matmul_lower(ctx, op, xs):
+    from iree.compiler.dialects import arith, linalg
+    from ..codegen.builders import affine_map, PARALLEL, REDUCTION
+    a_t, b_t = (v.type for v in op.operands)
+    out = op.results[0].type
+    init = ctx.fill(out, 0)
+    tb = op.attrs["transpose_b"]
+    if a_t.rank == b_t.rank == 2 and not tb:
+        return [linalg.matmul(xs[0], xs[1], outs=[init])]
+    # A generic contraction over (batch..., m, n, k); a batch dim of size 1 that is
+    # broadcast reads index 0 (the same rule as NumPy broadcasting).
+    nb = out.rank - 2
+    m, n, k = nb, nb + 1, nb + 2
+
+    def batch_exprs(t):
+        lead = t.rank - 2
+        return [("c", 0) if (d == 1 and out.shape[nb - lead + i] != 1) else nb - lead + i
+                for i, d in enumerate(t.shape[:-2])]
+
+    a_map = affine_map(nb + 3, batch_exprs(a_t) + [m, k])
+    b_map = affine_map(nb + 3, batch_exprs(b_t) + ([n, k] if tb else [k, n]))
+    o_map = affine_map(nb + 3, list(range(nb)) + [m, n])
+    fl = is_float(out.dtype)
+
+    def body(x, y, acc):
+        prod = (arith.MulFOp if fl else arith.MulIOp)(x, y).result
+        return (arith.AddFOp if fl else arith.AddIOp)(acc, prod).result
+
+    return [ctx.generic(xs, [a_map, b_map], out, o_map, [PARALLEL] * (nb + 2) + [REDUCTION],
+                        body, init=init)]
+
+
+def _swap_last(b, v):
+    perm = list(range(v.type.rank))
+    perm[-2], perm[-1] = perm[-1], perm[-2]
+    return b.transpose(v, perm=perm)
+
+
+def matmul_lhs_rule(b, g, rhs, transpose_b: bool):
+    """Cotangent of a in a @ rhs (before unbroadcasting): g @ rhs^T."""
+    return b.matmul(g, rhs, transpose_b=not transpose_b)
+
+
+def matmul_rhs_rule(b, g, lhs, transpose_b: bool):
+    """Cotangent of rhs in lhs @ rhs (before unbroadcasting): lhs^T @ g, or g^T @ lhs
+    when rhs is stored transposed."""
+    if transpose_b:
+        return b.matmul(_swap_last(b, g), lhs)
+    return b.matmul(_swap_last(b, lhs), g)
+
+
+def _matmul_vjp(b, op, cts):
+    lhs, rhs = op.operands
+    g, tb = cts[0], op.attrs["transpose_b"]
+    return [unbroadcast(b, matmul_lhs_rule(b, g, rhs, tb), lhs.type),
+            unbroadcast(b, matmul_rhs_rule(b, g, lhs, tb), rhs.type)]
+
+
+register(OpDef("matmul", "linalg", _matmul_infer, _matmul_ref, num_operands=2,
+               attrs={"transpose_b": False}, lower=_matmul_lower, vjp=_matmul_vjp,
+               doc="a @ b (or a @ b^T with transpose_b) for rank >= 2, batch dims broadcast"))

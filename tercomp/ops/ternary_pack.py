@@ -1,0 +1,262 @@
+"""Ternary weights: absmean quantization, 2-bit planar packing, and the NumPy semantics
+of the ternary matmul kernels (`tercomp/codegen/ternary_kernels.py`).
+
+Packing layout (planar, as measured in `shared/kernels/README.md`)
+-------------------------------------------------------------------
+A ternary matrix ``T[N, K]`` (values in {-1, 0, +1}) is zero-padded along K to ``KP``
+columns and stored as ``packed[N, KB]`` (uint8), ``KB = KP // 4``. Byte ``kb`` of row
+``n`` holds four 2-bit codes, one per *plane* ``j = 0..3``::
+
+    bits 2j..2j+1 of packed[n, kb]  =  code(T[n, j*KB + kb])
+    code:  0b00 -> 0,   0b01 -> +1,   0b10 -> -1,   0b11 -> invalid
+
+so plane ``j`` covers the contiguous slice ``x[:, j*KB:(j+1)*KB]`` of the activations and
+every bit test in a kernel uses a constant mask (the interleaved layout, where a byte
+holds four neighbouring k, was 8x slower).
+
+Padding rule (`padded_k`)
+-------------------------
+The kernels split ``KB = KO * KI`` with ``KI`` a parallel (vectorized) dimension and
+``KO`` the reduction carried in i16 partial sums, which is exact while
+``KO * 4 * 127 < 32767``, i.e. ``KO <= 64``. ``KP`` is therefore:
+
+* ``K <= 256``: ``KP = 4 * KI`` with ``KI`` the next power of two >= ceil(K / 4)
+  (``KO = 1``); e.g. K=3 -> 4, K=100 -> 128.
+* ``K > 256``: ``KI = 64 * 2**p`` with the smallest ``p`` that makes
+  ``KO = ceil(K / (4 * KI)) <= 64``, and ``KP = 4 * KI * KO``; e.g. K=4096 -> 4096
+  (KI=64, KO=16), K=784 -> 1024, K=20000 -> 20480 (KI=128, KO=40).
+
+`k_split(KB)` recovers ``(KO, KI)`` from the packed width alone (it also accepts widths
+this module did not produce, as long as they are >= ceil(K / 4)).
+
+>>> import numpy as np
+>>> t = np.array([[1, 0, -1, 1, -1]], dtype=np.int8)
+>>> p = pack_ternary(t)
+>>> p.shape, padded_k(5)
+((1, 2), 8)
+>>> unpack_ternary(p, 5).tolist()
+[[1, 0, -1, 1, -1]]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TercompError
+
+#: Largest KO for which the i16 partial sums of the int8 add/sub kernel cannot overflow.
+KO_MAX = 64
+#: Preferred KI (lanes of the ki-parallel accumulator) for large K.
+KI_BASE = 64
+
+_CODE_POS = 0b01
+_CODE_NEG = 0b10
+_CODE_BAD = 0b11
+
+
+# --------------------------------------------------------------------------- layout
+def padded_k(k: int) -> int:
+    """KP, the padded reduction length of a packed ternary matrix with K columns.
+
+    >>> padded_k(4096), padded_k(784), padded_k(3)
+    (4096, 1024, 4)
+    """
+    k = _check_k(k)
+    if k <= 4 * KI_BASE:
+        ki = 1 << max(0, (-(-k // 4) - 1).bit_length())
+        return 4 * ki
+    ki = KI_BASE
+    while -(-k // (4 * ki)) > KO_MAX:
+        ki *= 2
+    return 4 * ki * -(-k // (4 * ki))
+
+
+def k_split(kb: int) -> tuple[int, int]:
+    """(KO, KI) with KO * KI == KB, KO <= 64 (i16-safe), KI as close to 64 as KB allows.
+
+    >>> k_split(1024), k_split(16), k_split(5120)
+    ((16, 64), (1, 16), (40, 128))
+    """
+    kb = int(kb)
+    if kb < 1:
+        raise TercompError(f"packed width KB must be >= 1, got {kb}")
+    if kb <= KI_BASE:
+        return 1, kb
+    ki = KI_BASE
+    while ki <= kb:
+        if kb % ki == 0 and kb // ki <= KO_MAX:
+            return kb // ki, ki
+        ki *= 2
+    # A width this module did not produce: the smallest divisor >= 64 with KO <= 64
+    # (KI = KB, KO = 1 always qualifies).
+    for ki in range(KI_BASE, kb + 1):
+        if kb % ki == 0 and kb // ki <= KO_MAX:
+            return kb // ki, ki
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) < 1:
+        raise TercompError(f"K must be a positive integer, got {k!r}")
+    return int(k)
+
+
+# ---------------------------------------------------------------------- quantizers
+def absmean_ternarize(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    """Quantize a float weight matrix W[N, K] to ternary (BitNet b1.58 absmean).
+
+    ``scale = max(mean(|W|), 1e-5)`` (float32; the guard makes an all-zero W give T = 0)
+    and ``T = clip(rint(W / scale), -1, 1)`` as int8, with round-half-to-even. Then
+    ``W ~= scale * T``.
+
+    >>> t, s = absmean_ternarize(np.array([[0.5, -2.0], [0.0, 1.5]]))  # 0.5 rounds to 0
+    >>> t.tolist(), float(s)
+    ([[0, -1], [0, 1]], 1.0)
+    """
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise TercompError(f"absmean_ternarize expects a 2-D weight matrix [N, K], "
+                           f"got shape {w.shape}")
+    if not np.issubdtype(w.dtype, np.floating):
+        raise TercompError(f"absmean_ternarize expects float weights, got dtype {w.dtype}")
+    if w.size == 0:
+        raise TercompError(f"absmean_ternarize got an empty matrix of shape {w.shape}")
+    if not np.all(np.isfinite(w)):
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(w))[0])
+        raise TercompError(f"absmean_ternarize got a non-finite weight {w[bad]} at {bad}")
+    w64 = w.astype(np.float64)
+    scale = np.float32(max(np.mean(np.abs(w64)), 1e-5))
+    t = np.clip(np.rint(w64 / np.float64(scale)), -1, 1).astype(np.int8)
+    return t, scale
+
+
+def act_quant(x: np.ndarray, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row absmax int8 quantization of activations (BitNet b1.58).
+
+    Over the last axis: ``s = 127 / max(max|x_row|, eps)`` (shape ``[..., 1]``) and
+    ``xq = clip(rint(x * s), -127, 127)``. ``xq`` keeps x's float dtype and holds
+    integers in the closed range [-127, 127] (-128 never occurs); ``x ~= xq / s``.
+    Everything is computed in x's dtype, in the order above, which is exactly what
+    the compiled kernels do in f32 (so their rounding matches bit for bit).
+
+    >>> xq, s = act_quant(np.array([[1.0, -0.5, 0.25]], dtype=np.float32))
+    >>> xq.tolist(), s.tolist()
+    ([[127.0, -64.0, 32.0]], [[127.0]])
+    """
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TercompError(f"act_quant expects float activations, got dtype {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] == 0:
+        raise TercompError(f"act_quant expects a non-empty last axis, got shape {x.shape}")
+    dt = x.dtype.type
+    amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    s = dt(127) / np.maximum(amax, dt(eps))
+    xq = np.clip(np.rint(x * s), dt(-127), dt(127))
+    return xq, s
+
+
+_act_quant = act_quant  # ternary_matmul_reference's `act_quant` flag shadows the name
+
+
+# ------------------------------------------------------------------------- packing
+def pack_ternary(t: np.ndarray) -> np.ndarray:
+    """Pack a ternary matrix T[N, K] (integer dtype, values in {-1, 0, 1}) into the
+    planar 2-bit layout: returns uint8 ``[N, padded_k(K) // 4]`` (see module docstring).
+
+    >>> pack_ternary(np.array([[1, -1, 0, 1]], dtype=np.int8)).tolist()
+    [[73]]
+    """
+    t = np.asarray(t)
+    if t.ndim != 2:
+        raise TercompError(f"pack_ternary expects a 2-D matrix [N, K], got shape {t.shape}")
+    if not (np.issubdtype(t.dtype, np.integer) and t.dtype != np.bool_):
+        raise TercompError(f"pack_ternary expects an integer ternary matrix, got dtype "
+                           f"{t.dtype}", hint="quantize float weights with absmean_ternarize")
+    n, k = t.shape
+    if n == 0 or k == 0:
+        raise TercompError(f"pack_ternary got an empty matrix of shape {t.shape}")
+    bad = (t != 0) & (t != 1) & (t != -1)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise TercompError(f"pack_ternary: {int(bad.sum())} value(s) are not in {{-1, 0, 1}}, "
+                           f"e.g. {t[idx]} at index {idx}",
+                           hint="quantize with absmean_ternarize first")
+    kp = padded_k(k)
+    kb = kp // 4
+    codes = np.zeros((n, kp), dtype=np.uint8)
+    codes[:, :k][t == 1] = _CODE_POS
+    codes[:, :k][t == -1] = _CODE_NEG
+    planes = codes.reshape(n, 4, kb)
+    return (planes[:, 0] | (planes[:, 1] << 2) | (planes[:, 2] << 4)
+            | (planes[:, 3] << 6)).astype(np.uint8)
+
+
+def unpack_ternary(packed: np.ndarray, k: int) -> np.ndarray:
+    """Inverse of `pack_ternary`: the int8 matrix T[N, K] from packed uint8 [N, KB].
+
+    Any width ``KB >= ceil(K / 4)`` is accepted; the codes of the padding columns
+    (k >= K) must be 0, and no code may be 0b11.
+    """
+    packed = _check_packed(packed)
+    k = _check_k(k)
+    n, kb = packed.shape
+    if 4 * kb < k:
+        raise TercompError(f"packed ternary matrix has {kb} bytes per row, which hold at "
+                           f"most {4 * kb} columns, but K = {k} was asked for")
+    codes = np.stack([(packed >> (2 * j)) & 3 for j in range(4)], axis=1).reshape(n, 4 * kb)
+    invalid = codes == _CODE_BAD
+    if invalid.any():
+        r, c = (int(i) for i in np.argwhere(invalid)[0])
+        raise TercompError(f"packed ternary matrix holds {int(invalid.sum())} invalid 2-bit "
+                           f"code(s) 0b11, e.g. row {r} byte {c % kb} plane {c // kb}",
+                           hint="the data is not a pack_ternary output (corrupt or "
+                                "another layout)")
+    if (codes[:, k:] != 0).any():
+        r, c = (int(i) for i in np.argwhere(codes[:, k:] != 0)[0])
+        raise TercompError(f"packed ternary matrix has a non-zero code in padding column "
+                           f"{k + c} of row {r} (K = {k}); wrong K or a corrupt pack")
+    t = (codes[:, :k] & 1).astype(np.int8) - (codes[:, :k] >> 1).astype(np.int8)
+    return t
+
+
+def _check_packed(packed) -> np.ndarray:
+    packed = np.asarray(packed)
+    if packed.ndim != 2:
+        raise TercompError(f"a packed ternary matrix is 2-D [N, KB], got shape {packed.shape}")
+    if packed.dtype == np.int8:  # same bytes, as an MLIR i8 constant reads them
+        packed = packed.view(np.uint8)
+    if packed.dtype != np.uint8:
+        raise TercompError(f"a packed ternary matrix has dtype uint8, got {packed.dtype}")
+    if packed.shape[0] == 0 or packed.shape[1] == 0:
+        raise TercompError(f"packed ternary matrix is empty (shape {packed.shape})")
+    return packed
+
+
+# ---------------------------------------------------------------------- reference
+def ternary_matmul_reference(x: np.ndarray, packed: np.ndarray, k: int, scale: float,
+                             act_quant: bool) -> np.ndarray:
+    """The exact NumPy semantics of the compiled ternary matmul kernels.
+
+    ``T = unpack_ternary(packed, k)``; for x[..., K]:
+
+    * ``act_quant=True``:  ``xq, s = act_quant(x)``; ``y = (xq @ T.T) * scale / s``
+    * ``act_quant=False``: ``y = (x @ T.T) * scale``
+
+    computed in float64 and cast to x's dtype. The int8 kernels match this up to the
+    rounding of the final f32 scaling; the f32 kernel up to f32 summation order.
+
+    >>> t = np.array([[1, -1, 0]], dtype=np.int8)
+    >>> ternary_matmul_reference(np.array([[2.0, 1.0, 5.0]]), pack_ternary(t), 3, 0.5, False)
+    array([[0.5]])
+    """
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.floating):
+        raise TercompError(f"ternary matmul expects float activations, got {x.dtype}")
+    if x.ndim < 1 or x.shape[-1] != k:
+        raise TercompError(f"ternary matmul expects activations [..., {k}], got {x.shape}")
+    t = unpack_ternary(packed, k).astype(np.float64)
+    if act_quant:
+        xq, s = _act_quant(x)
+        y = (xq.astype(np.float64) @ t.T) * float(scale) / s.astype(np.float64)
+    else:
+        y = (x.astype(np.float64) @ t.T) * float(scale)
+    return y.astype(x.dtype)

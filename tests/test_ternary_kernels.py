@@ -1,0 +1,297 @@
+"""Ternary packing (tercomp/ops/ternary_pack.py) and the compiled ternary matmul kernels
+(tercomp/codegen/ternary_kernels.py) against their NumPy reference."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tercomp.errors import TercompError
+from tercomp.ops.ternary_pack import (KO_MAX, absmean_ternarize, act_quant, k_split,
+                                      pack_ternary, padded_k, ternary_matmul_reference,
+                                      unpack_ternary)
+
+iree_rt = pytest.importorskip("iree.runtime")
+from iree.compiler import ir  # noqa: E402
+from iree.compiler.dialects import arith, func, linalg, tensor  # noqa: E402
+
+from tercomp.codegen.iree_session import (HOST_CPU_FLAGS, build_and_compile,  # noqa: E402
+                                          compile_module, new_session)
+from tercomp.codegen.ternary_kernels import (STRATEGIES, choose_strategy,  # noqa: E402
+                                             emit_ternary_matmul, strategy_flags)
+
+
+def random_ternary(rng, n, k, p_zero=0.4):
+    return rng.choice(np.array([-1, 0, 1], np.int8), size=(n, k),
+                      p=[(1 - p_zero) / 2, p_zero, (1 - p_zero) / 2])
+
+
+# ------------------------------------------------------------------ layout and packing
+@pytest.mark.parametrize("k,kp", [(1, 4), (3, 4), (4, 4), (5, 8), (100, 128), (256, 256),
+                                  (257, 512), (784, 1024), (4096, 4096), (11008, 11008),
+                                  (16384, 16384), (16385, 16896), (20000, 20480)])
+def test_padded_k(k, kp):
+    assert padded_k(k) == kp
+
+
+@given(st.integers(1, 1 << 17))
+def test_k_split_is_i16_safe(k):
+    kb = padded_k(k) // 4
+    ko, ki = k_split(kb)
+    assert ko * ki == kb
+    assert ko <= KO_MAX and ko * 4 * 127 < 32767
+    assert 0 <= 4 * kb - k < 4 * ki  # the padding is less than one (KI x 4) block
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 9), k=st.integers(1, 300), seed=st.integers(0, 2**32 - 1))
+def test_pack_unpack_round_trip(n, k, seed):
+    t = random_ternary(np.random.default_rng(seed), n, k)
+    packed = pack_ternary(t)
+    assert packed.dtype == np.uint8 and packed.shape == (n, padded_k(k) // 4)
+    np.testing.assert_array_equal(unpack_ternary(packed, k), t)
+
+
+@pytest.mark.parametrize("n,k", [(3, 1000), (1, 4097), (2, 16385)])
+def test_pack_unpack_round_trip_large_k(n, k):
+    t = random_ternary(np.random.default_rng(k), n, k)
+    np.testing.assert_array_equal(unpack_ternary(pack_ternary(t), k), t)
+
+
+@pytest.mark.parametrize("k", [7, 300])
+def test_planar_layout(k):
+    """T[n, c] lands in byte c % KB of row n, bits 2*(c // KB); codes +1=0b01, -1=0b10."""
+    kb = padded_k(k) // 4
+    for c in (0, 1, k // 2, k - 1):
+        for value, code in ((1, 0b01), (-1, 0b10)):
+            t = np.zeros((2, k), np.int8)
+            t[1, c] = value
+            expected = np.zeros((2, kb), np.uint8)
+            expected[1, c % kb] = code << (2 * (c // kb))
+            np.testing.assert_array_equal(pack_ternary(t), expected)
+
+
+def test_pack_accepts_any_integer_dtype():
+    t = np.array([[1, -1, 0, 1, 1]])
+    np.testing.assert_array_equal(pack_ternary(t.astype(np.int64)), pack_ternary(t.astype(np.int8)))
+
+
+# ----------------------------------------------------------------------------- errors
+def test_pack_rejects_non_ternary_values():
+    t = np.zeros((3, 5), np.int8)
+    t[1, 2], t[2, 4] = 2, -3
+    with pytest.raises(TercompError, match=r"2 value\(s\).*e\.g\. 2 at index \(1, 2\)"):
+        pack_ternary(t)
+
+
+@pytest.mark.parametrize("bad", [np.zeros((2, 4), np.float32), np.zeros((2, 4), bool),
+                                 np.zeros(4, np.int8), np.zeros((2, 2, 4), np.int8),
+                                 np.zeros((0, 4), np.int8)])
+def test_pack_rejects_wrong_dtype_rank_or_empty(bad):
+    with pytest.raises(TercompError):
+        pack_ternary(bad)
+
+
+def test_unpack_rejects_invalid_code():
+    packed = pack_ternary(np.ones((2, 8), np.int8))
+    packed[1, 1] |= 0b11 << 4
+    with pytest.raises(TercompError, match=r"1 invalid 2-bit code.*row 1 byte 1 plane 2"):
+        unpack_ternary(packed, 8)
+
+
+@pytest.mark.parametrize("packed,k", [(np.zeros((2, 2), np.float32), 8),
+                                      (np.zeros(2, np.uint8), 8),
+                                      (np.zeros((2, 2), np.uint16), 8),
+                                      (np.zeros((2, 2), np.uint8), 9),   # 2 bytes hold 8
+                                      (np.zeros((2, 2), np.uint8), 0)])
+def test_unpack_rejects_bad_arguments(packed, k):
+    with pytest.raises(TercompError):
+        unpack_ternary(packed, k)
+
+
+def test_unpack_rejects_nonzero_padding():
+    packed = pack_ternary(np.ones((1, 8), np.int8))  # K = 8: no padding
+    with pytest.raises(TercompError, match="padding column 7"):
+        unpack_ternary(packed, 7)
+
+
+# ------------------------------------------------------------------------ quantizers
+def test_absmean_ternarize():
+    w = np.array([[0.5, -2.0, 0.0], [1.5, 0.4, -0.6]], np.float32)
+    t, scale = absmean_ternarize(w)
+    assert scale.dtype == np.float32 and scale == np.float32(5.0 / 6.0)
+    assert t.dtype == np.int8
+    np.testing.assert_array_equal(t, [[1, -1, 0], [1, 0, -1]])
+    t0, s0 = absmean_ternarize(np.zeros((3, 4)))
+    assert not t0.any() and s0 == np.float32(1e-5)
+    assert absmean_ternarize(np.array([[0.5, 1.5]]))[0].tolist() == [[0, 1]]  # half-even
+    with pytest.raises(TercompError):
+        absmean_ternarize(np.ones((2, 2), np.int32))
+    with pytest.raises(TercompError):
+        absmean_ternarize(np.array([[1.0, np.nan]]))
+
+
+def test_act_quant_range_and_scale():
+    x = np.random.default_rng(0).standard_normal((5, 33)).astype(np.float32) * 3
+    x[2] = 0.0
+    xq, s = act_quant(x)
+    assert xq.dtype == np.float32 and s.shape == (5, 1)
+    np.testing.assert_array_equal(xq, np.rint(xq))
+    assert xq.min() >= -127 and xq.max() <= 127
+    np.testing.assert_array_equal(np.abs(xq).max(axis=1), [127, 127, 0, 127, 127])
+    assert s[2, 0] == np.float32(127 / 1e-5)
+    np.testing.assert_allclose(xq / s, x, atol=np.abs(x).max() / 127)
+
+
+def test_reference_is_dense_matmul():
+    rng = np.random.default_rng(1)
+    t = random_ternary(rng, 6, 21)
+    x = rng.standard_normal((4, 21))
+    ref = ternary_matmul_reference(x, pack_ternary(t), 21, 0.25, act_quant=False)
+    np.testing.assert_allclose(ref, 0.25 * x @ t.T, rtol=1e-12)
+    xq, s = act_quant(x)
+    ref = ternary_matmul_reference(x, pack_ternary(t), 21, 0.25, act_quant=True)
+    np.testing.assert_allclose(ref, 0.25 * (xq @ t.T) / s, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ compiled kernels
+DYN = None
+
+
+def tensor_type(m, k):
+    m = ir.ShapedType.get_dynamic_size() if m is None else m
+    return ir.RankedTensorType.get([m, k], ir.F32Type.get())
+
+
+def compile_functions(functions, flags):
+    """functions: name -> (m, k, builder(x) -> y). Returns the loaded module."""
+    def build():
+        for name, (m, k, body) in functions.items():
+            func.FuncOp.from_py_func(tensor_type(m, k), name=name)(body)
+    _, vmfb = build_and_compile(build, [*HOST_CPU_FLAGS, *flags])
+    return iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
+
+
+# (name, M, K, N): K % 4 != 0, K <= 256 (KO = 1) and K > 256 (KO > 1), odd N, M = 1.
+KERNEL_CASES = [("m1", 1, 37, 5), ("m3", 3, 301, 7), ("dyn", DYN, 301, 7)]
+
+
+def assert_matches_reference(y, ref, act_quant_on):
+    # int paths: exact integer sums, only the final f32 scaling rounds; the f32 path
+    # without quantization sums in another order, which matters near cancellation.
+    atol = 0.0 if act_quant_on else 1e-5 * np.abs(ref).max()
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=atol)
+
+
+@pytest.mark.parametrize("aq", [True, False], ids=["act_quant", "noquant"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_kernel_matches_reference(strategy, aq):
+    rng = np.random.default_rng(7)
+    weights, functions = {}, {}
+    for name, m, k, n in KERNEL_CASES:
+        t, scale = absmean_ternarize(rng.standard_normal((n, k)).astype(np.float32))
+        packed = pack_ternary(t)
+        weights[name] = (packed, scale)
+        functions[name] = (m, k, lambda x, p=packed, k=k, n=n, s=scale: emit_ternary_matmul(
+            x, p, k, n, s, strategy=strategy, act_quant=aq))
+    mod = compile_functions(functions, strategy_flags(strategy))
+    for name, m, k, n in KERNEL_CASES:
+        packed, scale = weights[name]
+        for batch in ([m] if m is not None else [2, 5]):
+            x = (rng.standard_normal((batch, k)) * 2).astype(np.float32)
+            y = mod[name](x).to_host()
+            assert y.shape == (batch, n) and y.dtype == np.float32
+            ref = ternary_matmul_reference(x, packed, k, scale, aq)
+            assert_matches_reference(y, ref, aq)
+
+
+def test_addsub_i16_partial_sums_at_the_overflow_bound():
+    """K = 16384 gives KO = 64, the largest i16-safe split: every |partial| = 64*4*127."""
+    k = 16384
+    assert k_split(padded_k(k) // 4)[0] == KO_MAX
+    t = np.stack([np.ones(k, np.int8), -np.ones(k, np.int8), random_ternary(
+        np.random.default_rng(3), 1, k)[0]])
+    packed = pack_ternary(t)
+    mod = compile_functions({"main": (1, k, lambda x: emit_ternary_matmul(
+        x, packed, k, 3, 0.5, strategy="addsub", act_quant=True))}, strategy_flags("addsub"))
+    x = np.full((1, k), 3.0, np.float32)
+    y = mod.main(x).to_host()
+    np.testing.assert_allclose(y[0, :2], [0.5 * 3.0 * k, -0.5 * 3.0 * k], rtol=1e-6)
+    assert_matches_reference(y, ternary_matmul_reference(x, packed, k, 0.5, True), True)
+
+
+def test_choose_strategy():
+    assert choose_strategy(1, 4096, 4096) == "addsub"
+    assert choose_strategy(2, 4096, 4096) == "int8"
+    assert choose_strategy(128, 2048, 2048) == "int8"
+    assert choose_strategy(None, 4096, 4096) == "int8"
+    assert all(choose_strategy(m, 64, 64) in STRATEGIES for m in (None, 1, 7))
+
+
+def test_strategy_flags():
+    assert strategy_flags("addsub") == []
+    assert "--iree-opt-data-tiling=true" in strategy_flags("int8")
+    for bad in ("auto", "llvm-cpu", "", None):
+        with pytest.raises(TercompError):
+            strategy_flags(bad)
+
+
+def _emit_with(x_type, packed, k, n, strategy="addsub"):
+    session, ctx = new_session()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            def body(x):
+                return emit_ternary_matmul(x, packed, k, n, 1.0, strategy=strategy,
+                                           act_quant=True)
+            func.FuncOp.from_py_func(ir.Type.parse(x_type))(body)
+
+
+@pytest.mark.parametrize("x_type,shape,k,n,strategy", [
+    ("tensor<1x8xf32>", (3, 2), 8, 3, "fast"),            # unknown strategy
+    ("tensor<1x8xf32>", (3, 2), 8, 4, "addsub"),          # N mismatch
+    ("tensor<1x8xf32>", (3, 1), 8, 3, "addsub"),          # 1 byte holds only 4 columns
+    ("tensor<1x9xf32>", (3, 2), 8, 3, "addsub"),          # x's K differs
+    ("tensor<1x8xf16>", (3, 2), 8, 3, "addsub"),          # not f32
+    ("tensor<2x1x8xf32>", (3, 2), 8, 3, "addsub"),        # not 2-D
+])
+def test_emit_rejects_bad_arguments(x_type, shape, k, n, strategy):
+    with pytest.raises(TercompError):
+        _emit_with(x_type, np.zeros(shape, np.uint8), k, n, strategy)
+
+
+def test_emit_rejects_invalid_codes():
+    with pytest.raises(TercompError, match="0b11"):
+        _emit_with("tensor<1x8xf32>", np.full((3, 2), 0b11, np.uint8), 8, 3)
+
+
+def _compiled_size(k, n, make_weights):
+    session, ctx = new_session()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            func.FuncOp.from_py_func(tensor_type(1, k), name="main")(make_weights)
+        # compile_module directly: printing 64 MB of constants as text would be slow.
+        return len(compile_module(session, module, [*HOST_CPU_FLAGS]))
+
+
+def test_packed_module_is_at_most_a_twelfth_of_dense_f32():
+    k = n = 4096
+    t, scale = absmean_ternarize(np.random.default_rng(0).standard_normal((n, k)).astype(np.float32))
+    packed = pack_ternary(t)
+    dense = (t * scale).astype(np.float32)
+
+    def ternary(x):
+        return emit_ternary_matmul(x, packed, k, n, scale, strategy="addsub", act_quant=True)
+
+    def f32_dense(x):
+        f32 = ir.F32Type.get()
+        w = arith.constant(ir.RankedTensorType.get([n, k], f32), ir.DenseElementsAttr.get(dense))
+        out = linalg.fill(arith.constant(f32, 0.0), outs=[tensor.empty([1, n], f32)])
+        maps = [ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(a), ir.AffineDimExpr.get(b)])
+                for a, b in ((0, 2), (1, 2), (0, 1))]
+        return linalg.matmul(x, w, outs=[out], indexing_maps=maps)
+
+    packed_bytes, dense_bytes = _compiled_size(k, n, ternary), _compiled_size(k, n, f32_dense)
+    assert packed_bytes * 12 <= dense_bytes, (packed_bytes, dense_bytes)
