@@ -6,6 +6,12 @@ irdl.dialect @tern {
     %1 = irdl.any
     irdl.results(r0: %1)
   }
+  irdl.operation @act_quant {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    irdl.results(r0: %1)
+  }
   irdl.operation @add {
     %0 = irdl.any
     %1 = irdl.any
@@ -272,6 +278,12 @@ irdl.dialect @tern {
     %3 = irdl.any
     irdl.results(r0: %3)
   }
+  irdl.operation @round {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    irdl.results(r0: %1)
+  }
   irdl.operation @rsqrt {
     %0 = irdl.any
     irdl.operands(x0: %0)
@@ -386,6 +398,25 @@ irdl.dialect @tern {
     irdl.operands(x0: %0)
     %1 = irdl.any
     irdl.results(r0: %1)
+  }
+  irdl.operation @ternarize {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    irdl.results(r0: %1)
+  }
+  irdl.operation @ternary_matmul {
+    %0 = irdl.any
+    %1 = irdl.any
+    irdl.operands(x0: %0, x1: %1)
+    %2 = irdl.any
+    %3 = irdl.any
+    %4 = irdl.any
+    %5 = irdl.any
+    %6 = irdl.any
+    irdl.attributes {"k" = %2, "n" = %3, "scale" = %4, "strategy" = %5, "act_quant" = %6}
+    %7 = irdl.any
+    irdl.results(r0: %7)
   }
   irdl.operation @transpose {
     %0 = irdl.any

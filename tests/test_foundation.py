@@ -191,7 +191,7 @@ def test_verifier_names_op_rule_and_location():
 def test_dump_dir_writes_numbered_stages(tmp_path):
     exe = tc.compile(lambda x: tc.tanh(x) * 2.0, tc.spec(("B", 4)), dump_dir=str(tmp_path))
     files = sorted(os.listdir(tmp_path))
-    assert files[:3] == ["00-tern.tern.mlir", "01-simplify.tern.mlir", "02-mlir.mlir"]
+    assert files[:4] == ["00-tern.tern.mlir", "01-ternary.tern.mlir", "02-simplify.tern.mlir", "03-mlir.mlir"]
     assert os.path.isdir(tmp_path / "iree")
     assert "flow.dispatch" in exe.ir("flow")
     assert exe.ir("tern") == (tmp_path / "00-tern.tern.mlir").read_text()

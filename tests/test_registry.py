@@ -63,10 +63,15 @@ EXAMPLES = {
     "rms_norm": ([f32(3, 4), f32(4)], {"eps": 1e-6}),
     "one_hot": ([ints(4, 5)], {"num_classes": 4}),
     "cross_entropy": ([f32(3, 4), ints(4, 3)], {}),
+    "round": ([f32(3, 4) * 3], {}),
+    "ternarize": ([f32(5, 6)], {}),
+    "act_quant": ([f32(3, 7)], {}),
+    "ternary_matmul": ([f32(3, 8), np.array([[0x45, 0x12], [0x21, 0x00], [0x09, 0x64]], np.int8)],
+                       {"k": 8, "n": 3, "scale": 0.75, "strategy": "addsub", "act_quant": True}),
 }
 
 # Ops whose examples are owned by another family's test file (still must be listed here).
-SKIP_COMPILE = {"ternarize", "act_quant", "ternary_matmul"}
+SKIP_COMPILE = set()
 
 
 def test_every_op_has_an_example():

@@ -1,10 +1,10 @@
 """Reductions: sum, max, min (over `axes`, default all, with `keepdims`), argmax, and
-mean (a composite: sum / size).
+mean (a composite: sum / size, with its own VJP).
 
-Each lowers to one linalg.generic with reduction iterators over a filled init (0, -inf,
-+inf); keepdims is a tensor.expand_shape of the result, so output maps stay projected
-permutations. The VJP of max/min splits the cotangent equally among tied maxima, which
-is exact (and is what makes grad-of-grad of a max-subtracted softmax stable).
+Each lowers to a linalg.generic with reduction iterators over a filled init (0, -inf,
++inf), one per contiguous run of reduced axes; keepdims is a tensor.expand_shape of the
+result, so output maps stay projected permutations. The VJP of max/min gives tied
+extrema equal shares of the cotangent (g * mask / count), as torch.amax does.
 """
 from __future__ import annotations
 
@@ -71,17 +71,29 @@ def _reduction(name, np_fn, init, combine, vjp, doc):
 
 
 def emit_reduction(ctx, x, t: TensorType, axes, init_value, combine):
-    """linalg.generic reducing `axes` of x (type t) into a filled init; keepdims=False."""
-    out = reduced_type(t, axes, False)
-    in_map, out_map, iters = reduction_maps(t.rank, axes)
-    return ctx.generic([x], [in_map], out, out_map, iters, combine, init=ctx.fill(out, init_value))
+    """linalg.generic(s) reducing `axes` of x (type t) into a filled init; keepdims=False.
+
+    Reduced axes that are not adjacent are reduced one contiguous run at a time
+    (innermost run first): IREE 3.13's SPIR-V backend fails on a single generic that
+    reduces non-adjacent axes when one of them is dynamic ("'vector.transfer_read' op
+    with rank > 1 should be broken down by prior passes")."""
+    runs = []
+    for a in sorted(axes):
+        if runs and runs[-1][-1] == a - 1:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    for run in reversed(runs) if runs else [[]]:
+        out = reduced_type(t, run, False)
+        in_map, out_map, iters = reduction_maps(t.rank, run)
+        x = ctx.generic([x], [in_map], out, out_map, iters, combine, init=ctx.fill(out, init_value))
+        t = out
+    return x
 
 
 def reduction_maps(rank: int, axes):
-    """(input map, output map, iterators) of a reduction whose loops are ordered kept
-    axes first, reduced axes last. IREE's SPIR-V backend fails on a reduction over
-    non-adjacent axes with a dynamic dim in the other order ('vector.transfer_read op
-    with rank > 1 should be broken down', IREE 3.13), and every backend prefers it."""
+    """(input map, output map, iterators) of a reduction in canonical loop order: the
+    kept axes first (parallel), then the reduced axes (reduction)."""
     from ..codegen.builders import affine_map, PARALLEL, REDUCTION
     kept = [i for i in range(rank) if i not in axes]
     loop_of = {a: k for k, a in enumerate(kept + sorted(axes))}

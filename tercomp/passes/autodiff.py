@@ -28,6 +28,16 @@ def zeros_like(b: GraphBuilder, v: Value) -> Value:
     return b.emit("broadcast_to", z, shape=[d if isinstance(d, int) else str(d) for d in v.shape])
 
 
+def _propagates(op, active) -> bool:
+    """Whether gradients flow from an active operand of `op` to its results. Not through
+    stop_gradient, nor through operands the op declares non-differentiable (`size`), so
+    ops downstream of them need no gradient rule and get no backward code."""
+    opdef = get(op.opname)
+    if not opdef.differentiable or op.opname == "stop_gradient":
+        return False
+    return any(id(v) in active for i, v in enumerate(op.operands) if i not in opdef.nondiff_operands)
+
+
 def backward(b: GraphBuilder, ops: list, seeds: dict, wrt: list) -> list:
     """Cotangents of `wrt` given `seeds` {output Value: cotangent Value}, through `ops`
     (in topological order). Returns one Value (or None if unreachable) per `wrt`."""
@@ -36,7 +46,7 @@ def backward(b: GraphBuilder, ops: list, seeds: dict, wrt: list) -> list:
     active = {id(v) for v in wrt}
     region = []
     for op in ops:
-        if any(id(v) in active for v in op.operands) and get(op.opname).differentiable:
+        if _propagates(op, active):
             region.append(op)
             for r in op.results:
                 if is_float(r.dtype):

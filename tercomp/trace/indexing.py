@@ -32,7 +32,7 @@ def getitem(x: Tracer, idx):
         d = x.shape[axis]
         if isinstance(i, Tracer):
             gathers.append((axis, i))
-            starts.append(0), stops.append(d), steps.append(1)
+            starts.append(0), stops.append(d if is_static(d) else str(d)), steps.append(1)
             out_pos += 1
         elif isinstance(i, slice):
             step = 1 if i.step is None else i.step

@@ -78,7 +78,7 @@ class Trace:
         if like_dtype is not None and (arr.dtype.kind in "iuf" or arr.dtype == np.bool_) and arr.ndim == 0 \
                 and not isinstance(value, np.ndarray):
             arr = arr.astype(numpy_dtype(like_dtype))
-        elif arr.dtype == np.float64 and not isinstance(value, np.ndarray):
+        elif arr.dtype == np.float64 and type(value) is float:
             arr = arr.astype(np.float32)
         self.builder.loc = loc or user_location()
         return self.builder.emit("constant", name=name, value=arr)
@@ -214,7 +214,7 @@ def apply(opname: str, *args, name: str | None = None, **attrs):
     """
     tracers = [a for a in args if _is_traced(a)]
     if not tracers:
-        arrs = [np.asarray(a, dtype=np.float32) if isinstance(a, float) else np.asarray(a) for a in args]
+        arrs = [np.asarray(a, dtype=np.float32) if type(a) is float else np.asarray(a) for a in args]
         opdef = get(opname)
         outs = opdef.reference(arrs, _normalize(opdef, attrs))
         return outs[0] if len(outs) == 1 else tuple(outs)

@@ -1,0 +1,49 @@
+"""BitLinear (BitNet b1.58): ternary weights, optional int8 activation quantization.
+
+y = matmul(act_quant(x) if act_quant else x, ternarize(weight), transpose_b=True) (+ bias),
+with straight-through gradients. The `ternary` pass turns it into a packed ternary kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TercompError
+from ..ops import ternary as _ternary_ops  # noqa: F401  (registers the ops)
+from ..trace import api as _t
+from ..trace.tracer import Tracer, apply, current_trace
+from .layers import _uniform
+from .module import Module
+
+
+def _traced(v):
+    tr = current_trace()
+    if tr is None or isinstance(v, Tracer):
+        return v
+    return Tracer(tr.const(np.asarray(v), name="weight"), tr)
+
+
+class BitLinear(Module):
+    """Ternary linear layer; weight of shape (out_features, in_features)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 act_quant: bool = True, dtype="float32"):
+        for v in (in_features, out_features):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                raise TercompError(f"BitLinear({in_features}, {out_features}): sizes must be "
+                                   f"positive integers")
+        bound = 1.0 / np.sqrt(in_features)
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.act_quant = bool(act_quant)
+        self.weight = _uniform((out_features, in_features), bound, dtype)
+        self.bias = _uniform((out_features,), bound, dtype) if bias else None
+
+    def forward(self, x):
+        shape = tuple(getattr(x, "shape", np.shape(x)))
+        if len(shape) < 1 or shape[-1] != self.in_features:
+            raise TercompError(f"BitLinear({self.in_features}, {self.out_features}) got an input "
+                               f"of shape {shape}; its last dim must be {self.in_features}")
+        if self.act_quant:
+            x = apply("act_quant", x)
+        w = apply("ternarize", _traced(self.weight))
+        y = _t.matmul(x, w, transpose_b=True)
+        return y + self.bias if self.bias is not None else y

@@ -1,0 +1,159 @@
+"""Ternary (BitNet b1.58) ops: round, ternarize, act_quant and ternary_matmul.
+
+* ``round(x)``: round half to even (np.rint), no gradient.
+* ``ternarize(w)``: absmean ternary fake-quantization, ``clip(rint(w/s), -1, 1) * s`` with
+  ``s = max(mean|w|, 1e-5)`` over the whole tensor; straight-through gradient.
+* ``act_quant(x)``: per-row (last axis) absmax int8 fake-quantization, ``xq / s``;
+  straight-through gradient.
+* ``ternary_matmul(x, packed)``: ``y[M, N] = scale * x @ T^T`` with T ternary, packed
+  2-bit planar as an i8 tensor [N, KB] (see ternary_pack); emitted by
+  codegen.ternary_kernels. Produced by the `ternary` pass; inference only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CompileError, TraceError
+from ..ir import TensorType
+from ..ir.types import is_float
+from . import ternary_pack as tp
+from .registry import OpDef, REQUIRED, register
+
+TERNARY_EPS = 1e-5
+
+
+def _float_same(name):
+    def infer(types, a):
+        t = types[0]
+        if not is_float(t.dtype):
+            raise TraceError(f"{name} needs a floating-point operand, got {t.dtype}",
+                             hint="cast the operand to float32 first")
+        if name != "round" and t.rank < 1:
+            raise TraceError(f"{name} needs an operand of rank >= 1, got a scalar")
+        return [t]
+    return infer
+
+
+def _straight_through(b, op, cts):
+    return [cts[0]]
+
+
+# -- round -----------------------------------------------------------------------------
+def _round_lower(ctx, op, operands):
+    from iree.compiler.dialects import math
+    t = op.operands[0].type
+    return [ctx.elementwise(operands, [t], op.results[0].type,
+                            lambda v: math.RoundEvenOp(v).result)]
+
+
+register(OpDef("round", "elementwise", _float_same("round"),
+               lambda xs, a: [np.rint(xs[0]).astype(xs[0].dtype)],
+               lower=_round_lower, vjp=None, differentiable=False,
+               doc="round half to even"))
+
+
+# -- ternarize ---------------------------------------------------------------------------
+def _ternarize_reference(xs, a):
+    w = xs[0]
+    w2 = w.reshape(-1, w.shape[-1]) if w.ndim >= 2 else w.reshape(1, -1)
+    t, s = tp.absmean_ternarize(w2)
+    return [(t.astype(np.float64) * np.float64(s)).astype(w.dtype).reshape(w.shape)]
+
+
+def _ternarize_decompose(b, operands, attrs):
+    (w,) = operands
+    dt = w.dtype
+    axes = list(range(w.type.rank))
+    m = b.mean(b.abs(w), axes=axes, keepdims=True)
+    s = b.maximum(m, b.scalar(TERNARY_EPS, dt))
+    r = b.div(w, s)
+    one, zero = b.scalar(1.0, dt), b.scalar(0.0, dt)
+    # clip(rint(r), -1, 1): rint(+-0.5) = 0, so strict comparisons are exact
+    t = b.where(b.gt(r, b.scalar(0.5, dt)), one,
+                b.where(b.lt(r, b.scalar(-0.5, dt)), b.neg(one), zero))
+    return b.mul(t, s)
+
+
+register(OpDef("ternarize", "ternary", _float_same("ternarize"), _ternarize_reference,
+               decompose=_ternarize_decompose, vjp=_straight_through,
+               doc="absmean ternary fake-quantization (straight-through gradient)"))
+
+
+# -- act_quant ----------------------------------------------------------------------------
+def _act_quant_reference(xs, a):
+    xq, s = tp.act_quant(xs[0])
+    return [(xq / s).astype(xs[0].dtype)]
+
+
+def _act_quant_decompose(b, operands, attrs):
+    (x,) = operands
+    dt = x.dtype
+    amax = b.max(b.abs(x), axes=[x.type.rank - 1], keepdims=True)
+    s = b.div(b.scalar(127.0, dt), b.maximum(amax, b.scalar(TERNARY_EPS, dt)))
+    xq = b.minimum(b.maximum(b.round(b.mul(x, s)), b.scalar(-127.0, dt)), b.scalar(127.0, dt))
+    return b.div(xq, s)
+
+
+register(OpDef("act_quant", "ternary", _float_same("act_quant"), _act_quant_reference,
+               decompose=_act_quant_decompose, vjp=_straight_through,
+               doc="per-row absmax int8 fake-quantization (straight-through gradient)"))
+
+
+# -- ternary_matmul ------------------------------------------------------------------------
+STRATEGIES = ("auto", "addsub", "int8", "f32")
+
+
+def _tm_infer(types, a):
+    x, p = types
+    k, n = int(a["k"]), int(a["n"])
+    if x.rank != 2 or x.dtype != "f32" or x.shape[1] != k:
+        raise TraceError(f"ternary_matmul expects x of type [M, {k}] f32, got {x.mlir()}")
+    if p.rank != 2 or p.dtype not in ("i8", "u8") or p.shape[0] != n or 4 * p.shape[1] < k:
+        raise TraceError(f"ternary_matmul expects packed weights [{n}, KB] i8 with 4*KB >= {k}, "
+                         f"got {p.mlir()}")
+    if a["strategy"] not in STRATEGIES:
+        raise TraceError(f"unknown ternary matmul strategy {a['strategy']!r}; expected one of "
+                         f"{', '.join(map(repr, STRATEGIES))}")
+    return [TensorType((x.shape[0], n), "f32")]
+
+
+def _tm_reference(xs, a):
+    x, p = xs
+    return [tp.ternary_matmul_reference(x, np.asarray(p).view(np.uint8), int(a["k"]),
+                                        float(a["scale"]), bool(a["act_quant"]))]
+
+
+def _tm_lower(ctx, op, operands):
+    from ..codegen import ternary_kernels as tk
+    from ..passes.simplify import const_value
+    k, n = int(op.attrs["k"]), int(op.attrs["n"])
+    scale, aq, strategy = float(op.attrs["scale"]), bool(op.attrs["act_quant"]), op.attrs["strategy"]
+    x, p = operands
+    packed = const_value(op.operands[1])
+    if packed is not None:
+        return [tk.emit_ternary_matmul(x, np.asarray(packed), k, n, scale,
+                                       strategy=strategy, act_quant=aq)]
+    # packed weights known only at run time: the same kernels, reading the runtime tensor
+    xt = op.operands[0].type
+    m = xt.shape[0] if isinstance(xt.shape[0], int) else None
+    if strategy == "auto":
+        strategy = tk.choose_strategy(m, k, n)
+    kb = op.operands[1].type.shape[1]
+
+    class _RuntimeKernel(tk._Kernel):
+        def weights(self):
+            return p
+
+    kern = _RuntimeKernel(x, m, k, n, np.zeros((n, kb), np.uint8), scale)
+    if strategy == "int8":
+        return [kern.int8_matmul(aq)]
+    if strategy == "addsub" and aq:
+        return [kern.addsub(integer=True, act_quant=True)]
+    return [kern.addsub(integer=False, act_quant=aq)]
+
+
+register(OpDef("ternary_matmul", "ternary", _tm_infer, _tm_reference, num_operands=2,
+               attrs={"k": REQUIRED, "n": REQUIRED, "scale": REQUIRED, "strategy": "auto",
+                      "act_quant": True},
+               lower=_tm_lower, vjp=None, differentiable=False, nondiff_operands=(0, 1),
+               doc="y = scale * x @ T^T with T ternary, packed 2-bit planar"))

@@ -1,0 +1,70 @@
+"""ternary: rewrite BitLinear-style matmuls into packed ternary kernels.
+
+    matmul(x, ternarize(constant W), transpose_b=True)            (optionally x = act_quant(x'))
+ -> reshape(ternary_matmul(reshape(x, [-1, K]), constant packed_i8), [..., N])
+
+W [N, K] is ternarized (absmean) and packed 2-bit planar at compile time, so no f32 copy
+of the weights remains. `strategy` is "auto" | "addsub" | "int8" | "f32" (the kernel) or
+"off" (the pass does nothing).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TercompError
+from ..ir import Graph
+from ..ops import ternary as _ternary_ops  # noqa: F401  (registers the ops)
+from ..ops import ternary_pack as tp
+from .manager import register_pass
+from .rewrite import dce, rewrite
+from .simplify import const_value
+
+STRATEGIES = ("auto", "addsub", "int8", "f32", "off")
+
+
+def check_strategy(strategy) -> str:
+    if strategy not in STRATEGIES:
+        raise TercompError(f"unknown ternary strategy {strategy!r}; expected one of "
+                           f"{', '.join(map(repr, STRATEGIES))}")
+    return strategy
+
+
+def _dim(d):
+    return int(d) if isinstance(d, (int, np.integer)) else str(d)
+
+
+def _pattern(strategy):
+    def pat(b, op, xs):
+        if not op.attrs.get("transpose_b"):
+            return None
+        x, wv = xs
+        tern = wv.producer
+        if tern is None or tern.opname != "ternarize":
+            return None
+        w = const_value(tern.operands[0])
+        if w is None or w.ndim != 2 or w.dtype != np.float32 or x.dtype != "f32" or x.type.rank < 2:
+            return None
+        aq = False
+        if x.producer is not None and x.producer.opname == "act_quant":
+            x, aq = x.producer.operands[0], True
+        n, k = w.shape
+        if x.type.shape[-1] != k:
+            return None
+        t, scale = tp.absmean_ternarize(w)
+        packed = b.constant(tp.pack_ternary(t).view(np.int8), name="packed")
+        lead = list(x.type.shape[:-1])
+        x2 = x if x.type.rank == 2 else b.reshape(x, shape=[-1, k])
+        y = b.ternary_matmul(x2, packed, k=int(k), n=int(n), scale=float(scale),
+                             strategy=strategy, act_quant=aq, name=op.results[0].name)
+        if x.type.rank != 2:
+            y = b.reshape(y, shape=[_dim(d) for d in lead] + [int(n)])
+        return y
+    return pat
+
+
+@register_pass("ternary")
+def ternary(graph: Graph, strategy: str = "auto") -> Graph:
+    """Rewrite matmul(x, ternarize(const W), transpose_b=True) into tern.ternary_matmul."""
+    if check_strategy(strategy) == "off":
+        return graph
+    return dce(rewrite(graph, {"matmul": [_pattern(strategy)]}))
