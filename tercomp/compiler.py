@@ -7,45 +7,93 @@ with a dump directory, IREE's own phases under `iree/`.
 from __future__ import annotations
 
 import os
+from functools import partial
 
+from iree.compiler.version import VERSION as IREE_VERSION
+
+from . import __version__
 from .codegen.iree_session import compile_module, new_session
 from .codegen.lower import to_mlir
-from .codegen.targets import target_flags
+from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
+                              target_flags)
 from .errors import TercompError
 from .ir import Graph
 from .passes import Dumper, run_pipeline
-from .runtime.module import CompiledModule
+from .runtime import cache as compile_cache
+from .runtime.module import CompiledModule, check_threads, pick_device
 from .runtime.signature import Signature
 from .trace import trace
 
 DEFAULT_PASSES = ["simplify"]
 
 
-def compile(fn, *example_args, target: str = "llvm-cpu", ternary: str = "auto",
-            dump_dir: str | None = None, flags=(), passes=None, device: str = "local-task",
-            name: str = "forward") -> CompiledModule:
+def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
+            dump_dir: str | None = None, flags=(), passes=None, device: str | None = None,
+            threads: int | None = None, cache: bool = True, vulkan_target: str | None = None,
+            cuda_target: str | None = None, name: str = "forward") -> CompiledModule:
     """Trace `fn` (a function, an nn.Module, a transformed function such as tc.grad(f), or
     an already traced Graph) on `example_args` and compile it with IREE.
 
+    `target` is a name or a list of names (one artifact for all): "llvm-cpu" (the host
+    CPU), "llvm-cpu-generic" (any x86-64), "vulkan" (`vulkan_target=`, default
+    vp_android_baseline_2022), "cuda" (`cuda_target=`, default sm_80); see
+    tercomp.codegen.targets. `device` ("local-task", "local-sync", "vulkan", "cuda";
+    default: the first present one the targets run on) and `threads` (local-task pool
+    size) say where the module runs. With `cache` (default), a module compiled before
+    with the same MLIR, flags and versions comes from $TERCOMP_CACHE_DIR
+    (default ~/.cache/tercomp) without running IREE; `exe.meta["cache_hit"]` tells.
+
     >>> exe = tc.compile(model, tc.spec(("B", 784), "float32"))
     >>> y = exe(np.ones((7, 784), np.float32))
+    >>> exe = tc.compile(model, tc.spec(("B", 784)), target=["llvm-cpu", "vulkan"])
     """
-    target_args = target_flags(target)
+    targets = resolve_targets(target, vulkan_target=vulkan_target, cuda_target=cuda_target)
+    target_names = [t.name for t in targets]
+    target_args = target_flags(target_names, vulkan_target=vulkan_target, cuda_target=cuda_target)
+    user_flags = check_extra_flags(flags)
+    device = pick_device(target_names, device)      # a bad device fails before IREE runs
+    check_threads(target_names, device, threads)
     graph = fn if isinstance(fn, Graph) else trace(fn, *example_args, name=name)
     dumper = Dumper(dump_dir)
     pipeline = list(DEFAULT_PASSES if passes is None else passes)
+    from .passes.ternary import check_strategy
+    if check_strategy(ternary) != "off":
+        at = pipeline.index("simplify") if "simplify" in pipeline else len(pipeline)
+        pipeline.insert(at, ("ternary", {"strategy": ternary}))
     graph = run_pipeline(graph, pipeline, dumper)
     session, ctx = new_session()
     module = to_mlir(graph, ctx)
     with ctx:
         dumper.add("mlir", module.operation.get_asm(large_elements_limit=16), ext="mlir")
-    all_flags = target_args + list(flags)
-    vmfb = compile_module(session, module, all_flags, stage=f"the IREE compile for {target}")
+    all_flags = target_args + user_flags
+    from .codegen.ternary_kernels import strategy_flags
+    used = {op.attrs["strategy"] for op in graph.ops if op.opname == "ternary_matmul"}
+    for st in sorted({"int8" if s == "auto" else s for s in used}):
+        all_flags = all_flags + [f for f in strategy_flags(st) if f not in all_flags]
+    meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],
+            "iree_version": IREE_VERSION, "cache_hit": False}
+    key = hit = None
+    if cache:
+        with ctx:
+            full = module.operation.get_asm(binary=True, large_elements_limit=None,
+                                            large_resource_limit=None, assume_verified=True)
+        key = compile_cache.key(full, "\0".join(all_flags), __version__, IREE_VERSION)
+        hit = compile_cache.lookup(key)
+        meta.update(cache_key=key, cache_hit=hit is not None)
+    if hit is not None:
+        _, vmfb, weights = hit
+    else:
+        stage = f"the IREE compile for {', '.join(target_names)}"
+        build = compile_with_tool if needs_tool(all_flags) else partial(compile_module, session)
+        vmfb, weights = build(module, all_flags, stage=stage), None
     if dumper.dump_dir:
         with ctx:
             _dump_phases(dumper, all_flags, str(module))
-    return CompiledModule(vmfb, Signature.from_graph(graph), dumper.stages, device=device,
-                          targets=[target], meta={"flags": all_flags})
+    exe = CompiledModule(vmfb, Signature.from_graph(graph), dumper.stages, device=device,
+                         threads=threads, targets=target_names, meta=meta, weights=weights)
+    if key is not None and hit is None:
+        compile_cache.store(key, exe)
+    return exe
 
 
 def _dump_phases(dumper: Dumper, flags, module_text: str):

@@ -206,6 +206,28 @@ def test_kernel_matches_reference(strategy, aq):
             assert_matches_reference(y, ref, aq)
 
 
+@pytest.mark.parametrize("strategy", ["addsub", "int8"])
+def test_kernel_with_runtime_packed_weights(strategy):
+    """`packed` may be a tensor<N x KB x i8> function argument instead of a constant."""
+    rng = np.random.default_rng(11)
+    k, n = 45, 6
+    t, scale = absmean_ternarize(rng.standard_normal((n, k)).astype(np.float32))
+    packed = pack_ternary(t)
+
+    def build():
+        p_type = ir.RankedTensorType.get(list(packed.shape), ir.IntegerType.get_signless(8))
+
+        @func.FuncOp.from_py_func(tensor_type(DYN, k), p_type)
+        def main(x, p):
+            return emit_ternary_matmul(x, p, k, n, scale, strategy=strategy, act_quant=True)
+
+    _, vmfb = build_and_compile(build, [*HOST_CPU_FLAGS, *strategy_flags(strategy)])
+    mod = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    y = mod.main(x, packed.view(np.int8)).to_host()
+    assert_matches_reference(y, ternary_matmul_reference(x, packed, k, scale, True), True)
+
+
 def test_addsub_i16_partial_sums_at_the_overflow_bound():
     """K = 16384 gives KO = 64, the largest i16-safe split: every |partial| = 64*4*127."""
     k = 16384
@@ -259,6 +281,18 @@ def _emit_with(x_type, packed, k, n, strategy="addsub"):
 def test_emit_rejects_bad_arguments(x_type, shape, k, n, strategy):
     with pytest.raises(TercompError):
         _emit_with(x_type, np.zeros(shape, np.uint8), k, n, strategy)
+
+
+def test_emit_rejects_a_mistyped_runtime_packed_value():
+    session, ctx = new_session()
+    with ctx, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            @func.FuncOp.from_py_func(tensor_type(1, 8), ir.Type.parse("tensor<3x2xi16>"))
+            def main(x, p):
+                with pytest.raises(TercompError, match="tensor<3xKBxi8>"):
+                    emit_ternary_matmul(x, p, 8, 3, 1.0, strategy="addsub", act_quant=True)
+                return x
 
 
 def test_emit_rejects_invalid_codes():

@@ -81,5 +81,6 @@ class Signature:
                                      f"{bindings[want]} in an earlier input")
                 else:
                     bindings[want] = have
-            out.append(np.ascontiguousarray(arr) if isinstance(arr, np.ndarray) else arr)
+            # np.ascontiguousarray would turn a 0-d array into shape (1,)
+            out.append(np.asarray(arr, order="C") if isinstance(arr, np.ndarray) else arr)
         return out

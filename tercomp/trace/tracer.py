@@ -225,7 +225,8 @@ def apply(opname: str, *args, name: str | None = None, **attrs):
                          loc=user_location(),
                          hint="do not keep traced values in globals or attributes across calls")
     loc = user_location()
-    like = tracers[0].dtype
+    # Python scalars take the dtype of the traced operands (not of a boolean condition)
+    like = next((t.dtype for t in tracers if t.dtype != "i1"), tracers[0].dtype)
     operands = []
     for a in args:
         if _is_traced(a):

@@ -1,0 +1,216 @@
+"""Saved artifacts: one file that holds everything needed to run a compiled module.
+
+The file (conventionally `.tcm`) is a zip archive with these members, stored
+uncompressed:
+
+- `module.vmfb`: the IREE VM bytecode module.
+- `signature.json`: UTF-8 JSON with
+    - `format`: "tercomp-artifact", `format_version`: 1
+    - `signature`: `function`, `inputs` and `outputs` (each `name`, `shape` with
+      symbolic dims as strings such as "B" or "2*B", `dtype` such as "f32"),
+      `in_tree` and `out_tree` (pytree structure; see tercomp.trace.pytree)
+    - `targets`: tercomp target names ("llvm-cpu", "vulkan", ...) the vmfb contains
+    - `drivers`: the runtime drivers that run it, preferred first
+    - `flags`: the IREE compiler flags used
+    - `tercomp_version`, `iree_version` (of the compiler that built the vmfb)
+    - `sha256`: hex digest of each other member (`module.vmfb`, `weights.irpa`)
+    - `content_hash`: sha256 over those digests, a name for the artifact's content
+    - `weights_scope`: parameter scope of `weights.irpa` (when present)
+- `weights.irpa` (optional): the parameters the module reads, in IREE's archive format.
+
+Loading checks the zip, the members, the digests and that the installed iree.runtime
+has the major.minor version of the compiler that built the vmfb (IREE's bytecode is
+not stable across releases); any failure is an ArtifactError. Loading imports only
+iree.runtime, never the compiler.
+
+    >>> exe.save("mlp.tcm")
+    >>> exe = tc.load("mlp.tcm")                      # first device the artifact runs on
+    >>> exe = tc.load("mlp.tcm", device="local-task", threads=4)
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+
+from ..errors import ArtifactError
+from .signature import Signature
+
+FORMAT = "tercomp-artifact"
+FORMAT_VERSION = 1
+VMFB, SIGNATURE, WEIGHTS = "module.vmfb", "signature.json", "weights.irpa"
+_FIXED_DATE = (1980, 1, 1, 0, 0, 0)   # identical modules give identical files
+
+
+def _tercomp_version() -> str:
+    from .. import __version__
+    return __version__
+
+
+def runtime_version() -> str:
+    try:
+        from iree.runtime.version import VERSION
+    except ImportError:
+        return "unknown"
+    return VERSION
+
+
+def _major_minor(version: str) -> tuple:
+    parts = version.split(".")
+    return tuple(parts[:2])
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def content_hash(digests: dict) -> str:
+    return _digest("".join(f"{k}={digests[k]}\n" for k in sorted(digests)).encode())
+
+
+def to_bytes(exe) -> bytes:
+    """The artifact file of CompiledModule `exe`, as bytes."""
+    members = {VMFB: bytes(exe.vmfb)}
+    if exe.weights is not None:
+        members[WEIGHTS] = bytes(exe.weights)
+    digests = {name: _digest(data) for name, data in members.items()}
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "signature": exe.signature.to_json(),
+        "targets": list(exe.targets),
+        "drivers": list(exe.meta.get("drivers", [])),
+        "flags": list(exe.meta.get("flags", [])),
+        "tercomp_version": _tercomp_version(),
+        "iree_version": exe.meta.get("iree_version") or runtime_version(),
+        "sha256": digests,
+        "content_hash": content_hash(digests),
+    }
+    if exe.weights is not None:
+        meta["weights_scope"] = exe.weights_scope
+    members[SIGNATURE] = json.dumps(meta, indent=1, sort_keys=True).encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name in (SIGNATURE, VMFB, WEIGHTS):
+            if name in members:
+                zf.writestr(zipfile.ZipInfo(name, date_time=_FIXED_DATE), members[name])
+    return buf.getvalue()
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the whole new one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save(exe, path: str) -> None:
+    """Write CompiledModule `exe` to `path` as one artifact file (format: module doc)."""
+    try:
+        write_atomic(os.fspath(path), to_bytes(exe))
+    except OSError as e:
+        raise ArtifactError(f"cannot write the artifact {path}: {e.strerror or e}") from None
+
+
+def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
+    """Check and unpack an artifact: returns (meta dict, vmfb bytes, weights or None)."""
+    try:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile:
+        raise ArtifactError(f"{name} is not a tercomp artifact (not a zip archive, or truncated)",
+                            hint="artifacts are written by exe.save() or `tercomp compile -o`") from None
+    with zf:
+        present = set(zf.namelist())
+        for member in (SIGNATURE, VMFB):
+            if member not in present:
+                raise ArtifactError(f"{name} is missing {member}",
+                                    hint="the file is damaged or not a tercomp artifact")
+        try:
+            members = {m: zf.read(m) for m in (SIGNATURE, VMFB, WEIGHTS) if m in present}
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+            raise ArtifactError(f"{name} is corrupt: {e}",
+                                hint="the file was truncated or modified; save it again") from None
+    try:
+        meta = json.loads(members[SIGNATURE].decode("utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ArtifactError(f"{name}: {SIGNATURE} is not valid JSON ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise ArtifactError(f"{name} is not a tercomp artifact ({SIGNATURE} has format "
+                            f"{meta.get('format')!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{name} has artifact format version {meta.get('format_version')!r}; "
+                            f"this tercomp ({_tercomp_version()}) reads version {FORMAT_VERSION}",
+                            hint="recompile the model with this tercomp")
+    digests = meta.get("sha256")
+    if not isinstance(digests, dict) or VMFB not in digests:
+        raise ArtifactError(f"{name}: {SIGNATURE} has no sha256 digests")
+    if (WEIGHTS in digests) != (WEIGHTS in members):
+        raise ArtifactError(f"{name}: {WEIGHTS} is {'missing' if WEIGHTS in digests else 'unexpected'}",
+                            hint="the file is damaged or was modified")
+    for member, want in digests.items():
+        if member not in members or _digest(members[member]) != want:
+            raise ArtifactError(f"{name}: the sha256 of {member} does not match its signature "
+                                "(the file was modified or damaged)",
+                                hint="save or compile the artifact again")
+    built, have = str(meta.get("iree_version", "unknown")), runtime_version()
+    if _major_minor(built) != _major_minor(have):
+        raise ArtifactError(f"{name} was compiled by IREE {built}, but iree.runtime here is {have}; "
+                            "IREE bytecode only loads on the same major.minor release",
+                            hint=f"install iree-base-runtime=={'.'.join(_major_minor(built))}.* "
+                                 "or recompile the model")
+    try:
+        Signature.from_json(meta["signature"])
+    except (KeyError, TypeError) as e:
+        raise ArtifactError(f"{name}: the signature in {SIGNATURE} is malformed ({e})") from None
+    return meta, members[VMFB], members.get(WEIGHTS)
+
+
+def read(path: str) -> tuple:
+    """read_bytes() of the file at `path`."""
+    try:
+        with open(os.fspath(path), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ArtifactError(f"no artifact at {path}") from None
+    except OSError as e:
+        raise ArtifactError(f"cannot read the artifact {path}: {e.strerror or e}") from None
+    return read_bytes(data, os.fspath(path))
+
+
+def from_parts(meta: dict, vmfb: bytes, weights, device=None, threads=None, **extra):
+    """A CompiledModule from read_bytes() parts."""
+    from .module import CompiledModule
+    info = {k: meta.get(k) for k in ("flags", "drivers", "tercomp_version", "iree_version",
+                                     "content_hash")}
+    info.update(extra)
+    return CompiledModule(vmfb, Signature.from_json(meta["signature"]), device=device,
+                          targets=meta.get("targets") or ["llvm-cpu"], meta=info,
+                          weights=weights, weights_scope=meta.get("weights_scope", "model"),
+                          threads=threads)
+
+
+def load(path: str, device: str | None = None, threads: int | None = None):
+    """Load an artifact written by `exe.save(path)`. With device=None, the first device
+    present that the artifact supports (llvm-cpu: local-task, vulkan: vulkan, cuda:
+    cuda, in the artifact's target order); `threads` sizes the local-task pool.
+
+    >>> exe = tc.load("mlp.tcm")
+    >>> y = exe(x)
+    """
+    meta, vmfb, weights = read(path)
+    return from_parts(meta, vmfb, weights, device=device, threads=threads, path=os.fspath(path))

@@ -1,0 +1,59 @@
+"""The compile cache: compiled modules keyed by a hash of everything that determines them.
+
+tc.compile hashes the MLIR module printed in full (large constants included), the
+IREE flags, the tercomp version and the IREE compiler version (see `key`); an entry
+is an artifact file `<key>.tcm` (tercomp.runtime.artifact) in $TERCOMP_CACHE_DIR,
+default `~/.cache/tercomp`. Entries are written atomically (a temp file, then
+os.replace), so concurrent compiles never see half a file, and a damaged entry is
+treated as a miss and rewritten. Delete the directory to clear the cache; nothing
+else evicts entries.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+
+from ..errors import ArtifactError
+from . import artifact
+
+
+def cache_dir() -> str:
+    return os.environ.get("TERCOMP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tercomp")
+
+
+def key(*parts) -> str:
+    """sha256 over `parts` (str or bytes), each length-prefixed so that no two
+    different part lists collide by concatenation."""
+    h = hashlib.sha256()
+    for p in parts:
+        data = p if isinstance(p, bytes) else str(p).encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def entry_path(k: str) -> str:
+    return os.path.join(cache_dir(), f"{k}.tcm")
+
+
+def lookup(k: str):
+    """(meta, vmfb, weights) of entry `k`, or None on a miss."""
+    path = entry_path(k)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        return artifact.read_bytes(data, path)
+    except ArtifactError:
+        return None          # damaged or from another IREE: recompile and overwrite
+
+
+def store(k: str, exe) -> None:
+    """Write CompiledModule `exe` as entry `k`; a cache that cannot be written only warns."""
+    try:
+        artifact.write_atomic(entry_path(k), artifact.to_bytes(exe))
+    except OSError as e:
+        warnings.warn(f"tercomp: cannot write the compile cache {cache_dir()}: {e}", stacklevel=3)

@@ -1,0 +1,278 @@
+"""Saved artifacts: format, round trips, damage detection, weights, runtime-only loading."""
+import io
+import json
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import tercomp as tc
+from tercomp import nn
+from tercomp.runtime import artifact
+from tercomp.runtime.module import _flatten
+from tercomp.runtime.signature import Signature, TensorSig
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc2(tc.relu(self.fc1(x)))
+
+
+def two_outputs(x, y):
+    return {"sum": x + y, "act": (tc.tanh(x), tc.exp(y) * 2.0)}
+
+
+@pytest.fixture(scope="module")
+def mlp_exe():
+    nn.manual_seed(0)
+    return tc.compile(MLP(), tc.spec(("B", 8), "float32"))
+
+
+@pytest.fixture(scope="module")
+def saved(mlp_exe, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("art") / "mlp.tcm")
+    mlp_exe.save(path)
+    return path
+
+
+@pytest.fixture
+def x():
+    return np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+
+
+def rewrite(src, dst, change):
+    """Copy artifact `src` to `dst` with `change(members)` applied to its member dict."""
+    with zipfile.ZipFile(src) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    change(members)
+    with zipfile.ZipFile(dst, "w") as zf:
+        for n, data in members.items():
+            zf.writestr(n, data)
+    return str(dst)
+
+
+# -- format -----------------------------------------------------------------------------
+
+def test_artifact_is_one_zip_with_vmfb_and_signature(saved, mlp_exe):
+    with zipfile.ZipFile(saved) as zf:
+        assert sorted(zf.namelist()) == ["module.vmfb", "signature.json"]
+        meta = json.loads(zf.read("signature.json"))
+        vmfb = zf.read("module.vmfb")
+    assert vmfb == mlp_exe.vmfb
+    assert meta["format"] == "tercomp-artifact" and meta["format_version"] == 1
+    sig = meta["signature"]
+    assert sig["inputs"] == [{"name": "x", "shape": ["B", 8], "dtype": "f32"}]
+    assert sig["outputs"][0]["shape"] == ["B", 4]
+    assert meta["targets"] == ["llvm-cpu"] and meta["drivers"] == ["local-task", "local-sync"]
+    assert meta["tercomp_version"] == tc.__version__
+    from iree.compiler.version import VERSION
+    assert meta["iree_version"] == VERSION
+    import hashlib
+    assert meta["sha256"] == {"module.vmfb": hashlib.sha256(vmfb).hexdigest()}
+    assert meta["content_hash"] == artifact.content_hash(meta["sha256"])
+    assert "--iree-hal-target-device=local" in meta["flags"]
+
+
+def test_saving_is_deterministic(mlp_exe, saved, tmp_path):
+    again = tmp_path / "again.tcm"
+    mlp_exe.save(str(again))
+    assert again.read_bytes() == open(saved, "rb").read()
+
+
+def test_round_trip_gives_identical_outputs(mlp_exe, saved, x):
+    exe = tc.load(saved)
+    assert isinstance(exe, tc.CompiledModule) and exe.device == "local-task"
+    assert exe.signature == mlp_exe.signature and exe.targets == ["llvm-cpu"]
+    for batch in (1, 3):
+        np.testing.assert_array_equal(exe(x[:batch]), mlp_exe(x[:batch]))
+    sync = tc.load(saved, device="local-sync")
+    assert sync.device == "local-sync"
+    np.testing.assert_array_equal(sync(x), mlp_exe(x))
+
+
+def test_pytree_results_round_trip(tmp_path):
+    spec = tc.spec((2, 3), "float32")
+    exe = tc.compile(two_outputs, spec, spec)
+    path = str(tmp_path / "tree.tcm")
+    exe.save(path)
+    a, b = np.ones((2, 3), np.float32), np.full((2, 3), 0.5, np.float32)
+    got, want = tc.load(path)(a, b), exe(a, b)
+    assert set(got) == {"sum", "act"} and isinstance(got["act"], tuple)
+    np.testing.assert_array_equal(got["sum"], want["sum"])
+    np.testing.assert_allclose(got["act"][1], np.exp(b) * 2, rtol=1e-6)
+
+
+def test_runtime_flatten_matches_trace_pytree():
+    from tercomp.trace import pytree
+    nn.manual_seed(0)
+    tree = ({"b": 1, "a": [2, (3, 4)]}, None, MLP(), [5])
+    leaves = []
+    _flatten(tree, leaves)
+    want = pytree.flatten(tree)[0]
+    assert len(leaves) == len(want) and all(p is q for p, q in zip(leaves, want))
+
+
+# -- damage -----------------------------------------------------------------------------
+
+def test_missing_file(tmp_path):
+    with pytest.raises(tc.ArtifactError, match="no artifact at"):
+        tc.load(str(tmp_path / "nope.tcm"))
+
+
+def test_not_a_zip(tmp_path):
+    p = tmp_path / "bad.tcm"
+    p.write_bytes(b"definitely not a zip file")
+    with pytest.raises(tc.ArtifactError, match="not a tercomp artifact"):
+        tc.load(str(p))
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.99])
+def test_truncated(saved, tmp_path, keep):
+    data = open(saved, "rb").read()
+    p = tmp_path / "cut.tcm"
+    p.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(tc.ArtifactError, match="not a tercomp artifact|corrupt|truncated"):
+        tc.load(str(p))
+
+
+def test_flipped_byte_is_caught(saved, tmp_path):
+    data = bytearray(open(saved, "rb").read())
+    data[len(data) // 2] ^= 0xFF                       # inside module.vmfb
+    p = tmp_path / "flip.tcm"
+    p.write_bytes(bytes(data))
+    with pytest.raises(tc.ArtifactError, match="corrupt|sha256"):
+        tc.load(str(p))
+
+
+def test_tampered_vmfb_hash_mismatch(saved, tmp_path):
+    def change(m):
+        m["module.vmfb"] = m["module.vmfb"][:-16] + b"\0" * 16
+    p = rewrite(saved, tmp_path / "t.tcm", change)
+    with pytest.raises(tc.ArtifactError, match="sha256 of module.vmfb does not match"):
+        tc.load(p)
+
+
+@pytest.mark.parametrize("member", ["module.vmfb", "signature.json"])
+def test_missing_member(saved, tmp_path, member):
+    p = rewrite(saved, tmp_path / "m.tcm", lambda m: m.pop(member))
+    with pytest.raises(tc.ArtifactError, match=f"missing {member}"):
+        tc.load(p)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ({"iree_version": "2.9.0"}, r"compiled by IREE 2\.9\.0, but iree\.runtime here is"),
+    ({"format_version": 99}, "format version 99"),
+    ({"format": "zip"}, "not a tercomp artifact"),
+    ({"sha256": None}, "no sha256 digests"),
+    ({"signature": {"function": "f"}}, "signature .* is malformed"),
+])
+def test_bad_signature_json(saved, tmp_path, edit, match):
+    def change(m):
+        meta = json.loads(m["signature.json"])
+        meta.update(edit)
+        m["signature.json"] = json.dumps(meta).encode()
+    p = rewrite(saved, tmp_path / "s.tcm", change)
+    with pytest.raises(tc.ArtifactError, match=match):
+        tc.load(p)
+
+
+def test_signature_json_not_json(saved, tmp_path):
+    p = rewrite(saved, tmp_path / "j.tcm", lambda m: m.update({"signature.json": b"{oops"}))
+    with pytest.raises(tc.ArtifactError, match="not valid JSON"):
+        tc.load(p)
+
+
+def test_unsupported_device_for_artifact(saved):
+    with pytest.raises(tc.DeviceUnavailable, match="does not run on cuda"):
+        tc.load(saved, device="cuda")
+    with pytest.raises(tc.DeviceUnavailable, match="unknown device"):
+        tc.load(saved, device="npu")
+
+
+def test_save_to_unwritable_path(mlp_exe, tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(tc.ArtifactError, match="cannot write"):
+        mlp_exe.save(str(tmp_path / "file" / "sub" / "m.tcm"))
+
+
+# -- weights ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def weighted(tmp_path_factory):
+    """A module reading its weight from a parameter archive (#flow.parameter.named)."""
+    import iree.compiler as ic
+    import iree.runtime as rt
+    from tercomp.codegen.targets import target_flags
+    src = """
+    util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<4xf32>
+    func.func @forward(%x: tensor<4xf32>) -> tensor<4xf32> {
+      %w = util.global.load @w : tensor<4xf32>
+      %r = arith.addf %x, %w : tensor<4xf32>
+      return %r : tensor<4xf32>
+    }"""
+    vmfb = ic.compile_str(src, extra_args=target_flags("llvm-cpu"))
+    path = tmp_path_factory.mktemp("w") / "w.irpa"
+    rt.save_archive_file({"w": np.arange(4, dtype=np.float32)}, str(path))
+    sig = Signature("forward", [TensorSig("x", [4], "f32")], [TensorSig("out", [4], "f32")])
+    return tc.CompiledModule(vmfb, sig, weights=path.read_bytes())
+
+
+def test_weights_travel_in_the_artifact(weighted, tmp_path):
+    x = np.ones(4, np.float32)
+    np.testing.assert_array_equal(weighted(x), [1, 2, 3, 4])
+    path = str(tmp_path / "w.tcm")
+    weighted.save(path)
+    with zipfile.ZipFile(path) as zf:
+        assert sorted(zf.namelist()) == ["module.vmfb", "signature.json", "weights.irpa"]
+        meta = json.loads(zf.read("signature.json"))
+    assert set(meta["sha256"]) == {"module.vmfb", "weights.irpa"} and meta["weights_scope"] == "model"
+    np.testing.assert_array_equal(tc.load(path)(x), [1, 2, 3, 4])
+
+    def tamper(m):
+        m["weights.irpa"] = m["weights.irpa"][:-1] + bytes([m["weights.irpa"][-1] ^ 1])
+    with pytest.raises(tc.ArtifactError, match="sha256 of weights.irpa"):
+        tc.load(rewrite(path, tmp_path / "t.tcm", tamper))
+    with pytest.raises(tc.ArtifactError, match="weights.irpa is missing"):
+        tc.load(rewrite(path, tmp_path / "u.tcm", lambda m: m.pop("weights.irpa")))
+
+
+# -- deployment: only iree-base-runtime ----------------------------------------------------
+
+def test_loads_and_runs_without_the_compiler(saved, mlp_exe, x, tmp_path):
+    np.save(tmp_path / "x.npy", x)
+    script = (
+        "import sys, numpy as np\n"
+        "sys.modules['iree.compiler'] = None  # as if iree-base-compiler were not installed\n"
+        "import tercomp as tc\n"
+        "assert not hasattr(tc, 'compile')\n"
+        f"y = tc.load({saved!r})(np.load({str(tmp_path / 'x.npy')!r}))\n"
+        f"np.save({str(tmp_path / 'y.npy')!r}, y)\n"
+        "bad = [m for m in sys.modules if m.startswith(('tercomp.codegen', 'tercomp.trace', 'tercomp.ops'))]\n"
+        "assert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), mlp_exe(x))
+
+
+def test_vulkan_and_cuda_artifacts_record_their_targets(tmp_path):
+    exe = tc.compile(lambda a: tc.exp(a), tc.spec(("N",)), target=["cuda", "vulkan"],
+                     vulkan_target="rdna3")
+    path = str(tmp_path / "gpu.tcm")
+    exe.save(path)
+    meta, vmfb, weights = artifact.read(path)
+    assert meta["targets"] == ["cuda", "vulkan"] and meta["drivers"] == ["cuda", "vulkan"]
+    assert "--iree-vulkan-target=rdna3" in meta["flags"] and weights is None
+    with pytest.raises(tc.DeviceUnavailable, match="does not run on local-task"):
+        tc.load(path, device="local-task")
+
+
+def test_read_bytes_rejects_garbage_quickly():
+    for data in (b"", b"PK\x03\x04", io.BytesIO().getvalue()):
+        with pytest.raises(tc.ArtifactError):
+            artifact.read_bytes(data)
