@@ -53,11 +53,12 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     user_flags = check_extra_flags(flags)
     device = pick_device(target_names, device)      # a bad device fails before IREE runs
     check_threads(target_names, device, threads)
-    graph = fn if isinstance(fn, Graph) else trace(fn, *example_args, name=name)
-    dumper = Dumper(dump_dir)
-    pipeline = list(DEFAULT_PASSES if passes is None else passes)
     from .passes.ternary import check_strategy
-    if check_strategy(ternary) != "off":
+    check_strategy(ternary)
+    dumper = Dumper(dump_dir)
+    graph = _trace_stages(fn, example_args, name, dumper)
+    pipeline = list(DEFAULT_PASSES if passes is None else passes)
+    if ternary != "off":
         at = pipeline.index("simplify") if "simplify" in pipeline else len(pipeline)
         pipeline.insert(at, ("ternary", {"strategy": ternary}))
     graph = run_pipeline(graph, pipeline, dumper)
@@ -94,6 +95,21 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     if key is not None and hit is None:
         compile_cache.store(key, exe)
     return exe
+
+
+def _trace_stages(fn, example_args, name, dumper: Dumper) -> Graph:
+    """Trace `fn`. For a gradient transform (tc.grad / tc.value_and_grad) the stages are
+    `tern`, the traced function itself, and `autodiff`, the joint forward + backward
+    graph that the transform's reverse walk (passes.autodiff.backward) built from it."""
+    from .transforms import GradFn
+    if isinstance(fn, Graph):
+        return fn
+    if isinstance(fn, GradFn):
+        dumper.add("tern", str(trace(fn.fn, *example_args, name=name)))
+        graph = trace(fn, *example_args, name=name)
+        dumper.add("autodiff", str(graph))
+        return graph
+    return trace(fn, *example_args, name=name)
 
 
 def _dump_phases(dumper: Dumper, flags, module_text: str):

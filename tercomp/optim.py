@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import TercompError
 from .trace import api as _t
-from .trace import pytree
+from . import pytree
 from .trace.tracer import Tracer
 
 __all__ = ["SGD", "AdamW", "Optimizer", "constant", "cosine", "Schedule",

@@ -29,7 +29,7 @@ from . import optim
 from .errors import InputError, TercompError
 from .runtime.signature import Signature
 from .trace import api as _t
-from .trace import pytree
+from . import pytree
 from .trace.tracer import Tracer
 
 __all__ = ["compile_train_step", "TrainStep", "save_checkpoint", "load_checkpoint"]

@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import TercompError
 from .passes.autodiff import backward, check_differentiable, seed_for
-from .trace import pytree
+from . import pytree
 from .trace.tracer import Trace, Tracer, current_trace, user_location
 
 

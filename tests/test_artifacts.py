@@ -11,7 +11,6 @@ import pytest
 import tercomp as tc
 from tercomp import nn
 from tercomp.runtime import artifact
-from tercomp.runtime.module import _flatten
 from tercomp.runtime.signature import Signature, TensorSig
 
 
@@ -106,16 +105,6 @@ def test_pytree_results_round_trip(tmp_path):
     assert set(got) == {"sum", "act"} and isinstance(got["act"], tuple)
     np.testing.assert_array_equal(got["sum"], want["sum"])
     np.testing.assert_allclose(got["act"][1], np.exp(b) * 2, rtol=1e-6)
-
-
-def test_runtime_flatten_matches_trace_pytree():
-    from tercomp.trace import pytree
-    nn.manual_seed(0)
-    tree = ({"b": 1, "a": [2, (3, 4)]}, None, MLP(), [5])
-    leaves = []
-    _flatten(tree, leaves)
-    want = pytree.flatten(tree)[0]
-    assert len(leaves) == len(want) and all(p is q for p, q in zip(leaves, want))
 
 
 # -- damage -----------------------------------------------------------------------------

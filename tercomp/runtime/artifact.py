@@ -8,7 +8,7 @@ uncompressed:
     - `format`: "tercomp-artifact", `format_version`: 1
     - `signature`: `function`, `inputs` and `outputs` (each `name`, `shape` with
       symbolic dims as strings such as "B" or "2*B", `dtype` such as "f32"),
-      `in_tree` and `out_tree` (pytree structure; see tercomp.trace.pytree)
+      `in_tree` and `out_tree` (pytree structure; see tercomp.pytree)
     - `targets`: tercomp target names ("llvm-cpu", "vulkan", ...) the vmfb contains
     - `drivers`: the runtime drivers that run it, preferred first
     - `flags`: the IREE compiler flags used

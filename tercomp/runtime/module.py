@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 
 from ..errors import DeviceUnavailable, InputError, TercompError
+from .. import pytree
 from .signature import Signature
 
 # Which HAL drivers run the code of each tercomp target, preferred first.
@@ -205,42 +206,6 @@ class DeviceArray:
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype.name}, device={self.device!r})"
 
 
-def _flatten(tree, leaves: list):
-    # The pytree rules of tercomp.trace.pytree (dict keys sorted by str; an nn.Module
-    # is its parameters in order), restated here because tercomp.trace imports the
-    # compiler. tests/test_artifacts.py checks that both agree.
-    if tree is None:
-        return
-    if isinstance(tree, (tuple, list)) and not hasattr(tree, "_fields"):
-        for x in tree:
-            _flatten(x, leaves)
-    elif isinstance(tree, dict):
-        for k in sorted(tree, key=str):
-            _flatten(tree[k], leaves)
-    elif callable(getattr(tree, "parameters", None)) and not hasattr(tree, "shape"):
-        leaves.extend(tree.parameters().values())
-    else:
-        leaves.append(tree)
-
-
-def _unflatten(treedef, leaves):
-    it = iter(leaves)
-
-    def rec(t):
-        if t is None:
-            return next(it)
-        kind = t[0]
-        if kind == "none":
-            return None
-        if kind in ("tuple", "list"):
-            items = [rec(c) for c in t[1]]
-            return tuple(items) if kind == "tuple" else items
-        if kind == "dict":
-            return {k: rec(c) for k, c in zip(t[1], t[2])}
-        raise TercompError(f"unknown pytree node {kind!r} in the signature")
-    return rec(treedef)
-
-
 class CompiledModule:
     """A compiled function. `exe(*args)` takes the same pytree of arrays as the traced
     example arguments and returns the same pytree of results, as NumPy arrays (or, with
@@ -307,9 +272,8 @@ class CompiledModule:
 
     def __call__(self, *args, keep_on_device: bool = False):
         sig = self.signature
-        leaves: list = []
         try:
-            _flatten(tuple(args), leaves)
+            leaves = pytree.flatten(tuple(args))[0]
         except Exception as e:
             raise InputError(f"cannot read the arguments: {e}") from None
         arrays = sig.check_inputs(leaves)
@@ -330,7 +294,7 @@ class CompiledModule:
                 out.append(_to_host(r).astype(dtype, copy=False))
         if sig.out_tree is None:
             return out[0] if len(out) == 1 else tuple(out)
-        return _unflatten(sig.out_tree, out)
+        return pytree.unflatten(sig.out_tree, out)
 
     def save(self, path: str) -> None:
         """Write the module to `path` as ONE file, a zip archive (stored, not compressed) of

@@ -37,7 +37,7 @@ class Signature:
 
     @staticmethod
     def from_graph(graph) -> "Signature":
-        from ..trace.pytree import jsonable
+        from ..pytree import jsonable
 
         def sig(name, t):
             return TensorSig(name, [d if isinstance(d, int) else str(d) for d in t.shape], t.dtype)

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import TraceError
 from ..ir import Graph, TensorType
 from ..ir.types import dtype_name
-from . import pytree
+from .. import pytree
 from .tracer import Trace, Tracer, user_location
 
 
@@ -125,6 +125,9 @@ def trace(fn, *example_args, name: str = "forward") -> Graph:
                 leaf_type(x, f"result {p}")
                 outs.append(tr.const(np.asarray(x), name=p or "out"))
     out_names = [("out" + p if p[:1].isdigit() else p) if p else "out" for p in out_paths]
+    # gradients keep their primal's name when the result tree gives none
+    out_names = [v.name if (n == "out" or n.startswith("out")) and v.name.endswith(".grad") else n
+                 for n, v in zip(out_names, outs)]
     graph.set_outputs(outs, [n.replace(".", "_") if n.startswith("out") else n for n in out_names])
     graph.meta["in_tree"] = in_tree
     graph.meta["out_tree"] = out_tree

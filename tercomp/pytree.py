@@ -1,4 +1,4 @@
-"""Pytrees: nested tuples, lists and dicts (and nn.Modules) whose leaves are arrays.
+"""Pytrees (a leaf module: no tercomp imports, shared by tracing and the runtime): nested tuples, lists and dicts (and nn.Modules) whose leaves are arrays.
 
 A treedef is plain JSON-able data so that saved artifacts can rebuild result trees:
 `None` (a leaf), `["tuple", [..]]`, `["list", [..]]`, `["dict", [keys], [..]]`,
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 
 def _is_module(x):
-    from ..nn.module import Module
-    return isinstance(x, Module)
+    # by class identity, without importing tercomp.nn (which imports the compiler):
+    # this module is shared by the runtime, which must load with iree-runtime alone
+    return any(c.__name__ == "Module" and c.__module__ == "tercomp.nn.module" for c in type(x).__mro__)
 
 
 def flatten(tree, path="", is_leaf=None):
