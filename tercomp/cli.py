@@ -236,11 +236,10 @@ def _print_result(name: str, value) -> None:
 
 def cmd_run(args) -> int:
     from .runtime.artifact import load
-    from .runtime.module import _flatten
+    from .pytree import flatten
     exe = load(args.artifact, device=args.device, threads=args.threads)
     inputs = [parse_input(t) for t in args.input]
-    leaves: list = []
-    _flatten(exe(*inputs), leaves)
+    leaves = flatten(exe(*inputs))[0]
     for sig, value in zip(exe.signature.outputs, leaves):
         _print_result(sig.name, value)
     if args.output:

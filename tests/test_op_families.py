@@ -24,7 +24,8 @@ from tercomp.errors import TraceError
 from tercomp.ir import Graph, TensorType, as_dim, parse
 from tercomp.ops.interpret import interpret
 from tercomp.ops.registry import REGISTRY, GraphBuilder
-from tercomp.ops.shape import SLICE_END, attr_to_dim, bind_symbols, dim_to_attr, unbroadcast
+from tercomp.ops.shape import unbroadcast
+from tercomp.ops.shape_util import SLICE_END, attr_to_dim, bind_symbols, dim_to_attr
 
 B, C = as_dim("B"), as_dim("C")
 RNG = np.random.default_rng(0)

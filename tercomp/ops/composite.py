@@ -15,7 +15,7 @@ from ..ir import TensorType, is_static, numpy_dtype
 from ..ir.types import is_float, is_int
 from .reduce import expand_reduced, reduced_type
 from .registry import OpDef, REQUIRED, register
-from .shape import fmt_shape, norm_axes, same_dim
+from .shape_util import fmt_shape, norm_axes, same_dim
 
 
 def _float_operand(t, opname):

@@ -13,7 +13,8 @@ from ..ir import TensorType
 from ..ir.types import is_float
 from .elementwise import broadcast_shapes
 from .registry import OpDef, register
-from .shape import fmt_shape, same_dim, unbroadcast
+from .shape import unbroadcast
+from .shape_util import fmt_shape, same_dim
 
 
 def _matmul_dims(a: TensorType, b: TensorType, transpose_b: bool):

@@ -14,7 +14,7 @@ from ..errors import TraceError
 from ..ir import TensorType, numpy_dtype
 from ..ir.types import is_float
 from .registry import OpDef, REQUIRED, register
-from .shape import dim_to_attr, fmt_shape, norm_axes, reshape_value
+from .shape_util import dim_to_attr, fmt_shape, norm_axes, reshape_value
 
 
 def reduced_type(t: TensorType, axes, keepdims: bool) -> TensorType:
