@@ -19,38 +19,12 @@ import tercomp as tc  # noqa: E402
 from tercomp import nn  # noqa: E402
 from tercomp.passes import run_pipeline  # noqa: E402
 
-
-class Block(nn.Module):
-    def __init__(self, d, heads, hidden):
-        self.d, self.heads = d, heads
-        self.norm1 = nn.RMSNorm(d)
-        self.qkv = nn.Linear(d, 3 * d, bias=False)
-        self.proj = nn.Linear(d, d, bias=False)
-        self.norm2 = nn.RMSNorm(d)
-        self.fc1 = nn.Linear(d, hidden)
-        self.fc2 = nn.Linear(hidden, d)
-
-    def attention(self, x, mask):
-        T, d, H = x.shape[0], self.d, self.heads
-        hd = d // H
-        q, k, v = tc.split(self.qkv(x), 3, axis=-1) if hasattr(tc, "split") else _split3(self.qkv(x), d)
-        q, k, v = (tc.transpose(tc.reshape(t, T, H, hd), (1, 0, 2)) for t in (q, k, v))
-        s = tc.matmul(q, k, transpose_b=True) * (1.0 / np.sqrt(hd))
-        s = tc.where(mask, s, np.full(mask.shape, -1e9, np.float32))
-        o = tc.matmul(tc.softmax(s, axis=-1), v)
-        return self.proj(tc.reshape(tc.transpose(o, (1, 0, 2)), T, d))
-
-    def forward(self, x, mask):
-        x = x + self.attention(self.norm1(x), mask)
-        return x + self.fc2(tc.gelu(self.fc1(self.norm2(x))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples"))
+from transformer_block import Block  # noqa: E402  (the sample's block: one definition)
 
 
-def _split3(t, d):
-    return t[:, :d], t[:, d:2 * d], t[:, 2 * d:]
-
-
-def loss(model, x, mask, target):
-    y = model(x, mask)
+def loss(model, x, target):
+    y = model(x)
     return tc.mean((y - target) * (y - target))
 
 
@@ -64,12 +38,14 @@ def median_time(fn, iters):
     return float(np.median(ts))
 
 
-def torch_step(model, x, mask, target, heads):
+def torch_step(model, x, target):
+    """The same block and loss in PyTorch eager, on the same parameters."""
     import torch
     p = {k: torch.tensor(v, requires_grad=True) for k, v in model.parameters().items()}
-    tx, tm, tt = torch.tensor(x), torch.tensor(mask), torch.tensor(target)
-    T, d = x.shape
-    hd = d // heads
+    tx, tt = torch.tensor(x), torch.tensor(target)
+    B, T, C = x.shape
+    H, D = model.heads, C // model.heads
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
 
     def rms(z, w):
         return z * torch.rsqrt((z * z).mean(-1, keepdim=True) + 1e-6) * w
@@ -77,15 +53,14 @@ def torch_step(model, x, mask, target, heads):
     def step():
         for t in p.values():
             t.grad = None
-        h = rms(tx, p["norm1.weight"])
-        q, k, v = (h @ p["qkv.weight"].T).split(d, -1)
-        q, k, v = (t.reshape(T, heads, hd).transpose(0, 1) for t in (q, k, v))
-        s = (q @ k.transpose(-1, -2)) / np.sqrt(hd)
-        s = s.masked_fill(~tm, -1e9)
-        o = (torch.softmax(s, -1) @ v).transpose(0, 1).reshape(T, d)
+        qkv = (rms(tx, p["norm1.weight"]) @ p["qkv.weight"].T).reshape(B, T, 3, H, D)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        s = (q @ k.transpose(-1, -2)) / np.sqrt(D)
+        s = s.masked_fill(~causal, -1e9)
+        o = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, C)
         y = tx + o @ p["proj.weight"].T
-        z = rms(y, p["norm2.weight"]) @ p["fc1.weight"].T + p["fc1.bias"]
-        y = y + torch.nn.functional.gelu(z, approximate="tanh") @ p["fc2.weight"].T + p["fc2.bias"]
+        z = rms(y, p["norm2.weight"]) @ p["up.weight"].T + p["up.bias"]
+        y = y + torch.nn.functional.gelu(z, approximate="tanh") @ p["down.weight"].T + p["down.bias"]
         ((y - tt) ** 2).mean().backward()
         return {k: t.grad for k, t in p.items()}
     return step
@@ -99,30 +74,29 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     a = ap.parse_args()
     nn.manual_seed(0)
-    model = Block(a.D, a.heads, 4 * a.D)
+    model = Block(dim=a.D, heads=a.heads, seq=a.T, hidden=4 * a.D)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((a.T, a.D)).astype(np.float32)
-    target = rng.standard_normal((a.T, a.D)).astype(np.float32)
-    mask = np.tril(np.ones((a.T, a.T), bool))
+    x = rng.standard_normal((1, a.T, a.D)).astype(np.float32)
+    target = rng.standard_normal((1, a.T, a.D)).astype(np.float32)
 
-    fwd = run_pipeline(tc.trace(loss, model, x, mask, target), ["simplify"])
-    joint = run_pipeline(tc.trace(tc.grad(loss), model, x, mask, target), ["simplify"])
+    fwd = run_pipeline(tc.trace(loss, model, x, target), ["simplify"])
+    joint = run_pipeline(tc.trace(tc.grad(loss), model, x, target), ["simplify"])
     print(f"transformer block T={a.T} D={a.D} heads={a.heads}")
     print(f"forward ops: {len(fwd.ops)}")
     print(f"joint ops (forward + backward, simplified): {len(joint.ops)}")
 
     t0 = time.perf_counter()
-    exe = tc.compile(tc.grad(loss), model, x, mask, target)
+    exe = tc.compile(tc.grad(loss), model, x, target)
     print(f"compile: {time.perf_counter() - t0:.2f} s")
-    t_tc = median_time(lambda: exe(model, x, mask, target), a.iters)
+    t_tc = median_time(lambda: exe(model, x, target), a.iters)
     print(f"tercomp grad step: {t_tc * 1e3:.3f} ms (median of {a.iters})")
     try:
         import torch  # noqa: F401
     except ImportError:
         print("torch not installed: no comparison")
         return
-    step = torch_step(model, x, mask, target, a.heads)
-    g_tc, g_t = exe(model, x, mask, target), step()
+    step = torch_step(model, x, target)
+    g_tc, g_t = exe(model, x, target), step()
     err = max(float(np.max(np.abs(g_tc[k] - g_t[k].numpy()))) for k in g_t)
     t_torch = median_time(step, a.iters)
     print(f"torch eager CPU grad step: {t_torch * 1e3:.3f} ms (max grad difference {err:.2e})")

@@ -9,18 +9,15 @@ import numpy as np
 import pytest
 
 import tercomp as tc
+import mlp as mlp_sample  # samples/ is on sys.path (tests/conftest.py)
 from tercomp import nn
 from tercomp.runtime import artifact
 from tercomp.runtime.signature import Signature, TensorSig
 
 
-class MLP(nn.Module):
-    def __init__(self):
-        self.fc1 = nn.Linear(8, 16)
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.fc2(tc.relu(self.fc1(x)))
+def MLP():
+    """The sample MLP, small."""
+    return mlp_sample.MLP(8, 16, 4)
 
 
 def two_outputs(x, y):

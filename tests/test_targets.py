@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import tercomp as tc
+import mlp as mlp_sample  # samples/ is on sys.path (tests/conftest.py)
 from tercomp import nn
 from tercomp.codegen import targets as T
 from tercomp.runtime.module import driver_present
@@ -33,18 +34,12 @@ def fn_ref(x, y):
     return np.tanh(x) * y + 1.0
 
 
-class MLP(nn.Module):
-    def __init__(self):
-        self.fc1 = nn.Linear(8, 16)
-        self.fc2 = nn.Linear(16, 4)
-
-    def forward(self, x):
-        return self.fc2(tc.relu(self.fc1(x)))
+def MLP():
+    """The sample MLP, small."""
+    return mlp_sample.MLP(8, 16, 4)
 
 
-def mlp_ref(m, x):
-    h = np.maximum(x @ m.fc1.weight.T + m.fc1.bias, 0)
-    return h @ m.fc2.weight.T + m.fc2.bias
+mlp_ref = mlp_sample.reference
 
 
 @pytest.fixture(scope="module")

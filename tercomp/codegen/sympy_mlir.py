@@ -84,17 +84,14 @@ class SympyToArith:
             return arith.SelectOp(pos, one, arith.SelectOp(neg, self._neg(one), z).result).result
         if e.func in _UNARY_MATH and _UNARY_MATH[e.func] is not None:
             return _UNARY_MATH[e.func](self.emit(e.args[0])).result
-        if isinstance(e, sympy.Max):
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            if isinstance(e, sympy.Max):
+                op = arith.MaximumFOp if self.is_float else arith.MaxSIOp
+            else:
+                op = arith.MinimumFOp if self.is_float else arith.MinSIOp
             acc = self.emit(e.args[0])
             for a in e.args[1:]:
-                b = self.emit(a)
-                acc = arith.MaximumFOp(acc, b).result if self.is_float else arith.MaxSIOp(acc, b).result
-            return acc
-        if isinstance(e, sympy.Min):
-            acc = self.emit(e.args[0])
-            for a in e.args[1:]:
-                b = self.emit(a)
-                acc = arith.MinimumFOp(acc, b).result if self.is_float else arith.MinSIOp(acc, b).result
+                acc = op(acc, self.emit(a)).result
             return acc
         if isinstance(e, sympy.Piecewise):
             *cases, (last, cond) = e.args
