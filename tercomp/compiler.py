@@ -6,6 +6,8 @@ with a dump directory, IREE's own phases under `iree/`.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 from functools import partial
 
@@ -14,6 +16,7 @@ from iree.compiler.version import VERSION as IREE_VERSION
 from . import __version__
 from .codegen.iree_session import compile_module, new_session
 from .codegen.lower import to_mlir
+from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
 from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
                               target_flags)
 from .errors import TercompError
@@ -30,7 +33,8 @@ DEFAULT_PASSES = ["simplify"]
 def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
             dump_dir: str | None = None, flags=(), passes=None, device: str | None = None,
             threads: int | None = None, cache: bool = True, vulkan_target: str | None = None,
-            cuda_target: str | None = None, name: str = "forward") -> CompiledModule:
+            cuda_target: str | None = None, name: str = "forward",
+            weights: str = "auto") -> CompiledModule:
     """Trace `fn` (a function, an nn.Module, a transformed function such as tc.grad(f), or
     an already traced Graph) on `example_args` and compile it with IREE.
 
@@ -43,9 +47,17 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     with the same MLIR, flags and versions comes from $TERCOMP_CACHE_DIR
     (default ~/.cache/tercomp) without running IREE; `exe.meta["cache_hit"]` tells.
 
+    `weights` says where the model's constants go: "inline" (in the .vmfb), "irpa"
+    (every constant of 4096 elements or more, packed ternary weights included, becomes
+    a `#flow.parameter.named<"model"::name>` parameter whose bytes are an .irpa archive
+    in `exe.weights`, bound at load time and saved with the module), or "auto" (the
+    default: "irpa" when the constants total more than 64 MiB, else "inline");
+    `exe.meta["weights"]` says which was used. See tercomp.codegen.params.
+
     >>> exe = tc.compile(model, tc.spec(("B", 784), "float32"))
     >>> y = exe(np.ones((7, 784), np.float32))
     >>> exe = tc.compile(model, tc.spec(("B", 784)), target=["llvm-cpu", "vulkan"])
+    >>> exe = tc.compile(big_model, tc.spec(("B", 4096)), weights="irpa")   # small .vmfb
     """
     targets = resolve_targets(target, vulkan_target=vulkan_target, cuda_target=cuda_target)
     target_names = [t.name for t in targets]
@@ -55,6 +67,7 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     check_threads(target_names, device, threads)
     from .passes.ternary import check_strategy
     check_strategy(ternary)
+    check_mode(weights)
     dumper = Dumper(dump_dir)
     graph = _trace_stages(fn, example_args, name, dumper)
     pipeline = list(DEFAULT_PASSES if passes is None else passes)
@@ -63,7 +76,12 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
         pipeline.insert(at, ("ternary", {"strategy": ternary}))
     graph = run_pipeline(graph, pipeline, dumper)
     session, ctx = new_session()
-    module = to_mlir(graph, ctx)
+    weights_mode = resolve_mode([graph], weights)
+    table = ParamTable()
+    swap = parameterized([graph], table) if weights_mode == "irpa" else contextlib.nullcontext()
+    with swap:
+        module = to_mlir(graph, ctx, params=table)
+    irpa = table.archive()
     with ctx:
         dumper.add("mlir", module.operation.get_asm(large_elements_limit=16), ext="mlir")
     all_flags = target_args + user_flags
@@ -72,26 +90,31 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     for st in sorted({"int8" if s == "auto" else s for s in used}):
         all_flags = all_flags + [f for f in strategy_flags(st) if f not in all_flags]
     meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],
-            "iree_version": IREE_VERSION, "cache_hit": False}
+            "iree_version": IREE_VERSION, "cache_hit": False, "weights": weights_mode,
+            "parameters": sorted(table.arrays)}
     key = hit = None
     if cache:
         with ctx:
             full = module.operation.get_asm(binary=True, large_elements_limit=None,
                                             large_resource_limit=None, assume_verified=True)
-        key = compile_cache.key(full, "\0".join(all_flags), __version__, IREE_VERSION)
+        # with parameters the module text holds only their names: hash their bytes too
+        params_digest = hashlib.sha256(irpa).hexdigest() if irpa is not None else ""
+        key = compile_cache.key(full, "\0".join(all_flags), __version__, IREE_VERSION,
+                                params_digest)
         hit = compile_cache.lookup(key)
         meta.update(cache_key=key, cache_hit=hit is not None)
     if hit is not None:
-        _, vmfb, weights = hit
+        _, vmfb, irpa = hit
     else:
         stage = f"the IREE compile for {', '.join(target_names)}"
         build = compile_with_tool if needs_tool(all_flags) else partial(compile_module, session)
-        vmfb, weights = build(module, all_flags, stage=stage), None
+        vmfb = build(module, all_flags, stage=stage)
     if dumper.dump_dir:
         with ctx:
             _dump_phases(dumper, all_flags, str(module))
     exe = CompiledModule(vmfb, Signature.from_graph(graph), dumper.stages, device=device,
-                         threads=threads, targets=target_names, meta=meta, weights=weights)
+                         threads=threads, targets=target_names, meta=meta, weights=irpa,
+                         weights_scope=table.scope)
     if key is not None and hit is None:
         compile_cache.store(key, exe)
     return exe

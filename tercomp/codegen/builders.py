@@ -2,8 +2,9 @@
 
 LowerCtx is what every op's `lower` rule receives: it maps tern Values to MLIR values,
 turns tern types into MLIR types, materializes symbolic dims as `index` values (from
-`tensor.dim` of the function arguments that carry them), and builds the common
-`linalg.generic` / `tensor.empty` / `linalg.fill` shapes.
+`tensor.dim` of the function arguments that carry them), builds the common
+`linalg.generic` / `tensor.empty` / `linalg.fill` shapes, and holds the ParamTable
+that large constants are read from as parameters (`ctx.params`, see codegen.params).
 """
 from __future__ import annotations
 
@@ -67,9 +68,10 @@ def affine_map(n_dims: int, exprs: Sequence) -> ir.AffineMap:
 class LowerCtx:
     """State of the tern -> MLIR lowering of one function."""
 
-    def __init__(self, symbol_sources: dict):
+    def __init__(self, symbol_sources: dict, params=None):
         self.values: dict = {}          # tern Value -> ir.Value
         self.symbol_sources = symbol_sources  # sympy Symbol -> (ir.Value, axis)
+        self.params = params            # codegen.params.ParamTable, or None (all inline)
         self._dim_cache: dict = {}
 
     # -- dims ------------------------------------------------------------------------

@@ -1,11 +1,12 @@
-"""Lower a tern Graph to an MLIR module (linalg on tensors, tensor, arith, math).
+"""Lower a tern Graph to an MLIR module (linalg on tensors, tensor, arith, math, util).
 
 Each op is lowered by its registry entry: `lower` emits MLIR directly; a composite's
 `decompose` is expanded into other tern ops first, which are then lowered. Symbolic
 dims become dynamic dims whose sizes are read with `tensor.dim` from the function
 argument that introduced each symbol. After lowering, a legality check makes sure no
 op outside the dialects IREE accepts is left (an unknown op reaching IREE in-process
-can crash the interpreter).
+can crash the interpreter). With a `ParamTable` (codegen.params), constants whose
+value is a `Parameter` become `util.global`s of `#flow.parameter.named` values.
 """
 from __future__ import annotations
 
@@ -44,8 +45,9 @@ def lower_op(ctx: LowerCtx, op: Op):
         ctx.values[r] = m
 
 
-def lower_graph(graph: Graph, module: ir.Module) -> None:
-    """Append `func.func @<graph.name>` to `module` (inside an active context)."""
+def lower_graph(graph: Graph, module: ir.Module, params=None) -> None:
+    """Append `func.func @<graph.name>` to `module` (inside an active context).
+    `params`: the ParamTable that parameter constants are declared in."""
     arg_types = [tensor_type(v.type) for v in graph.inputs]
     res_types = [tensor_type(v.type) for v in graph.outputs]
     with ir.InsertionPoint(module.body), ir.Location.unknown():
@@ -56,7 +58,9 @@ def lower_graph(graph: Graph, module: ir.Module) -> None:
         for axis, d in enumerate(v.type.shape):
             if not isinstance(d, int) and d.is_Symbol and d not in sources:
                 sources[d] = (a, axis)
-    ctx = LowerCtx(sources)
+    ctx = LowerCtx(sources, params=params)
+    if params is not None:
+        params.anchor = fop          # globals go before the function that first reads them
     for v, a in zip(graph.inputs, entry.arguments):
         ctx.values[v] = a
     with ir.InsertionPoint(entry), ir.Location.unknown():
@@ -88,13 +92,14 @@ def check_legal(module: ir.Module) -> None:
         raise CompileError("the lowered MLIR module does not verify")
 
 
-def to_mlir(graphs, ctx: ir.Context) -> ir.Module:
-    """Lower one or more graphs into one MLIR module in `ctx`."""
+def to_mlir(graphs, ctx: ir.Context, params=None) -> ir.Module:
+    """Lower one or more graphs into one MLIR module in `ctx`. Constants swapped for
+    `Parameter`s (codegen.params.parameterized) are declared in `params`."""
     if isinstance(graphs, Graph):
         graphs = [graphs]
     with ctx, ir.Location.unknown():
         module = ir.Module.create()
         for g in graphs:
-            lower_graph(g, module)
+            lower_graph(g, module, params)
         check_legal(module)
     return module

@@ -15,6 +15,8 @@ def _constant_infer(types, a):
 
 def _constant_reference(xs, a):
     v = a["value"]
+    if hasattr(v, "array") and isinstance(v.array, np.ndarray):   # a codegen.params.Parameter
+        return [v.array]
     if not isinstance(v, np.ndarray):
         from ..errors import TercompError
         raise TercompError("this constant's data was elided from the IR text, so it cannot be evaluated",
@@ -25,8 +27,15 @@ def _constant_reference(xs, a):
 def _constant_lower(ctx, op, operands):
     from iree.compiler.dialects import arith
     from ..codegen.builders import dense_attr, tensor_type
+    from ..codegen.params import Parameter
     t = op.results[0].type
     v = op.attrs["value"]
+    if isinstance(v, Parameter):            # read from the .irpa archive, not embedded
+        if ctx.params is None:
+            from ..errors import CompileError
+            raise CompileError(f"constant %{op.results[0].name} is a parameter, but the "
+                               "lowering has no parameter table", loc=op.loc)
+        return [ctx.params.load(v, tensor_type(t))]
     if not isinstance(v, np.ndarray):
         from ..errors import CompileError
         raise CompileError(f"constant %{op.results[0].name} has elided data and cannot be compiled",
