@@ -56,10 +56,11 @@ def test_ternary_pass_packs_the_weights(addsub):
 def test_addsub_lowers_to_masked_add_sub_with_i16_sums(addsub):
     run_filecheck(addsub.ir("mlir"), r"""
 # CHECK-LABEL: func.func @forward(%arg0: tensor<?x256xf32>) -> tensor<?x128xf32>
+# CHECK:       %[[W:.*]] = arith.constant dense_resource<__elided__> : tensor<128x64xi8>
+# CHECK-NOT:   arith.constant dense_resource
 # CHECK:       %[[XQ:.*]] = linalg.generic {{.*}} ins(%arg0, %{{.*}} : tensor<?x256xf32>, tensor<?xf32>) outs(%{{.*}} : tensor<?x256xi16>)
 # CHECK:         arith.fptosi %{{.*}} : f32 to i16
-# CHECK:       %[[W:.*]] = arith.constant dense_resource<__elided__> : tensor<128x64xi8>
-# CHECK-NEXT:  %[[WE:.*]] = tensor.expand_shape %[[W]]
+# CHECK:       %[[WE:.*]] = tensor.expand_shape %[[W]]
 # CHECK:       %[[ACC:.*]] = linalg.generic {{.*}} iterator_types = ["parallel", "parallel", "reduction", "parallel"]} ins({{.*}}, %[[WE]] : {{.*}}) outs(%{{.*}} : tensor<?x128x{{[0-9]+}}xi16>)
 # CHECK-NEXT:  ^bb0({{.*}}: i8, %[[OUT:.*]]: i16):
 # CHECK:         arith.andi %{{.*}}, %{{.*}} : i8
@@ -80,9 +81,10 @@ def test_addsub_lowers_to_masked_add_sub_with_i16_sums(addsub):
 def test_int8_lowers_to_an_i8_matmul(int8):
     run_filecheck(int8.ir("mlir"), r"""
 # CHECK-LABEL: func.func @forward(%arg0: tensor<?x256xf32>) -> tensor<?x128xf32>
+# CHECK:       %[[W:.*]] = arith.constant dense_resource<__elided__> : tensor<128x64xi8>
+# CHECK-NOT:   arith.constant dense_resource
 # CHECK:       %[[XQ:.*]] = linalg.generic {{.*}} outs(%{{.*}} : tensor<?x256xi8>)
 # CHECK:         arith.fptosi %{{.*}} : f32 to i8
-# CHECK:       %[[W:.*]] = arith.constant dense_resource<__elided__> : tensor<128x64xi8>
 # CHECK:       %[[U:.*]] = linalg.generic {{.*}} ins(%[[W]] : tensor<128x64xi8>) outs(%{{.*}} : tensor<128x4x64xi8>)
 # CHECK:       %[[WT:.*]] = tensor.collapse_shape %[[U]] {{.*}} into tensor<128x256xi8>
 # CHECK:       linalg.matmul {{.*}} ins(%[[XQ]], %[[WT]] : tensor<?x256xi8>, tensor<128x256xi8>) outs(%{{.*}} : tensor<?x128xi32>)

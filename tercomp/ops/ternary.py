@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import CompileError, TraceError
+from ..errors import TraceError
 from ..ir import TensorType
 from ..ir.types import is_float
 from . import ternary_pack as tp
@@ -124,32 +124,14 @@ def _tm_reference(xs, a):
 
 
 def _tm_lower(ctx, op, operands):
+    # The packed weights arrive as an MLIR value: an arith.constant when they were frozen
+    # at compile time, a util.global.load when they are .irpa parameters, or a function
+    # argument. The kernels read any of them.
     from ..codegen import ternary_kernels as tk
-    from ..passes.simplify import const_value
-    k, n = int(op.attrs["k"]), int(op.attrs["n"])
-    scale, aq, strategy = float(op.attrs["scale"]), bool(op.attrs["act_quant"]), op.attrs["strategy"]
     x, p = operands
-    packed = const_value(op.operands[1])
-    if packed is not None:
-        return [tk.emit_ternary_matmul(x, np.asarray(packed), k, n, scale,
-                                       strategy=strategy, act_quant=aq)]
-    # packed weights known only at run time: the same kernels, reading the runtime tensor
-    xt = op.operands[0].type
-    m = xt.shape[0] if isinstance(xt.shape[0], int) else None
-    if strategy == "auto":
-        strategy = tk.choose_strategy(m, k, n)
-    kb = op.operands[1].type.shape[1]
-
-    class _RuntimeKernel(tk._Kernel):
-        def weights(self):
-            return p
-
-    kern = _RuntimeKernel(x, m, k, n, np.zeros((n, kb), np.uint8), scale)
-    if strategy == "int8":
-        return [kern.int8_matmul(aq)]
-    if strategy == "addsub" and aq:
-        return [kern.addsub(integer=True, act_quant=True)]
-    return [kern.addsub(integer=False, act_quant=aq)]
+    return [tk.emit_ternary_matmul(x, p, int(op.attrs["k"]), int(op.attrs["n"]),
+                                   float(op.attrs["scale"]), strategy=op.attrs["strategy"],
+                                   act_quant=bool(op.attrs["act_quant"]))]
 
 
 register(OpDef("ternary_matmul", "ternary", _tm_infer, _tm_reference, num_operands=2,
