@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import TercompError
 from ..ir import Graph
 from ..ops import ternary as _ternary_ops  # noqa: F401  (registers the ops)
+from ..codegen.ternary_kernels import choose_strategy
 from ..ops import ternary_pack as tp
 from .manager import register_pass
 from .rewrite import dce, rewrite
@@ -54,8 +55,12 @@ def _pattern(strategy):
         packed = b.constant(tp.pack_ternary(t).view(np.int8), name="packed")
         lead = list(x.type.shape[:-1])
         x2 = x if x.type.rank == 2 else b.reshape(x, shape=[-1, k])
+        m = x2.type.shape[0]
+        # "auto" is settled here, per shape, so the module only gets the flags it uses
+        chosen = choose_strategy(m if isinstance(m, int) else None, int(k), int(n)) \
+            if strategy == "auto" else strategy
         y = b.ternary_matmul(x2, packed, k=int(k), n=int(n), scale=float(scale),
-                             strategy=strategy, act_quant=aq, name=op.results[0].name)
+                             strategy=chosen, act_quant=aq, name=op.results[0].name)
         if x.type.rank != 2:
             y = b.reshape(y, shape=[_dim(d) for d in lead] + [int(n)])
         return y
