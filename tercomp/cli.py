@@ -215,7 +215,7 @@ def cmd_compile(args) -> int:
     with spinner(f"compiling {args.object} for {', '.join(targets)}"):
         exe = tc.compile(fn, *examples, target=targets, dump_dir=args.dump, flags=args.flag,
                          cache=not args.no_cache, vulkan_target=args.vulkan_target,
-                         cuda_target=args.cuda_target)
+                         cuda_target=args.cuda_target, ternary=args.ternary, weights=args.weights)
     exe.save(args.output)
     hit = " (from the compile cache)" if exe.meta.get("cache_hit") else ""
     print(f"wrote {args.output}: {os.path.getsize(args.output)} bytes, "
@@ -376,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dump", metavar="DIR", help="write every compile stage to DIR")
     c.add_argument("--flag", action="append", default=[], metavar="FLAG", help="extra IREE compiler flag")
     c.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
+    c.add_argument("--ternary", default="auto", choices=["auto", "addsub", "int8", "f32", "off"],
+                   help="ternary matmul kernels for BitLinear layers (default auto)")
+    c.add_argument("--weights", default="auto", choices=["auto", "inline", "irpa"],
+                   help="weights inline in the module or as .irpa parameters (default auto)")
     c.set_defaults(run=cmd_compile)
 
     r = sub.add_parser("run", help="run an artifact on inputs and print the results",

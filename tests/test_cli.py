@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import run_filecheck
+import tercomp as tc
 from tercomp.cli import main, parse_input, parse_spec
 from tercomp.runtime.module import driver_present
 
@@ -34,6 +35,16 @@ MODEL = textwrap.dedent("""
 
     def make_model():
         return MLP()
+
+
+    class BitMLP(nn.Module):
+        def __init__(self):
+            nn.manual_seed(1)
+            self.fc1 = nn.BitLinear(256, 256)
+            self.fc2 = nn.BitLinear(256, 64)
+
+        def forward(self, x):
+            return self.fc2(tc.relu(self.fc1(x)))
 
 
     def make_error():
@@ -107,6 +118,28 @@ def test_compile_info_run_a_module_factory(mlp_artifact, model, tmp_path):
     assert r.stdout.startswith("out: float32[3, 4]")
     np.testing.assert_allclose(np.load(tmp_path / "y.npz")["out"], mlp_ref(model.MLP(), x),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_compile_bitlinear_with_ternary_kernels_and_irpa_weights(model_file, model, tmp_path):
+    out = tmp_path / "bit.tcm"
+    tercomp("compile", f"{model_file}:BitMLP", "--example", "B,256:f32", "--ternary", "addsub",
+            "--weights", "irpa", "-o", out, "--dump", tmp_path / "dump")
+    stage = (tmp_path / "dump" / "01-ternary.tern.mlir").read_text()
+    run_filecheck(stage, """
+# CHECK: "tern.ternary_matmul"({{.*}}strategy = "addsub"
+# CHECK: "tern.ternary_matmul"({{.*}}strategy = "addsub"
+# CHECK-NOT: "tern.matmul"
+""")
+    info = tercomp("info", out).stdout
+    run_filecheck(info, "# CHECK: weights.irpa: {{ *}}{{[0-9]+}} bytes")
+    x = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    tercomp("run", out, "--input", tmp_path / "x.npy", "-o", tmp_path / "y.npz")
+    want = tc.compile(model.BitMLP(), x, ternary="addsub")(x)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["out"], want, rtol=1e-6, atol=1e-6)
+    r = tercomp("compile", f"{model_file}:BitMLP", "--example", "B,256:f32", "--ternary", "int4",
+                "-o", out, check=False)
+    assert r.returncode == 2 and "invalid choice: 'int4'" in r.stderr
 
 
 def test_compile_a_function_and_run_iree_style_inputs(model_file, tmp_path):
