@@ -134,6 +134,16 @@ def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng) -> list:
             for name, (med, best) in interleaved_medians(fns, rounds).items()]
 
 
+def print_rows(rows):
+    """(label, median s, min s) rows, with ratios to the first row (NumPy)."""
+    base, base_min = rows[0][1], rows[0][2]
+    print(f"  {'':56s} {'median':>9s} {'ratio':>7s}   {'min':>9s} {'ratio':>7s}")
+    for name, med, best in rows:
+        print(f"  {name:56s} {med * 1e3:6.3f} ms {med / base:6.2f}x   "
+              f"{best * 1e3:6.3f} ms {best / base_min:6.2f}x")
+    sys.stdout.flush()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cold", action="store_true",
@@ -149,13 +159,7 @@ def main(argv=None):
         print(f"\n{m}x{k}x{n}" + (f"  cold: {n_layers} distinct layers, time per layer"
                                   if args.cold else "")
               + f"   (choose_strategy -> {choose_strategy(m, k, n)})")
-        rows = run(m, k, n, n_layers, args.rounds, rng)
-        base, base_min = rows[0][1], rows[0][2]
-        print(f"  {'':56s} {'median':>9s} {'ratio':>7s}   {'min':>9s} {'ratio':>7s}")
-        for name, med, best in rows:
-            print(f"  {name:56s} {med * 1e3:6.3f} ms {med / base:6.2f}x   "
-                  f"{best * 1e3:6.3f} ms {best / base_min:6.2f}x")
-        sys.stdout.flush()
+        print_rows(run(m, k, n, n_layers, args.rounds, rng))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import tercomp as tc  # noqa: E402
 from tercomp import nn  # noqa: E402
 from tercomp.codegen.ternary_kernels import choose_strategy  # noqa: E402
 from tercomp.ops.ternary_pack import absmean_ternarize  # noqa: E402
-from ternary_kernels import DENSE_FLAGS, SHAPES, interleaved_medians  # noqa: E402
+from ternary_kernels import DENSE_FLAGS, SHAPES, interleaved_medians, print_rows  # noqa: E402
 
 STRATEGIES = ["auto", "addsub", "int8", "f32"]
 
@@ -97,14 +97,7 @@ def main(argv=None):
     for m, k, n in shapes:
         print(f"\n{m}x{k}x{n}" + (f"  cold: {count} distinct layers, time per layer" if args.cold else "")
               + f"   (auto -> {choose_strategy(m, k, n)})")
-        rows = run(m, k, n, count, args.rounds, rng, weights)
-        base, base_min = rows[0][1], rows[0][2]
-        print(f"  {'':52s} {'median':>9s} {'ratio':>7s}   {'min':>9s} {'ratio':>7s}")
-        for name, med, best in rows:
-            print(f"  {name:52s} {med * 1e3:6.3f} ms {med / base:6.2f}x   "
-                  f"{best * 1e3:6.3f} ms {best / base_min:6.2f}x")
-        sys.stdout.flush()
-
+        print_rows(run(m, k, n, count, args.rounds, rng, weights))
 
 if __name__ == "__main__":
     main()

@@ -15,7 +15,7 @@ import numpy as np
 from .errors import TercompError
 from .passes.autodiff import backward, check_differentiable, seed_for
 from . import pytree
-from .trace.tracer import Trace, Tracer, current_trace, user_location
+from .trace.tracer import Trace, Tracer, user_location
 
 
 def _tracers(tree):

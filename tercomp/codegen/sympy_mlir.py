@@ -9,7 +9,7 @@ import sympy
 from iree.compiler import ir
 from iree.compiler.dialects import arith, math
 
-from .builders import elem_type, scalar_const
+from .builders import scalar_const
 
 _CMPF = {sympy.StrictLessThan: "olt", sympy.LessThan: "ole", sympy.StrictGreaterThan: "ogt",
          sympy.GreaterThan: "oge", sympy.Equality: "oeq", sympy.Unequality: "une"}
@@ -119,7 +119,6 @@ class SympyToArith:
         raise NotImplementedError(f"cannot lower condition {c}")
 
     def _cmp(self, fpred, ipred, a, b):
-        i1 = ir.IntegerType.get_signless(1)
         if self.is_float:
             pred = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), _CMPF_CODE[fpred])
             return arith.CmpFOp(pred, a, b).result

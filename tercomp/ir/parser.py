@@ -293,7 +293,6 @@ class _Parser:
         g.set_outputs(vals, names)
 
     def parse_op(self, g, env):
-        start = self.tok
         results = []
         if self.tok.kind == "value":
             while True:

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from .graph import Graph, Op
-from .types import DTYPES, TensorType, is_static
+from .types import TensorType, is_static
 
 ELIDE_LIMIT = 16
 

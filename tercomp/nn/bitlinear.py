@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TercompError
-from ..ops import ternary as _ternary_ops  # noqa: F401  (registers the ops)
 from ..trace import api as _t
 from ..trace.tracer import Tracer, apply, current_trace
 from .layers import _uniform

@@ -12,10 +12,10 @@ import numpy as np
 
 from ..errors import TraceError
 from ..ir import TensorType, is_static, numpy_dtype
-from ..ir.types import is_float, is_int
+from ..ir.types import is_float
 from .reduce import expand_reduced, reduced_type
 from .registry import OpDef, REQUIRED, register
-from .shape_util import fmt_shape, norm_axes, same_dim
+from .shape_util import check_integer_ids, fmt_shape, norm_axes, same_dim
 
 
 def _float_operand(t, opname):
@@ -196,9 +196,7 @@ register(OpDef("rms_norm", "composite", _norm_infer("rms_norm", 1), _rms_norm_re
 
 # -- one_hot / cross_entropy ---------------------------------------------------------------
 def _check_labels(t, opname):
-    if not is_int(t.dtype) or t.dtype == "i1":
-        raise TraceError(f"{opname}: class ids must be integers (i32 or i64), got {t.dtype}",
-                         hint="cast them with labels.astype('int32')")
+    check_integer_ids(t, opname, "class ids")
 
 
 def _one_hot_infer(types, a):

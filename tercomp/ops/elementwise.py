@@ -18,7 +18,7 @@ import sympy
 
 from ..errors import TraceError
 from ..ir import TensorType, numpy_dtype
-from ..ir.types import is_float, is_static
+from ..ir.types import is_float
 from .registry import OpDef, REQUIRED, register
 
 X, Y = sympy.symbols("x y", real=True)

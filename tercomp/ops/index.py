@@ -7,9 +7,9 @@ import numpy as np
 
 from ..errors import TraceError
 from ..ir import is_static
-from ..ir.types import is_float, is_int
+from ..ir.types import is_float
 from .registry import OpDef, REQUIRED, register
-from .shape_util import (SLICE_END, _norm_axis, _slice_parts, _unbound, attr_to_dim, concrete_dim,
+from .shape_util import (SLICE_END, check_integer_ids, _norm_axis, _slice_parts, _unbound, attr_to_dim, concrete_dim,
                          dim_to_attr, fmt_shape, same_dim)
 
 
@@ -102,9 +102,7 @@ register(OpDef("unslice", "shape", _unslice_infer, _unslice_ref,
 
 # -- take / scatter_add --------------------------------------------------------------------
 def _check_indices(t, opname):
-    if not is_int(t.dtype) or t.dtype == "i1":
-        raise TraceError(f"{opname}: indices must be integers (i32 or i64), got {t.dtype}",
-                         hint="cast the indices with x.astype('int32')")
+    check_integer_ids(t, opname, "indices")
 
 
 def _take_infer(types, a):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import TraceError
-from ..ir import Graph, SourceLoc, TensorType, UNKNOWN_LOC, Value
+from ..ir import Graph, SourceLoc, UNKNOWN_LOC, Value
 from ..ir import parser as _parser
 
 

@@ -192,3 +192,11 @@ def _slice_parts(ctx, offsets, sizes, strides):
             parts[k + 3].extend(dyn)
     static_off, static_size, static_stride, dyn_off, dyn_size, dyn_stride = parts
     return dyn_off, dyn_size, dyn_stride, static_off, static_size, static_stride
+
+
+def check_integer_ids(t: TensorType, opname: str, what: str = "indices"):
+    """Class ids and gather indices must be i32 or i64 (not bool, not float)."""
+    from ..ir.types import is_int
+    if not is_int(t.dtype) or t.dtype == "i1":
+        raise TraceError(f"{opname}: {what} must be integers (i32 or i64), got {t.dtype}",
+                         hint=f"cast the {what} with x.astype('int32')")

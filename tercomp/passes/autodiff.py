@@ -12,8 +12,6 @@ and auxiliary outputs).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import TercompError
 from ..ir import Graph, Value
 from ..ir.types import is_float

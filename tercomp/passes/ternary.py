@@ -13,7 +13,6 @@ import numpy as np
 
 from ..errors import TercompError
 from ..ir import Graph
-from ..ops import ternary as _ternary_ops  # noqa: F401  (registers the ops)
 from ..codegen.ternary_kernels import choose_strategy
 from ..ops import ternary_pack as tp
 from .manager import register_pass

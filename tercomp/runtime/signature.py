@@ -2,7 +2,7 @@
 the pytree structure of arguments and results. Plain JSON, so artifacts carry it."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TraceError
-from .tracer import Tracer, apply, current_trace, user_location
+from .tracer import Tracer, apply, user_location
 
 
 def _rank(x):

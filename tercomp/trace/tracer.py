@@ -14,8 +14,7 @@ import threading
 import numpy as np
 
 from ..errors import TraceError
-from ..ir import Graph, SourceLoc, TensorType, UNKNOWN_LOC, Value, numpy_dtype
-from ..ir.types import dtype_name
+from ..ir import Graph, SourceLoc, UNKNOWN_LOC, Value, numpy_dtype
 from ..ops import GraphBuilder, get
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
