@@ -8,10 +8,18 @@ which is not JSON-able: modules are never artifact outputs).
 from __future__ import annotations
 
 
+_MODULE_TYPES: dict = {}
+
+
 def _is_module(x):
     # by class identity, without importing tercomp.nn (which imports the compiler):
     # this module is shared by the runtime, which must load with iree-runtime alone
-    return any(c.__name__ == "Module" and c.__module__ == "tercomp.nn.module" for c in type(x).__mro__)
+    t = type(x)
+    hit = _MODULE_TYPES.get(t)
+    if hit is None:
+        hit = _MODULE_TYPES[t] = any(c.__name__ == "Module" and c.__module__ == "tercomp.nn.module"
+                                     for c in t.__mro__)
+    return hit
 
 
 def flatten(tree, path="", is_leaf=None):

@@ -9,6 +9,14 @@ import numpy as np
 from ..errors import InputError
 
 
+def _np_dtypes() -> dict:
+    from ..ir.types import DTYPES
+    return {k: np.dtype(v[0]) for k, v in DTYPES.items()}
+
+
+_NP_DTYPES = _np_dtypes()
+
+
 @dataclass
 class TensorSig:
     name: str
@@ -61,13 +69,14 @@ class Signature:
             else:
                 arr = np.asarray(x)
                 shape, dt = arr.shape, arr.dtype
-            try:
-                got = dtype_name(dt)
-            except ValueError:
-                got = str(dt)
-            if got != s.dtype:
-                raise InputError(f"input {s.name}: expected dtype {s.dtype}, got {got}",
-                                 hint=f"convert with .astype(np.{np.dtype(DTYPES[s.dtype][0]).name})")
+            if dt != _NP_DTYPES.get(s.dtype):
+                try:
+                    got = dtype_name(dt)
+                except ValueError:
+                    got = str(dt)
+                if got != s.dtype:
+                    raise InputError(f"input {s.name}: expected dtype {s.dtype}, got {got}",
+                                     hint=f"convert with .astype(np.{np.dtype(DTYPES[s.dtype][0]).name})")
             if len(shape) != len(s.shape):
                 raise InputError(f"input {s.name}: expected shape [{', '.join(map(str, s.shape))}], got "
                                  f"{list(shape)} (rank {len(shape)} instead of {len(s.shape)})")
