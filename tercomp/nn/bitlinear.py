@@ -1,7 +1,18 @@
 """BitLinear (BitNet b1.58): ternary weights, optional int8 activation quantization.
 
-y = matmul(act_quant(x) if act_quant else x, ternarize(weight), transpose_b=True) (+ bias),
-with straight-through gradients. The `ternary` pass turns it into a packed ternary kernel.
+Exact semantics (the NumPy references are tercomp.ops.ternary_pack):
+
+- weights, per tensor (absmean): scale = max(mean(|W|), 1e-5),
+  W_t = clip(rint(W / scale), -1, 1) in {-1, 0, +1} (rint rounds half to even);
+- activations, per token (absmax over the last axis): s = 127 / max(max(|x|), 1e-5),
+  x_q = clip(rint(x * s), -127, 127), integers in the closed range [-127, 127]
+  (-128 is never produced, so the range is symmetric);
+- y = (x_q @ W_t^T) * scale / s (+ bias). With act_quant=False (weights-only ternary)
+  y = (x @ W_t^T) * scale, activations stay f32.
+
+Training sees the quantized values in the forward pass and straight-through gradients
+(identity through both quantizers). For inference the `ternary` pass freezes the
+weights, packs W_t 4 per byte and emits add/sub kernels (`tc.compile(..., ternary=)`).
 """
 from __future__ import annotations
 
