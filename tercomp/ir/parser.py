@@ -150,7 +150,7 @@ class _Parser:
                     bits = int(num, 16)
                     return float(np.array(bits, dtype=np.uint64).view(np.float64))
                 return float(num)
-            return int(num, 0)
+            return int(num, 16) if num.lower().lstrip("-").startswith("0x") else int(num)
         if t.text == "[":
             self.i += 1
             items = []
@@ -399,4 +399,11 @@ class _DenseLiteral:
 
 def parse(text: str, filename: str = "<string>") -> Graph:
     """Parse tern IR text into a Graph. Raises ParseError with line and column."""
-    return _Parser(text, filename).parse()
+    p = _Parser(text, filename)
+    try:
+        return p.parse()
+    except ParseError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+        # a malformed token the grammar let through (a number out of range, ...)
+        raise p.error(f"malformed input: {e}") from None
