@@ -193,7 +193,7 @@ def test_dump_dir_writes_numbered_stages(tmp_path):
     files = sorted(os.listdir(tmp_path))
     assert files[:4] == ["00-tern.tern.mlir", "01-ternary.tern.mlir", "02-simplify.tern.mlir", "03-mlir.mlir"]
     assert os.path.isdir(tmp_path / "iree")
-    assert "flow.dispatch" in exe.ir("flow")
+    run_filecheck(exe.ir("flow"), "# CHECK: flow.executable\n# CHECK: flow.dispatch")
     assert exe.ir("tern") == (tmp_path / "00-tern.tern.mlir").read_text()
 
 

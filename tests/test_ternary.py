@@ -6,6 +6,7 @@ import tercomp as tc
 from tercomp import nn
 from tercomp.errors import TercompError
 from tercomp.ops import ternary_pack as tp
+from tests.conftest import run_filecheck
 
 
 class MLP(nn.Module):
@@ -41,9 +42,16 @@ def test_bitlinear_mlp_matches_reference(strategy):
     exe = tc.compile(m, X, ternary=strategy, cache=False)
     np.testing.assert_allclose(exe(X), _mlp_ref(m, X), rtol=1e-5, atol=1e-5)
     if strategy != "off":
-        ir = exe.ir("ternary")
-        assert "tern.ternary_matmul" in ir and "tern.ternarize" not in ir
-        assert "tern.matmul" not in ir
+        run_filecheck(exe.ir("ternary"), f"""
+# CHECK-LABEL: func.func @forward(
+# CHECK-NOT: "tern.ternarize"
+# CHECK-NOT: "tern.matmul"
+# CHECK: "tern.ternary_matmul"({{{{.*}}}}strategy = "{'int8' if strategy == 'auto' else strategy}"
+# CHECK-NOT: "tern.ternarize"
+# CHECK-NOT: "tern.matmul"
+# CHECK: "tern.ternary_matmul"
+# CHECK-NOT: "tern.matmul"
+""")
 
 
 def test_no_f32_weight_constant_remains():
