@@ -37,32 +37,6 @@ __all__ = ["compile_train_step", "TrainStep", "save_checkpoint", "load_checkpoin
 ON_NAN = ("raise", "stop")
 
 
-# -- 0-d leaves at the module boundary ---------------------------------------------------
-# CompiledModule turns a 0-d NumPy input into shape (1,) (np.ascontiguousarray returns
-# ndim >= 1), which IREE then rejects; so the step count and other scalar state cross
-# the boundary as (1,) arrays and are reshaped to () inside the traced step.
-def _box_host(tree):
-    leaves, _, treedef = pytree.flatten(tree)
-    return pytree.unflatten(treedef, [np.reshape(np.asarray(x), (1,)) if np.ndim(x) == 0 else x
-                                      for x in leaves])
-
-
-def _unbox(tree, scalar_mask, traced):
-    leaves, _, treedef = pytree.flatten(tree)
-    out = []
-    for x, is_scalar in zip(leaves, scalar_mask):
-        if is_scalar:
-            x = _t.reshape(x, ()) if traced else np.reshape(np.asarray(x), ())
-        out.append(x)
-    return pytree.unflatten(treedef, out)
-
-
-def _box_traced(tree, scalar_mask):
-    leaves, _, treedef = pytree.flatten(tree)
-    return pytree.unflatten(treedef, [_t.reshape(x, (1,)) if s else x
-                                      for x, s in zip(leaves, scalar_mask)])
-
-
 def _host_leaf(x):
     return np.array(x) if not isinstance(x, Tracer) else x
 
@@ -119,8 +93,6 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         raise TercompError(f"compile_train_step: {type(model).__name__} has no parameters to train")
     state = optimizer.init(params) if opt_state is None else opt_state
     state = pytree.unflatten(pytree.flatten(state)[2], [_host_leaf(x) for x in pytree.flatten(state)[0]])
-    p_mask = [np.ndim(x) == 0 for x in pytree.flatten(params)[0]]
-    s_mask = [np.ndim(x) == 0 for x in pytree.flatten(state)[0]]
     state_treedef = pytree.jsonable(pytree.flatten(state)[2])
     detected = {}
 
@@ -150,8 +122,6 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         return loss, aux
 
     def train_step(params, opt_state, *batch):
-        params = _unbox(params, p_mask, traced=True)
-        opt_state = _unbox(opt_state, s_mask, traced=True)
         saved = model.parameters()
         try:
             vg = optim.accumulate_gradients(value_and_grad(loss_of, has_aux=True), accumulate)
@@ -170,12 +140,12 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         ok = _t.abs(loss + norm) <= optim.F32_MAX
         new_params = optim._map(lambda n, o: _t.where(ok, n, o), new_params, params)
         new_state = optim._map(lambda n, o: _t.where(ok, n, o), new_state, opt_state)
-        return (_box_traced(new_params, p_mask), _box_traced(new_state, s_mask), loss, norm, aux)
+        return new_params, new_state, loss, norm, aux
 
-    exe = tc_compile(train_step, _box_host(params), _box_host(state), *example_batch,
+    exe = tc_compile(train_step, params, state, *example_batch,
                      target=target, device=device, threads=threads, dump_dir=dump_dir,
                      cache=cache, ternary="off", name="train_step")
-    step = TrainStep(exe, model, optimizer, params, state, p_mask, s_mask, len(example_batch),
+    step = TrainStep(exe, model, optimizer, params, state, len(example_batch),
                      detected.get("has_aux", False), on_nan, accumulate, clip_norm)
     step._name_batch(loss_fn)
     return step
@@ -186,7 +156,7 @@ class TrainStep:
     CompiledModule), `steps` (calls that updated the weights), `stopped`, `grad_norm`
     (the last step's global gradient norm, before clipping), `on_nan`."""
 
-    def __init__(self, exe, model, optimizer, params, opt_state, p_mask, s_mask, n_batch,
+    def __init__(self, exe, model, optimizer, params, opt_state, n_batch,
                  has_aux, on_nan, accumulate, clip_norm):
         self.exe = exe
         self.model = model
@@ -198,7 +168,6 @@ class TrainStep:
         self.stopped = False
         self.steps = 0
         self.grad_norm = float("nan")
-        self._p_mask, self._s_mask = p_mask, s_mask
         self._p_treedef = pytree.flatten(params)[2]
         self._s_treedef = pytree.flatten(opt_state)[2]
         n_state = len(pytree.flatten(params)[0]) + len(pytree.flatten(opt_state)[0])
@@ -207,8 +176,8 @@ class TrainStep:
         self._n_batch = n_batch
         # Device-resident state: host arrays before the first call, then the DeviceArrays
         # each call returns.
-        self._params = _box_host(params)
-        self._state = _box_host(opt_state)
+        self._params = params
+        self._state = opt_state
 
     def _name_batch(self, loss_fn):
         # Errors name batch arrays after loss_fn's parameters (x, y), not the step's inputs.
@@ -267,12 +236,12 @@ class TrainStep:
     # -- host copies ------------------------------------------------------------------
     def params(self) -> dict:
         """The current parameters, copied to the host (name -> NumPy array)."""
-        return _unbox({k: np.asarray(v) for k, v in self._params.items()}, self._p_mask, traced=False)
+        return {k: np.asarray(v) for k, v in self._params.items()}
 
     def opt_state(self):
         """The current optimizer state, copied to the host."""
         leaves = [np.asarray(x) for x in pytree.flatten(self._state)[0]]
-        return _unbox(pytree.unflatten(self._s_treedef, leaves), self._s_mask, traced=False)
+        return pytree.unflatten(self._s_treedef, leaves)
 
     def sync_to(self, model=None):
         """Copy the trained weights into `model` (default: the model compiled from)."""
@@ -291,7 +260,7 @@ class TrainStep:
                 if np.shape(v) != own[k].shape:
                     raise TercompError(f"set_state: parameter {k} has shape {np.shape(v)}, "
                                        f"the model {own[k].shape}")
-            self._params = _box_host({k: np.asarray(params[k], own[k].dtype) for k in own})
+            self._params = {k: np.asarray(params[k], own[k].dtype) for k in own}
         if opt_state is not None:
             leaves, _, treedef = pytree.flatten(opt_state)
             if pytree.jsonable(treedef) != pytree.jsonable(self._s_treedef):
@@ -302,8 +271,8 @@ class TrainStep:
                 if np.shape(x) != o.shape:
                     raise TercompError(f"set_state: an optimizer state array has shape "
                                        f"{np.shape(x)}, expected {o.shape}")
-            self._state = _box_host(pytree.unflatten(
-                self._s_treedef, [np.asarray(x, o.dtype) for x, o in zip(leaves, own)]))
+            self._state = pytree.unflatten(
+                self._s_treedef, [np.asarray(x, o.dtype) for x, o in zip(leaves, own)])
         self.stopped = False
 
     def __repr__(self):
