@@ -32,7 +32,7 @@ from tercomp.codegen.ternary_kernels import (choose_strategy, emit_ternary_matmu
 from tercomp.ops.ternary_pack import absmean_ternarize, pack_ternary  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 2048, 2048)]
-VARIANTS = [("addsub", True), ("int8", True), ("f32", True), ("f32", False)]
+VARIANTS = [("addsub", True), ("vnni", True), ("int8", True), ("f32", True), ("f32", False)]
 DENSE_FLAGS = ["--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all",
                "--iree-opt-const-expr-max-size-increase-threshold=4294967296",
                "--iree-opt-const-eval=false"]

@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dump", metavar="DIR", help="write every compile stage to DIR")
     c.add_argument("--flag", action="append", default=[], metavar="FLAG", help="extra IREE compiler flag")
     c.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
-    c.add_argument("--ternary", default="auto", choices=["auto", "addsub", "int8", "f32", "off"],
+    c.add_argument("--ternary", default="auto", choices=["auto", "addsub", "vnni", "int8", "f32", "off"],
                    help="ternary matmul kernels for BitLinear layers (default auto)")
     c.add_argument("--weights", default="auto", choices=["auto", "inline", "irpa"],
                    help="weights inline in the module or as .irpa parameters (default auto)")

@@ -206,7 +206,7 @@ def test_kernel_matches_reference(strategy, aq):
             assert_matches_reference(y, ref, aq)
 
 
-@pytest.mark.parametrize("strategy", ["addsub", "int8"])
+@pytest.mark.parametrize("strategy", ["addsub", "int8", "vnni"])
 def test_kernel_with_runtime_packed_weights(strategy):
     """`packed` may be a tensor<N x KB x i8> function argument instead of a constant."""
     rng = np.random.default_rng(11)
@@ -243,6 +243,28 @@ def test_addsub_i16_partial_sums_at_the_overflow_bound():
     assert_matches_reference(y, ternary_matmul_reference(x, packed, k, 0.5, True), True)
 
 
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 40), (3, 4096, 9), (DYN, 2050, 5),
+                                   (1, 16385, 3)])
+def test_vnni_matches_reference_at_full_vector_tiles(m, k, n):
+    """The "vnni" kernel at widths where its 512-byte KB tiles (vpdpbusd) are used, K not
+    always a multiple of 4, with rows of all +1 / all -1 (largest |sum|) and random ones."""
+    rng = np.random.default_rng(k + n)
+    t = random_ternary(rng, n, k)
+    t[0], t[1] = 1, -1
+    packed = pack_ternary(t)
+    mod = compile_functions({"main": (m, k, lambda x: emit_ternary_matmul(
+        x, packed, k, n, 0.75, strategy="vnni", act_quant=True))}, strategy_flags("vnni"))
+    for batch in ([m] if m is not None else [1, 4]):
+        x = (rng.standard_normal((batch, k)) * 3).astype(np.float32)
+        x[:, 0] = 100.0  # one outlier: most of the row quantizes to small codes
+        y = mod.main(x).to_host()
+        assert_matches_reference(y, ternary_matmul_reference(x, packed, k, 0.75, True), True)
+    x = np.full((1 if m is None else m, k), 2.0, np.float32)
+    y = mod.main(x).to_host()
+    np.testing.assert_allclose(y[:, :2], [[0.75 * 2.0 * k, -0.75 * 2.0 * k]] * x.shape[0],
+                               rtol=1e-6)
+
+
 def test_choose_strategy():
     assert choose_strategy(1, 4096, 4096) == "addsub"
     assert choose_strategy(2, 4096, 4096) == "int8"
@@ -253,6 +275,7 @@ def test_choose_strategy():
 
 def test_strategy_flags():
     assert strategy_flags("addsub") == []
+    assert strategy_flags("vnni") == []
     assert "--iree-opt-data-tiling=true" in strategy_flags("int8")
     for bad in ("auto", "llvm-cpu", "", None):
         with pytest.raises(TercompError):

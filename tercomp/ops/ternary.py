@@ -100,7 +100,7 @@ register(OpDef("act_quant", "ternary", _float_same("act_quant"), _act_quant_refe
 
 
 # -- ternary_matmul ------------------------------------------------------------------------
-STRATEGIES = ("auto", "addsub", "int8", "f32")
+STRATEGIES = ("auto", "addsub", "vnni", "int8", "f32")
 
 
 def _tm_infer(types, a):

@@ -4,7 +4,7 @@
  -> reshape(ternary_matmul(reshape(x, [-1, K]), constant packed_i8), [..., N])
 
 W [N, K] is ternarized (absmean) and packed 2-bit planar at compile time, so no f32 copy
-of the weights remains. `strategy` is "auto" | "addsub" | "int8" | "f32" (the kernel) or
+of the weights remains. `strategy` is "auto" | "addsub" | "vnni" | "int8" | "f32" (the kernel) or
 "off" (the pass does nothing).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .manager import register_pass
 from .rewrite import dce, rewrite
 from .simplify import const_value
 
-STRATEGIES = ("auto", "addsub", "int8", "f32", "off")
+STRATEGIES = ("auto", "addsub", "vnni", "int8", "f32", "off")
 
 
 def check_strategy(strategy) -> str:
