@@ -266,8 +266,8 @@ def test_vnni_matches_reference_at_full_vector_tiles(m, k, n):
 
 
 def test_choose_strategy():
-    assert choose_strategy(1, 4096, 4096) == "addsub"
-    assert choose_strategy(2, 4096, 4096) == "int8"
+    assert choose_strategy(1, 4096, 4096) == "vnni"
+    assert choose_strategy(2, 4096, 4096) == "vnni"
     assert choose_strategy(128, 2048, 2048) == "int8"
     assert choose_strategy(None, 4096, 4096) == "int8"
     assert all(choose_strategy(m, 64, 64) in STRATEGIES for m in (None, 1, 7))

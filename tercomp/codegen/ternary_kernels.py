@@ -89,15 +89,16 @@ def strategy_flags(strategy: str) -> list[str]:
 def choose_strategy(m: int | None, k: int, n: int) -> str:
     """The fastest strategy for an [m, k] x [k, n] ternary matmul on llvm-cpu.
 
-    Measured (shared/kernels/README.md, bench/ternary_kernels.py): the fused int8
-    add/sub kernel wins only for a single row (decode, 0.2x NumPy at 1x4096x4096);
-    from M = 2 the data-tiled int8 matmul is faster (0.35 vs 0.41 ms at M = 2) and
-    stays so for prefill. A dynamic M (None) serves batches, so it gets "int8".
+    Measured with bench/ternary_kernels.py (median / min ms, interleaved runs on a shared
+    2-core machine): at 1x4096x4096 vnni 0.15-0.17 / 0.09-0.13, addsub 0.25-0.35 /
+    0.20-0.21, int8 0.38-0.46 / 0.33; at 2x4096x4096 vnni 0.33 / 0.19, int8 0.50 / 0.36;
+    at 8x4096x4096 vnni and int8 tie (0.88 vs 0.80 median); prefill 128x2048x2048 int8
+    2.1 vs vnni 4.6. A dynamic M (None) serves batches, so it gets "int8".
 
     >>> choose_strategy(1, 4096, 4096), choose_strategy(8, 4096, 4096), choose_strategy(None, 64, 64)
-    ('addsub', 'int8', 'int8')
+    ('vnni', 'int8', 'int8')
     """
-    return "addsub" if m == 1 else "int8"
+    return "vnni" if m in (1, 2) else "int8"
 
 
 def emit_ternary_matmul(x: ir.Value, packed: np.ndarray | ir.Value, k: int, n: int,
