@@ -19,6 +19,13 @@ irdl.dialect @tern {
     %2 = irdl.any
     irdl.results(r0: %2)
   }
+  irdl.operation @arange {
+    %0 = irdl.any
+    %1 = irdl.any
+    irdl.operands(x0: %0, x1: %1)
+    %2 = irdl.any
+    irdl.results(r0: %2)
+  }
   irdl.operation @argmax {
     %0 = irdl.any
     irdl.operands(x0: %0)
@@ -35,6 +42,25 @@ irdl.dialect @tern {
     irdl.attributes {"shape" = %1}
     %2 = irdl.any
     irdl.results(r0: %2)
+  }
+  irdl.operation @cache_write {
+    %0 = irdl.any
+    %1 = irdl.any
+    %2 = irdl.any
+    irdl.operands(x0: %0, x1: %1, x2: %2)
+    %3 = irdl.any
+    irdl.results(r0: %3)
+  }
+  irdl.operation @cached_attention {
+    %0 = irdl.any
+    %1 = irdl.any
+    %2 = irdl.any
+    %3 = irdl.any
+    irdl.operands(x0: %0, x1: %1, x2: %2, x3: %3)
+    %4 = irdl.any
+    irdl.attributes {"scale" = %4}
+    %5 = irdl.any
+    irdl.results(r0: %5)
   }
   irdl.operation @cast {
     %0 = irdl.any

@@ -68,6 +68,10 @@ EXAMPLES = {
     "act_quant": ([f32(3, 7)], {}),
     "ternary_matmul": ([f32(3, 8), np.array([[0x45, 0x12], [0x21, 0x00], [0x09, 0x64]], np.int8)],
                        {"k": 8, "n": 3, "scale": 0.75, "strategy": "addsub", "act_quant": True}),
+    "arange": ([ints(3, 5), np.array(3, np.int32)], {}),
+    "cache_write": ([f32(8, 2, 4), f32(3, 2, 4), np.array(2, np.int32)], {}),
+    "cached_attention": ([f32(2, 4, 4), f32(8, 2, 4), f32(8, 2, 4), np.array(3, np.int32)],
+                         {"scale": 0.5}),
 }
 
 # Ops whose examples are owned by another family's test file (still must be listed here).

@@ -2,7 +2,7 @@
 from .registry import REGISTRY, OpDef, GraphBuilder, get, register, infer_types
 from . import control, elementwise
 
-from . import shape, index, reduce, linalg, composite, ternary  # noqa: F401,E402
+from . import shape, index, reduce, linalg, composite, ternary, cache  # noqa: F401,E402
 
 from .interpret import interpret  # noqa: E402
 

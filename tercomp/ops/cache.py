@@ -1,0 +1,275 @@
+"""KV-cache ops: the pieces of attention over a cache that a language model's prefill and
+decode steps share (see tercomp/generate.py).
+
+The ops are pure: a cache is an ordinary tensor operand and `cache_write` returns the
+updated cache. The generation driver binds a step's cache inputs and outputs to mutable
+`util.global`s (tercomp/codegen/state.py), and IREE then updates the global in place.
+
+- `arange(like, start)`: `start + [0, 1, ..., n-1]` as i32, n = like.shape[0] (a
+  symbolic n is fine): the positions of a run of tokens.
+- `cache_write(cache [S, ...], rows [T, ...], start)`: the cache with rows
+  start..start+T-1 replaced by `rows` (XLA's dynamic_update_slice along axis 0).
+- `cached_attention(q [T, H, D], k [S, KV, D], v [S, KV, D], start) {scale}`: causal
+  softmax attention of the T queries at absolute positions start..start+T-1 over the
+  cache rows 0..start+T-1 (query t sees rows 0..start+t). H must be a multiple of KV
+  (grouped-query attention: query head h reads kv head h // (H / KV)). Only those
+  start+T rows are read, so a decode step costs O(position), not O(S).
+
+`start` is an i32 scalar (rank 0). Writing or reading past row S is undefined in the
+compiled code (the NumPy reference raises): callers check bounds before the call.
+None of the ops is differentiable (they serve inference).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TraceError
+from ..ir import TensorType, is_static
+from ..ir.types import is_float
+from .registry import OpDef, REQUIRED, register
+
+
+def _fmt(t: TensorType) -> str:
+    return f"[{', '.join(str(d) for d in t.shape)}] {t.dtype}"
+
+
+def _check_start(t: TensorType, opname: str):
+    if t.rank != 0 or t.dtype != "i32":
+        raise TraceError(f"{opname}: start must be an i32 scalar (rank 0), got {_fmt(t)}",
+                         hint="pass the position as np.int32 / tc.spec((), 'int32')")
+
+
+def _start_index(start):
+    """The i32 rank-0 tensor `start` as an MLIR `index` value."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import arith, tensor
+    v = tensor.ExtractOp(start, []).result
+    return arith.IndexCastOp(ir.IndexType.get(), v).result
+
+
+def _dim(x, axis: int):
+    from iree.compiler import ir
+    from iree.compiler.dialects import tensor
+    from ..codegen.builders import index_const
+    t = ir.RankedTensorType(x.type)
+    if not t.is_dynamic_dim(axis):
+        return index_const(t.get_dim_size(axis))
+    return tensor.DimOp(x, index_const(axis)).result
+
+
+def _slice_args(offsets, sizes):
+    """(dynamic offsets, dynamic sizes, dynamic strides, static ...) for tensor slice ops:
+    ints are static, MLIR values dynamic."""
+    from iree.compiler import ir
+    dyn = ir.ShapedType.get_dynamic_size()
+    static_off = [o if isinstance(o, int) else dyn for o in offsets]
+    static_size = [s if isinstance(s, int) else dyn for s in sizes]
+    return ([o for o in offsets if not isinstance(o, int)],
+            [s for s in sizes if not isinstance(s, int)], [],
+            static_off, static_size, [1] * len(offsets))
+
+
+# -- arange ------------------------------------------------------------------------------
+def _arange_infer(types, a):
+    like, start = types
+    _check_start(start, "arange")
+    if like.rank < 1:
+        raise TraceError(f"arange: the shape operand must have rank >= 1, got {_fmt(like)}")
+    return [TensorType((like.shape[0],), "i32")]
+
+
+def _arange_ref(xs, a):
+    like, start = xs
+    return [(np.int32(start) + np.arange(like.shape[0], dtype=np.int32)).astype(np.int32)]
+
+
+def _arange_lower(ctx, op, xs):
+    from iree.compiler import ir
+    from iree.compiler.dialects import arith, linalg
+    from ..codegen.builders import PARALLEL
+    i32 = ir.IntegerType.get_signless(32)
+    start = xs[1]
+    out_t = op.results[0].type
+
+    def body(s, _acc):
+        i = arith.IndexCastOp(i32, linalg.IndexOp(0).result).result
+        return arith.AddIOp(s, i).result
+    scalar_map = ir.AffineMap.get(1, 0, [])
+    return [ctx.generic([start], [scalar_map], out_t, ir.AffineMap.get_identity(1),
+                        [PARALLEL], body, init=_empty_like_dim(ctx, xs[0], out_t))]
+
+
+def _empty_like_dim(ctx, like, out_t):
+    from iree.compiler.dialects import tensor
+    from ..codegen.builders import elem_type
+    if is_static(out_t.shape[0]):
+        return tensor.EmptyOp([out_t.shape[0]], elem_type(out_t.dtype)).result
+    return tensor.EmptyOp([_dim(like, 0)], elem_type(out_t.dtype)).result
+
+
+register(OpDef("arange", "cache", _arange_infer, _arange_ref, num_operands=2,
+               lower=_arange_lower, differentiable=False, nondiff_operands=(0, 1),
+               doc="start + [0, ..., n-1] (i32) with n = like.shape[0]: token positions"))
+
+
+# -- cache_write -------------------------------------------------------------------------
+def _cache_write_infer(types, a):
+    cache, rows, start = types
+    _check_start(start, "cache_write")
+    if rows.rank != cache.rank or rows.rank < 1 or rows.dtype != cache.dtype or \
+            any(p != q for p, q in zip(rows.shape[1:], cache.shape[1:])):
+        raise TraceError(f"cache_write: rows {_fmt(rows)} do not fit the cache {_fmt(cache)}",
+                         hint="rows must have the cache's dtype and trailing dims; cast them "
+                              "with .astype(cache dtype)")
+    if not is_static(cache.shape[0]):
+        raise TraceError(f"cache_write: the cache {_fmt(cache)} needs a static length")
+    return [cache]
+
+
+def _cache_write_ref(xs, a):
+    cache, rows, start = xs
+    s, t = int(start), rows.shape[0]
+    if s < 0 or s + t > cache.shape[0]:
+        raise TraceError(f"cache_write: rows {s}..{s + t - 1} are outside the cache of "
+                         f"{cache.shape[0]} rows")
+    out = cache.copy()
+    out[s:s + t] = rows
+    return [out]
+
+
+def _cache_write_lower(ctx, op, xs):
+    from iree.compiler.dialects import tensor
+    cache, rows, start = xs
+    rank = op.operands[0].type.rank
+    offsets = [_start_index(start)] + [0] * (rank - 1)
+    sizes = [d if is_static(d) else _dim(rows, i) for i, d in enumerate(op.operands[1].type.shape)]
+    return [tensor.InsertSliceOp(rows, cache, *_slice_args(offsets, sizes)).result]
+
+
+register(OpDef("cache_write", "cache", _cache_write_infer, _cache_write_ref, num_operands=3,
+               lower=_cache_write_lower, differentiable=False, nondiff_operands=(0, 1, 2),
+               doc="the cache with rows start..start+T-1 replaced (dynamic_update_slice)"))
+
+
+# -- cached_attention --------------------------------------------------------------------
+def _attn_infer(types, a):
+    q, k, v, start = types
+    _check_start(start, "cached_attention")
+    if q.rank != 3 or k.rank != 3 or k.shape != v.shape or k.dtype != v.dtype:
+        raise TraceError(f"cached_attention: expects q [T, H, D] and k, v [S, KV, D] of one "
+                         f"type, got q {_fmt(q)}, k {_fmt(k)}, v {_fmt(v)}")
+    if not (is_float(q.dtype) and is_float(k.dtype)):
+        raise TraceError(f"cached_attention: q and the cache must be floats, got {q.dtype}, {k.dtype}")
+    h, kv = q.shape[1], k.shape[1]
+    if not (is_static(h) and is_static(kv) and h % kv == 0 and q.shape[2] == k.shape[2]):
+        raise TraceError(f"cached_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
+                         "static multiple of the kv heads KV, and the head dims D equal")
+    return [q]
+
+
+def _attn_ref(xs, a):
+    q, k, v, start = xs
+    t, h, d = q.shape
+    s0, kvh = int(start), k.shape[1]
+    n = s0 + t
+    if s0 < 0 or n > k.shape[0]:
+        raise TraceError(f"cached_attention: rows 0..{n - 1} are outside the cache of {k.shape[0]} rows")
+    g = h // kvh
+    kk = np.repeat(k[:n].astype(np.float64), g, axis=1)          # [n, H, D]
+    vv = np.repeat(v[:n].astype(np.float64), g, axis=1)
+    scores = np.einsum("thd,shd->hts", q.astype(np.float64), kk) * a["scale"]
+    allowed = np.arange(n)[None, :] <= (s0 + np.arange(t))[:, None]     # [t, n]
+    scores = np.where(allowed[None], scores, -np.inf)
+    scores -= scores.max(-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(-1, keepdims=True)
+    return [np.einsum("hts,shd->thd", p, vv).astype(q.dtype)]
+
+
+def _attn_lower(ctx, op, xs):
+    from iree.compiler import ir
+    from iree.compiler.dialects import arith, linalg, math, tensor
+    from ..codegen.builders import PARALLEL, REDUCTION, elem_type, scalar_const
+    q, k, v, start = xs
+    qt, kt = op.operands[0].type, op.operands[1].type
+    heads, kvh, hd = int(qt.shape[1]), int(kt.shape[1]), int(qt.shape[2])
+    group = heads // kvh
+    f32 = ir.F32Type.get()
+    kel = elem_type(kt.dtype)
+    t = qt.shape[0] if is_static(qt.shape[0]) else _dim(q, 0)
+    p = _start_index(start)
+    n = arith.AddIOp(p, _index(t) if isinstance(t, int) else t).result
+    # read only the rows 0..start+T-1 of the cache
+    rows = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size(), kvh, hd], kel)
+    kk = tensor.ExtractSliceOp(rows, k, *_slice_args([0, 0, 0], [n, kvh, hd])).result
+    vv = tensor.ExtractSliceOp(rows, v, *_slice_args([0, 0, 0], [n, kvh, hd])).result
+
+    def amap(text):
+        return ir.AffineMap.parse(text) if hasattr(ir.AffineMap, "parse") else \
+            ir.Attribute.parse(f"affine_map<{text}>").value
+
+    def empty(sizes):
+        return tensor.EmptyOp(list(sizes), f32).result
+
+    def filled(sizes, value):
+        return linalg.fill(scalar_const(value, "f32"), outs=[empty(sizes)])
+
+    def generic(ins, maps, init, iters, body):
+        out_t = ir.RankedTensorType(init.type)
+        gop = linalg.GenericOp([out_t], list(ins), [init],
+                               ir.ArrayAttr.get([ir.AffineMapAttr.get(amap(m)) for m in maps]),
+                               ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{i}>")
+                                                 for i in iters]))
+        types = [ir.RankedTensorType(x.type).element_type for x in ins] + [out_t.element_type]
+        block = gop.regions[0].blocks.append(*types)
+        with ir.InsertionPoint(block):
+            linalg.YieldOp([body(*block.arguments)])
+        return gop.result
+
+    def widen(x):
+        return x if kel == f32 else arith.ExtFOp(f32, x).result
+
+    scale = scalar_const(float(op.attrs["scale"]), "f32")
+    hts = [heads, t, n]
+    # scores[h, t, s] = scale * sum_d q[t, h, d] k[s, h // group, d], masked to s <= start + t
+    dot = generic([q, kk], [f"(h, t, s, d) -> (t, h, d)", f"(h, t, s, d) -> (s, h floordiv {group}, d)",
+                            "(h, t, s, d) -> (h, t, s)"],
+                  filled(hts, 0.0), [PARALLEL] * 3 + [REDUCTION],
+                  lambda x, y, acc: arith.AddFOp(acc, arith.MulFOp(x, widen(y)).result).result)
+    neg_inf = scalar_const(float("-inf"), "f32")
+
+    def mask(x, _acc):
+        ti = linalg.IndexOp(1).result
+        si = linalg.IndexOp(2).result
+        ok = arith.CmpIOp(arith.CmpIPredicate.ule, si, arith.AddIOp(p, ti).result).result
+        return arith.SelectOp(ok, arith.MulFOp(x, scale).result, neg_inf).result
+    ident3 = "(h, t, s) -> (h, t, s)"
+    scores = generic([dot], [ident3, ident3], empty(hts), [PARALLEL] * 3, mask)
+    ht = [heads, t]
+    row = "(h, t, s) -> (h, t)"
+    mx = generic([scores], [ident3, row], filled(ht, float("-inf")), [PARALLEL, PARALLEL, REDUCTION],
+                 lambda x, acc: arith.MaximumFOp(acc, x).result)
+    ex = generic([scores, mx], [ident3, row, ident3], empty(hts), [PARALLEL] * 3,
+                 lambda x, m, _acc: math.ExpOp(arith.SubFOp(x, m).result).result)
+    den = generic([ex], [ident3, row], filled(ht, 0.0), [PARALLEL, PARALLEL, REDUCTION],
+                  lambda x, acc: arith.AddFOp(acc, x).result)
+    thd = [t, heads, hd]
+    # out[t, h, d] = sum_s ex[h, t, s] v[s, h // group, d] / den[h, t]
+    acc = generic([ex, vv], ["(t, h, d, s) -> (h, t, s)", f"(t, h, d, s) -> (s, h floordiv {group}, d)",
+                             "(t, h, d, s) -> (t, h, d)"],
+                  filled(thd, 0.0), [PARALLEL] * 3 + [REDUCTION],
+                  lambda e, y, acc: arith.AddFOp(acc, arith.MulFOp(e, widen(y)).result).result)
+    out = generic([acc, den], ["(t, h, d) -> (t, h, d)", "(t, h, d) -> (h, t)", "(t, h, d) -> (t, h, d)"],
+                  empty(thd), [PARALLEL] * 3, lambda x, s, _acc: arith.DivFOp(x, s).result)
+    return [out]
+
+
+def _index(v: int):
+    from ..codegen.builders import index_const
+    return index_const(v)
+
+
+register(OpDef("cached_attention", "cache", _attn_infer, _attn_ref, num_operands=4,
+               attrs={"scale": REQUIRED}, lower=_attn_lower, differentiable=False,
+               nondiff_operands=(0, 1, 2, 3),
+               doc="causal attention of q at positions start.. over cache rows 0..start+T-1"))
