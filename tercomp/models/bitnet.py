@@ -1,0 +1,193 @@
+"""BitNetLM: the BitNet b1.58 decoder, as llama.cpp's `bitnet` architecture computes it.
+
+Per layer (every projection an `nn.BitLinear`: ternary weights, int8 per-token
+activations)::
+
+    h = x + o_proj(attn_sub_norm(attention(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))))
+            with n = input_layernorm(x)
+    y = h + down_proj(ffn_sub_norm(act(gate_proj(m)) * up_proj(m)))
+            with m = post_attention_layernorm(h),  act = silu | relu2 (relu(.)**2)
+
+then the final `norm` and the output layer: the token embedding itself (tied, as
+llama.cpp's `bitnet` graph always does) or a separate float `lm_head` (`nn.Linear`).
+Attention is causal, scaled by 1/sqrt(head_dim), with grouped K/V heads: query head h
+reads K/V head h // (num_attention_heads // num_key_value_heads).
+
+Module tree (stable names; parameters are named after it)::
+
+    lm.embed_tokens            nn.Embedding [vocab, hidden]
+    lm.layers[i].input_layernorm, .post_attention_layernorm     nn.RMSNorm
+    lm.layers[i].attn          .q_proj .k_proj .v_proj .o_proj (BitLinear), .attn_sub_norm
+    lm.layers[i].mlp (= .ffn)  .gate_proj .up_proj .down_proj (BitLinear), .ffn_sub_norm
+    lm.norm                    nn.RMSNorm
+    lm.lm_head                 nn.Linear [vocab, hidden], or None when tied
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import nn
+from ..errors import TercompError
+from ..trace import api as _t
+from .config import BitNetConfig
+
+
+def rope_tables(config: BitNetConfig, positions) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin of the rotation angles pos * theta**(-2i/head_dim), i < head_dim/2, as
+    float32 arrays of shape [len(positions), head_dim // 2] (computed in float64)."""
+    d = config.head_dim
+    pos = np.asarray(positions, dtype=np.float64).reshape(-1, 1)
+    inv_freq = float(config.rope_theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = pos * inv_freq[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def apply_rope(x, cos, sin, style: str):
+    """Rotate x [B, T, heads, D] by the tables cos/sin [T, D/2] ("neox": the pairs are
+    (i, i + D/2); "interleaved": (2i, 2i + 1))."""
+    d = x.shape[-1]
+    c, s = cos[:, None, :], sin[:, None, :]        # [T, 1, D/2], broadcast over B and heads
+    if style == "neox":
+        x1, x2 = x[:, :, :, : d // 2], x[:, :, :, d // 2:]
+        return _t.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    b, t, h = x.shape[0], x.shape[1], x.shape[2]
+    xp = x.reshape(-1, t, h, d // 2, 2)
+    x1, x2 = xp[:, :, :, :, 0], xp[:, :, :, :, 1]
+    out = _t.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    return out.reshape(-1, t, h, d)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: BitNetConfig):
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = (c.num_attention_heads,
+                                                            c.num_key_value_heads, c.head_dim)
+        self.rope_style = c.rope_style
+        self.q_proj = nn.BitLinear(c.hidden_size, c.hidden_size)
+        self.k_proj = nn.BitLinear(c.hidden_size, c.kv_dim)
+        self.v_proj = nn.BitLinear(c.hidden_size, c.kv_dim)
+        self.attn_sub_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.o_proj = nn.BitLinear(c.hidden_size, c.hidden_size)
+
+    def forward(self, x, cos, sin):
+        """x [B, T, hidden] (normed), cos/sin [T, head_dim/2] -> [B, T, hidden]."""
+        t = x.shape[1]
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        g = h // kv
+        q = apply_rope(self.q_proj(x).reshape(-1, t, h, d), cos, sin, self.rope_style)
+        k = apply_rope(self.k_proj(x).reshape(-1, t, kv, d), cos, sin, self.rope_style)
+        v = self.v_proj(x).reshape(-1, t, kv, d)
+        # GQA without copies: the g query heads of a K/V head are stacked along the rows
+        q = q.reshape(-1, t, kv, g, d).transpose((0, 2, 3, 1, 4)).reshape(-1, kv, g * t, d)
+        k = k.transpose((0, 2, 3, 1))                                     # [B, KV, D, T]
+        v = v.transpose((0, 2, 1, 3))                                     # [B, KV, T, D]
+        scores = (q @ k) * np.float32(1.0 / np.sqrt(d))                   # [B, KV, g*T, T]
+        causal = np.tile(np.tril(np.ones((t, t), dtype=bool)), (g, 1))
+        scores = _t.where(causal, scores, np.float32(-1e30))
+        out = _t.softmax(scores, axis=-1) @ v                             # [B, KV, g*T, D]
+        out = out.reshape(-1, kv, g, t, d).transpose((0, 3, 1, 2, 4)).reshape(-1, t, h * d)
+        return self.o_proj(self.attn_sub_norm(out))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: BitNetConfig):
+        c = config
+        self.hidden_act = c.hidden_act
+        self.gate_proj = nn.BitLinear(c.hidden_size, c.intermediate_size)
+        self.up_proj = nn.BitLinear(c.hidden_size, c.intermediate_size)
+        self.ffn_sub_norm = nn.RMSNorm(c.intermediate_size, eps=c.rms_norm_eps)
+        self.down_proj = nn.BitLinear(c.intermediate_size, c.hidden_size)
+
+    def forward(self, x):
+        gate = self.gate_proj(x)
+        if self.hidden_act == "silu":
+            gate = _t.silu(gate)
+        else:  # relu2
+            gate = _t.relu(gate)
+            gate = gate * gate
+        return self.down_proj(self.ffn_sub_norm(gate * self.up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: BitNetConfig):
+        eps = config.rms_norm_eps
+        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=eps)
+        self.attn = Attention(config)
+        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=eps)
+        self.mlp = FeedForward(config)
+
+    @property
+    def ffn(self) -> FeedForward:
+        """The feed-forward block (llama.cpp's name for `mlp`)."""
+        return self.mlp
+
+    def forward(self, x, cos, sin):
+        h = x + self.attn(self.input_layernorm(x), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class BitNetLM(nn.Module):
+    """A BitNet b1.58 causal language model; see the module docstring for the graph.
+
+    `forward(ids)` maps int32 token ids [B, T] to float32 logits [B, T, vocab_size]
+    (T static when traced; B may be symbolic). `tokenizer` is a `tokenizers.Tokenizer`
+    (or None) set by `models.load`.
+
+    >>> from tercomp import models
+    >>> cfg = models.BitNetConfig(vocab_size=300, hidden_size=256, intermediate_size=512,
+    ...                           num_hidden_layers=2, num_attention_heads=4,
+    ...                           num_key_value_heads=2)
+    >>> lm = models.BitNetLM(cfg)
+    >>> exe = tc.compile(lm, tc.spec(("B", 16), "int32"))
+    >>> exe(np.zeros((1, 16), np.int32)).shape
+    (1, 16, 300)
+    """
+
+    def __init__(self, config: BitNetConfig):
+        if not isinstance(config, BitNetConfig):
+            raise TercompError(f"BitNetLM expects a models.BitNetConfig, got "
+                               f"{type(config).__name__}")
+        config.validate()
+        self.config = config
+        c = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        # std 1/sqrt(hidden): tied logits (unit-RMS hidden states . embedding) start O(1)
+        self.embed_tokens.weight *= np.float32(1.0 / np.sqrt(c.hidden_size))
+        self.layers = [DecoderLayer(c) for _ in range(c.num_hidden_layers)]
+        self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
+        self.lm_head = None if c.tie_word_embeddings else \
+            nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.tokenizer = None
+
+    def rope_tables(self, positions):
+        """(cos, sin) float32 [len(positions), head_dim/2] for these absolute positions."""
+        return rope_tables(self.config, positions)
+
+    def hidden_states(self, ids, cos=None, sin=None):
+        """The final-normed hidden states [B, T, hidden] (before the output layer)."""
+        shape = tuple(getattr(ids, "shape", np.shape(ids)))
+        if len(shape) != 2:
+            raise TercompError(f"BitNetLM expects token ids of shape [B, T], got {shape}")
+        t = shape[1]
+        if not isinstance(t, (int, np.integer)):
+            raise TercompError(f"BitNetLM.forward needs a static sequence length, got {t!r}",
+                               hint="trace with tc.spec((\"B\", T), \"int32\") and a fixed T, "
+                                    "or use tc.compile_lm for generation")
+        if t > self.config.max_position_embeddings:
+            raise TercompError(f"sequence length {t} exceeds max_position_embeddings "
+                               f"{self.config.max_position_embeddings}")
+        if cos is None:
+            cos, sin = self.rope_tables(np.arange(t))
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+    def logits(self, h):
+        """The output layer on hidden states [..., hidden] -> [..., vocab]."""
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        return _t.matmul(h, self.embed_tokens.weight, transpose_b=True)
+
+    def forward(self, ids):
+        return self.logits(self.hidden_states(ids))
