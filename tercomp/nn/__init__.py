@@ -1,6 +1,6 @@
 """Neural-network modules."""
 from .module import Module
 from .layers import Linear, LayerNorm, RMSNorm, Embedding, manual_seed
-from .bitlinear import BitLinear
+from .bitlinear import BitLinear, StoredBitLinear
 
-__all__ = ["Module", "Linear", "LayerNorm", "RMSNorm", "Embedding", "manual_seed", "BitLinear"]
+__all__ = ["Module", "Linear", "LayerNorm", "RMSNorm", "Embedding", "manual_seed", "BitLinear", "StoredBitLinear"]

@@ -13,12 +13,16 @@ Exact semantics (the NumPy references are tercomp.ops.ternary_pack):
 Training sees the quantized values in the forward pass and straight-through gradients
 (identity through both quantizers). For inference the `ternary` pass freezes the
 weights, packs W_t 4 per byte and emits add/sub kernels (`tc.compile(..., ternary=)`).
+
+`BitLinear.from_ternary(T, scale)` builds a layer from *stored* ternary weights (a loaded
+checkpoint): it keeps the 2-bit codes and the scale (no f32 copy) and is frozen.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import TercompError
+from ..ops import ternary_pack as tp
 from ..trace import api as _t
 from ..trace.tracer import Tracer, apply, current_trace
 from .layers import _uniform
@@ -55,5 +59,74 @@ class BitLinear(Module):
         if self.act_quant:
             x = apply("act_quant", x)
         w = apply("ternarize", _traced(self.weight))
+        y = _t.matmul(x, w, transpose_b=True)
+        return y + self.bias if self.bias is not None else y
+
+    def ternary(self) -> tuple[np.ndarray, np.float32]:
+        """(T int8 [out, in], scale float32): the weights as the compiled model uses them
+        (absmean of the current float weights)."""
+        return tp.absmean_ternarize(np.asarray(self.weight))
+
+    @classmethod
+    def from_ternary(cls, t, scale, bias=None, act_quant: bool = True) -> "BitLinear":
+        """A BitLinear with stored ternary weights: ``W = scale * T``, T [out, in] integers
+        in {-1, 0, +1}, scale > 0 kept as given (not re-estimated by absmean, which would
+        give scale * density).
+
+        The layer holds T packed 2 bits per weight plus the float32 scale (1/16 of a
+        float32 copy); `layer.weight` materializes ``scale * T`` on each access and
+        `layer.ternary()` gives (T, scale) back exactly. It is **frozen**: the weights are
+        not a parameter (only a bias is), so `tc.grad` and `tc.compile_train_step` leave
+        them alone; to fine-tune, build an ordinary BitLinear and load ``layer.weight``
+        into it. The `ternary` pass packs them with their own scale, losslessly.
+
+        >>> layer = nn.BitLinear.from_ternary(np.array([[1, 0, -1]]), 0.25)
+        >>> layer.ternary()[0].tolist(), float(layer.ternary()[1])
+        ([[1, 0, -1]], 0.25)
+        """
+        return StoredBitLinear(t, scale, bias=bias, act_quant=act_quant)
+
+
+class StoredBitLinear(BitLinear):
+    """A frozen BitLinear over stored ternary weights; see `BitLinear.from_ternary`."""
+
+    def __init__(self, t, scale, bias=None, act_quant: bool = True):
+        t = np.asarray(t)
+        if t.ndim != 2 or t.size == 0:
+            raise TercompError(f"BitLinear.from_ternary expects a 2-D matrix [out, in], got "
+                               f"shape {t.shape}")
+        s = np.float32(scale)
+        if np.ndim(scale) != 0 or not (np.isfinite(s) and s > 0):
+            raise TercompError(f"BitLinear.from_ternary: the scale must be one finite positive "
+                               f"number, got {scale!r}")
+        self.out_features, self.in_features = (int(d) for d in t.shape)
+        self.act_quant = bool(act_quant)
+        self._packed = tp.pack_ternary(t)        # checks the values are in {-1, 0, 1}
+        self._scale = s
+        if bias is not None:
+            bias = np.asarray(bias, dtype=np.float32)
+            if bias.shape != (self.out_features,):
+                raise TercompError(f"BitLinear.from_ternary: bias of shape {bias.shape}, "
+                                   f"expected ({self.out_features},)")
+        self.bias = bias
+
+    @property
+    def weight(self) -> np.ndarray:
+        """``scale * T`` as float32 (materialized on each access)."""
+        t, s = self.ternary()
+        return t.astype(np.float32) * s
+
+    def ternary(self) -> tuple[np.ndarray, np.float32]:
+        return tp.unpack_ternary(self._packed, self.in_features), self._scale
+
+    def forward(self, x):
+        shape = tuple(getattr(x, "shape", np.shape(x)))
+        if len(shape) < 1 or shape[-1] != self.in_features:
+            raise TercompError(f"BitLinear({self.in_features}, {self.out_features}) got an input "
+                               f"of shape {shape}; its last dim must be {self.in_features}")
+        if self.act_quant:
+            x = apply("act_quant", x)
+        # fixed-scale ternarize: the values are already ternary, the scale is the stored one
+        w = apply("ternarize", _traced(self.weight), scale=float(self._scale))
         y = _t.matmul(x, w, transpose_b=True)
         return y + self.bias if self.bias is not None else y

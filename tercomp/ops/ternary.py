@@ -1,8 +1,9 @@
 """Ternary (BitNet b1.58) ops: round, ternarize, act_quant and ternary_matmul.
 
 * ``round(x)``: round half to even (np.rint), no gradient.
-* ``ternarize(w)``: absmean ternary fake-quantization, ``clip(rint(w/s), -1, 1) * s`` with
-  ``s = max(mean|w|, 1e-5)`` over the whole tensor; straight-through gradient.
+* ``ternarize(w) {scale?}``: absmean ternary fake-quantization, ``clip(rint(w/s), -1, 1) * s``
+  with ``s = max(mean|w|, 1e-5)`` over the whole tensor, or ``s = scale`` when the attribute
+  is given (a stored ternary weight keeps its own scale); straight-through gradient.
 * ``act_quant(x)``: per-row (last axis) absmax int8 fake-quantization, ``xq / s``;
   straight-through gradient.
 * ``ternary_matmul(x, packed)``: ``y[M, N] = scale * x @ T^T`` with T ternary, packed
@@ -56,16 +57,19 @@ register(OpDef("round", "elementwise", _float_same("round"),
 def _ternarize_reference(xs, a):
     w = xs[0]
     w2 = w.reshape(-1, w.shape[-1]) if w.ndim >= 2 else w.reshape(1, -1)
-    t, s = tp.absmean_ternarize(w2)
+    fixed = a.get("scale")
+    t, s = tp.absmean_ternarize(w2) if fixed is None else tp.ternarize_with_scale(w2, fixed)
     return [(t.astype(np.float64) * np.float64(s)).astype(w.dtype).reshape(w.shape)]
 
 
 def _ternarize_decompose(b, operands, attrs):
     (w,) = operands
     dt = w.dtype
-    axes = list(range(w.type.rank))
-    m = b.mean(b.abs(w), axes=axes, keepdims=True)
-    s = b.maximum(m, b.scalar(TERNARY_EPS, dt))
+    if attrs.get("scale") is not None:
+        s = b.scalar(float(attrs["scale"]), dt)
+    else:
+        m = b.mean(b.abs(w), axes=list(range(w.type.rank)), keepdims=True)
+        s = b.maximum(m, b.scalar(TERNARY_EPS, dt))
     r = b.div(w, s)
     one, zero = b.scalar(1.0, dt), b.scalar(0.0, dt)
     # clip(rint(r), -1, 1): rint(+-0.5) = 0, so strict comparisons are exact
@@ -75,8 +79,9 @@ def _ternarize_decompose(b, operands, attrs):
 
 
 register(OpDef("ternarize", "ternary", _float_same("ternarize"), _ternarize_reference,
-               decompose=_ternarize_decompose, vjp=_straight_through,
-               doc="absmean ternary fake-quantization (straight-through gradient)"))
+               attrs={"scale": None}, decompose=_ternarize_decompose, vjp=_straight_through,
+               doc="absmean (or fixed-scale) ternary fake-quantization (straight-through "
+                   "gradient)"))
 
 
 # -- act_quant ----------------------------------------------------------------------------

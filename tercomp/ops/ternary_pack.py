@@ -129,6 +129,28 @@ def absmean_ternarize(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
     return t, scale
 
 
+def ternarize_with_scale(w: np.ndarray, scale) -> tuple[np.ndarray, np.float32]:
+    """Quantize W[N, K] to ternary with a *given* scale: ``T = clip(rint(W / scale), -1, 1)``.
+
+    This is how a stored ternary weight keeps its own scale (`nn.BitLinear.from_ternary`,
+    weights loaded from GGUF): for ``W = scale * T`` it returns T exactly, where absmean
+    would give ``scale * density`` instead of ``scale``.
+
+    >>> t, s = ternarize_with_scale(np.float32(0.5) * np.array([[1, 0, -1]], np.float32), 0.5)
+    >>> t.tolist(), float(s)
+    ([[1, 0, -1]], 0.5)
+    """
+    w = np.asarray(w)
+    if w.ndim != 2 or not np.issubdtype(w.dtype, np.floating) or w.size == 0:
+        raise TercompError(f"ternarize_with_scale expects a non-empty 2-D float matrix, got "
+                           f"shape {w.shape} dtype {w.dtype}")
+    s = np.float32(scale)
+    if not (np.isfinite(s) and s > 0):
+        raise TercompError(f"a ternary weight scale must be finite and positive, got {scale!r}")
+    t = np.clip(np.rint(w.astype(np.float64) / np.float64(s)), -1, 1).astype(np.int8)
+    return t, s
+
+
 def act_quant(x: np.ndarray, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
     """Per-row absmax int8 quantization of activations (BitNet b1.58).
 

@@ -3,7 +3,8 @@
     matmul(x, ternarize(constant W), transpose_b=True)            (optionally x = act_quant(x'))
  -> reshape(ternary_matmul(reshape(x, [-1, K]), constant packed_i8), [..., N])
 
-W [N, K] is ternarized (absmean) and packed 2-bit planar at compile time, so no f32 copy
+W [N, K] is ternarized (absmean, or the ternarize op's `scale` for a stored ternary
+weight) and packed 2-bit planar at compile time, so no f32 copy
 of the weights remains. `strategy` is "auto" | "addsub" | "vnni" | "int8" | "f32" (the kernel) or
 "off" (the pass does nothing).
 """
@@ -50,7 +51,10 @@ def _pattern(strategy):
         n, k = w.shape
         if x.type.shape[-1] != k:
             return None
-        t, scale = tp.absmean_ternarize(w)
+        # a stored ternary weight (nn.BitLinear.from_ternary) carries its own scale: absmean
+        # of scale * T would give scale * density, and T must come back exactly
+        fixed = tern.attrs.get("scale")
+        t, scale = tp.absmean_ternarize(w) if fixed is None else tp.ternarize_with_scale(w, fixed)
         packed = b.constant(tp.pack_ternary(t).view(np.int8), name="packed")
         lead = list(x.type.shape[:-1])
         x2 = x if x.type.rank == 2 else b.reshape(x, shape=[-1, k])
