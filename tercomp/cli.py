@@ -30,7 +30,13 @@ import time
 
 import numpy as np
 
+from . import dimexpr
 from .errors import TercompError
+
+try:    # the strategy table needs iree-base-compiler; without it, compiling is refused anyway
+    from .codegen.ternary_strategies import CHOICES as _TERNARY_CHOICES
+except ImportError:
+    _TERNARY_CHOICES = None
 
 _DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32",
            "i16": "int16", "i8": "int8", "i1": "bool"}
@@ -308,9 +314,8 @@ def _random_inputs(sig, dims: dict, rng) -> list:
                 shape.append(dims[d])
             else:
                 try:        # a dim computed from symbols, such as 2*B
-                    import sympy
-                    shape.append(int(sympy.sympify(d).subs(dims)))
-                except (TypeError, ValueError, ImportError, sympy.SympifyError):
+                    shape.append(dimexpr.evaluate(dimexpr.parse(d), dims))
+                except (KeyError, TercompError):
                     raise UsageError(f"input {t.name} has symbolic dim {d}: bind it with --dim") from None
         dtype = np.dtype(_DTYPES[t.dtype])
         if dtype.kind == "f":
@@ -376,8 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dump", metavar="DIR", help="write every compile stage to DIR")
     c.add_argument("--flag", action="append", default=[], metavar="FLAG", help="extra IREE compiler flag")
     c.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
-    c.add_argument("--ternary", default="auto", choices=["auto", "addsub", "vnni", "int8", "f32", "off"],
-                   help="ternary matmul kernels for BitLinear layers (default auto)")
+    c.add_argument("--ternary", default="auto", choices=_TERNARY_CHOICES,
+                   help="ternary matmul kernels for BitLinear layers (default auto: per target "
+                        "and shape; see tercomp.codegen.ternary_strategies)")
     c.add_argument("--weights", default="auto", choices=["auto", "inline", "irpa"],
                    help="weights inline in the module or as .irpa parameters (default auto)")
     c.set_defaults(run=cmd_compile)

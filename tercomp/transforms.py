@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 
 import numpy as np
 
@@ -211,7 +212,7 @@ class custom_vjp(_Transform):
         from .trace.tracer import apply
         results = apply("custom_vjp", *out_leaves, *arg_leaves, *res_leaves, rule=self.rule,
                         n_outputs=len(out_leaves), n_inputs=len(arg_leaves),
-                        res_tree=repr(pytree.jsonable(pytree.flatten(res)[2])))
+                        res_tree=json.dumps(pytree.jsonable(pytree.flatten(res)[2])))
         results = results if isinstance(results, tuple) else (results,)
         return pytree.unflatten(out_tree, list(results))
 
@@ -228,8 +229,10 @@ def run_custom_bwd(b, op, cts):
     tr = Trace(b.graph)
     tr.builder = b
     with tr:
-        import ast
-        res_tree = ast.literal_eval(op.attrs["res_tree"])
+        try:
+            res_tree = json.loads(op.attrs["res_tree"])
+        except (ValueError, RecursionError):
+            raise TercompError(f"custom_vjp {rule.rule}: malformed res_tree attribute", loc=op.loc) from None
         res_vals = pytree.unflatten(res_tree, [Tracer(v, tr) for v in res])
         g = [Tracer(c, tr) for c in cts]
         grads = rule.bwd(res_vals, g[0] if len(g) == 1 else tuple(g))

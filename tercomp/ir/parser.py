@@ -7,6 +7,7 @@ same sympy expressions they were traced with.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, Optional
 
@@ -14,7 +15,11 @@ import numpy as np
 
 from ..errors import ParseError
 from .graph import Graph, SourceLoc, UNKNOWN_LOC
-from .types import DTYPES, TensorType, as_dim, is_static, numpy_dtype
+from .literals import LiteralError, read_dense, unescape
+from .types import DTYPES, MAX_DIM, TensorType, as_dim, is_static, numpy_dtype
+
+# Limits that keep hostile text from exhausting the stack or the memory.
+MAX_ATTR_DEPTH = 32        # nesting of [...] in attributes
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+|//[^\n]*)
@@ -115,8 +120,11 @@ class _Parser:
         for p in parts[:-1]:
             if p == "?":
                 dims.append(None)
-            elif p.isdigit():
+            elif p.isdigit() and len(p) <= 13 and int(p) <= MAX_DIM:
                 dims.append(int(p))
+            elif p.isdigit():
+                raise ParseError(f"dimension {p[:20]} in {t.text[:60]} is larger than {MAX_DIM}",
+                                 loc=SourceLoc(self.filename, t.line, t.col))
             else:
                 raise ParseError(f"bad dimension {p!r} in {t.text}", loc=SourceLoc(self.filename, t.line, t.col))
         return dims, _MLIR_TO_DTYPE[elem]
@@ -131,14 +139,17 @@ class _Parser:
                 return out
             self.expect(",")
 
-    def parse_attr(self):
+    def parse_attr(self, depth=0):
         t = self.tok
         if t.text in ("true", "false"):
             self.i += 1
             return t.text == "true"
         if t.kind == "string":
             self.i += 1
-            return bytes(t.text[1:-1], "utf-8").decode("unicode_escape")
+            try:
+                return unescape(t.text[1:-1])
+            except LiteralError as e:
+                raise self.error(str(e), t) from None
         if t.kind == "number":
             self.i += 1
             num = t.text
@@ -152,12 +163,14 @@ class _Parser:
                 return float(num)
             return int(num, 16) if num.lower().lstrip("-").startswith("0x") else int(num)
         if t.text == "[":
+            if depth >= MAX_ATTR_DEPTH:
+                raise self.error(f"attribute lists nested deeper than {MAX_ATTR_DEPTH}")
             self.i += 1
             items = []
             if self.accept("]"):
                 return items
             while True:
-                items.append(self.parse_attr())
+                items.append(self.parse_attr(depth + 1))
                 if self.accept("]"):
                     return items
                 self.expect(",")
@@ -222,7 +235,11 @@ class _Parser:
                 if names is not None:
                     if len(names) != len(dims):
                         raise self.error("tern.dims has a different rank than the type", ttok)
-                    dims = [as_dim(n) for n in names]
+                    try:
+                        dims = [as_dim(n) if isinstance(n, (str, int)) and not isinstance(n, bool)
+                                else _bad_dim(n) for n in names]
+                    except (ParseError, ValueError) as e:
+                        raise self.error(f"bad tern.dims: {getattr(e, 'message', e)}", ttok) from None
                 elif any(d is None for d in dims):
                     dims = [d if d is not None else f"{vt.text[1:]}_d{k}" for k, d in enumerate(dims)]
                 name = vt.text[1:]
@@ -364,7 +381,7 @@ class ElidedConstant:
 
     def __init__(self, shape, dtype):
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.size = int(np.prod(self.shape))
+        self.size = math.prod(self.shape)
 
 
 class _DenseLiteral:
@@ -373,28 +390,20 @@ class _DenseLiteral:
 
     def to_numpy(self, p: _Parser):
         text = self.tok.text
-        if text.startswith("dense_resource"):
-            if any(d is None for d in self.dims):
-                raise p.error("a constant must have a static shape", self.ttok)
-            return ElidedConstant(tuple(self.dims), numpy_dtype(self.dtype))
-        body = text[len("dense<"):-1]
         if any(d is None for d in self.dims):
             raise p.error("a constant must have a static shape", self.ttok)
         shape = tuple(self.dims)
-        npdt = numpy_dtype(self.dtype)
+        if text.startswith("dense_resource"):
+            return ElidedConstant(shape, numpy_dtype(self.dtype))
         try:
-            if body.startswith('"0x'):
-                raw = bytes.fromhex(body[3:-1])
-                arr = np.frombuffer(raw, dtype=npdt.newbyteorder("<")).astype(npdt)
-                if arr.size == 1:
-                    return np.full(shape, arr[0], dtype=npdt)
-                return arr.reshape(shape)
-            lit = body.replace("true", "True").replace("false", "False")
-            arr = np.array(eval(lit, {"__builtins__": {}}, {"inf": np.inf, "nan": np.nan}), dtype=npdt)
-            return np.broadcast_to(arr, shape).copy() if arr.ndim == 0 else arr.reshape(shape)
-        except Exception as e:
+            return read_dense(text[len("dense<"):-1], shape, numpy_dtype(self.dtype))
+        except LiteralError as e:
             raise ParseError(f"malformed dense literal: {e}", loc=SourceLoc(p.filename, self.tok.line, self.tok.col),
                              hint=f"at line {self.tok.line}, column {self.tok.col}") from None
+
+
+def _bad_dim(n):
+    raise ValueError(f"{n!r} is not a dimension")
 
 
 def parse(text: str, filename: str = "<string>") -> Graph:
@@ -404,6 +413,8 @@ def parse(text: str, filename: str = "<string>") -> Graph:
         return p.parse()
     except ParseError:
         raise
-    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, ArithmeticError) as e:
         # a malformed token the grammar let through (a number out of range, ...)
         raise p.error(f"malformed input: {e}") from None
+    except (RecursionError, MemoryError) as e:
+        raise p.error(f"input too large or nested too deeply ({type(e).__name__})") from None

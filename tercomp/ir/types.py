@@ -6,13 +6,20 @@ reshape or concatenate) stay sympy expressions.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Tuple, Union
 
 import numpy as np
 import sympy
 
+from .. import dimexpr
+
 Dim = Union[int, sympy.Expr]
+
+# Sizes past these overflow IREE's 64-bit byte offsets (a 2**62 dim crashed the compiler).
+MAX_DIM = 1 << 40
+MAX_ELEMENTS = 1 << 48
 
 # dtype name -> (numpy dtype, MLIR element type)
 DTYPES = {
@@ -55,9 +62,12 @@ def is_int(name: str) -> bool:
 
 
 def as_dim(d) -> Dim:
-    """An int stays an int; a string becomes a Symbol; a sympy integer becomes an int."""
+    """An int stays an int; a name becomes a Symbol; other text ("2*B + 1") is read by the
+    dim grammar of `tercomp.dimexpr` (never eval'd); a sympy integer becomes an int."""
     if isinstance(d, str):
-        return sympy.Symbol(d, integer=True, positive=True)
+        if d.isidentifier():
+            return sympy.Symbol(d, integer=True, positive=True)
+        return as_dim(dimexpr.fold(dimexpr.parse(d), as_dim, sympy.Integer, sympy.floor, sympy.ceiling))
     if isinstance(d, (int, np.integer)):
         return int(d)
     if isinstance(d, sympy.Expr):
@@ -78,6 +88,12 @@ class TensorType:
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(as_dim(d) for d in self.shape))
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
+        for k, d in enumerate(self.shape):
+            if is_static(d) and not 0 <= d <= MAX_DIM:
+                raise ValueError(f"dim {k} of shape ({', '.join(map(str, self.shape))}) is {d}: a dim "
+                                 f"must be from 0 to 2**40 (a symbolic size is a name, e.g. \"B\")")
+        if math.prod(d for d in self.shape if is_static(d)) > MAX_ELEMENTS:
+            raise ValueError(f"shape ({', '.join(map(str, self.shape))}) has more than 2**48 elements")
 
     @property
     def rank(self) -> int:

@@ -62,7 +62,7 @@ register(OpDef(
     lambda ts, a: list(ts[:a["n_outputs"]]),
     lambda xs, a: list(xs[:a["n_outputs"]]),
     num_operands=None, num_results=None,
-    attrs={"rule": REQUIRED, "n_outputs": REQUIRED, "n_inputs": REQUIRED, "res_tree": "None"},
+    attrs={"rule": REQUIRED, "n_outputs": REQUIRED, "n_inputs": REQUIRED, "res_tree": "null"},
     lower=lambda ctx, op, xs: list(xs[:op.attrs["n_outputs"]]),
     vjp=_custom_vjp_vjp,
     doc="identity on its first n_outputs operands (the forward's results); its VJP calls the "

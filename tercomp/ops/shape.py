@@ -17,7 +17,7 @@ from ..ir import TensorType, as_dim, is_static
 from ..ir.types import is_float
 from .registry import OpDef, REQUIRED, register
 from .shape_util import (_norm_axis, _slice_parts, _unbound, attr_to_dim, concrete_dim, dim_to_attr,
-                         fmt_shape, norm_axes, prod, reshape_value, same_dim)
+                         fmt_shape, norm_axes, prod, reshape_value, same_dim, sym)
 
 
 # -- reshape --------------------------------------------------------------------------
@@ -34,7 +34,7 @@ def _reshape_infer(types, a):
     if -1 in dims:
         if known == 0:
             raise TraceError(f"reshape: {shown}: -1 is ambiguous next to a 0 dim")
-        rest = sympy.cancel(sympy.sympify(total) / known)
+        rest = sympy.cancel(sym(total) / known)
         if sympy.fraction(rest)[1] != 1:
             raise TraceError(f"reshape: {shown}: {total} elements do not divide into {known}",
                              hint="the product of the new shape must equal the old one")
@@ -237,7 +237,7 @@ def _concat_infer(types, a):
             if i != ax and not same_dim(t.shape[i], t0.shape[i]):
                 raise TraceError(f"concatenate: shapes {shown} differ in dim {i}, not only in the "
                                  f"concatenation axis {ax}")
-    total = sum((sympy.sympify(t.shape[ax]) for t in types), sympy.Integer(0))
+    total = sum((sym(t.shape[ax]) for t in types), sympy.Integer(0))
     return [t0.with_shape(t0.shape[:ax] + (as_dim(total),) + t0.shape[ax + 1:])]
 
 
@@ -267,7 +267,7 @@ def _split_infer(types, a):
         raise TraceError("split: cannot split a rank-0 tensor")
     ax = _norm_axis(a["axis"], t.rank, "split", t.shape)
     sizes = [attr_to_dim(s) for s in a["sizes"]]
-    if not sizes or not same_dim(sum((sympy.sympify(s) for s in sizes), sympy.Integer(0)), t.shape[ax]):
+    if not sizes or not same_dim(sum((sym(s) for s in sizes), sympy.Integer(0)), t.shape[ax]):
         raise TraceError(f"split: sizes {fmt_shape(sizes)} do not add up to dim {ax} of {fmt_shape(t.shape)}")
     return [t.with_shape(t.shape[:ax] + (s,) + t.shape[ax + 1:]) for s in sizes]
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import re
 
 import numpy as np
 import sympy
 
-from ..errors import TraceError
+from ..errors import TercompError, TraceError
 from ..ir import TensorType, as_dim, is_static
 
 # `stop` of a slice that runs to the end of its axis. A symbolic axis can only be taken
@@ -35,19 +34,22 @@ def dim_to_attr(d):
 
 
 def attr_to_dim(a):
-    """Inverse of dim_to_attr: 'B' -> Symbol B, 'B + C' -> B + C, 32 -> 32."""
+    """Inverse of dim_to_attr: 'B' -> Symbol B, 'B + C' -> B + C, 32 -> 32. Text is read by
+    the dim grammar (tercomp.dimexpr), never evaluated as code."""
     if isinstance(a, bool) or not isinstance(a, (int, str, np.integer)):
         raise TraceError(f"a dimension attribute must be an int or a name, got {a!r}")
     if not isinstance(a, str):
         return int(a)
-    if a.isidentifier():
-        return as_dim(a)
-    names = {n: as_dim(n) for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", a)}
     try:
-        return as_dim(sympy.parse_expr(a, local_dict=names))
-    except Exception:
-        raise TraceError(f"cannot read the dimension {a!r}",
+        return as_dim(a)
+    except TercompError as e:
+        raise TraceError(f"cannot read the dimension {a!r}: {e.message}",
                          hint="write symbolic dims as names or sums/products of names") from None
+
+
+def sym(d):
+    """A dim as a sympy expression (ints become sympy Integers)."""
+    return sympy.Integer(d) if isinstance(d, (int, np.integer)) else d
 
 
 def fmt_shape(shape) -> str:
@@ -57,7 +59,7 @@ def fmt_shape(shape) -> str:
 def same_dim(a, b) -> bool:
     if is_static(a) and is_static(b):
         return a == b
-    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+    return sympy.simplify(sym(a) - sym(b)) == 0
 
 
 def prod(dims):
@@ -90,7 +92,7 @@ def concrete_dim(d):
     """The int value of a dim under the current bind_symbols, or None if unbound."""
     if is_static(d):
         return int(d)
-    v = sympy.sympify(d).subs(_BINDINGS.get())
+    v = sym(d).subs(_BINDINGS.get())
     return int(v) if v.is_Integer else None
 
 

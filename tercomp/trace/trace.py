@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import TercompError, TraceError
 from ..ir import Graph, TensorType
 from ..ir.types import dtype_name
 from .. import pytree
@@ -27,8 +27,10 @@ class Spec:
 def spec(shape, dtype="float32") -> Spec:
     """`tc.spec(("B", 784), "float32")`: an input whose dim B is symbolic."""
     try:
-        return Spec(tuple(shape), dtype_name(dtype))
-    except ValueError as e:
+        s = Spec(tuple(shape), dtype_name(dtype))
+        s.type          # checks every dim now, not at trace time
+        return s
+    except (ValueError, TypeError, TercompError) as e:
         raise TraceError(str(e), loc=user_location()) from None
 
 
