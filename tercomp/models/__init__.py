@@ -9,7 +9,38 @@
 `bitnet.py`/`config.py`; GGUF reading and writing in `gguf_io.py`, Hugging Face
 directories in `hf_io.py`, tokenizers in `tokenizer.py`.
 """
+import os as _os
+
+from ..errors import TercompError as _TercompError
 from .config import BitNetConfig, ConfigError
 from .bitnet import BitNetLM, rope_tables, apply_rope
+from .gguf_io import GGUFError, load_gguf, save_gguf
+from .hf_io import CheckpointError, load_hf
 
-__all__ = ["BitNetConfig", "BitNetLM", "ConfigError", "rope_tables", "apply_rope"]
+
+def load(path) -> BitNetLM:
+    """A BitNetLM from a `.gguf` file or a Hugging Face directory (config.json +
+    *.safetensors), chosen by what `path` is; `lm.tokenizer` is set when the checkpoint
+    has one (else None: token ids always work).
+
+    >>> lm = models.load("bitnet.gguf")
+    >>> exe = tc.compile(lm, tc.spec(("B", 64), "int32"))
+    """
+    path = _os.fspath(path)
+    if _os.path.isdir(path):
+        if not _os.path.isfile(_os.path.join(path, "config.json")):
+            raise CheckpointError(f"{path}: a directory without config.json is not a "
+                                  f"Hugging Face checkpoint")
+        return load_hf(path)
+    if not _os.path.isfile(path):
+        raise _TercompError(f"{path}: no such file or directory")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise GGUFError(f"{path}: not a GGUF file (magic {magic!r}) and not a directory",
+                        hint="models.load reads .gguf files and Hugging Face directories")
+    return load_gguf(path)
+
+
+__all__ = ["BitNetConfig", "BitNetLM", "ConfigError", "GGUFError", "CheckpointError", "load",
+           "load_gguf", "load_hf", "save_gguf", "rope_tables", "apply_rope"]

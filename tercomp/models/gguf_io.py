@@ -1,0 +1,328 @@
+"""GGUF files of llama.cpp's `bitnet` architecture: read into a BitNetLM, write one back.
+
+Reading and writing go through the `gguf` package (gguf-py, llama.cpp's own Python
+library); this module maps its tensors onto the BitNetLM module tree:
+
+    token_embd.weight            embed_tokens.weight      [vocab, hidden] (float)
+    output_norm.weight           norm.weight
+    blk.{i}.attn_norm            layers[i].input_layernorm
+    blk.{i}.attn_q/k/v/output    layers[i].attn.q/k/v/o_proj     (ternary, + .scale)
+    blk.{i}.attn_sub_norm        layers[i].attn.attn_sub_norm
+    blk.{i}.ffn_norm             layers[i].post_attention_layernorm
+    blk.{i}.ffn_gate/up/down     layers[i].mlp.gate/up/down_proj (ternary, + .scale)
+    blk.{i}.ffn_sub_norm         layers[i].mlp.ffn_sub_norm
+
+A ternary tensor (TQ2_0 / TQ1_0) stores codes in {-1, 0, 1} and an f16 scale per block
+of 256; llama.cpp multiplies the product by the optional f32 `*.scale` tensor. The
+weight is ``block_scale * T * scale``: tercomp needs one scale per tensor, so every block
+holding a non-zero code must carry the same block scale (an error names the tensor
+otherwise). Float (F32/F16/BF16) projections whose non-zero values share one magnitude
+are stored ternary weights too; any other float projection becomes an ordinary
+BitLinear (ternarized by absmean when compiled).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import nn
+from ..errors import TercompError
+from .bitnet import BitNetLM
+from .config import BitNetConfig, ConfigError
+from .tokenizer import tokenizer_from_gguf
+
+try:
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+except ImportError:  # pragma: no cover - gguf is a dependency
+    gguf = None
+
+ARCH = "bitnet"
+PROJECTIONS = {  # gguf tensor -> (block, BitLinear) in a DecoderLayer
+    "attn_q": ("attn", "q_proj"), "attn_k": ("attn", "k_proj"), "attn_v": ("attn", "v_proj"),
+    "attn_output": ("attn", "o_proj"), "ffn_gate": ("mlp", "gate_proj"),
+    "ffn_up": ("mlp", "up_proj"), "ffn_down": ("mlp", "down_proj"),
+}
+NORMS = {  # gguf tensor -> module path in a DecoderLayer
+    "attn_norm": ("input_layernorm",), "attn_sub_norm": ("attn", "attn_sub_norm"),
+    "ffn_norm": ("post_attention_layernorm",), "ffn_sub_norm": ("mlp", "ffn_sub_norm"),
+}
+ACTS_IN = {"silu": "silu", "swish": "silu", "swiglu": "silu",
+           "relu2": "relu2", "relu_sqr": "relu2", "squared_relu": "relu2"}
+_TERNARY_TYPES = ("TQ2_0", "TQ1_0")
+_FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+class GGUFError(TercompError):
+    """A GGUF file tercomp cannot read as a `bitnet` model; names the tensor or key."""
+
+
+def _get(obj, path):
+    for p in path:
+        obj = getattr(obj, p)
+    return obj
+
+
+# ----------------------------------------------------------------------------- reading
+class _File:
+    """A GGUFReader with errors that name the file and the key or tensor."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        try:
+            self.reader = gguf.GGUFReader(self.path)
+        except Exception as e:  # gguf raises ValueError/KeyError/IndexError/OSError alike
+            raise GGUFError(f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e})",
+                            hint="the file may be truncated or not GGUF at all") from None
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def error(self, what, msg, cls=GGUFError):
+        return cls(f"{self.path}: {what}: {msg}")
+
+    def field(self, key, default=None, required=False, kind=None):
+        f = self.reader.fields.get(key)
+        if f is None:
+            if required:
+                raise self.error(f"key {key!r}", "missing")
+            return default
+        try:
+            v = f.contents()
+        except Exception as e:
+            raise self.error(f"key {key!r}", f"unreadable ({e})") from None
+        if kind is int and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+            raise self.error(f"key {key!r}", f"expected an integer, got {v!r}")
+        if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float, np.number))):
+            raise self.error(f"key {key!r}", f"expected a number, got {v!r}")
+        if kind is str and not isinstance(v, str):
+            raise self.error(f"key {key!r}", f"expected a string, got {v!r}")
+        return kind(v) if kind is not None else v
+
+    def tensor(self, name, shape):
+        """(type name, data) of tensor `name`, checked against the numpy `shape`."""
+        t = self.tensors.get(name)
+        if t is None:
+            raise self.error(f"tensor {name!r}", "missing")
+        got = tuple(int(d) for d in reversed(list(t.shape)))  # GGUF lists ne[0] (columns) first
+        if got != tuple(shape):
+            raise self.error(f"tensor {name!r}", f"shape {list(got)} contradicts the header, "
+                                                 f"which implies {list(shape)}")
+        return t.tensor_type.name, t
+
+    def float_tensor(self, name, shape):
+        qname, t = self.tensor(name, shape)
+        if qname not in _FLOAT_TYPES:
+            raise self.error(f"tensor {name!r}", f"type {qname} is not supported here "
+                                                 f"(expected one of {', '.join(_FLOAT_TYPES)})")
+        return self._dequantize(name, t).reshape(shape)
+
+    def _dequantize(self, name, t):
+        try:
+            return np.asarray(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
+                              dtype=np.float32)
+        except Exception as e:
+            raise self.error(f"tensor {name!r}", f"cannot decode its {t.tensor_type.name} "
+                                                 f"data ({e})") from None
+
+    def scale_tensor(self, name) -> float:
+        t = self.tensors.get(name)
+        if t is None:
+            return 1.0
+        if t.tensor_type.name not in _FLOAT_TYPES or int(t.n_elements) != 1:
+            raise self.error(f"tensor {name!r}", f"a scale must be one F32/F16/BF16 number, got "
+                                                 f"{t.tensor_type.name} of {int(t.n_elements)} "
+                                                 f"elements")
+        s = float(self._dequantize(name, t).reshape(-1)[0])
+        if not (np.isfinite(s) and s > 0):
+            raise self.error(f"tensor {name!r}", f"scale {s} is not finite and positive")
+        return s
+
+    def projection(self, name, shape):
+        """A BitLinear from tensor `name` (+ `.scale`): stored ternary when it is one."""
+        qname, t = self.tensor(name + ".weight", shape)
+        extra = self.scale_tensor(name + ".scale")
+        if qname in _TERNARY_TYPES:
+            tern, block = self._ternary_blocks(name + ".weight", t, shape)
+            return nn.BitLinear.from_ternary(tern, np.float32(block * extra))
+        if qname not in _FLOAT_TYPES:
+            raise self.error(f"tensor {name + '.weight'!r}",
+                             f"quantization type {qname} is not supported (tercomp reads "
+                             f"{', '.join(_TERNARY_TYPES + _FLOAT_TYPES)})")
+        w = self._dequantize(name, t).reshape(shape)
+        mags = np.unique(np.abs(w[w != 0]))
+        if mags.size == 1:          # already ternary times one magnitude
+            return nn.BitLinear.from_ternary(np.sign(w).astype(np.int8),
+                                             np.float32(float(mags[0]) * extra))
+        layer = nn.BitLinear(shape[1], shape[0])
+        layer.weight = (w * np.float32(extra)).astype(np.float32)
+        return layer
+
+    def _ternary_blocks(self, name, t, shape):
+        raw = np.asarray(t.data).view(np.uint8)
+        block_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type][1]
+        if raw.size % block_bytes:
+            raise self.error(f"tensor {name!r}", "its data is not a whole number of blocks")
+        blocks = raw.reshape(-1, block_bytes)
+        d = blocks[:, -2:].copy().view(np.float16).astype(np.float64).reshape(-1)  # f16 d is last
+        vals = self._dequantize(name, t).astype(np.float64).reshape(-1, 256)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tern = np.where(d[:, None] != 0, vals / d[:, None], 0.0)
+        if not np.all(np.isin(tern, (-1.0, 0.0, 1.0))):
+            raise self.error(f"tensor {name!r}", "decodes to values that are not ternary")
+        used = np.unique(d[np.any(tern != 0, axis=1)])
+        if used.size > 1:
+            raise self.error(f"tensor {name!r}",
+                             f"its {t.tensor_type.name} blocks carry {used.size} different "
+                             f"scales ({used.min():g} .. {used.max():g}); tercomp needs one "
+                             f"scale per tensor (write block scale 1 and a '.scale' tensor)")
+        if used.size and not used[0] > 0:
+            raise self.error(f"tensor {name!r}", f"block scale {used[0]} is not positive")
+        block = float(used[0]) if used.size else 1.0
+        return tern.reshape(shape).astype(np.int8), block
+
+
+def _config(f: _File) -> BitNetConfig:
+    arch = f.field("general.architecture", required=True, kind=str)
+    if arch != ARCH:
+        hint = (" (bitnet.cpp's own I2_S files are not supported yet)"
+                if arch.startswith("bitnet") else "")
+        raise f.error("key 'general.architecture'",
+                      f"architecture {arch!r}; tercomp reads {ARCH!r}{hint}", GGUFError)
+    a = ARCH
+    emb = f.tensors.get("token_embd.weight")
+    if emb is None:
+        raise f.error("tensor 'token_embd.weight'", "missing")
+    act = f.field(f"{a}.hidden_activation", "silu", kind=str)
+    if act not in ACTS_IN:
+        raise f.error(f"key '{a}.hidden_activation'",
+                      f"activation {act!r} is not supported (silu or relu2)", ConfigError)
+    heads = f.field(f"{a}.attention.head_count", required=True, kind=int)
+    hidden = f.field(f"{a}.embedding_length", required=True, kind=int)
+    d = {
+        "vocab_size": f.field(f"{a}.vocab_size", int(emb.shape[1]), kind=int),
+        "hidden_size": hidden,
+        "intermediate_size": f.field(f"{a}.feed_forward_length", required=True, kind=int),
+        "num_hidden_layers": f.field(f"{a}.block_count", required=True, kind=int),
+        "num_attention_heads": heads,
+        "num_key_value_heads": f.field(f"{a}.attention.head_count_kv", heads, kind=int),
+        "rms_norm_eps": f.field(f"{a}.attention.layer_norm_rms_epsilon", required=True,
+                                kind=float),
+        "rope_theta": f.field(f"{a}.rope.freq_base", 10000.0, kind=float),
+        "max_position_embeddings": f.field(f"{a}.context_length", 2048, kind=int),
+        "hidden_act": ACTS_IN[act], "tie_word_embeddings": True, "rope_style": "neox",
+    }
+    try:
+        cfg = BitNetConfig.from_dict(d, source=f.path)
+    except ConfigError:
+        raise
+    rot = f.field(f"{a}.rope.dimension_count", None, kind=int)
+    if rot is not None and heads and rot != hidden // heads:
+        raise f.error(f"key '{a}.rope.dimension_count'", f"{rot} != head dim "
+                      f"{hidden // heads}: partial rotary embeddings are not supported")
+    return cfg
+
+
+def load_gguf(path) -> BitNetLM:
+    """Read a `bitnet`-architecture GGUF file into a BitNetLM (see the module docstring)."""
+    if gguf is None:  # pragma: no cover
+        raise TercompError("reading GGUF needs the 'gguf' package: pip install gguf")
+    f = _File(path)
+    cfg = _config(f)
+    lm = BitNetLM(cfg)
+    h, v, ff, kv = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.kv_dim
+    lm.embed_tokens.weight = f.float_tensor("token_embd.weight", (v, h))
+    lm.norm.weight = f.float_tensor("output_norm.weight", (h,))
+    shapes = {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, h),
+              "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
+    known = {"token_embd.weight", "output_norm.weight"}
+    for i, layer in enumerate(lm.layers):
+        for g, path_ in NORMS.items():
+            name = f"blk.{i}.{g}.weight"
+            n = ff if g == "ffn_sub_norm" else h
+            _get(layer, path_).weight = f.float_tensor(name, (n,))
+            known.add(name)
+        for g, (block, proj) in PROJECTIONS.items():
+            name = f"blk.{i}.{g}"
+            setattr(getattr(layer, block), proj, f.projection(name, shapes[g]))
+            known.update({name + ".weight", name + ".scale"})
+    extra = sorted(set(f.tensors) - known)
+    if extra:
+        raise f.error(f"tensor {extra[0]!r}", f"not part of a {cfg.num_hidden_layers}-layer "
+                      f"'bitnet' model ({len(extra)} unexpected tensor(s))")
+    lm.tokenizer, lm.gguf_vocab = tokenizer_from_gguf(f.reader, f.path)
+    return lm
+
+
+# ----------------------------------------------------------------------------- writing
+def save_gguf(model: BitNetLM, path) -> None:
+    """Write `model` as a `bitnet`-architecture GGUF file that llama.cpp loads.
+
+    Projections are TQ2_0 with block scale 1.0 plus an f32 `*.scale` tensor holding the
+    layer's scale, so `models.load` gives back bit-identical ternary weights (and the
+    same logits). A projection whose input size is not a multiple of 256 (TQ2_0's block)
+    is written as F32 ternary values instead. llama.cpp's `bitnet` graph always uses the
+    token embedding as output layer, so an untied model is refused.
+
+    >>> models.save_gguf(lm, "tiny.gguf"); lm2 = models.load("tiny.gguf")
+    """
+    if not isinstance(model, BitNetLM):
+        raise TercompError(f"save_gguf expects a models.BitNetLM, got {type(model).__name__}")
+    cfg = model.config
+    if model.lm_head is not None or not cfg.tie_word_embeddings:
+        raise TercompError(f"save_gguf: the model has a separate output layer (lm_head); "
+                           f"llama.cpp's 'bitnet' graph always uses the token embedding as "
+                           f"output, so the file would compute different logits",
+                           hint="tie the output layer (tie_word_embeddings=True)")
+    w = gguf.GGUFWriter(os.fspath(path), ARCH)
+    try:
+        _write(w, model, cfg)
+    finally:
+        w.close()
+
+
+def _write(w, model, cfg):
+    a = ARCH
+    w.add_name("tercomp BitNetLM")
+    w.add_uint32(f"{a}.vocab_size", cfg.vocab_size)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_rope_freq_base(float(cfg.rope_theta))
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_string(f"{a}.hidden_activation", cfg.hidden_act)
+    if cfg.rope_style != "neox":
+        raise TercompError("save_gguf: llama.cpp's 'bitnet' graph uses neox RoPE; this model "
+                           "uses interleaved pairs")
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_TQ2_0))
+    vocab = getattr(model, "gguf_vocab", None)
+    if vocab:
+        for key, (kind, value) in vocab.items():
+            getattr(w, f"add_{kind}")(key, value)
+    else:
+        w.add_tokenizer_model("no_vocab")
+    f32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731
+    w.add_tensor("token_embd.weight", f32(model.embed_tokens.weight))
+    w.add_tensor("output_norm.weight", f32(model.norm.weight))
+    for i, layer in enumerate(model.layers):
+        for g, path_ in NORMS.items():
+            w.add_tensor(f"blk.{i}.{g}.weight", f32(_get(layer, path_).weight))
+        for g, (block, proj) in PROJECTIONS.items():
+            lin = getattr(getattr(layer, block), proj)
+            if getattr(lin, "bias", None) is not None:
+                raise TercompError(f"save_gguf: layers.{i}.{block}.{proj} has a bias, which "
+                                   f"the 'bitnet' architecture does not have")
+            t, s = lin.ternary()
+            name = f"blk.{i}.{g}"
+            if t.shape[1] % 256 == 0:
+                q = gguf.quants.quantize(t.astype(np.float32), QT.TQ2_0)  # block scale 1.0
+                w.add_tensor(name + ".weight", q, raw_dtype=QT.TQ2_0)
+            else:
+                w.add_tensor(name + ".weight", f32(t))
+            w.add_tensor(name + ".scale", np.array([s], dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()

@@ -1,0 +1,196 @@
+"""Hugging Face checkpoint directories: `config.json` + `*.safetensors` (+ tokenizer.json).
+
+Tensor names are those of transformers' `BitNetForCausalLM` (`model.embed_tokens`,
+`model.layers.{i}.self_attn.q_proj`, `...attn_sub_norm`, `...mlp.ffn_sub_norm`,
+`model.norm`, `lm_head`). A projection is one of:
+
+- the BitNet b1.58 2B4T packed layout (transformers' `integrations/bitnet.py`):
+  `weight` uint8 [ceil(out/4), in], 2-bit codes c in {0, 1, 2} meaning c - 1, row r of
+  plane j (bits 2j..2j+1) being output row j * rows + r; `weight_scale` [1], the output
+  being *divided* by it (so the layer's scale is 1 / weight_scale);
+- a float `weight` with a `weight_scale` (transformers' offline AutoBitLinear: the output
+  is multiplied by weight_scale) whose values are ternary;
+- a plain float `weight`: an ordinary BitLinear, ternarized by absmean when compiled.
+
+Files are read with `safetensors.deserialize` (no pickle; BF16 is widened here, since
+NumPy has no bfloat16).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+import safetensors
+
+from .. import nn
+from ..errors import TercompError
+from .bitnet import BitNetLM
+from .config import BitNetConfig, ConfigError
+from .tokenizer import tokenizer_from_json
+
+_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "U8": np.uint8,
+           "I8": np.int8, "I32": np.int32, "I64": np.int64}
+_PROJ = {"self_attn": ("attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+         "mlp": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
+_MAX_CONFIG_BYTES = 1 << 20
+
+
+class CheckpointError(TercompError):
+    """A Hugging Face checkpoint tercomp cannot read; names the tensor or field and file."""
+
+
+def _read_tensors(path) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            items = safetensors.deserialize(fh.read())
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+    out = {}
+    for name, info in items:
+        dt, shape, data = info["dtype"], tuple(info["shape"]), info["data"]
+        if dt == "BF16":
+            arr = (np.frombuffer(data, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif dt in _DTYPES:
+            arr = np.frombuffer(data, _DTYPES[dt])
+        else:
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {dt}, which tercomp does "
+                                  f"not read")
+        out[name] = (arr.reshape(shape), path)
+    return out
+
+
+def unpack_hf_ternary(packed: np.ndarray, out_features: int) -> np.ndarray:
+    """T int8 [out, in] from transformers' 2B4T packing (uint8 [ceil(out/4), in])."""
+    rows = packed.shape[0]
+    codes = np.concatenate([(packed >> (2 * j)) & 3 for j in range(4)], axis=0)[:out_features]
+    if (codes == 3).any():
+        raise ValueError("holds the invalid 2-bit code 3")
+    return codes.astype(np.int8) - 1 if rows else codes.astype(np.int8)
+
+
+def _config(directory) -> BitNetConfig:
+    path = os.path.join(directory, "config.json")
+    if os.path.getsize(path) > _MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            d = json.load(fh)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    mt = d.get("model_type")
+    if mt is not None and mt != "bitnet":
+        raise ConfigError(f"{path}: field 'model_type' is {mt!r}; tercomp reads 'bitnet' models")
+    q = d.get("quantization_config")
+    if q is not None and (not isinstance(q, dict) or q.get("quant_method", "bitnet") != "bitnet"):
+        raise ConfigError(f"{path}: field 'quantization_config' is {q!r}; only BitNet's "
+                          f"(quant_method 'bitnet') is supported")
+    d.setdefault("rope_style", "neox")       # HF's rotate_half
+    return BitNetConfig.from_dict(d, source=path)
+
+
+class _Tensors:
+    def __init__(self, tensors):
+        self.t = tensors
+        self.used = set()
+
+    def get(self, name, shape=None, required=True):
+        if name not in self.t:
+            if required:
+                raise CheckpointError(f"tensor {name!r} is missing from the checkpoint")
+            return None
+        arr, path = self.t[name]
+        self.used.add(name)
+        if shape is not None and arr.shape != tuple(shape):
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(arr.shape)}, but "
+                                  f"config.json implies {list(shape)}")
+        return arr
+
+    def float(self, name, shape, required=True):
+        arr = self.get(name, shape, required)
+        if arr is None:
+            return None
+        if arr.dtype.kind != "f":
+            raise CheckpointError(f"{self.t[name][1]}: tensor {name!r} has dtype {arr.dtype}; "
+                                  f"expected a float tensor")
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+    def projection(self, prefix, out_f, in_f):
+        w = self.get(prefix + ".weight")
+        path = self.t[prefix + ".weight"][1]
+        ws = self.get(prefix + ".weight_scale", required=False)
+        if ws is not None:
+            ws = np.asarray(ws, dtype=np.float64).reshape(-1)
+            if ws.size != 1 or not (np.isfinite(ws[0]) and ws[0] > 0):
+                raise CheckpointError(f"{path}: tensor {prefix + '.weight_scale'!r} must be one "
+                                      f"positive number, got {ws.tolist()[:4]}")
+        if w.dtype == np.uint8:
+            if w.shape != (-(-out_f // 4), in_f):
+                raise CheckpointError(f"{path}: packed tensor {prefix + '.weight'!r} has shape "
+                                      f"{list(w.shape)}, but config.json implies "
+                                      f"{[-(-out_f // 4), in_f]}")
+            if ws is None:
+                raise CheckpointError(f"{path}: packed tensor {prefix + '.weight'!r} has no "
+                                      f"'{prefix}.weight_scale'")
+            try:
+                t = unpack_hf_ternary(w, out_f)
+            except ValueError as e:
+                raise CheckpointError(f"{path}: tensor {prefix + '.weight'!r} {e}") from None
+            return nn.BitLinear.from_ternary(t, np.float32(1.0 / ws[0]))
+        w = self.float(prefix + ".weight", (out_f, in_f))
+        if ws is not None:          # offline AutoBitLinear: y = (x @ W^T) * weight_scale
+            mags = np.unique(np.abs(w[w != 0]))
+            if mags.size > 1:
+                raise CheckpointError(f"{path}: tensor {prefix + '.weight'!r} has a "
+                                      f"weight_scale but its values are not ternary")
+            mag = float(mags[0]) if mags.size else 1.0
+            return nn.BitLinear.from_ternary(np.sign(w).astype(np.int8),
+                                             np.float32(mag * ws[0]))
+        layer = nn.BitLinear(in_f, out_f)
+        layer.weight = w
+        return layer
+
+
+def load_hf(directory) -> BitNetLM:
+    """Read a Hugging Face BitNet directory into a BitNetLM (see the module docstring)."""
+    cfg = _config(directory)
+    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    if not files:
+        raise CheckpointError(f"{directory}: no *.safetensors files next to config.json")
+    tensors = {}
+    for f in files:
+        tensors.update(_read_tensors(f))
+    ts = _Tensors(tensors)
+    c = cfg
+    h, ff, kv = c.hidden_size, c.intermediate_size, c.kv_dim
+    lm = BitNetLM(cfg)
+    lm.embed_tokens.weight = ts.float("model.embed_tokens.weight", (c.vocab_size, h))
+    lm.norm.weight = ts.float("model.norm.weight", (h,))
+    outs = {"q_proj": h, "k_proj": kv, "v_proj": kv, "o_proj": h,
+            "gate_proj": ff, "up_proj": ff, "down_proj": h}
+    for i, layer in enumerate(lm.layers):
+        p = f"model.layers.{i}"
+        layer.input_layernorm.weight = ts.float(f"{p}.input_layernorm.weight", (h,))
+        layer.post_attention_layernorm.weight = ts.float(f"{p}.post_attention_layernorm.weight",
+                                                         (h,))
+        layer.attn.attn_sub_norm.weight = ts.float(f"{p}.self_attn.attn_sub_norm.weight", (h,))
+        layer.mlp.ffn_sub_norm.weight = ts.float(f"{p}.mlp.ffn_sub_norm.weight", (ff,))
+        for hf_block, (block, projs) in _PROJ.items():
+            for proj in projs:
+                in_f = ff if proj == "down_proj" else h
+                setattr(getattr(layer, block), proj,
+                        ts.projection(f"{p}.{hf_block}.{proj}", outs[proj], in_f))
+    if c.tie_word_embeddings:
+        ts.get("lm_head.weight", required=False)    # a tied copy, if saved, is not used
+    else:
+        lm.lm_head.weight = ts.float("lm_head.weight", (c.vocab_size, h))
+    extra = sorted(n for n in set(tensors) - ts.used if not n.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise CheckpointError(f"{tensors[extra[0]][1]}: tensor {extra[0]!r} is not part of a "
+                              f"{c.num_hidden_layers}-layer BitNet model "
+                              f"({len(extra)} unexpected tensor(s))")
+    lm.tokenizer = tokenizer_from_json(os.path.join(directory, "tokenizer.json"))
+    return lm
