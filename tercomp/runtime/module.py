@@ -264,6 +264,16 @@ class CompiledModule:
             self._ctx, self._hal_device, self._fn = ctx, hal_device, fn
         return self._fn
 
+    def function(self, name: str):
+        """The iree.runtime function `name` of the loaded module, called with NumPy arrays
+        and returning iree.runtime DeviceArrays, unchecked. Every function of one module
+        shares its loaded state (weights, mutable globals such as a KV cache)."""
+        self._load()
+        try:
+            return self._ctx.modules.module[name]
+        except (KeyError, AttributeError):
+            raise TercompError(f"the module has no function {name!r}") from None
+
     def _device_input(self, x):
         # A DeviceArray of this module's device goes in as is; any other is copied.
         if isinstance(x, DeviceArray):
