@@ -181,6 +181,11 @@ class _File:
         return tern.reshape(shape).astype(np.int8), block
 
 
+def _f32(v: float) -> float:
+    """GGUF stores these as f32: read back the shortest decimal (1e-05, not 9.99999974e-06)."""
+    return float(str(np.float32(v)))
+
+
 def _config(f: _File) -> BitNetConfig:
     arch = f.field("general.architecture", required=True, kind=str)
     if arch != ARCH:
@@ -205,16 +210,13 @@ def _config(f: _File) -> BitNetConfig:
         "num_hidden_layers": f.field(f"{a}.block_count", required=True, kind=int),
         "num_attention_heads": heads,
         "num_key_value_heads": f.field(f"{a}.attention.head_count_kv", heads, kind=int),
-        "rms_norm_eps": f.field(f"{a}.attention.layer_norm_rms_epsilon", required=True,
-                                kind=float),
-        "rope_theta": f.field(f"{a}.rope.freq_base", 10000.0, kind=float),
+        "rms_norm_eps": _f32(f.field(f"{a}.attention.layer_norm_rms_epsilon", required=True,
+                                     kind=float)),
+        "rope_theta": _f32(f.field(f"{a}.rope.freq_base", 10000.0, kind=float)),
         "max_position_embeddings": f.field(f"{a}.context_length", 2048, kind=int),
         "hidden_act": ACTS_IN[act], "tie_word_embeddings": True, "rope_style": "neox",
     }
-    try:
-        cfg = BitNetConfig.from_dict(d, source=f.path)
-    except ConfigError:
-        raise
+    cfg = BitNetConfig.from_dict(d, source=f.path)
     rot = f.field(f"{a}.rope.dimension_count", None, kind=int)
     if rot is not None and heads and rot != hidden // heads:
         raise f.error(f"key '{a}.rope.dimension_count'", f"{rot} != head dim "

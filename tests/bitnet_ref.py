@@ -1,0 +1,185 @@
+"""Test helpers: a float64 NumPy reference of llama.cpp's `bitnet` graph, and fixture
+files written with gguf's own writer and safetensors.
+
+The reference reads the weights straight from the GGUF file with gguf-py (independently
+of tercomp's loader) and follows src/models/bitnet.cpp of llama.cpp: RMSNorm, Q/K/V
+projections (times the optional `.scale`), NeoX RoPE (llama.cpp's rope type for
+LLM_ARCH_BITNET), causal GQA softmax attention scaled by 1/sqrt(head_dim), attn_sub_norm,
+output projection, residual; RMSNorm, gate/up, act(gate) * up, ffn_sub_norm, down,
+residual; output_norm; logits = h @ token_embd^T.
+
+`act` says how the input of each ternary projection is treated: "none" (llama.cpp's
+graph in exact arithmetic), "token" (int8 per token, BitLinear's rule) or "block"
+(int8 per 256-block, close to llama.cpp's Q8_K activations).
+"""
+import numpy as np
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+PROJ = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+# ------------------------------------------------------------------------- reference
+def read_gguf_weights(path):
+    """{name: float64 array in NumPy (row-major [out, in]) order} and the metadata dict."""
+    r = gguf.GGUFReader(str(path))
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    w = {}
+    for t in r.tensors:
+        shape = tuple(int(d) for d in reversed(list(t.shape)))
+        w[t.name] = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type) \
+            .astype(np.float64).reshape(shape)
+    return w, meta
+
+
+def _quant(x, act):
+    if act == "none":
+        return x
+    if act == "token":
+        s = 127.0 / np.maximum(np.abs(x).max(-1, keepdims=True), 1e-5)
+        return np.clip(np.rint(x * s), -127, 127) / s
+    b = x.reshape(*x.shape[:-1], -1, 256)
+    s = 127.0 / np.maximum(np.abs(b).max(-1, keepdims=True), 1e-30)
+    return (np.clip(np.rint(b * s), -127, 127) / s).reshape(x.shape)
+
+
+def reference_logits(w, cfg, ids, act="none", rope="neox", hidden_act="silu", lm_head=None):
+    """Logits [B, T, vocab] (float64). `w` uses GGUF names; a projection's matrix is
+    `w[name + '.weight'] * w.get(name + '.scale', 1)`. `cfg`: dict with hidden, heads,
+    kv_heads, layers, eps, theta."""
+    h, nh, nkv, eps, theta = (cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["eps"],
+                              cfg["theta"])
+    d = h // nh
+    B, T = ids.shape
+
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * g
+
+    def lin(x, name):
+        m = w[name + ".weight"] * (float(w[name + ".scale"].reshape(-1)[0])
+                                   if name + ".scale" in w else 1.0)
+        return _quant(x, act) @ m.T
+
+    ang = np.arange(T)[:, None] * theta ** (-np.arange(0, d, 2) / d)[None, :]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+    def rot(x):                                  # x [B, T, H, d]
+        if rope == "neox":
+            a, b = x[..., : d // 2], x[..., d // 2:]
+            return np.concatenate([a * cos - b * sin, b * cos + a * sin], -1)
+        a, b = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = a * cos - b * sin, b * cos + a * sin
+        return out
+
+    x = w["token_embd.weight"][ids]
+    mask = np.tril(np.ones((T, T), bool))
+    for i in range(cfg["layers"]):
+        p = f"blk.{i}."
+        n = rms(x, w[p + "attn_norm.weight"])
+        q = rot(lin(n, p + "attn_q").reshape(B, T, nh, d))
+        k = rot(lin(n, p + "attn_k").reshape(B, T, nkv, d))
+        v = lin(n, p + "attn_v").reshape(B, T, nkv, d)
+        g = nh // nkv
+        k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)   # head j reads kv j // g
+        s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)
+        s = np.where(mask, s, -np.inf)
+        pr = np.exp(s - s.max(-1, keepdims=True))
+        pr /= pr.sum(-1, keepdims=True)
+        a = np.einsum("bhqk,bkhd->bqhd", pr, v).reshape(B, T, h)
+        x = x + lin(rms(a, w[p + "attn_sub_norm.weight"]), p + "attn_output")
+        m = rms(x, w[p + "ffn_norm.weight"])
+        gate = lin(m, p + "ffn_gate")
+        gate = gate / (1 + np.exp(-gate)) if hidden_act == "silu" else np.maximum(gate, 0) ** 2
+        f = rms(gate * lin(m, p + "ffn_up"), w[p + "ffn_sub_norm.weight"])
+        x = x + lin(f, p + "ffn_down")
+    x = rms(x, w["output_norm.weight"])
+    return x @ (w["token_embd.weight"] if lm_head is None else lm_head).T
+
+
+# -------------------------------------------------------------------------- fixtures
+def random_weights(cfg, seed=0):
+    """GGUF-named float32 norms/embedding and int8 ternary projections (+ scales)."""
+    rng = np.random.default_rng(seed)
+    h, ff, v = cfg["hidden"], cfg["ff"], cfg["vocab"]
+    kv = h // cfg["heads"] * cfg["kv_heads"]
+    w = {"token_embd.weight": (rng.standard_normal((v, h)) * 0.5).astype(np.float32),
+         "output_norm.weight": (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)}
+    shapes = {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, h),
+              "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
+    for i in range(cfg["layers"]):
+        for n, size in (("attn_norm", h), ("attn_sub_norm", h), ("ffn_norm", h),
+                        ("ffn_sub_norm", ff)):
+            w[f"blk.{i}.{n}.weight"] = (1 + 0.1 * rng.standard_normal(size)).astype(np.float32)
+        for n, shape in shapes.items():
+            w[f"blk.{i}.{n}.weight"] = rng.choice(np.array([-1, 0, 1], np.int8), size=shape,
+                                                  p=[0.3, 0.4, 0.3])
+            w[f"blk.{i}.{n}.scale"] = np.float32(rng.uniform(0.02, 0.08))
+    return w
+
+
+def write_gguf(path, cfg, w, qtype=QT.TQ2_0, block_scale=0.5, arch="bitnet", with_scale=True,
+               float_type=QT.F32, hidden_act=None, skip=(), vocab=None, override=None):
+    """A GGUF file written with gguf's writer: projections as `qtype` with every block
+    scale `block_scale` (and, with_scale, the f32 `.scale` tensor), the rest `float_type`."""
+    override = override or {}
+    wr = gguf.GGUFWriter(str(path), arch)
+    wr.add_context_length(cfg.get("ctx", 128))
+    wr.add_embedding_length(cfg["hidden"])
+    wr.add_block_count(cfg["layers"])
+    wr.add_feed_forward_length(cfg["ff"])
+    wr.add_head_count(cfg["heads"])
+    wr.add_head_count_kv(cfg["kv_heads"])
+    wr.add_layer_norm_rms_eps(cfg["eps"])
+    wr.add_rope_freq_base(cfg["theta"])
+    if hidden_act:
+        wr.add_string(f"{arch}.hidden_activation", hidden_act)
+    if vocab:
+        wr.add_tokenizer_model(vocab["model"])
+        wr.add_token_list(vocab["tokens"])
+        if "merges" in vocab:
+            wr.add_token_merges(vocab["merges"])
+        if "scores" in vocab:
+            wr.add_token_scores(vocab["scores"])
+    for name, arr in w.items():
+        if name in skip:
+            continue
+        if name in override:
+            data, raw = override[name]
+            wr.add_tensor(name, data, raw_dtype=raw)
+        elif name.endswith(".scale"):
+            if with_scale:
+                wr.add_tensor(name, np.array([arr], np.float32))
+        elif arr.dtype == np.int8:
+            vals = arr.astype(np.float32) * np.float32(block_scale)
+            if qtype in (QT.F32, QT.F16):
+                wr.add_tensor(name, vals.astype(np.float16 if qtype == QT.F16 else np.float32))
+            else:
+                wr.add_tensor(name, gguf.quants.quantize(vals, qtype), raw_dtype=qtype)
+        elif float_type == QT.F32:
+            wr.add_tensor(name, arr)
+        elif float_type == QT.F16:
+            wr.add_tensor(name, arr.astype(np.float16))
+        else:
+            wr.add_tensor(name, gguf.quants.quantize(arr, float_type), raw_dtype=float_type)
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return path
+
+
+def cosine(a, b):
+    a = np.asarray(a, np.float64).reshape(-1, a.shape[-1])
+    b = np.asarray(b, np.float64).reshape(-1, b.shape[-1])
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def top1_agreement(a, b, margin=0.0):
+    """Share of positions where the top-1 of `a` equals that of `b`, counting only the
+    positions where b's top-1 leads its runner-up by more than `margin`."""
+    a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    srt = np.sort(b, -1)
+    keep = (srt[:, -1] - srt[:, -2]) > margin
+    return float((a.argmax(-1) == b.argmax(-1))[keep].mean()), int(keep.sum())
