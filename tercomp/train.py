@@ -24,9 +24,12 @@ import os
 import warnings
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save as safetensors_save
 
 from . import optim
 from .errors import InputError, TercompError
+from .runtime.files import check_regular, write_atomic
 from .runtime.signature import Signature
 from .trace import api as _t
 from . import pytree
@@ -249,7 +252,9 @@ class TrainStep:
         return model or self.model
 
     def set_state(self, params=None, opt_state=None):
-        """Replace the parameters and/or optimizer state (e.g. from a checkpoint)."""
+        """Replace the parameters and/or optimizer state (e.g. from a checkpoint). Both are
+        checked before either is changed: on an error nothing changes."""
+        new_params = new_state = None
         if params is not None:
             own = self.params()
             if set(params) != set(own):
@@ -260,7 +265,7 @@ class TrainStep:
                 if np.shape(v) != own[k].shape:
                     raise TercompError(f"set_state: parameter {k} has shape {np.shape(v)}, "
                                        f"the model {own[k].shape}")
-            self._params = {k: np.asarray(params[k], own[k].dtype) for k in own}
+            new_params = {k: np.asarray(params[k], own[k].dtype) for k in own}
         if opt_state is not None:
             leaves, _, treedef = pytree.flatten(opt_state)
             if pytree.jsonable(treedef) != pytree.jsonable(self._s_treedef):
@@ -271,8 +276,12 @@ class TrainStep:
                 if np.shape(x) != o.shape:
                     raise TercompError(f"set_state: an optimizer state array has shape "
                                        f"{np.shape(x)}, expected {o.shape}")
-            self._state = pytree.unflatten(
+            new_state = pytree.unflatten(
                 self._s_treedef, [np.asarray(x, o.dtype) for x, o in zip(leaves, own)])
+        if new_params is not None:
+            self._params = new_params
+        if new_state is not None:
+            self._state = new_state
         self.stopped = False
 
     def __repr__(self):
@@ -292,7 +301,6 @@ def save_checkpoint(path: str, model, opt_state=None) -> None:
     >>> tc.save_checkpoint("ckpt.safetensors", model, step.opt_state())
     >>> opt_state = tc.load_checkpoint("ckpt.safetensors", model)
     """
-    from safetensors.numpy import save_file
     if isinstance(model, TrainStep):
         params = model.params()
         opt_state = model.opt_state() if opt_state is None else opt_state
@@ -309,29 +317,19 @@ def save_checkpoint(path: str, model, opt_state=None) -> None:
         for i, x in enumerate(leaves):
             tensors[f"opt_state/{i}"] = np.array(x, order="C")
         meta["opt_state_tree"] = json.dumps(pytree.jsonable(treedef))
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise TercompError(f"save_checkpoint: cannot write {path}: {e}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomic(path, safetensors_save(tensors, metadata=meta), "checkpoint")
 
 
 def load_checkpoint(path: str, model):
     """Load parameters saved by save_checkpoint into `model` (an nn.Module, or a
     TrainStep: then its device weights and optimizer state too). Returns the saved
     optimizer state (None if there was none)."""
-    from safetensors import safe_open
-    if not os.path.exists(path):
-        raise TercompError(f"load_checkpoint: no such file {path}")
+    check_regular(path, "checkpoint")
     try:
-        with safe_open(path, framework="np") as f:
+        with safe_open(os.fspath(path), framework="np") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except Exception as e:
+    except (SafetensorError, OSError, ValueError, TypeError) as e:
         raise TercompError(f"load_checkpoint: {path} is not a readable safetensors file: {e}") from None
     if meta.get("format") != _FORMAT:
         raise TercompError(f"load_checkpoint: {path} is not a tercomp checkpoint "

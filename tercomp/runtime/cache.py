@@ -2,7 +2,7 @@
 
 tc.compile hashes the MLIR module printed in full (large constants included), the
 IREE flags, the tercomp version and the IREE compiler version (see `key`); an entry
-is an artifact file `<key>.tcm` (tercomp.runtime.artifact) in $TERCOMP_CACHE_DIR,
+is an artifact file `<key>.tcm` that records its key (an entry whose key differs, such as another model's artifact copied in, is a miss) (tercomp.runtime.artifact) in $TERCOMP_CACHE_DIR,
 default `~/.cache/tercomp`. Entries are written atomically (a temp file, then
 os.replace), so concurrent compiles never see half a file, and a damaged entry is
 treated as a miss and rewritten. Delete the directory to clear the cache; nothing
@@ -14,8 +14,9 @@ import hashlib
 import os
 import warnings
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, TercompError
 from . import artifact
+from .files import write_atomic
 
 
 def cache_dir() -> str:
@@ -40,20 +41,20 @@ def entry_path(k: str) -> str:
 def lookup(k: str):
     """(meta, vmfb, weights) of entry `k`, or None on a miss."""
     path = entry_path(k)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+    if not os.path.exists(path):
         return None
     try:
-        return artifact.read_bytes(data, path)
+        found = artifact.read(path)
     except ArtifactError:
         return None          # damaged or from another IREE: recompile and overwrite
+    if found[0].get("cache_key") != k:
+        return None          # another module's artifact under this name: not a hit
+    return found
 
 
 def store(k: str, exe) -> None:
     """Write CompiledModule `exe` as entry `k`; a cache that cannot be written only warns."""
     try:
-        artifact.write_atomic(entry_path(k), artifact.to_bytes(exe))
-    except OSError as e:
+        write_atomic(entry_path(k), artifact.to_bytes(exe), "compile cache entry", make_dirs=True)
+    except TercompError as e:
         warnings.warn(f"tercomp: cannot write the compile cache {cache_dir()}: {e}", stacklevel=3)
