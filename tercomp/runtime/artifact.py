@@ -33,10 +33,10 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import zipfile
 
 from ..errors import ArtifactError
+from .files import read_regular, write_atomic
 from .signature import Signature
 
 FORMAT = "tercomp-artifact"
@@ -89,6 +89,8 @@ def to_bytes(exe) -> bytes:
         "sha256": digests,
         "content_hash": content_hash(digests),
     }
+    if exe.meta.get("cache_key"):
+        meta["cache_key"] = exe.meta["cache_key"]
     if exe.weights is not None:
         meta["weights_scope"] = exe.weights_scope
     members[SIGNATURE] = json.dumps(meta, indent=1, sort_keys=True).encode()
@@ -100,29 +102,10 @@ def to_bytes(exe) -> bytes:
     return buf.getvalue()
 
 
-def write_atomic(path: str, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save(exe, path: str) -> None:
-    """Write CompiledModule `exe` to `path` as one artifact file (format: module doc)."""
-    try:
-        write_atomic(os.fspath(path), to_bytes(exe))
-    except OSError as e:
-        raise ArtifactError(f"cannot write the artifact {path}: {e.strerror or e}") from None
+    """Write CompiledModule `exe` to `path` as one artifact file (format: module doc).
+    The write is atomic, respects the umask and writes through symlinks (runtime.files)."""
+    write_atomic(path, to_bytes(exe), "artifact", ArtifactError)
 
 
 def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
@@ -181,15 +164,8 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
 
 
 def read(path: str) -> tuple:
-    """read_bytes() of the file at `path`."""
-    try:
-        with open(os.fspath(path), "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ArtifactError(f"no artifact at {path}") from None
-    except OSError as e:
-        raise ArtifactError(f"cannot read the artifact {path}: {e.strerror or e}") from None
-    return read_bytes(data, os.fspath(path))
+    """read_bytes() of the file at `path` (a regular file within the size limit)."""
+    return read_bytes(read_regular(path, "artifact", ArtifactError), os.fspath(path))
 
 
 def from_parts(meta: dict, vmfb: bytes, weights, device=None, threads=None, **extra):
@@ -205,8 +181,13 @@ def from_parts(meta: dict, vmfb: bytes, weights, device=None, threads=None, **ex
 
 
 def load(path: str, device: str | None = None, threads: int | None = None):
-    """Load an artifact written by `exe.save(path)`. With device=None, the first device
-    present that the artifact supports (llvm-cpu: local-task, vulkan: vulkan, cuda:
+    """Load an artifact written by `exe.save(path)`.
+
+    An artifact is executable code (compiled machine code runs when it is called): load
+    only files you trust. Its sha256 digests catch damage, not tampering. Only regular
+    files up to $TERCOMP_MAX_FILE_BYTES (16 GiB) are read.
+
+    With device=None, the first device present that the artifact supports (llvm-cpu: local-task, vulkan: vulkan, cuda:
     cuda, in the artifact's target order); `threads` sizes the local-task pool.
 
     >>> exe = tc.load("mlp.tcm")
