@@ -183,3 +183,40 @@ def top1_agreement(a, b, margin=0.0):
     srt = np.sort(b, -1)
     keep = (srt[:, -1] - srt[:, -2]) > margin
     return float((a.argmax(-1) == b.argmax(-1))[keep].mean()), int(keep.sum())
+
+
+# ------------------------------------------------------------ Hugging Face fixtures
+def hf_pack(t):
+    """transformers' 2B4T packing, written here from its description: codes T + 1, output
+    row j * rows + r in bits 2j..2j+1 of packed row r, rows = ceil(out / 4)."""
+    out = t.shape[0]
+    rows = -(-out // 4)
+    codes = np.zeros((4 * rows, t.shape[1]), np.uint8)
+    codes[:out] = (t + 1).astype(np.uint8)
+    packed = np.zeros((rows, t.shape[1]), np.uint8)
+    for j in range(4):
+        packed |= codes[j * rows:(j + 1) * rows] << (2 * j)
+    return packed
+
+
+def bf16(x):
+    """float32 values that are exactly representable in bfloat16 (truncated)."""
+    return (np.asarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def save_safetensors(path, tensors, bf16_names=()):
+    """Write with safetensors' serializer; names in `bf16_names` are stored as BF16."""
+    import safetensors
+    keep, specs = [], {}
+    for name, arr in tensors.items():
+        arr = np.ascontiguousarray(arr)
+        if name in bf16_names:
+            arr, dt = (arr.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16), "bfloat16"
+        else:
+            dt = {np.dtype(np.float32): "float32", np.dtype(np.uint8): "uint8",
+                  np.dtype(np.float16): "float16"}[arr.dtype]
+        keep.append(arr)
+        specs[name] = safetensors.TensorSpec(dtype=dt, shape=list(arr.shape),
+                                             data_ptr=arr.ctypes.data, data_len=arr.nbytes)
+    with open(path, "wb") as fh:
+        fh.write(bytes(safetensors.serialize(specs)))
