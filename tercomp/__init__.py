@@ -15,6 +15,7 @@ from .errors import (TercompError, TraceError, ParseError, VerifyError, CompileE
                      InputError, ArtifactError, DeviceUnavailable)
 from .runtime.module import CompiledModule, DeviceArray
 from .runtime.artifact import load
+from .runtime.generator import LMGenerator
 
 try:
     import iree.compiler as _iree_compiler
@@ -33,3 +34,4 @@ if _iree_compiler is not None:
     from .passes import autodiff as _autodiff  # noqa: F401  registers the autodiff pass
     from . import optim
     from .train import compile_train_step, TrainStep, save_checkpoint, load_checkpoint
+    from .generate import compile_lm

@@ -16,6 +16,10 @@ uncompressed:
     - `sha256`: hex digest of each other member (`module.vmfb`, `weights.irpa`)
     - `content_hash`: sha256 over those digests, a name for the artifact's content
     - `weights_scope`: parameter scope of `weights.irpa` (when present)
+    - `lm` (a compiled language model, tc.compile_lm): `config` (the model's
+      hyperparameters), `max_seq`, `kv_dtype`, `entries` (["prefill", "decode"]) and
+      `tokenizer` (the tokenizer.json text, or null); tc.load then returns an
+      LMGenerator (tercomp.runtime.generator)
 - `weights.irpa` (optional): the parameters the module reads, in IREE's archive format.
 
 Loading checks the zip, the members, the digests and that the installed iree.runtime
@@ -37,6 +41,7 @@ import zipfile
 
 from ..errors import ArtifactError
 from .files import read_regular, write_atomic
+from .generator import LMGenerator
 from .signature import Signature
 
 FORMAT = "tercomp-artifact"
@@ -93,6 +98,8 @@ def to_bytes(exe) -> bytes:
         meta["cache_key"] = exe.meta["cache_key"]
     if exe.weights is not None:
         meta["weights_scope"] = exe.weights_scope
+    if exe.meta.get("lm") is not None:
+        meta["lm"] = exe.meta["lm"]
     members[SIGNATURE] = json.dumps(meta, indent=1, sort_keys=True).encode()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
@@ -172,7 +179,7 @@ def from_parts(meta: dict, vmfb: bytes, weights, device=None, threads=None, **ex
     """A CompiledModule from read_bytes() parts."""
     from .module import CompiledModule
     info = {k: meta.get(k) for k in ("flags", "drivers", "tercomp_version", "iree_version",
-                                     "content_hash")}
+                                     "content_hash", "lm")}
     info.update(extra)
     return CompiledModule(vmfb, Signature.from_json(meta["signature"]), device=device,
                           targets=meta.get("targets") or ["llvm-cpu"], meta=info,
@@ -194,4 +201,7 @@ def load(path: str, device: str | None = None, threads: int | None = None):
     >>> y = exe(x)
     """
     meta, vmfb, weights = read(path)
-    return from_parts(meta, vmfb, weights, device=device, threads=threads, path=os.fspath(path))
+    exe = from_parts(meta, vmfb, weights, device=device, threads=threads, path=os.fspath(path))
+    if meta.get("lm") is not None:
+        return LMGenerator(exe)
+    return exe

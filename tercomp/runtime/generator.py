@@ -1,0 +1,208 @@
+"""LMGenerator: token generation with a compiled language model (tc.compile_lm, or
+tc.load of a saved LM artifact).
+
+The module (see tercomp/generate.py) has two entry points, `prefill(ids [T], start)` and
+`decode(ids [1], start)`, over a KV cache held in the module's globals on the device.
+This class keeps the position (how many cache rows are filled), checks every input on
+the host BEFORE calling IREE (so a rejected call leaves the cache as it was), samples,
+and times the calls. Like the rest of tercomp.runtime it needs only NumPy and
+iree.runtime (and `tokenizers`, optionally, for text).
+
+    >>> gen = tc.load("lm.tcm")
+    >>> logits = gen.prefill(np.array([1, 2, 3], np.int32))      # [3, vocab], cache rows 0..2
+    >>> nxt = gen.decode(int(logits[-1].argmax()))                # [vocab], cache row 3
+    >>> gen.generate([1, 2, 3], max_new_tokens=8, temperature=0.7, top_k=40, seed=0)
+"""
+from __future__ import annotations
+
+import numbers
+import time
+
+import numpy as np
+
+from ..errors import InputError, TercompError
+from .module import _to_host
+from .sampling import check_sampling, sample
+
+KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
+
+
+def _ids(ids, vocab: int, what: str) -> np.ndarray:
+    """`ids` as a contiguous int32 vector, or an InputError (integers only, in range)."""
+    if isinstance(ids, (bool, np.bool_)):
+        raise InputError(f"{what}: token ids must be integers, got a bool")
+    arr = np.asarray(ids)
+    if arr.size == 0 and isinstance(ids, (list, tuple)):
+        arr = arr.astype(np.int32)          # [] is float64 to NumPy
+    if arr.dtype.kind not in "iu":
+        raise InputError(f"{what}: token ids must be integers, got dtype {arr.dtype}",
+                         hint="pass an int32 array or a list of ints")
+    arr = arr.reshape(-1) if arr.ndim == 0 else arr
+    if arr.ndim != 1:
+        raise InputError(f"{what}: token ids must be a 1-D sequence [T], got shape {list(arr.shape)}",
+                         hint="batch size is 1: pass one sequence")
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab):
+        bad = int(arr[(arr < 0) | (arr >= vocab)][0])
+        raise InputError(f"{what}: token id {bad} is out of range for a vocabulary of {vocab}",
+                         hint=f"ids must be in [0, {vocab - 1}]")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+class LMGenerator:
+    """A compiled LM with an on-device KV cache. Attributes: `exe` (the CompiledModule),
+    `config` (the model config as a dict), `max_seq`, `kv_dtype`, `vocab_size`,
+    `position` (cache rows filled), `tokenizer` (a `tokenizers.Tokenizer` or None),
+    `stats` (token counts and seconds of the last `generate`)."""
+
+    def __init__(self, exe):
+        info = exe.meta.get("lm")
+        if not isinstance(info, dict) or not {"config", "max_seq", "kv_dtype"} <= set(info):
+            raise TercompError("this module is not a compiled language model (no 'lm' metadata)",
+                               hint="compile one with tc.compile_lm(lm)")
+        self.exe = exe
+        self.config = dict(info["config"])
+        self.max_seq = int(info["max_seq"])
+        self.kv_dtype = info["kv_dtype"]
+        self.vocab_size = int(self.config["vocab_size"])
+        self.position = 0
+        self.tokenizer = _load_tokenizer(info.get("tokenizer"))
+        self.stats: dict = {}
+        self._prefill = self._decode = None
+
+    @staticmethod
+    def describe(config: dict, max_seq: int, kv_dtype: str, tokenizer=None) -> dict:
+        """The JSON metadata a compiled LM carries (artifact `signature.json` key "lm")."""
+        return {"config": dict(config), "max_seq": int(max_seq), "kv_dtype": kv_dtype,
+                "entries": ["prefill", "decode"], "tokenizer": tokenizer}
+
+    def _fns(self):
+        if self._prefill is None:
+            self._prefill, self._decode = self.exe.function("prefill"), self.exe.function("decode")
+        return self._prefill, self._decode
+
+    def _run(self, fn, ids, start: int) -> np.ndarray:
+        try:
+            # a copy: to_host() can be a view of a buffer that a later call reuses
+            return _to_host(fn(ids, np.array(start, np.int32)))
+        except Exception as e:
+            raise TercompError(f"the IREE runtime failed running the LM on {self.exe.device}: {e}") from None
+
+    # -- the two entry points ----------------------------------------------------------
+    def prefill(self, ids) -> np.ndarray:
+        """Run the prompt `ids` (int32 [T], 1 <= T <= max_seq) from position 0 in one
+        call: returns the logits [T, vocab] (teacher-forced) and fills cache rows 0..T-1.
+        Starts over whatever was generated before."""
+        arr = _ids(ids, self.vocab_size, "prefill")
+        if not 1 <= arr.size <= self.max_seq:
+            raise InputError(f"prefill: {arr.size} tokens; the cache holds 1 to {self.max_seq}",
+                             hint="compile with a larger max_seq, or shorten the prompt")
+        prefill, _ = self._fns()
+        logits = self._run(prefill, arr, 0)
+        self.position = arr.size
+        return logits
+
+    def decode(self, token) -> np.ndarray:
+        """Append one token at the current position; returns the next-token logits [vocab]."""
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, (numbers.Integral, np.ndarray)):
+            raise InputError(f"decode: the token must be an int, got {type(token).__name__}")
+        arr = _ids(token, self.vocab_size, "decode")
+        if arr.size != 1:
+            raise InputError(f"decode: takes one token, got {arr.size}")
+        if self.position == 0:
+            raise InputError("decode before prefill: the cache is empty",
+                             hint="call gen.prefill(prompt_ids) first")
+        if self.position >= self.max_seq:
+            raise InputError(f"decode: the cache is full ({self.max_seq} positions)",
+                             hint="compile with a larger max_seq, or reset()")
+        _, decode = self._fns()
+        logits = self._run(decode, arr, self.position)
+        self.position += 1
+        return logits[0]
+
+    def reset(self) -> None:
+        """Forget the sequence (the next call must be prefill)."""
+        self.position = 0
+
+    # -- generation --------------------------------------------------------------------
+    def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_k=None, top_p=None, seed: int = 0, eos=None, on_token=None) -> np.ndarray:
+        """Prefill `prompt_ids`, then sample up to `max_new_tokens` tokens; returns the new
+        tokens (int32). temperature 0 is greedy (argmax); otherwise the logits / temperature
+        are restricted to the `top_k` most likely and the smallest set with probability
+        >= `top_p`, and drawn with a NumPy generator seeded by `seed` (the same seed
+        gives the same tokens). Stops after a token in `eos` (an int or a set of ints;
+        it is included in the result). `on_token(token)` is called for each new token.
+        `stats` then holds prefill/decode token counts and seconds."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) \
+                or max_new_tokens < 0:
+            raise InputError(f"generate: max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        check_sampling(temperature, top_k, top_p, seed)
+        eos_set = _eos_set(eos)
+        prompt = _ids(prompt_ids, self.vocab_size, "generate")
+        need = prompt.size + max(int(max_new_tokens) - 1, 0)
+        if need > self.max_seq:
+            raise InputError(f"generate: {prompt.size} prompt tokens + {max_new_tokens} new ones need "
+                             f"{need} cache positions; the cache holds {self.max_seq}",
+                             hint="compile with a larger max_seq or ask for fewer tokens")
+        rng = np.random.default_rng(seed)
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt)[-1]
+        t1 = time.perf_counter()
+        out = []
+        for i in range(int(max_new_tokens)):
+            tok = sample(logits, temperature, top_k, top_p, rng)
+            out.append(tok)
+            if on_token is not None:
+                on_token(tok)
+            if tok in eos_set or i == max_new_tokens - 1:
+                break
+            logits = self.decode(tok)
+        t2 = time.perf_counter()
+        self.stats = {"prefill_tokens": int(prompt.size), "prefill_s": t1 - t0,
+                      "decode_tokens": max(len(out) - 1, 0), "decode_s": t2 - t1}
+        return np.array(out, np.int32)
+
+    # -- text (with a tokenizer) -------------------------------------------------------
+    def encode(self, text: str) -> np.ndarray:
+        if self.tokenizer is None:
+            raise TercompError("this model has no tokenizer", hint="pass token ids instead of text")
+        return np.array(self.tokenizer.encode(text).ids, np.int32)
+
+    def decode_text(self, ids) -> str:
+        if self.tokenizer is None:
+            raise TercompError("this model has no tokenizer")
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def save(self, path: str) -> None:
+        """One artifact file (tercomp.runtime.artifact) with both entry points, the
+        weights and the model config; `tc.load(path)` gives an LMGenerator again."""
+        self.exe.save(path)
+
+    def __repr__(self):
+        c = self.config
+        return (f"LMGenerator(layers={c.get('num_hidden_layers')}, hidden={c.get('hidden_size')}, "
+                f"vocab={self.vocab_size}, max_seq={self.max_seq}, kv={self.kv_dtype}, "
+                f"position={self.position}, device={self.exe.device!r})")
+
+
+def _eos_set(eos) -> set:
+    if eos is None:
+        return set()
+    items = [eos] if isinstance(eos, numbers.Integral) else eos
+    try:
+        out = {int(e) for e in items}
+    except (TypeError, ValueError):
+        raise InputError(f"generate: eos must be an int or a set of ints, got {eos!r}") from None
+    if any(isinstance(e, bool) for e in items):
+        raise InputError(f"generate: eos must be an int or a set of ints, got {eos!r}")
+    return out
+
+
+def _load_tokenizer(text):
+    if not text:
+        return None
+    try:
+        import tokenizers
+        return tokenizers.Tokenizer.from_str(text)
+    except Exception:          # tokenizers missing or a newer format: ids still work
+        return None
