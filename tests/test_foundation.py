@@ -175,7 +175,7 @@ def test_wrong_inputs_to_a_compiled_module_are_caught_before_iree(mlp):
         exe(np.ones((2, 31), np.float32))
     with pytest.raises(tc.InputError, match="dtype f32"):
         exe(np.ones((2, 32), np.float64))
-    with pytest.raises(tc.InputError, match="takes 1 input"):
+    with pytest.raises(tc.InputError, match="takes 1 argument, got 2"):
         exe(np.ones((2, 32), np.float32), np.ones(3, np.float32))
 
 

@@ -282,11 +282,7 @@ class CompiledModule:
 
     def __call__(self, *args, keep_on_device: bool = False):
         sig = self.signature
-        try:
-            leaves = pytree.flatten(tuple(args))[0]
-        except Exception as e:
-            raise InputError(f"cannot read the arguments: {e}") from None
-        arrays = sig.check_inputs(leaves)
+        arrays = sig.leaves(args)
         fn = self._load()
         arrays = [self._device_input(a) for a in arrays]
         try:

@@ -53,6 +53,17 @@ class Signature:
                          [sig(n, v.type) for n, v in zip(graph.output_names, graph.outputs)],
                          jsonable(graph.meta.get("in_tree")), jsonable(graph.meta.get("out_tree")))
 
+    def leaves(self, args: tuple) -> list:
+        """The input arrays of a call with `args`, matched against the compiled pytree
+        structure (tuples/lists of the same length, dicts with the same keys, modules with
+        the same parameters); then check_inputs. Errors name the argument and say what was
+        expected and what came."""
+        if self.in_tree is None:
+            return self.check_inputs(list(args))
+        out: list = []
+        _match(self.in_tree, tuple(args), "", out, self)
+        return self.check_inputs(out)
+
     def check_inputs(self, leaves) -> list:
         """Check count, shapes and dtypes; returns contiguous arrays. Symbolic dims must
         agree across inputs (every 'B' the same size)."""
@@ -93,3 +104,62 @@ class Signature:
             # np.ascontiguousarray would turn a 0-d array into shape (1,)
             out.append(np.asarray(arr, order="C") if isinstance(arr, np.ndarray) else arr)
         return out
+
+
+def _where(path: str) -> str:
+    return f"argument {path}" if path else "the arguments"
+
+
+def _kind(x) -> str:
+    if x is None:
+        return "None"
+    if isinstance(x, (list, tuple)):
+        return f"a {type(x).__name__} of {len(x)}"
+    if isinstance(x, dict):
+        return f"a dict with keys {sorted(map(str, x))}"
+    return f"a {type(x).__name__}"
+
+
+def _match(tree, x, path: str, out: list, sig: Signature):
+    """Walk the expected treedef and the given value together, appending leaves."""
+    if tree is None:
+        if isinstance(x, (np.ndarray, np.generic, int, float, bool)) or (
+                hasattr(x, "to_host") and hasattr(x, "shape")):
+            out.append(x)
+            return
+        hint = "convert it with np.asarray(..., dtype)" if isinstance(x, (list, tuple)) else None
+        if len(out) < len(sig.inputs):
+            s = sig.inputs[len(out)]
+            raise InputError(f"input {s.name} (argument {path}): expected an array of shape "
+                             f"[{', '.join(map(str, s.shape))}] {s.dtype}, got {_kind(x)}", hint=hint)
+        raise InputError(f"{_where(path)}: expected an array, got {_kind(x)}", hint=hint)
+    kind = tree[0]
+    if kind == "none":
+        if x is not None:
+            raise InputError(f"{_where(path)}: expected None, got {_kind(x)}")
+        return
+    if kind in ("tuple", "list"):
+        children = tree[1]
+        if not path and len(x) != len(children):
+            n = len(children)
+            raise InputError(f"{sig.function} takes {n} argument{'s' if n != 1 else ''}, got {len(x)}")
+        if not isinstance(x, (tuple, list)) or len(x) != len(children):
+            raise InputError(f"{_where(path)}: expected a {kind} of {len(children)}, got {_kind(x)}")
+        for i, (c, v) in enumerate(zip(children, x)):
+            _match(c, v, f"{path}[{i}]" if path else str(i), out, sig)
+        return
+    if kind == "dict":
+        keys, children = tree[1], tree[2]
+        if callable(getattr(x, "parameters", None)) and not isinstance(x, dict):
+            x = x.parameters()          # an nn.Module passed where its parameters were traced
+        if not isinstance(x, dict):
+            raise InputError(f"{_where(path)}: expected a dict with keys {keys}, got {_kind(x)}")
+        given = {str(k): v for k, v in x.items()}
+        missing, extra = [k for k in keys if k not in given], sorted(set(given) - set(keys))
+        if missing or extra:
+            raise InputError(f"{_where(path)}: the dict's keys do not match the compiled ones: missing "
+                             f"{missing}, unexpected {extra}", hint=f"pass exactly the keys {keys}")
+        for k, c in zip(keys, children):
+            _match(c, given[k], f"{path}.{k}" if path else k, out, sig)
+        return
+    raise InputError(f"the compiled signature has an unknown tree node {kind!r}")
