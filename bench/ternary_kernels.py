@@ -27,8 +27,8 @@ from iree.compiler import ir  # noqa: E402
 from iree.compiler.dialects import arith, func, linalg, tensor  # noqa: E402
 
 from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session  # noqa: E402
-from tercomp.codegen.ternary_kernels import (choose_strategy, emit_ternary_matmul,  # noqa: E402
-                                             strategy_flags)
+from tercomp.codegen.ternary_strategies import (choose_strategy, emit_ternary_matmul,  # noqa: E402
+                                                strategy_flags)
 from tercomp.ops.ternary_pack import absmean_ternarize, pack_ternary  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 2048, 2048)]

@@ -17,6 +17,8 @@ from . import __version__
 from .codegen.iree_session import compile_module, new_session
 from .codegen.lower import to_mlir
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
+from .codegen.ternary_strategies import check_strategy, choose_strategy
+from .codegen.ternary_strategies import flags_for as ternary_flags
 from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
                               target_flags)
 from .errors import TercompError
@@ -65,15 +67,14 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     user_flags = check_extra_flags(flags)
     device = pick_device(target_names, device)      # a bad device fails before IREE runs
     check_threads(target_names, device, threads)
-    from .passes.ternary import check_strategy
-    check_strategy(ternary)
+    check_strategy(ternary, target_names)        # a CPU-only kernel for a GPU fails here
     check_mode(weights)
     dumper = Dumper(dump_dir)
     graph = _trace_stages(fn, example_args, name, dumper)
     pipeline = list(DEFAULT_PASSES if passes is None else passes)
     if ternary != "off":
         at = pipeline.index("simplify") if "simplify" in pipeline else len(pipeline)
-        pipeline.insert(at, ("ternary", {"strategy": ternary}))
+        pipeline.insert(at, ("ternary", {"strategy": ternary, "targets": target_names}))
     graph = run_pipeline(graph, pipeline, dumper)
     session, ctx = new_session()
     weights_mode = resolve_mode([graph], weights)
@@ -84,11 +85,12 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     irpa = table.archive()
     with ctx:
         dumper.add("mlir", module.operation.get_asm(large_elements_limit=16), ext="mlir")
-    all_flags = target_args + user_flags
-    from .codegen.ternary_kernels import strategy_flags
+    # the flags of the ternary kernels the module uses (the strategy table's), each
+    # checked to compile for the targets; "auto" left on an op lowers as on llvm-cpu
     used = {op.attrs["strategy"] for op in graph.ops if op.opname == "ternary_matmul"}
-    for st in sorted({"int8" if s == "auto" else s for s in used}):
-        all_flags = all_flags + [f for f in strategy_flags(st) if f not in all_flags]
+    used = {choose_strategy(None, 1, 1) if s == "auto" else s for s in used}
+    all_flags = target_args + user_flags
+    all_flags += [f for f in ternary_flags(used, target_names) if f not in all_flags]
     meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],
             "iree_version": IREE_VERSION, "cache_hit": False, "weights": weights_mode,
             "parameters": sorted(table.arrays)}

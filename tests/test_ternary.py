@@ -36,7 +36,7 @@ def _mlp_ref(m, x):
 X = np.random.default_rng(1).standard_normal((2, 3, 12)).astype(np.float32)
 
 
-@pytest.mark.parametrize("strategy", ["off", "auto", "addsub", "int8", "f32"])
+@pytest.mark.parametrize("strategy", ["off", "auto", "addsub", "int8", "f32", "vnni", "blocked"])
 def test_bitlinear_mlp_matches_reference(strategy):
     m = MLP()
     exe = tc.compile(m, X, ternary=strategy, cache=False)
@@ -46,7 +46,7 @@ def test_bitlinear_mlp_matches_reference(strategy):
 # CHECK-LABEL: func.func @forward(
 # CHECK-NOT: "tern.ternarize"
 # CHECK-NOT: "tern.matmul"
-# CHECK: "tern.ternary_matmul"({{{{.*}}}}strategy = "{'int8' if strategy == 'auto' else strategy}"
+# CHECK: "tern.ternary_matmul"({{{{.*}}}}strategy = "{'blocked' if strategy == 'auto' else strategy}"
 # CHECK-NOT: "tern.ternarize"
 # CHECK-NOT: "tern.matmul"
 # CHECK: "tern.ternary_matmul"

@@ -1,5 +1,6 @@
-"""Ternary packing (tercomp/ops/ternary_pack.py) and the compiled ternary matmul kernels
-(tercomp/codegen/ternary_kernels.py) against their NumPy reference."""
+"""Ternary packing (tercomp/ops/ternary_pack.py), the compiled ternary matmul kernels
+(tercomp/codegen/ternary_kernels.py, ternary_vnni.py) against their NumPy reference, and
+the strategy table that picks them (tercomp/codegen/ternary_strategies.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,10 +17,13 @@ iree_rt = pytest.importorskip("iree.runtime")
 from iree.compiler import ir  # noqa: E402
 from iree.compiler.dialects import arith, func, linalg, tensor  # noqa: E402
 
+from tercomp.codegen import ternary_blocked  # noqa: E402
 from tercomp.codegen.iree_session import (HOST_CPU_FLAGS, build_and_compile,  # noqa: E402
                                           compile_module, new_session)
-from tercomp.codegen.ternary_kernels import (STRATEGIES, choose_strategy,  # noqa: E402
-                                             emit_ternary_matmul, strategy_flags)
+from tercomp.codegen.ternary_strategies import (GEMV_MAX_M, NAMES, STRATEGIES,  # noqa: E402
+                                                TABLE, VNNI, check_strategy, choose_strategy,
+                                                emit_ternary_matmul, flags_for,
+                                                strategy_flags)
 
 
 def random_ternary(rng, n, k, p_zero=0.4):
@@ -185,7 +189,7 @@ def assert_matches_reference(y, ref, act_quant_on):
 
 
 @pytest.mark.parametrize("aq", [True, False], ids=["act_quant", "noquant"])
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", NAMES)
 def test_kernel_matches_reference(strategy, aq):
     rng = np.random.default_rng(7)
     weights, functions = {}, {}
@@ -198,7 +202,8 @@ def test_kernel_matches_reference(strategy, aq):
     mod = compile_functions(functions, strategy_flags(strategy))
     for name, m, k, n in KERNEL_CASES:
         packed, scale = weights[name]
-        for batch in ([m] if m is not None else [2, 5]):
+        # a dynamic M on both sides of the dispatch's GEMV / blocked threshold
+        for batch in ([m] if m is not None else [2, GEMV_MAX_M + 1]):
             x = (rng.standard_normal((batch, k)) * 2).astype(np.float32)
             y = mod[name](x).to_host()
             assert y.shape == (batch, n) and y.dtype == np.float32
@@ -206,7 +211,7 @@ def test_kernel_matches_reference(strategy, aq):
             assert_matches_reference(y, ref, aq)
 
 
-@pytest.mark.parametrize("strategy", ["addsub", "int8", "vnni"])
+@pytest.mark.parametrize("strategy", ["addsub", "int8", "vnni", "blocked", "dispatch"])
 def test_kernel_with_runtime_packed_weights(strategy):
     """`packed` may be a tensor<N x KB x i8> function argument instead of a constant."""
     rng = np.random.default_rng(11)
@@ -223,9 +228,30 @@ def test_kernel_with_runtime_packed_weights(strategy):
 
     _, vmfb = build_and_compile(build, [*HOST_CPU_FLAGS, *strategy_flags(strategy)])
     mod = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
-    x = rng.standard_normal((3, k)).astype(np.float32)
-    y = mod.main(x, packed.view(np.int8)).to_host()
-    assert_matches_reference(y, ternary_matmul_reference(x, packed, k, scale, True), True)
+    for batch in (3, GEMV_MAX_M + 5):
+        x = rng.standard_normal((batch, k)).astype(np.float32)
+        y = mod.main(x, packed.view(np.int8)).to_host()
+        assert_matches_reference(y, ternary_matmul_reference(x, packed, k, scale, True), True)
+
+
+@pytest.mark.parametrize("n,rows", [(6, 2), (7, 1), (6, 6)])
+def test_blocked_unpacks_block_by_block(monkeypatch, n, rows):
+    """Several blocks of NT weight rows (the largest divisor of N that fits BLOCK_BYTES),
+    a prime N (NT = 1) and one block, at a static and a dynamic M."""
+    k = 301
+    monkeypatch.setattr(ternary_blocked, "BLOCK_BYTES", rows * padded_k(k))
+    assert ternary_blocked.block_rows(n, padded_k(k)) == rows
+    rng = np.random.default_rng(n)
+    t = random_ternary(rng, n, k)
+    packed = pack_ternary(t)
+    mod = compile_functions({
+        name: (m, k, lambda x: emit_ternary_matmul(x, packed, k, n, 0.5, strategy="blocked",
+                                                   act_quant=True))
+        for name, m in (("static", 9), ("dyn", DYN))}, strategy_flags("blocked"))
+    for name, batch in (("static", 9), ("dyn", 1), ("dyn", 13)):
+        x = rng.standard_normal((batch, k)).astype(np.float32)
+        y = mod[name](x).to_host()
+        assert_matches_reference(y, ternary_matmul_reference(x, packed, k, 0.5, True), True)
 
 
 def test_addsub_i16_partial_sums_at_the_overflow_bound():
@@ -265,21 +291,54 @@ def test_vnni_matches_reference_at_full_vector_tiles(m, k, n):
                                rtol=1e-6)
 
 
-def test_choose_strategy():
-    assert choose_strategy(1, 4096, 4096) == "vnni"
-    assert choose_strategy(2, 4096, 4096) == "vnni"
-    assert choose_strategy(128, 2048, 2048) == "int8"
-    assert choose_strategy(None, 4096, 4096) == "int8"
-    assert all(choose_strategy(m, 64, 64) in STRATEGIES for m in (None, 1, 7))
+@pytest.mark.parametrize("features,decode,symbolic", [((VNNI,), "vnni", "dispatch-vnni"),
+                                                     ((), "addsub", "dispatch")])
+def test_choose_strategy_per_shape_and_cpu(features, decode, symbolic):
+    def pick(m, targets=("llvm-cpu",)):
+        return choose_strategy(m, 4096, 4096, targets, features=features)
+    assert pick(1) == pick(GEMV_MAX_M) == decode
+    assert pick(GEMV_MAX_M + 1) == pick(128) == "blocked"
+    assert pick(None) == symbolic
+    # the generic x86-64 target has no VNNI whatever the host has
+    assert choose_strategy(None, 64, 64, ["llvm-cpu-generic"]) == "dispatch"
+    assert choose_strategy(1, 64, 64, ["llvm-cpu-generic"]) == "addsub"
+
+
+@pytest.mark.parametrize("targets", [["vulkan"], ["cuda"], ["llvm-cpu", "vulkan"],
+                                     ["llvm-cpu", "cuda"]])
+def test_auto_never_picks_a_cpu_only_kernel_for_a_gpu(targets):
+    for m in (None, 1, 2, 8, 128):
+        s = choose_strategy(m, 4096, 4096, targets, features=(VNNI,))
+        assert all(t in STRATEGIES[s].targets for t in targets)
+        assert s == "addsub"
+
+
+def test_every_strategy_is_in_one_table():
+    assert NAMES == tuple(r.name for r in TABLE)
+    assert {"dispatch-vnni", "dispatch", "vnni", "blocked", "addsub", "int8", "f32"} == set(NAMES)
+    for r in TABLE:
+        assert r.targets and r.summary and callable(r.emit) and callable(r.auto)
 
 
 def test_strategy_flags():
     assert strategy_flags("addsub") == []
     assert strategy_flags("vnni") == []
+    assert strategy_flags("blocked") == strategy_flags("dispatch") == strategy_flags("int8")[:2]
     assert "--iree-opt-data-tiling=true" in strategy_flags("int8")
-    for bad in ("auto", "llvm-cpu", "", None):
+    for bad in ("auto", "off", "llvm-cpu", "", None):
         with pytest.raises(TercompError):
             strategy_flags(bad)
+    assert flags_for({"int8", "addsub"}, ["llvm-cpu"]) == strategy_flags("int8")
+
+
+@pytest.mark.parametrize("strategy", ["vnni", "blocked", "dispatch", "dispatch-vnni"])
+def test_cpu_only_kernels_are_refused_for_gpus(strategy):
+    with pytest.raises(TercompError, match=f"{strategy!r} does not compile for vulkan") as e:
+        check_strategy(strategy, ["llvm-cpu", "vulkan"])
+    assert "addsub" in e.value.hint and strategy not in e.value.hint
+    with pytest.raises(TercompError, match="does not compile for cuda"):
+        flags_for({strategy}, ["cuda"])
+    assert check_strategy(strategy, ["llvm-cpu"]) == strategy
 
 
 def _emit_with(x_type, packed, k, n, strategy="addsub"):

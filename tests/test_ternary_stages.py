@@ -95,6 +95,46 @@ def test_int8_lowers_to_an_i8_matmul(int8):
 """)
 
 
+@pytest.fixture(scope="module")
+def auto():
+    return _compile("auto")
+
+
+def test_symbolic_batch_dispatches_at_run_time(auto):
+    """"auto" with a symbolic batch: one 2-bit constant, and an scf.if on the batch size
+    between a decode kernel that reads it (addsub, or vnni on a host with VNNI) and the
+    blocked kernel that unpacks slices of it inside a loop: no whole unpacked copy."""
+    run_filecheck(auto.ir("ternary"), r"""
+# CHECK: "tern.ternary_matmul"(%x, %{{.*}}) {{{.*}}strategy = "dispatch{{(-vnni)?}}"}
+""")
+    run_filecheck(auto.ir("mlir"), r"""
+# CHECK-LABEL: func.func @forward(%arg0: tensor<?x256xf32>) -> tensor<?x128xf32>
+# CHECK:       %[[W:.*]] = arith.constant dense_resource<__elided__> : tensor<128x64xi8>
+# CHECK-NOT:   arith.constant dense_resource
+# CHECK:       %[[M:.*]] = tensor.dim %arg0, %{{.*}} : tensor<?x256xf32>
+# CHECK:       %[[SMALL:.*]] = arith.cmpi ule, %[[M]], %c4 : index
+# CHECK:       %[[Y:.*]] = scf.if %[[SMALL]] -> (tensor<?x128xf32>) {
+# CHECK-NOT:     linalg.matmul
+# CHECK:         {{.*}}%[[W]]{{[ ,\[].*}}tensor<128x64xi8>
+# CHECK-NOT:     linalg.matmul
+# CHECK:         scf.yield %{{.*}} : tensor<?x128xf32>
+# CHECK-NEXT:  } else {
+# CHECK:         scf.for %[[N0:.*]] = %{{.*}} iter_args(%[[ACC:.*]] = %{{.*}}) -> (tensor<?x128xi32>) {
+# CHECK:           %[[WS:.*]] = tensor.extract_slice %[[W]][%[[N0]], 0] [128, 64] [1, 1]
+# CHECK:           %[[U:.*]] = linalg.generic {{.*}} ins(%[[WS]] : tensor<128x64xi8>) outs(%{{.*}} : tensor<128x4x64xi8>)
+# CHECK:           %[[WT:.*]] = tensor.collapse_shape %[[U]]
+# CHECK:           %[[YB:.*]] = linalg.matmul {{.*}} ins(%{{.*}}, %[[WT]] : tensor<?x256xi8>, tensor<128x256xi8>)
+# CHECK:           tensor.insert_slice %[[YB]] into %[[ACC]][0, %[[N0]]] [%[[M]], 128]
+# CHECK:         scf.yield %{{.*}} : tensor<?x128xf32>
+# CHECK-NEXT:  }
+# CHECK-NEXT:  return %[[Y]]
+""")
+    x = np.random.default_rng(1).standard_normal((9, K)).astype(np.float32)
+    ref = _compile("f32")
+    for b in (1, 4, 5, 9):
+        np.testing.assert_allclose(auto(x[:b]), ref(x[:b]), rtol=1e-6, atol=1e-6)
+
+
 def test_both_strategies_compute_the_same(addsub, int8):
     x = np.random.default_rng(0).standard_normal((4, K)).astype(np.float32)
     np.testing.assert_allclose(addsub(x), int8(x), rtol=1e-5, atol=1e-5)

@@ -18,7 +18,7 @@ from ..ir import Graph, Op
 from ..ops import GraphBuilder, get
 from .builders import LowerCtx, tensor_type
 
-LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "flow", "util", "hal")
+LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "scf", "flow", "util", "hal")
 
 
 def _location(op: Op) -> ir.Location:

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import TraceError
 from ..ir import TensorType
 from ..ir.types import is_float
+from ..codegen.ternary_strategies import NAMES, emit_ternary_matmul
 from . import ternary_pack as tp
 from .registry import OpDef, REQUIRED, register
 
@@ -105,7 +106,7 @@ register(OpDef("act_quant", "ternary", _float_same("act_quant"), _act_quant_refe
 
 
 # -- ternary_matmul ------------------------------------------------------------------------
-STRATEGIES = ("auto", "addsub", "vnni", "int8", "f32")
+STRATEGIES = ("auto", *NAMES)
 
 
 def _tm_infer(types, a):
@@ -132,11 +133,10 @@ def _tm_lower(ctx, op, operands):
     # The packed weights arrive as an MLIR value: an arith.constant when they were frozen
     # at compile time, a util.global.load when they are .irpa parameters, or a function
     # argument. The kernels read any of them.
-    from ..codegen import ternary_kernels as tk
     x, p = operands
-    return [tk.emit_ternary_matmul(x, p, int(op.attrs["k"]), int(op.attrs["n"]),
-                                   float(op.attrs["scale"]), strategy=op.attrs["strategy"],
-                                   act_quant=bool(op.attrs["act_quant"]))]
+    return [emit_ternary_matmul(x, p, int(op.attrs["k"]), int(op.attrs["n"]),
+                                float(op.attrs["scale"]), strategy=op.attrs["strategy"],
+                                act_quant=bool(op.attrs["act_quant"]))]
 
 
 register(OpDef("ternary_matmul", "ternary", _tm_infer, _tm_reference, num_operands=2,

@@ -1,0 +1,239 @@
+"""The ternary matmul strategies: ONE table, read by the `ternary` pass (which settles
+"auto" per target and per shape), `tc.compile` (the IREE flags of the strategies a
+module uses) and the CLI (`--ternary` choices).
+
+Each row: the name, the emitter (`ternary_kernels`, `ternary_vnni`, `ternary_blocked`),
+the IREE flags it needs on top of the target's, the targets it compiles for, the CPU
+feature it needs, and the rule under which "auto" picks it. "auto" takes the first row,
+in table order, that compiles for every target of the compile (on llvm-cpu: with the
+host's features) and whose rule accepts the shape (M None: a symbolic batch).
+
+    name           targets   auto picks it for
+    dispatch-vnni  CPU+VNNI  M symbolic: scf.if on M, vnni for M <= 4, blocked above
+    dispatch       CPU       M symbolic: scf.if on M, addsub for M <= 4, blocked above
+    vnni           CPU+VNNI  M <= 4
+    blocked        CPU       M > 4
+    addsub         all       every other case (GPUs, CPU + GPU artifacts, decode
+                             without VNNI)
+    int8           all       never: keeps an unpacked int8 copy of every weight in RAM
+                             (1 B a weight, 4 B without act_quant), made at load
+    f32            all       never: exact float sums, the reference kernel
+
+Every strategy but int8 reads only the 2-bit constant, so one copy of each weight
+exists at run time (blocked unpacks NT rows at a time into a cache-sized temporary).
+CPU+VNNI is llvm-cpu on a host with AVX-512 VNNI (`vpdpbusd`); elsewhere (AVX2) "vnni"
+still compiles but LLVM widens the products to i32 `vpmaddwd`, slower than addsub.
+
+Measured with bench/ternary_kernels.py (bare kernels) and bench/ternary_matmul.py
+(through `exe(x)`), ratios to NumPy f32 on the same dense weights in the same
+interleaved run, median / min:
+- 2026-11-23, 2-core AMD EPYC VM with AVX-512 VNNI, before this table: 1x4096x4096
+  vnni 0.13x / 0.11x, addsub 0.17x / 0.14x, int8 0.26x / 0.21x; 8x4096x4096 int8
+  0.18x / 0.15x, vnni 0.21x / 0.14x; 128x2048x2048 int8 0.46x / 0.43x, vnni 0.75x.
+
+>>> choose_strategy(None, 4096, 4096, features=()), choose_strategy(1, 4096, 4096, features=())
+('dispatch', 'addsub')
+>>> choose_strategy(None, 4096, 4096, targets=("vulkan",))
+'addsub'
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, scf
+
+from ..errors import TercompError
+from .ternary_blocked import blocked
+from .ternary_kernels import _const, _Kernel, check_packed
+from .ternary_vnni import vnni
+
+CPU_TARGETS = ("llvm-cpu", "llvm-cpu-generic")
+ALL_TARGETS = CPU_TARGETS + ("vulkan", "cuda")
+#: The largest M the dispatch strategies send to their decode kernel.
+GEMV_MAX_M = 4
+VNNI = "avx512_vnni"
+
+_DATA_TILING = ("--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all")
+# Hoist the weight unpack (a constant expression that grows 4x or 16x) to module load:
+# the size threshold lets the hoisting happen at all; const-eval=false keeps the
+# compiler from evaluating it, so the .vmfb stores the 2-bit constant.
+_HOIST_TO_LOAD = ("--iree-opt-const-expr-max-size-increase-threshold=4294967296",
+                  "--iree-opt-const-eval=false")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    emit: Callable[[_Kernel, bool], ir.Value]        # (kernel, act_quant) -> y
+    flags: tuple[str, ...]
+    targets: tuple[str, ...]
+    feature: str | None                              # CPU feature "auto" requires
+    auto: Callable[[int | None], bool]               # M (None: symbolic) -> picked?
+    summary: str
+
+
+def _f32(kern: _Kernel, act_quant: bool) -> ir.Value:
+    return kern.addsub(integer=False, act_quant=act_quant)
+
+
+def _int_only(emit):
+    # Without activation quantization there are no int8 activations to multiply: the
+    # exact f32 masked add/sub kernel, on the same 2-bit constant.
+    return lambda kern, aq: emit(kern) if aq else _f32(kern, aq)
+
+
+def _dispatch(small: str, large: str):
+    """scf.if on the batch size, one kernel for M <= GEMV_MAX_M and another above;
+    both read the same 2-bit constant (a static M gets its branch directly)."""
+    def emit(kern: _Kernel, aq: bool) -> ir.Value:
+        if kern.m is not None:
+            return STRATEGIES[small if kern.m <= GEMV_MAX_M else large].emit(kern, aq)
+        is_small = arith.cmpi(arith.CmpIPredicate.ule, kern.m_values[0],
+                              _const(GEMV_MAX_M, kern.index))
+        branch = scf.IfOp(is_small, [kern.ttype([kern.n], kern.f32)], has_else=True)
+        with ir.InsertionPoint(branch.then_block):
+            scf.YieldOp([STRATEGIES[small].emit(kern, aq)])
+        with ir.InsertionPoint(branch.else_block):
+            scf.YieldOp([STRATEGIES[large].emit(kern, aq)])
+        return branch.results[0]
+    return emit
+
+
+def _symbolic(m):
+    return m is None
+
+
+def _never(m):
+    return False
+
+
+TABLE = (
+    Strategy("dispatch-vnni", _dispatch("vnni", "blocked"), _DATA_TILING, CPU_TARGETS, VNNI,
+             _symbolic, f"scf.if on M: vnni for M <= {GEMV_MAX_M}, blocked above"),
+    Strategy("dispatch", _dispatch("addsub", "blocked"), _DATA_TILING, CPU_TARGETS, None,
+             _symbolic, f"scf.if on M: addsub for M <= {GEMV_MAX_M}, blocked above"),
+    Strategy("vnni", _int_only(vnni), (), CPU_TARGETS, VNNI,
+             lambda m: m is not None and m <= GEMV_MAX_M,
+             "u8 codes x s8 activations reduced with vpdpbusd (decode)"),
+    Strategy("blocked", _int_only(blocked), _DATA_TILING, CPU_TARGETS, None,
+             lambda m: m is not None and m > GEMV_MAX_M,
+             "NT weight rows unpacked at a time, i8 matmul ukernel per block (prefill)"),
+    Strategy("addsub", lambda kern, aq: kern.addsub(integer=aq, act_quant=aq), (),
+             ALL_TARGETS, None, lambda m: True,
+             "int8 activations, masked add/sub over the 2-bit codes, i16 partial sums"),
+    Strategy("int8", lambda kern, aq: kern.int8_matmul(aq), _DATA_TILING + _HOIST_TO_LOAD,
+             ALL_TARGETS, None, _never,
+             "weights unpacked to int8 at load (an unpacked copy in RAM), i8 matmul"),
+    Strategy("f32", _f32, (), ALL_TARGETS, None, _never, "exact f32 masked add/sub"),
+)
+STRATEGIES = {s.name: s for s in TABLE}
+NAMES = tuple(STRATEGIES)
+#: What tc.compile(ternary=...) and `tercomp compile --ternary` accept.
+CHOICES = ("auto", *NAMES, "off")
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu_features() -> frozenset:
+    """The host CPU's feature flags as Linux names them (/proc/cpuinfo), empty elsewhere:
+    what `--iree-llvmcpu-target-cpu=host` compiles for."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def target_features(targets: Sequence[str]) -> frozenset:
+    """The CPU features every target has: the host's for llvm-cpu alone, none else."""
+    return host_cpu_features() if list(targets) == ["llvm-cpu"] else frozenset()
+
+
+def check_strategy(strategy, targets: Sequence[str] = ("llvm-cpu",), *,
+                   choices: Sequence[str] = CHOICES) -> str:
+    """`strategy` if it is one of `choices` and compiles for every target, else a
+    TercompError saying which strategies would."""
+    if strategy not in choices:
+        raise TercompError(f"unknown ternary strategy {strategy!r}; expected one of "
+                           f"{', '.join(map(repr, choices))}")
+    row = STRATEGIES.get(strategy)
+    if row is not None:
+        missing = [t for t in targets if t not in row.targets]
+        if missing:
+            fits = [s.name for s in TABLE if all(t in s.targets for t in targets)]
+            raise TercompError(f"ternary strategy {strategy!r} does not compile for "
+                               f"{', '.join(missing)} (it supports {', '.join(row.targets)})",
+                               hint=f"use ternary='auto' or one of {', '.join(fits)}")
+    return strategy
+
+
+def choose_strategy(m: int | None, k: int, n: int, targets: Sequence[str] = ("llvm-cpu",),
+                    features: Sequence[str] | None = None) -> str:
+    """The strategy "auto" means for an [m, k] x [k, n] ternary matmul compiled for
+    `targets` (m None: a symbolic batch): the first row of TABLE that supports every
+    target, whose feature is in `features` (default: `target_features(targets)`), and
+    whose rule accepts m.
+
+    >>> choose_strategy(128, 2048, 2048), choose_strategy(1, 64, 64, ["llvm-cpu", "cuda"])
+    ('blocked', 'addsub')
+    """
+    features = target_features(targets) if features is None else frozenset(features)
+    for s in TABLE:
+        if (all(t in s.targets for t in targets) and (s.feature is None or s.feature in features)
+                and s.auto(m)):
+            return s.name
+    raise TercompError(f"no ternary strategy compiles for {', '.join(targets)}")
+
+
+def strategy_flags(strategy: str) -> list[str]:
+    """The IREE flags a strategy needs on top of its target's.
+
+    >>> strategy_flags("addsub")
+    []
+    >>> strategy_flags("int8")[:2]
+    ['--iree-opt-data-tiling=true', '--iree-llvmcpu-enable-ukernels=all']
+    """
+    return list(STRATEGIES[check_strategy(strategy, (), choices=NAMES)].flags)
+
+
+def flags_for(strategies, targets: Sequence[str]) -> list[str]:
+    """The flags of every strategy in `strategies` (table order, no repeats), each
+    checked to compile for `targets`: a module that uses a CPU-only kernel fails here,
+    by name, instead of inside IREE's GPU pipeline."""
+    out = []
+    for s in TABLE:
+        if s.name in strategies:
+            check_strategy(s.name, targets, choices=NAMES)
+            out += [f for f in s.flags if f not in out]
+    return out
+
+
+def emit_ternary_matmul(x: ir.Value, packed, k: int, n: int, scale: float, *,
+                        strategy: str, act_quant: bool,
+                        targets: Sequence[str] = ("llvm-cpu",)) -> ir.Value:
+    """Emit `y = scale * x @ T^T` at the current insertion point; returns y.
+
+    `x` is a `tensor<M x K x f32>` value (M static or dynamic), `packed` the uint8
+    [N, KB] output of `pack_ternary` (KB * 4 >= K; columns past K are zero-padded in the
+    kernel too), embedded as a constant, or a `tensor<N x KB x i8>` value holding the
+    same bytes at run time; `scale` the absmean scale. With `act_quant`, x is quantized
+    per row to int8 first (`act_quant` in ternary_pack). `strategy` is a name of TABLE
+    or "auto" (`choose_strategy(M or None, K, N, targets)`); compile with
+    `strategy_flags` of the strategy used. Returns a `tensor<M x N x f32>` value.
+    """
+    check_strategy(strategy, (), choices=("auto", *NAMES))
+    packed = check_packed(packed, k, n)
+    x_type = ir.RankedTensorType(x.type)
+    if (x_type.rank != 2 or x_type.is_dynamic_dim(1) or x_type.get_dim_size(1) != k
+            or not isinstance(x_type.element_type, ir.F32Type)):
+        raise TercompError(f"ternary matmul expects x of type tensor<?x{k}xf32> (M static "
+                           f"or dynamic), got {x_type}")
+    m = None if x_type.is_dynamic_dim(0) else x_type.get_dim_size(0)
+    if strategy == "auto":
+        strategy = choose_strategy(m, k, n, targets)
+    return STRATEGIES[strategy].emit(_Kernel(x, m, k, n, packed, float(scale)), act_quant)
