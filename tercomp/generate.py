@@ -50,6 +50,8 @@ from .trace.tracer import apply
 
 __all__ = ["compile_lm"]
 
+DEFAULT_MAX_SEQ = 2048
+
 
 class _Step(nn.Module):
     """One step of the LM over the KV cache: (ids [T], start, caches) -> (logits [T,
@@ -90,6 +92,8 @@ def _check_args(lm, max_seq, kv_dtype):
     if not isinstance(lm, BitNetLM):
         raise TercompError(f"compile_lm expects a models.BitNetLM, got {type(lm).__name__}",
                            hint="load one with models.load(path) or build models.BitNetLM(config)")
+    if max_seq is None:
+        max_seq = min(DEFAULT_MAX_SEQ, lm.config.max_position_embeddings)
     if isinstance(max_seq, bool) or not isinstance(max_seq, (int, np.integer)) or max_seq < 1:
         raise TercompError(f"compile_lm: max_seq must be a positive integer, got {max_seq!r}")
     if max_seq > lm.config.max_position_embeddings:
@@ -113,13 +117,14 @@ def _share_constants(graphs) -> None:
                 op.attrs["value"] = seen.setdefault(key, v)
 
 
-def compile_lm(lm, max_seq: int = 2048, kv_dtype: str = "float16", *, target="llvm-cpu",
+def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, target="llvm-cpu",
                ternary: str = "auto", device: str | None = None, threads: int | None = None,
                cache: bool = True, dump_dir: str | None = None, flags=()) -> LMGenerator:
     """Compile `lm` (a models.BitNetLM) into a generator with `prefill`, `decode`,
     `generate`, `reset` and `save` (tercomp.runtime.generator.LMGenerator).
 
-    `max_seq` is the KV cache length (prompt plus generated tokens), `kv_dtype` the
+    `max_seq` is the KV cache length (prompt plus generated tokens; default the model's
+    max_position_embeddings, at most 2048), `kv_dtype` the
     cache's element type ("float16", as llama.cpp keeps it, or "float32"). `ternary`
     chooses the ternary kernels as in tc.compile ("auto": per shape, so decode and
     prefill may differ). The cache of each layer is two `[max_seq, kv_heads, head_dim]`
