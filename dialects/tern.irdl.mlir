@@ -70,6 +70,14 @@ irdl.dialect @tern {
     %2 = irdl.any
     irdl.results(r0: %2)
   }
+  irdl.operation @checkpoint {
+    %0 = irdl.any
+    irdl.operands(operands: variadic %0)
+    %1 = irdl.region
+    irdl.regions(body: %1)
+    %2 = irdl.any
+    irdl.results(results: variadic %2)
+  }
   irdl.operation @concatenate {
     %0 = irdl.any
     irdl.operands(operands: variadic %0)
@@ -316,6 +324,19 @@ irdl.dialect @tern {
     %1 = irdl.any
     irdl.results(r0: %1)
   }
+  irdl.operation @scan {
+    %0 = irdl.any
+    irdl.operands(operands: variadic %0)
+    %1 = irdl.any
+    %2 = irdl.any
+    %3 = irdl.any
+    %4 = irdl.any
+    irdl.attributes {"n_carry" = %1, "n_xs" = %2, "length" = %3, "reverse" = %4}
+    %5 = irdl.region
+    irdl.regions(body: %5)
+    %6 = irdl.any
+    irdl.results(results: variadic %6)
+  }
   irdl.operation @scatter_add {
     %0 = irdl.any
     %1 = irdl.any
@@ -470,5 +491,10 @@ irdl.dialect @tern {
     irdl.operands(x0: %0, x1: %1, x2: %2)
     %3 = irdl.any
     irdl.results(r0: %3)
+  }
+  irdl.operation @yield {
+    %0 = irdl.any
+    irdl.operands(operands: variadic %0)
+    irdl.results()
   }
 }

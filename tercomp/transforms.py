@@ -16,7 +16,7 @@ import numpy as np
 from .errors import TercompError
 from .passes.autodiff import backward, check_differentiable, seed_for
 from . import pytree
-from .trace.tracer import Trace, Tracer, user_location
+from .trace.tracer import Trace, Tracer, current_trace, user_location
 
 
 def _tracers(tree):
@@ -36,13 +36,20 @@ def _eager(fn, *args):
 
 def _active_trace(args):
     ts = _tracers(args)
-    return ts[0].trace if ts else None
+    if not ts:
+        return None
+    # inside an op body (a scan step) the body's trace records, capturing outer values
+    cur = current_trace()
+    return cur if getattr(cur, "capture", None) is not None else ts[0].trace
 
 
 def _as_tracers(tr, tree):
-    """Arrays inside `tree` become constants of trace `tr` (so they can be differentiated)."""
+    """Arrays inside `tree` become constants of trace `tr` (so they can be differentiated);
+    traced values of an enclosing trace are captured into `tr` when it is an op body."""
     leaves, _, treedef = pytree.flatten(tree)
-    conv = [x if isinstance(x, Tracer) else Tracer(tr.const(np.asarray(x), name="arg"), tr) for x in leaves]
+    lift = getattr(tr, "capture", None)
+    conv = [(Tracer(lift(x), tr) if lift is not None and x.trace is not tr else x) if isinstance(x, Tracer)
+            else Tracer(tr.const(np.asarray(x), name="arg"), tr) for x in leaves]
     return pytree.unflatten(treedef, conv, on_module=lambda m, vals: (m._load_params(vals), m)[1])
 
 

@@ -21,6 +21,16 @@ def ints(hi, *shape):
     return rng.integers(0, hi, size=shape).astype(np.int32)
 
 
+def _body(n_in):
+    """A small op body: (c, x[, w]) -> (tanh(c * w + x), its square)."""
+    g = Graph(name="body")
+    b = GraphBuilder(g)
+    c, x, *w = [g.add_input(n, TensorType((3,), "f32")) for n in ("c", "x", "w")[:n_in]]
+    h = b.tanh(b.add(b.mul(c, w[0]) if w else c, x))
+    g.set_outputs([h, b.mul(h, h)])
+    return g
+
+
 # op -> (operand arrays, attrs, symbolic-first-dim?)
 EXAMPLES = {
     "neg": ([f32(3, 4)], {}), "exp": ([f32(3, 4)], {}), "log": ([f32(3, 4, positive=True)], {}),
@@ -70,6 +80,9 @@ EXAMPLES = {
                        {"k": 8, "n": 3, "scale": 0.75, "strategy": "addsub", "act_quant": True}),
     "arange": ([ints(3, 5), np.array(3, np.int32)], {}),
     "cache_write": ([f32(8, 2, 4), f32(3, 2, 4), np.array(2, np.int32)], {}),
+    "scan": ([f32(3), f32(5, 3), f32(3)], {"body": _body(3), "n_carry": 1, "n_xs": 1, "length": 5,
+                                            "reverse": True}),
+    "checkpoint": ([f32(3), f32(3)], {"body": _body(2)}),
     "cached_attention": ([f32(2, 4, 4), f32(8, 2, 4), f32(8, 2, 4), np.array(3, np.int32)],
                          {"scale": 0.5}),
 }

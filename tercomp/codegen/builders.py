@@ -73,6 +73,21 @@ class LowerCtx:
         self.symbol_sources = symbol_sources  # sympy Symbol -> (ir.Value, axis)
         self.params = params            # codegen.params.ParamTable, or None (all inline)
         self._dim_cache: dict = {}
+        self.lower_op: Callable | None = None   # (ctx, tern op) -> None; set by codegen.lower
+
+    def child(self) -> "LowerCtx":
+        """A context for an op body (a loop's): the body's values and the dims it
+        materializes stay inside it (a dim made inside a loop does not dominate the code
+        after the loop)."""
+        sub = LowerCtx(self.symbol_sources, self.params)
+        sub._dim_cache = dict(self._dim_cache)
+        sub.lower_op = self.lower_op
+        return sub
+
+    def lower_ops(self, ops) -> None:
+        """Lower tern ops (an op body) at the current insertion point."""
+        for op in ops:
+            self.lower_op(self, op)
 
     # -- dims ------------------------------------------------------------------------
     def dim(self, d) -> ir.Value:

@@ -59,6 +59,7 @@ def lower_graph(graph: Graph, module: ir.Module, params=None) -> None:
             if not isinstance(d, int) and d.is_Symbol and d not in sources:
                 sources[d] = (a, axis)
     ctx = LowerCtx(sources, params=params)
+    ctx.lower_op = lower_op          # op bodies (tern.scan) lower their ops through it
     if params is not None:
         params.anchor = fop          # globals go before the function that first reads them
     for v, a in zip(graph.inputs, entry.arguments):

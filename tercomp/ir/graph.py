@@ -77,6 +77,17 @@ def sanitize_name(name: str) -> str:
     return name
 
 
+def regions(op: Op) -> list:
+    """The nested graphs (body regions) of `op`, in attribute-name order: a loop such as
+    tern.scan keeps its body as a Graph-valued attribute."""
+    return [op.attrs[k] for k in sorted(op.attrs) if isinstance(op.attrs[k], Graph)]
+
+
+def region_attrs(op: Op) -> list:
+    """The names of `op`'s Graph-valued attributes, in the order `regions` gives them."""
+    return [k for k in sorted(op.attrs) if isinstance(op.attrs[k], Graph)]
+
+
 @dataclass
 class Graph:
     """A function in tern IR."""
@@ -115,11 +126,25 @@ class Graph:
     def add_op(self, opname: str, operands, attrs: dict, result_types, loc: SourceLoc,
                names=None) -> Op:
         op = Op(opname, operands, attrs, [], loc)
+        for body in regions(op):
+            if body._names is not self._names:   # a body's names stay unique in the function
+                for n in body.all_names():
+                    self.reserve(n)
         names = names or [opname] * len(result_types)
         op.results = [Value(self.fresh_name(n), t, op, i)
                       for i, (n, t) in enumerate(zip(names, result_types))]
         self.ops.append(op)
         return op
+
+    def all_names(self):
+        """Every value name defined here, in nested bodies too."""
+        for v in self.inputs:
+            yield v.name
+        for op in self.ops:
+            for r in op.results:
+                yield r.name
+            for body in regions(op):
+                yield from body.all_names()
 
     def set_outputs(self, values, names=None):
         self.outputs = list(values)

@@ -20,6 +20,7 @@ from .types import DTYPES, MAX_DIM, TensorType, as_dim, is_static, numpy_dtype
 
 # Limits that keep hostile text from exhausting the stack or the memory.
 MAX_ATTR_DEPTH = 32        # nesting of [...] in attributes
+MAX_REGION_DEPTH = 8       # nesting of op bodies (a scan in a scan in ...)
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+|//[^\n]*)
@@ -27,6 +28,7 @@ _TOKEN = re.compile(r"""
   | (?P<dense>dense<"[^"]*">|dense<[^<>]*>|dense_resource<[^>]*>)
   | (?P<value>%[A-Za-z0-9_.$\-]+)
   | (?P<symbol>@[A-Za-z0-9_.$\-]+)
+  | (?P<label>\^[A-Za-z0-9_]+)
   | (?P<string>"(?:[^"\\]|\\.)*")
   | (?P<number>-?0x[0-9A-Fa-f]+|-?\d+\.\d*(?:[eE][-+]?\d+)?|-?\d+(?:[eE][-+]?\d+)?|-?inf|nan)
   | (?P<arrow>->)
@@ -35,12 +37,16 @@ _TOKEN = re.compile(r"""
 """, re.VERBOSE)
 
 _infer: Optional[Callable] = None
+_region_args: Optional[Callable] = None
 
 
-def set_type_inference(fn: Callable):
-    """fn(opname, operand_types, attrs) -> list[TensorType]; raises on a bad op."""
-    global _infer
+def set_type_inference(fn: Callable, region_args: Optional[Callable] = None):
+    """fn(opname, operand_types, attrs) -> list[TensorType]; raises on a bad op.
+    region_args(opname, operand_types, attrs) -> [(attr name, [input TensorType])], one
+    pair per body region of the op (a body's input types follow from its op's operands)."""
+    global _infer, _region_args
     _infer = fn
+    _region_args = region_args
 
 
 class _Tok:
@@ -78,6 +84,7 @@ class _Parser:
         self.filename = filename
         self.toks = _tokenize(text, filename)
         self.i = 0
+        self.depth = 0          # region nesting of the op being parsed
 
     # -- token helpers ---------------------------------------------------------------
     @property
@@ -324,6 +331,9 @@ class _Parser:
         opname = full[len("tern."):]
         self.expect("(")
         operands = self.parse_values(env)
+        region_start = self.i if self.tok.text == "(" else None
+        if region_start is not None:
+            self.skip_regions()
         attrs = self.parse_attr_dict() if self.tok.text == "{" else {}
         self.expect(":")
         self.expect("(")
@@ -343,6 +353,11 @@ class _Parser:
         for k, a in list(attrs.items()):
             if isinstance(a, _DenseLiteral):
                 attrs[k] = a.to_numpy(self)
+        if region_start is not None:
+            end = self.i
+            self.i = region_start
+            attrs.update(self.parse_regions(g, opname, operands, attrs, name_tok))
+            self.i = end
         if _infer is not None:
             try:
                 types = _infer(opname, [v.type for v in operands], attrs)
@@ -365,6 +380,97 @@ class _Parser:
             if r.name != rtok.text[1:]:
                 raise self.error(f"value name {rtok.text} clashes with another", rtok)
             env[r.name] = r
+
+    # -- regions (op bodies) -------------------------------------------------------------
+    # The generic syntax puts regions before the attributes, but a body's input types
+    # follow from the op's operands and attributes: the regions are skipped first, then
+    # parsed once the attributes are known.
+    def skip_regions(self):
+        start, depth = self.tok, 0
+        while True:
+            t = self.tok
+            if t.kind == "eof":
+                raise self.error("unterminated region", start)
+            if t.text in ("(", "{"):
+                depth += 1
+                if depth > 2 * MAX_REGION_DEPTH + 2:
+                    raise self.error(f"regions nested deeper than {MAX_REGION_DEPTH}", t)
+            elif t.text in (")", "}"):
+                depth -= 1
+            self.i += 1
+            if depth == 0:
+                return
+
+    def parse_regions(self, g, opname, operands, attrs, name_tok) -> dict:
+        if self.depth >= MAX_REGION_DEPTH:
+            raise self.error(f"regions nested deeper than {MAX_REGION_DEPTH}", name_tok)
+        if _region_args is None:
+            raise self.error("op bodies need the op registry (import tercomp.ops)", name_tok)
+        try:
+            sigs = _region_args(opname, [v.type for v in operands], attrs)
+        except ParseError:
+            raise
+        except Exception as e:
+            raise ParseError(f"tern.{opname}: {e}", loc=SourceLoc(self.filename, name_tok.line, name_tok.col),
+                             hint=f"at line {name_tok.line}, column {name_tok.col}") from None
+        self.expect("(")
+        out = {}
+        for k, (name, types) in enumerate(sigs):
+            if k:
+                self.expect(",")
+            self.depth += 1
+            out[name] = self.parse_region(g, types)
+            self.depth -= 1
+        self.expect(")")
+        return out
+
+    def parse_region(self, parent: Graph, types) -> Graph:
+        """`{ ^bb0(%a: T, ...): ops "tern.yield"(...) : (...) -> () }` into a Graph whose
+        names share the enclosing function's namespace (names are unique function-wide)."""
+        body = Graph(name=f"{parent.name}.body", _names=parent._names)
+        env = {}
+        self.expect("{")
+        label = self.expect_kind("label")
+        args = []
+        if self.accept("("):
+            if not self.accept(")"):
+                while True:
+                    vt = self.expect_kind("value")
+                    self.expect(":")
+                    args.append((vt, self.tok, self.parse_type()))
+                    if self.accept(")"):
+                        break
+                    self.expect(",")
+        self.expect(":")
+        if len(args) != len(types):
+            raise self.error(f"the body takes {len(types)} arguments, the block has {len(args)}", label)
+        for (vt, ttok, (dims, dtype)), t in zip(args, types):
+            self.check_type(ttok, dims, dtype, t, f"block argument {vt.text}")
+            name = vt.text[1:]
+            if name in env or name in parent._names:
+                raise self.error(f"value %{name} defined twice", vt)
+            env[name] = body.add_input(name, t)
+        while self.tok.text != '"tern.yield"':
+            if self.tok.kind == "eof" or self.tok.text == "}":
+                raise self.error('expected "tern.yield" at the end of the body')
+            self.parse_op(body, env)
+        self.i += 1
+        self.expect("(")
+        outs = self.parse_values(env)
+        self.expect(":")
+        self.expect("(")
+        out_types = self.parse_types()
+        self.expect("->")
+        self.expect("(")
+        self.expect(")")
+        self.parse_loc()
+        if len(out_types) != len(outs):
+            raise self.error(f"tern.yield has {len(outs)} values but {len(out_types)} types")
+        for (ttok, (dims, dtype)), v in zip(out_types, outs):
+            self.check_type(ttok, dims, dtype, v.type, f"yielded %{v.name}")
+        self.expect("}")
+        body.set_outputs(outs)
+        return body
 
     def check_type(self, tok, dims, dtype, t: TensorType, what):
         ok = dtype == t.dtype and len(dims) == len(t.shape) and all(

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from .graph import Graph, Op
+from .graph import Graph, Op, region_attrs
 from .types import TensorType, is_static
 
 ELIDE_LIMIT = 16
@@ -75,12 +75,30 @@ def fmt_loc(loc) -> str:
     return f'loc("{loc.file}":{loc.line}:{loc.col})'
 
 
-def print_op(op: Op, elide: bool = True) -> str:
+def print_region(body: Graph, elide: bool, indent: str) -> str:
+    """A body as an MLIR region: one block whose arguments are the body's inputs, ended
+    by `"tern.yield"` of its outputs. Block arguments carry no attributes in MLIR, so
+    symbolic dims print as `?` and the parser takes them from the op's operands."""
+    args = ", ".join(f"%{v.name}: {v.type.mlir()}" for v in body.inputs)
+    lines = ["{", f"{indent}^bb0({args}):" if args else f"{indent}^bb0:"]
+    for op in body.ops:
+        lines.append(indent + "  " + print_op(op, elide, indent + "  "))
+    vals = ", ".join("%" + v.name for v in body.outputs)
+    types = ", ".join(v.type.mlir() for v in body.outputs)
+    lines.append(f'{indent}  "tern.yield"({vals}) : ({types}) -> ()')
+    lines.append(indent + "}")
+    return "\n".join(lines)
+
+
+def print_op(op: Op, elide: bool = True, indent: str = "  ") -> str:
     outs = ", ".join("%" + r.name for r in op.results)
     ins = ", ".join("%" + v.name for v in op.operands)
     attrs = []
+    bodies = region_attrs(op)
     for k in sorted(op.attrs):
         v = op.attrs[k]
+        if k in bodies:
+            continue
         if k == "value":
             t = op.results[0].type
             attrs.append(f"value = {fmt_dense(v, t, elide)} : {t.mlir()}")
@@ -92,7 +110,10 @@ def print_op(op: Op, elide: bool = True) -> str:
     if len(op.results) != 1:
         out_t = f"({out_t})"
     lhs = f"{outs} = " if op.results else ""
-    return f'{lhs}"tern.{op.opname}"({ins}){attr_s} : ({in_t}) -> {out_t} {fmt_loc(op.loc)}'
+    regions = ""
+    if bodies:
+        regions = " (" + ", ".join(print_region(op.attrs[k], elide, indent) for k in bodies) + ")"
+    return f'{lhs}"tern.{op.opname}"({ins}){regions}{attr_s} : ({in_t}) -> {out_t} {fmt_loc(op.loc)}'
 
 
 def print_graph(g: Graph, elide: bool = True) -> str:
@@ -107,7 +128,7 @@ def print_graph(g: Graph, elide: bool = True) -> str:
     names = ", ".join(f'"{n}"' for n in g.output_names)
     lines = [f"func.func @{g.name}({', '.join(args)}) -> ({res_t}) attributes {{tern.output_names = [{names}]}} {{"]
     for op in g.ops:
-        lines.append("  " + print_op(op, elide))
+        lines.append("  " + print_op(op, elide, "  "))
     rets = ", ".join("%" + v.name for v in g.outputs)
     lines.append(f'  "func.return"({rets}) : ({res_t}) -> ()')
     lines.append("}")

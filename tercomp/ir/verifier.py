@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import VerifyError
-from .graph import Graph
+from .graph import Graph, regions
 from . import parser as _parser
 from .types import is_static
 
@@ -20,10 +20,19 @@ def _same_type(a, b) -> bool:
     return True
 
 
+MAX_DEPTH = 8
+
+
 def verify(graph: Graph, stage: str = "") -> None:
-    where = f" after {stage}" if stage else ""
+    _verify(graph, f" after {stage}" if stage else "", set(), 0)
+
+
+def _verify(graph: Graph, where: str, names: set, depth: int) -> None:
+    """`names` is shared with the enclosing functions: value names are unique across a
+    function and its op bodies. A body sees only its own inputs (bodies are isolated)."""
+    if depth > MAX_DEPTH:
+        raise VerifyError(f"op bodies nested deeper than {MAX_DEPTH}{where}")
     defined = set()
-    names = set()
     for v in graph.inputs:
         if v.name in names:
             raise VerifyError(f"input %{v.name} is defined twice{where}")
@@ -35,6 +44,12 @@ def verify(graph: Graph, stage: str = "") -> None:
             if id(v) not in defined:
                 raise VerifyError(f"tern.{op.opname}: operand {i} (%{v.name}) is used before it is "
                                   f"defined (rule: operands dominate their uses){where}", loc=op.loc)
+        for body in regions(op):
+            try:
+                _verify(body, where, names, depth + 1)
+            except VerifyError as e:
+                raise VerifyError(f"in the body of tern.{op.opname}: {e.message}",
+                                  loc=e.loc or op.loc) from None
         if infer is not None:
             try:
                 expect = infer(op.opname, [v.type for v in op.operands], op.attrs)

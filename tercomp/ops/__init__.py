@@ -5,5 +5,6 @@ from . import control, elementwise
 from . import shape, index, reduce, linalg, composite, ternary, cache  # noqa: F401,E402
 
 from .interpret import interpret  # noqa: E402
+from . import loops  # noqa: F401,E402  (op bodies are run by the interpreter)
 
 __all__ = ["REGISTRY", "OpDef", "GraphBuilder", "get", "register", "infer_types", "interpret"]

@@ -32,6 +32,7 @@ class OpDef:
     differentiable: bool = True                    # False: integer/boolean results, no gradient
     nondiff_operands: tuple = ()                   # operand indices that never get gradients
     expr: Any = None                               # sympy expression (elementwise family)
+    region_args: Optional[Callable] = None         # operand types, attrs -> [(body attr, input types)]
     doc: str = ""
 
 
@@ -77,7 +78,15 @@ def infer_types(opname: str, types: list, attrs: dict) -> list:
     return opdef.infer(types, normalize_attrs(opdef, attrs))
 
 
-_parser.set_type_inference(infer_types)
+def region_args(opname: str, types: list, attrs: dict) -> list:
+    """[(attribute name, input types)] of the body regions of op `opname` (for the parser)."""
+    opdef = get(opname)
+    if opdef.region_args is None:
+        raise TraceError(f"tern.{opname} has no body region")
+    return opdef.region_args(types, attrs)
+
+
+_parser.set_type_inference(infer_types, region_args)
 
 
 class GraphBuilder:

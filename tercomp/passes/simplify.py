@@ -77,6 +77,15 @@ def _reshape_reshape(b, op, xs):
     return None
 
 
+def _simplify_body(b, op, xs):
+    """Simplify the body of an op with a region (tern.scan, tern.checkpoint)."""
+    attrs = dict(op.attrs)
+    attrs["body"] = simplify(op.attrs["body"])
+    new = b.graph.add_op(op.opname, xs, attrs, [r.type for r in op.results], op.loc,
+                         names=[r.name for r in op.results])
+    return new.results
+
+
 PATTERNS = {
     "add": [_identity(0, 0), _identity(0, 1)],
     "sub": [_identity(0, 1)],
@@ -87,6 +96,8 @@ PATTERNS = {
     "reshape": [_reshape_reshape],
     "cast": [_noop_if_same_type],
     "broadcast_to": [_noop_if_same_type],
+    "scan": [_simplify_body],
+    "checkpoint": [_simplify_body],
 }
 
 
@@ -110,6 +121,8 @@ def _fold(b, op, xs):
 
 
 def _attr_key(v):
+    if isinstance(v, Graph):
+        return ("graph", id(v))
     if isinstance(v, np.ndarray):
         return ("array", v.dtype.str, v.shape, hashlib.sha1(np.ascontiguousarray(v).tobytes()).hexdigest())
     if isinstance(v, list):

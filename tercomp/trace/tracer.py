@@ -83,6 +83,32 @@ class Trace:
         return self.builder.emit("constant", name=name, value=arr)
 
 
+class BodyTrace(Trace):
+    """The trace of an op body (a scan step, a checkpointed function), nested in `parent`.
+    A value of an enclosing trace used inside the body is captured: it becomes an input
+    of the body (bodies are isolated from above), and the op that owns the body takes the
+    outer value as an operand. `captured` maps id(outer Value) -> (outer, body input) in
+    the order the body's inputs were added."""
+
+    def __init__(self, graph: Graph, parent: Trace):
+        super().__init__(graph)
+        self.parent = parent
+        self.captured: dict = {}
+
+    def capture(self, t: "Tracer") -> Value:
+        if t.trace is self:
+            return t.value
+        if t.trace is not self.parent:
+            if not isinstance(self.parent, BodyTrace):
+                raise TraceError(f"value %{t.name} comes from a trace that does not enclose this body",
+                                 loc=user_location())
+            t = Tracer(self.parent.capture(t), self.parent)
+        hit = self.captured.get(id(t.value))
+        if hit is None:
+            hit = self.captured[id(t.value)] = (t.value, self.graph.add_input(t.value.name, t.value.type))
+        return hit[1]
+
+
 def current_trace():
     stack = _trace_stack()
     return stack[-1] if stack else None
@@ -219,19 +245,24 @@ def apply(opname: str, *args, name: str | None = None, **attrs):
         return outs[0] if len(outs) == 1 else tuple(outs)
     trace = tracers[-1].trace
     stack = _trace_stack()
-    if trace not in stack:
-        raise TraceError(f"a traced value %{tracers[-1].name} was used after its trace ended",
-                         loc=user_location(),
-                         hint="do not keep traced values in globals or attributes across calls")
+    for t in tracers:
+        if t.trace not in stack:
+            raise TraceError(f"a traced value %{t.name} was used after its trace ended",
+                             loc=user_location(),
+                             hint="do not keep traced values in globals or attributes across calls")
+    # inside an op body, values of the enclosing traces are captured into the body
+    lift = getattr(stack[-1], "capture", None)
+    if lift is not None:
+        trace = stack[-1]
     loc = user_location()
     # Python scalars take the dtype of the traced operands (not of a boolean condition)
     like = next((t.dtype for t in tracers if t.dtype != "i1"), tracers[0].dtype)
     operands = []
     for a in args:
         if _is_traced(a):
-            if a.trace is not trace:
+            if a.trace is not trace and lift is None:
                 raise TraceError("values from two different traces were mixed", loc=loc)
-            operands.append(a.value)
+            operands.append(a.value if a.trace is trace else lift(a))
         else:
             operands.append(trace.const(a, like_dtype=like, loc=loc))
     return trace.emit(opname, operands, attrs, name=name, loc=loc)
