@@ -5,6 +5,7 @@
     tercomp info ARTIFACT [--json]
     tercomp opt FILE.tern.mlir|- --pass NAME [--pass NAME]...
     tercomp bench ARTIFACT [--runs N] [--dim B=8]... [--device D] [--threads N]
+    tercomp generate MODEL (--prompt TEXT | --prompt-ids 1,2,3) [-n 64] [--temperature T] ...
 
 OBJ is a function, an nn.Module, or a zero-argument factory of either (a Module
 class, say). SPEC is `dims:dtype` with dims comma-separated ints or names of
@@ -30,7 +31,7 @@ import time
 
 import numpy as np
 
-from . import dimexpr
+from . import cli_generate, dimexpr
 from .errors import TercompError
 
 try:    # the strategy table needs iree-base-compiler; without it, compiling is refused anyway
@@ -419,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", help="local-task, local-sync, vulkan or cuda (default: the first present)")
     b.add_argument("--threads", type=_positive_int, help="local-task thread count")
     b.set_defaults(run=cmd_bench)
+
+    cli_generate.add_parser(sub, _positive_int,
+                            lambda args: cli_generate.run(args, spinner, UsageError))
     return p
 
 
@@ -441,7 +445,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: compile, run, info, opt or bench "
+            raise UsageError("a command is required: compile, run, info, opt, bench or generate "
                              "(see `tercomp --help`)")
         return args.run(args)
     except UsageError as e:

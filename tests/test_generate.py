@@ -186,3 +186,19 @@ def test_sampling_distribution():
     freq = np.bincount(draws, minlength=5) / 2000
     np.testing.assert_allclose(freq, probabilities(logits, 1.0), atol=0.03)
     assert sample(logits, 0.0, None, None, rng) == 0
+
+
+def test_cli_generate(gen, tmp_path, capsys):
+    from tercomp.cli import main
+    path = tmp_path / "lm.tcm"
+    gen.save(path)
+    prompt = ",".join(str(t) for t in IDS[:5])
+    assert main(["generate", str(path), "--prompt-ids", prompt, "-n", "4"]) == 0
+    out, err = capsys.readouterr()
+    assert [int(t) for t in out.split()] == gen.generate(IDS[:5], max_new_tokens=4).tolist()
+    assert "prefill: 5 tokens" in err and "decode: 3 tokens" in err and "tokens/s" in err
+    assert main(["generate", str(path), "--prompt-ids", "1,300"]) == 1
+    assert "out of range" in capsys.readouterr().err
+    assert main(["generate", str(path), "--prompt-ids", "1,x"]) == 2
+    assert main(["generate", str(path), "--prompt", "hello"]) == 1
+    assert "no tokenizer" in capsys.readouterr().err

@@ -1,0 +1,124 @@
+"""`tercomp generate`: compile (or load) a language model and stream generated tokens.
+
+    tercomp generate MODEL (--prompt TEXT | --prompt-ids 1,2,3) [-n 64] [--temperature T]
+                     [--top-k K] [--top-p P] [--seed S] [--eos 2,3] [--max-seq N]
+                     [--kv-dtype f16|f32] [--threads N] [--device D] [--save OUT.tcm]
+
+MODEL is a .gguf file, a Hugging Face directory, or an LM artifact (.tcm, written by
+`--save` or gen.save()). Tokens go to stdout as they are generated (text with a
+tokenizer, ids without); the prefill and decode rates go to stderr at the end.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from .errors import TercompError
+
+
+def add_parser(sub, positive_int, run):
+    """Add the `generate` command to the subparsers `sub`; `run(args)` executes it."""
+    g = sub.add_parser("generate", help="generate tokens with a language model",
+                       description="Compile MODEL (.gguf, Hugging Face directory) or load an LM "
+                                   "artifact (.tcm) and stream the generated tokens.")
+    g.add_argument("model", metavar="MODEL")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer)")
+    src.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma-separated")
+    g.add_argument("-n", "--max-new-tokens", type=positive_int, default=64, metavar="N",
+                   help="tokens to generate (default 64)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    g.add_argument("--top-k", type=positive_int, help="sample among the K most likely tokens")
+    g.add_argument("--top-p", type=float, help="sample from the smallest set with mass >= P")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    g.add_argument("--eos", metavar="IDS", help="stop after any of these token ids (comma-separated)")
+    g.add_argument("--max-seq", type=positive_int, help="KV cache length when compiling "
+                   "(default: the model's context, at most 2048)")
+    g.add_argument("--kv-dtype", default="float16", choices=["float16", "float32"],
+                   help="KV cache element type when compiling (default float16)")
+    g.add_argument("--threads", type=positive_int, help="local-task thread count")
+    g.add_argument("--device", help="local-task or local-sync (default: the first present)")
+    g.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
+    g.add_argument("--save", metavar="OUT.tcm", help="also save the compiled model")
+    g.set_defaults(run=run)
+    return g
+
+
+def _int_list(text: str, what: str, usage_error) -> list:
+    try:
+        out = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise usage_error(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not out:
+        raise usage_error(f"{what} is empty")
+    return out
+
+
+def _open(args, spinner):
+    """An LMGenerator for args.model: a .tcm is loaded, anything else compiled."""
+    from .runtime.artifact import load
+    if os.path.isfile(args.model) and not args.model.endswith(".gguf"):
+        gen = load(args.model, device=args.device, threads=args.threads)
+        if not hasattr(gen, "generate"):
+            raise TercompError(f"{args.model} is an artifact of a function, not a language model",
+                               hint="compile a model with `tercomp generate MODEL.gguf --save OUT.tcm`")
+        return gen
+    try:
+        import tercomp as tc
+        from . import models
+        compile_lm = tc.compile_lm
+    except (AttributeError, ImportError):
+        raise TercompError("compiling a model needs iree-base-compiler",
+                           hint="pip install iree-base-compiler, or pass a saved .tcm") from None
+    with spinner(f"loading {args.model}"):
+        lm = models.load(args.model)
+    with spinner(f"compiling {args.model}"):
+        gen = compile_lm(lm, max_seq=args.max_seq, kv_dtype=args.kv_dtype, device=args.device,
+                         threads=args.threads, cache=not args.no_cache)
+    if gen.exe.meta.get("cache_hit"):
+        print("(compiled module from the compile cache)", file=sys.stderr)
+    return gen
+
+
+class _Stream:
+    """Writes each new token as it comes: the new text of the decoded sequence (so
+    multi-byte characters split over tokens print whole), or the id."""
+
+    def __init__(self, gen):
+        self.gen, self.ids, self.text = gen, [], ""
+
+    def __call__(self, tok: int):
+        self.ids.append(tok)
+        if self.gen.tokenizer is None:
+            sys.stdout.write(f"{tok} ")
+        else:
+            text = self.gen.decode_text(self.ids)
+            if not text.endswith("\ufffd"):          # wait for the rest of a character
+                sys.stdout.write(text[len(self.text):])
+                self.text = text
+        sys.stdout.flush()
+
+
+def run(args, spinner, usage_error) -> int:
+    eos = set(_int_list(args.eos, "--eos", usage_error)) if args.eos else None
+    ids = _int_list(args.prompt_ids, "--prompt-ids", usage_error) if args.prompt_ids else None
+    gen = _open(args, spinner)
+    if args.save:
+        gen.save(args.save)
+        print(f"wrote {args.save}", file=sys.stderr)
+    prompt = np.array(ids, np.int64) if ids is not None else gen.encode(args.prompt)
+    if gen.tokenizer is not None and args.prompt is not None:
+        sys.stdout.write(args.prompt)
+    gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                 top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos=eos,
+                 on_token=_Stream(gen))
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    s = gen.stats
+    rate = (lambda n, t: f"{n / t:.1f} tokens/s" if t > 0 and n else "n/a")
+    print(f"prefill: {s['prefill_tokens']} tokens in {s['prefill_s']:.3f} s, "
+          f"{rate(s['prefill_tokens'], s['prefill_s'])}; decode: {s['decode_tokens']} tokens in "
+          f"{s['decode_s']:.3f} s, {rate(s['decode_tokens'], s['decode_s'])}", file=sys.stderr)
+    return 0
