@@ -222,7 +222,8 @@ def cmd_compile(args) -> int:
     with spinner(f"compiling {args.object} for {', '.join(targets)}"):
         exe = tc.compile(fn, *examples, target=targets, dump_dir=args.dump, flags=args.flag,
                          cache=not args.no_cache, vulkan_target=args.vulkan_target,
-                         cuda_target=args.cuda_target, ternary=args.ternary, weights=args.weights)
+                         cuda_target=args.cuda_target, ternary=args.ternary, weights=args.weights,
+                         isolate=args.isolate)
     exe.save(args.output)
     hit = " (from the compile cache)" if exe.meta.get("cache_hit") else ""
     print(f"wrote {args.output}: {os.path.getsize(args.output)} bytes, "
@@ -382,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dump", metavar="DIR", help="write every compile stage to DIR")
     c.add_argument("--flag", action="append", default=[], metavar="FLAG", help="extra IREE compiler flag")
     c.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
+    c.add_argument("--isolate", action="store_true",
+                   help="run IREE in a subprocess: a compiler crash becomes an error message")
     c.add_argument("--ternary", default="auto", choices=_TERNARY_CHOICES,
                    help="ternary matmul kernels for BitLinear layers (default auto: per target "
                         "and shape; see tercomp.codegen.ternary_strategies)")

@@ -36,7 +36,7 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
             dump_dir: str | None = None, flags=(), passes=None, device: str | None = None,
             threads: int | None = None, cache: bool = True, vulkan_target: str | None = None,
             cuda_target: str | None = None, name: str = "forward",
-            weights: str = "auto") -> CompiledModule:
+            weights: str = "auto", isolate: bool = False) -> CompiledModule:
     """Trace `fn` (a function, an nn.Module, a transformed function such as tc.grad(f), or
     an already traced Graph) on `example_args` and compile it with IREE.
 
@@ -55,6 +55,10 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     in `exe.weights`, bound at load time and saved with the module), or "auto" (the
     default: "irpa" when the constants total more than 64 MiB, else "inline");
     `exe.meta["weights"]` says which was used. See tercomp.codegen.params.
+
+    `isolate=True` runs IREE in a subprocess (the iree-compile tool), so that a compiler
+    crash becomes a CompileError with IREE's message instead of ending the process;
+    extra `flags` always compile that way.
 
     >>> exe = tc.compile(model, tc.spec(("B", 784), "float32"))
     >>> y = exe(np.ones((7, 784), np.float32))
@@ -109,7 +113,10 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
         _, vmfb, irpa = hit
     else:
         stage = f"the IREE compile for {', '.join(target_names)}"
-        build = compile_with_tool if needs_tool(all_flags) else partial(compile_module, session)
+        # IREE ends the process on some bad flag values (LLVM's option parser exits), so
+        # user flags, like isolate=True, compile in an iree-compile subprocess
+        subprocess_ok = isolate or user_flags or needs_tool(all_flags)
+        build = compile_with_tool if subprocess_ok else partial(compile_module, session)
         vmfb = build(module, all_flags, stage=stage)
     if dumper.dump_dir:
         with ctx:

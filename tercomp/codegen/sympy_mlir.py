@@ -16,6 +16,7 @@ _CMPF = {sympy.StrictLessThan: "olt", sympy.LessThan: "ole", sympy.StrictGreater
 _CMPI = {sympy.StrictLessThan: "slt", sympy.LessThan: "sle", sympy.StrictGreaterThan: "sgt",
          sympy.GreaterThan: "sge", sympy.Equality: "eq", sympy.Unequality: "ne"}
 _CMPF_CODE = {"oeq": 1, "ogt": 2, "oge": 3, "olt": 4, "ole": 5, "une": 13}
+_CMPF_UNO = 14      # true if either operand is NaN
 _CMPI_CODE = {"eq": 0, "ne": 1, "slt": 2, "sle": 3, "sgt": 4, "sge": 5}
 _UNARY_MATH = {sympy.exp: math.ExpOp, sympy.log: math.LogOp, sympy.tanh: math.TanhOp,
                sympy.Abs: None, sympy.cos: math.CosOp, sympy.sin: math.SinOp}
@@ -98,7 +99,7 @@ class SympyToArith:
             acc = self.emit(last)
             for val, c in reversed(cases):
                 acc = arith.SelectOp(self.emit_cond(c), self.emit(val), acc).result
-            return acc
+            return self._keep_nan(e, acc) if self.is_float else acc
         raise NotImplementedError(f"cannot lower sympy expression {e} ({e.func})")
 
     def emit_cond(self, c):
@@ -117,6 +118,23 @@ class SympyToArith:
         if type(c) in _CMPF:
             return self._cmp(_CMPF[type(c)], _CMPI[type(c)], self.emit(c.lhs), self.emit(c.rhs))
         raise NotImplementedError(f"cannot lower condition {c}")
+
+    def _keep_nan(self, e, acc):
+        """A comparison with NaN is false, so a select on it would drop the NaN
+        (maximum(NaN, 1) = 1): where an operand of a condition is NaN, the result is
+        their sum, which is NaN, as in NumPy."""
+        pairs = [(r.lhs, r.rhs) for _, c in e.args for r in sympy.preorder_traversal(c)
+                 if type(r) in _CMPF]
+        if not pairs:
+            return acc
+        nan = total = None
+        for lhs, rhs in pairs:
+            a, b = self.emit(lhs), self.emit(rhs)
+            uno = arith.CmpFOp(ir.IntegerAttr.get(ir.IntegerType.get_signless(64), _CMPF_UNO), a, b).result
+            s = self._add(a, b)
+            nan = uno if nan is None else arith.OrIOp(nan, uno).result
+            total = s if total is None else self._add(total, s)
+        return arith.SelectOp(nan, total, acc).result
 
     def _cmp(self, fpred, ipred, a, b):
         if self.is_float:

@@ -91,6 +91,8 @@ def elementwise(name, expr, arity, *, attrs=None, result_dtype=None, differentia
         f = sympy.lambdify(syms, e, modules="numpy")
         with np.errstate(all="ignore"):
             out = f(*xs)
+            if dt.kind == "f" and e.has(sympy.Piecewise):     # NaN in, NaN out (the lowering too)
+                out = np.where(np.isnan(sum(xs)), np.asarray(sum(xs)), out)
         shape = np.broadcast_shapes(*[x.shape for x in xs])
         odt = numpy_dtype(result_dtype) if result_dtype else dt
         return [np.broadcast_to(np.asarray(out), shape).astype(odt)]
