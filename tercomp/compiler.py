@@ -97,7 +97,8 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     all_flags += [f for f in ternary_flags(used, target_names) if f not in all_flags]
     meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],
             "iree_version": IREE_VERSION, "cache_hit": False, "weights": weights_mode,
-            "parameters": sorted(table.arrays)}
+            "parameters": sorted(table.arrays),
+            "saved_for_backward": graph.meta.get("saved_for_backward", [])}
     key = hit = None
     if cache:
         with ctx:

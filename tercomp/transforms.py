@@ -14,7 +14,7 @@ import json
 import numpy as np
 
 from .errors import TercompError
-from .passes.autodiff import backward, check_differentiable, seed_for
+from .passes.autodiff import backward, check_differentiable, saved_for_backward, seed_for
 from . import pytree
 from .trace.tracer import Trace, Tracer, current_trace, user_location
 
@@ -98,7 +98,10 @@ class GradFn(_Transform):
         b = tr.builder
         b.loc = loc
         seed = seed_for(b, out.value, what, loc)
+        mid = len(tr.graph.ops)
         grads = backward(b, tr.graph.ops[start:], {out.value: seed}, [t.value for t in wrt])
+        tr.graph.meta.setdefault("saved_for_backward", []).extend(
+            saved_for_backward(tr.graph.ops[start:mid], tr.graph.ops[mid:]))
         from .passes.autodiff import zeros_like
         grads = [Tracer(g if g is not None else zeros_like(b, t.value), tr) for g, t in zip(grads, wrt)]
         it = iter(grads)

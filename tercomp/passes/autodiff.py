@@ -96,6 +96,20 @@ def _name_cotangents(graph: Graph, start: int, pairs):
             done.add(id(g))
 
 
+def saved_for_backward(fwd_ops, bwd_ops) -> list:
+    """The values a backward reads from its forward (activations, stacked scan residuals),
+    constants aside: [[name, shape with symbolic dims as text, dtype]], JSON-able so a
+    compiled module can report them (CompiledModule.memory_report)."""
+    made = {id(r) for op in fwd_ops if op.opname != "constant" for r in op.results}
+    out, seen = [], set()
+    for op in bwd_ops:
+        for v in op.operands:
+            if id(v) in made and id(v) not in seen:
+                seen.add(id(v))
+                out.append([v.name, [d if isinstance(d, int) else str(d) for d in v.shape], v.dtype])
+    return out
+
+
 def seed_for(b: GraphBuilder, out: Value, what: str, loc=None) -> Value:
     if out.type.rank != 0:
         raise TercompError(f"{what} needs a scalar output, but the function returns "

@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 
 from ..errors import DeviceUnavailable, InputError, TercompError
-from .. import pytree
+from .. import dimexpr, pytree
 from .signature import Signature
 
 # Which HAL drivers run the code of each tercomp target, preferred first.
@@ -324,6 +324,26 @@ class CompiledModule:
         raise TercompError(f"no stage {stage!r} was recorded",
                            hint=f"recorded stages: {', '.join(self.stages) or 'none'}; IREE "
                                 "phases are kept when compiling with dump_dir= or TERCOMP_DUMP=dir")
+
+    def memory_report(self, **dims) -> dict:
+        """What the compiled backward keeps from its forward (activations, and the stacked
+        per-step residuals of every tc.scan): {"saved_bytes": total, "saved": [{"name",
+        "shape", "dtype", "bytes"}]}. Symbolic sizes are bound by `dims` (T=1024); an
+        unbound one leaves the bytes as None. tc.checkpoint shrinks it.
+
+        >>> exe.memory_report(T=1024)["saved_bytes"]
+        """
+        rows, total = [], 0
+        for name, shape, dtype in self.meta.get("saved_for_backward", []):
+            try:
+                n = int(np.prod([d if isinstance(d, int) else dimexpr.evaluate(dimexpr.parse(d), dims)
+                                 for d in shape], dtype=np.int64))
+                size = n * max(1, int(dtype[1:]) // 8)         # "f32" -> 4 bytes, "i1" -> 1
+            except (KeyError, ValueError, TercompError):
+                size = None
+            rows.append({"name": name, "shape": list(shape), "dtype": dtype, "bytes": size})
+            total = None if total is None or size is None else total + size
+        return {"saved_bytes": total, "saved": rows}
 
     @property
     def vmfb_size(self) -> int:
