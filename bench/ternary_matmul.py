@@ -3,9 +3,12 @@
     python bench/ternary_matmul.py            # one layer per shape, weights cache-resident
     python bench/ternary_matmul.py --cold     # distinct 4096x4096 layers chained (decode
                                               # with weights streaming from memory)
+    python bench/ternary_matmul.py --memory   # resident memory of a fresh process that
+                                              # loads the saved artifact and calls it
 
-Each row is `tc.compile(model, x, ternary=strategy)` of an nn.BitLinear stack, timed as a
-user calls it (`exe(x)`: NumPy in, NumPy out); "IREE f32" is the same stack as nn.Linear
+Each row is `tc.compile(model, tc.spec(("B", K)), ternary=strategy)` of an nn.BitLinear
+stack (one module for every batch size), timed as a user calls it (`exe(x)`: NumPy in,
+NumPy out); "IREE f32" is the same stack as nn.Linear
 on the dense ternary weights (scale * T) with data tiling; "numpy f32" is `x @ W.T`. All
 take turns (bench/ternary_kernels.py's interleaving) and print the median, the min and
 their ratios to NumPy measured in the same run. bench/ternary_kernels.py times the bare
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -30,7 +35,7 @@ from tercomp.codegen.ternary_strategies import choose_strategy  # noqa: E402
 from tercomp.ops.ternary_pack import absmean_ternarize  # noqa: E402
 from ternary_kernels import DENSE_FLAGS, SHAPES, interleaved_medians, print_rows  # noqa: E402
 
-STRATEGIES = ["auto", "addsub", "int8", "f32"]
+STRATEGIES = ["auto", "addsub", "blocked", "int8"]
 
 
 class Stack(nn.Module):
@@ -73,13 +78,55 @@ def run(m, k, n, count, rounds, rng, weights):
     t0 = time.perf_counter()
     f32 = tc.compile(dense, x, ternary="off", flags=DENSE_FLAGS, weights=weights, cache=False)
     fns[f"IREE f32 matmul (nn.Linear)  [compile {time.perf_counter() - t0:.1f}s]"] = lambda: f32(x)
+    # one module per strategy for every batch size, as a user compiles it (the README's
+    # way): the batch is symbolic and "auto" dispatches on it at run time
+    spec = tc.spec(("B", k), "float32")
     for s in STRATEGIES:
         t0 = time.perf_counter()
-        exe = tc.compile(bit, x, ternary=s, weights=weights, cache=False)
+        exe = tc.compile(bit, spec, ternary=s, weights=weights, cache=False)
         label = f"BitLinear ternary={s}  [compile {time.perf_counter() - t0:.1f}s]"
         fns[label] = lambda exe=exe: exe(x)
+        if s == "auto":
+            # the same module through IREE's own invoke: tercomp's per-call overhead
+            fn, xd = exe._load(), np.ascontiguousarray(x)
+            fns["  the auto module, bare IREE invoke + to_host"] = lambda: fn(xd).to_host()
     return [(name, med / count, best / count)
             for name, (med, best) in interleaved_medians(fns, rounds).items()]
+
+
+# Run in a fresh process: RSS (VmRSS, MiB) before and after tc.load and after each call.
+_MEASURE = r"""
+import sys, numpy as np
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 1024
+import tercomp as tc
+base = rss()
+exe = tc.load(sys.argv[1])
+exe(np.zeros((1, int(sys.argv[2])), np.float32))    # the first call loads the module
+print(f"  after load + B=1 call      +{rss() - base:7.1f} MiB")
+exe(np.zeros((128, int(sys.argv[2])), np.float32))
+print(f"  after a B=128 call         +{rss() - base:7.1f} MiB")
+exe(np.zeros((1, int(sys.argv[2])), np.float32))
+print(f"  after another B=1 call     +{rss() - base:7.1f} MiB")
+"""
+
+
+def memory(count, k, strategies, rng):
+    """Resident memory growth of a fresh process loading a saved symbolic-batch artifact
+    of `count` distinct k x k BitLinear layers (weights as .irpa parameters)."""
+    bit, _, _ = models(count, k, k, rng)
+    packed_mib = count * k * k / 4 / 2**20
+    for s in strategies:
+        exe = tc.compile(bit, tc.spec(("B", k), "float32"), ternary=s, weights="irpa", cache=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "m.tcm")
+            exe.save(path)
+            print(f"\nternary={s}: {count} x {k}x{k} layers, {packed_mib:.0f} MiB packed, "
+                  f"artifact {os.path.getsize(path) / 2**20:.0f} MiB")
+            sys.stdout.flush()
+            subprocess.run([sys.executable, "-c", _MEASURE, path, str(k)], check=True)
 
 
 def main(argv=None):
@@ -87,8 +134,13 @@ def main(argv=None):
     ap.add_argument("--cold", action="store_true", help="distinct 4096x4096 layers chained, M=1")
     ap.add_argument("--layers", type=int, default=8, help="layer count for --cold")
     ap.add_argument("--rounds", type=int, default=20, help="turns each variant gets")
+    ap.add_argument("--memory", action="store_true",
+                    help="RSS growth of a fresh process loading a saved 16-layer artifact")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
+    if args.memory:
+        memory(16, 4096, ["auto", "int8"], rng)
+        return
     shapes = [(1, 4096, 4096)] if args.cold else SHAPES
     count = args.layers if args.cold else 1
     # cold: weights as .irpa parameters (as a large model would ship), so the compiler
@@ -96,7 +148,7 @@ def main(argv=None):
     weights = "irpa" if args.cold else "inline"
     for m, k, n in shapes:
         print(f"\n{m}x{k}x{n}" + (f"  cold: {count} distinct layers, time per layer" if args.cold else "")
-              + f"   (auto -> {choose_strategy(m, k, n)})")
+              + f"   (auto -> {choose_strategy(None, k, n)}, which runs {choose_strategy(m, k, n)} here)")
         print_rows(run(m, k, n, count, args.rounds, rng, weights))
 
 if __name__ == "__main__":
