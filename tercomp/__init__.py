@@ -31,7 +31,7 @@ if _iree_compiler is not None:
     from .compiler import compile
 
     from .transforms import grad, value_and_grad, vjp, jvp, custom_vjp
-    from .trace.loops import scan, checkpoint
+    from .trace.loops import scan, checkpoint, associative_scan
     from .passes import autodiff as _autodiff  # noqa: F401  registers the autodiff pass
     from . import optim
     from .train import compile_train_step, TrainStep, save_checkpoint, load_checkpoint

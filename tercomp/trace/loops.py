@@ -1,4 +1,5 @@
-"""Structured control flow: tc.scan and tc.checkpoint, traced into ops with a body.
+"""Structured control flow: tc.scan and tc.checkpoint, traced into ops with a body, and
+tc.associative_scan, traced in log depth.
 
 A Python loop over a traced sequence unrolls into the IR (its size grows with the
 length); `tc.scan` traces the step function once into the body of one `tern.scan` op,
@@ -15,6 +16,7 @@ from ..ir import Graph, as_dim, is_static
 from ..ops import interpret
 from ..ops.shape_util import fmt_shape, same_dim
 from .. import pytree
+from . import api as _api
 from .trace import trace as trace_fn
 from .tracer import BodyTrace, Tracer, current_trace, user_location
 
@@ -163,3 +165,97 @@ def checkpoint(f):
         res = list(res) if isinstance(res, tuple) else [res]
         return pytree.unflatten(out_tree, res)
     return wrapped
+
+
+def associative_scan(fn, elems, reverse=False, axis=0):
+    """Inclusive scan with an associative `fn(a, b)` over `axis` of the pytree `elems`, as
+    jax.lax.associative_scan: out[i] = fn(...fn(fn(e[0], e[1]), e[2])..., e[i]). `fn`
+    works on whole slices (pytrees shaped like elems with any length along `axis`) and
+    must keep their shapes and dtypes. Traced in log depth (about 2 log2(n) levels of
+    `fn`) for a static length; a symbolic length is refused: use tc.scan.
+
+    >>> tc.associative_scan(lambda a, b: a + b, x)            # cumulative sum along axis 0
+    """
+    loc = user_location()
+    if current_trace() is None:
+        return _eager(lambda e: associative_scan(fn, e, reverse, axis), elems)
+    leaves, paths, tree = pytree.flatten(elems)
+    if not leaves:
+        raise TercompError("tc.associative_scan: elems has no arrays", loc=loc)
+    tr = current_trace()
+    xs = [Tracer(_to_value(tr, x, loc), tr) for x in leaves]
+    for p, x in zip(paths, xs):
+        if not -x.ndim <= axis < max(x.ndim, 1) or x.ndim == 0:
+            raise TercompError(f"tc.associative_scan: axis {axis} is out of range for elems"
+                               f"{' ' + p if p else ''} of shape {fmt_shape(x.shape)}", loc=loc)
+    ax = [axis % x.ndim for x in xs]
+    n = xs[0].shape[ax[0]]
+    for p, x, a in zip(paths, xs, ax):
+        if not is_static(x.shape[a]):
+            raise TercompError(f"tc.associative_scan: the scanned axis of elems{' ' + p if p else ''} "
+                               f"has the symbolic size {x.shape[a]}; the log-depth form needs a "
+                               "static length", loc=loc,
+                               hint="use tc.scan for a symbolic length (a sequential loop)")
+        if x.shape[a] != n:
+            raise TercompError(f"tc.associative_scan: the leaves of elems have different lengths "
+                               f"along axis {axis}: {n} and {x.shape[a]}", loc=loc)
+    # work on axis 0, in forward order
+    xs = [_move(x, a, 0) for x, a in zip(xs, ax)]
+    if reverse:
+        xs = [_flip(x) for x in xs]
+
+    def combine(a, b):
+        out = fn(pytree.unflatten(tree, a), pytree.unflatten(tree, b))
+        got, _, got_tree = pytree.flatten(out)
+        if pytree.jsonable(got_tree) != pytree.jsonable(tree):
+            raise TercompError(f"tc.associative_scan: fn returns the structure "
+                               f"{pytree.jsonable(got_tree)}, elems has {pytree.jsonable(tree)}", loc=loc)
+        for p, g, x in zip(paths, got, a):
+            if not isinstance(g, Tracer) or tuple(g.shape) != tuple(x.shape) or g.dtype != x.dtype:
+                shape = fmt_shape(getattr(g, "shape", np.shape(g)))
+                raise TercompError(f"tc.associative_scan: fn turns{' ' + p if p else ''} "
+                                   f"{fmt_shape(x.shape)}{x.dtype} into {shape}{getattr(g, 'dtype', '')}; "
+                                   "fn must keep the shapes and dtypes of its operands", loc=loc)
+        return got
+
+    out = _assoc(combine, xs)
+    if reverse:
+        out = [_flip(x) for x in out]
+    out = [_move(x, 0, a) for x, a in zip(out, ax)]
+    return pytree.unflatten(tree, out)
+
+
+def _assoc(combine, xs):
+    """The odd/even recursion of Blelloch's scan (as jax.lax.associative_scan)."""
+    n = xs[0].shape[0]
+    if n < 2:
+        return xs
+    odd = _assoc(combine, combine([x[0:n - 1:2] for x in xs], [x[1::2] for x in xs]))
+    rest = [x[2::2] for x in xs]
+    if n > 2:
+        left = [o[:-1] for o in odd] if n % 2 == 0 else odd
+        even = [_api.concatenate([x[0:1], e], 0) for x, e in zip(xs, combine(left, rest))]
+    else:
+        even = [x[0:1] for x in xs]
+    return [_interleave(e, o) for e, o in zip(even, odd)]
+
+
+def _interleave(even, odd):
+    """out[0::2] = even, out[1::2] = odd (len(even) is len(odd) or len(odd) + 1)."""
+    k = odd.shape[0]
+    pairs = _api.stack([even[:k], odd], 1)                    # [k, 2, ...]
+    out = _api.reshape(pairs, (2 * k,) + tuple(odd.shape[1:]))
+    return out if even.shape[0] == k else _api.concatenate([out, even[k:]], 0)
+
+
+def _move(x, src, dst):
+    if src == dst:
+        return x
+    perm = list(range(x.ndim))
+    perm.insert(dst, perm.pop(src))
+    return _api.transpose(x, perm)
+
+
+def _flip(x):
+    idx = np.arange(x.shape[0] - 1, -1, -1, dtype=np.int32)
+    return _api.take(x, idx, 0)
