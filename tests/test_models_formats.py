@@ -220,3 +220,14 @@ def test_llama_cpp_peer_logits(tmp_path, weights):
     assert R.cosine(ours, theirs).min() >= 0.999
     agree, n = R.top1_agreement(ours, theirs, margin=0.02 * np.abs(theirs).max())
     assert n == 0 or agree >= 0.95
+
+
+@pytest.mark.slow
+def test_tiny_lm_sample(tmp_path):
+    import tiny_lm
+    losses, val_loss = tiny_lm.main(["--steps", "80", "--seconds", "120", "--tokens", "8",
+                                     "--plot", str(tmp_path / "loss.png"),
+                                     "--out", str(tmp_path / "tiny.gguf")])
+    assert np.mean(losses[-10:]) < np.mean(losses[:10]) - 1.0
+    assert val_loss < np.log(256) - 1.5
+    assert (tmp_path / "loss.png").stat().st_size > 0

@@ -148,7 +148,7 @@ class _File:
             raise self.error(f"tensor {name + '.weight'!r}",
                              f"quantization type {qname} is not supported (tercomp reads "
                              f"{', '.join(_TERNARY_TYPES + _FLOAT_TYPES)})")
-        w = self._dequantize(name, t).reshape(shape)
+        w = self._dequantize(name + ".weight", t).reshape(shape)
         mags = np.unique(np.abs(w[w != 0]))
         if mags.size == 1:          # already ternary times one magnitude
             return nn.BitLinear.from_ternary(np.sign(w).astype(np.int8),

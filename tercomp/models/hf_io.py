@@ -63,11 +63,10 @@ def _read_tensors(path) -> dict:
 
 def unpack_hf_ternary(packed: np.ndarray, out_features: int) -> np.ndarray:
     """T int8 [out, in] from transformers' 2B4T packing (uint8 [ceil(out/4), in])."""
-    rows = packed.shape[0]
     codes = np.concatenate([(packed >> (2 * j)) & 3 for j in range(4)], axis=0)[:out_features]
     if (codes == 3).any():
         raise ValueError("holds the invalid 2-bit code 3")
-    return codes.astype(np.int8) - 1 if rows else codes.astype(np.int8)
+    return codes.astype(np.int8) - 1
 
 
 def _config(directory) -> BitNetConfig:
