@@ -12,7 +12,7 @@ still gives tc.load, CompiledModule and the errors: saved artifacts run.
 __version__ = "0.1.0"
 
 from .errors import (TercompError, TraceError, ParseError, VerifyError, CompileError,
-                     InputError, ArtifactError, DeviceUnavailable)
+                     InputError, ArtifactError, DeviceUnavailable, NumericsError)
 from .runtime.module import CompiledModule, DeviceArray
 from .runtime.artifact import load
 from .runtime.generator import LMGenerator

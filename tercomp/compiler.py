@@ -32,11 +32,19 @@ from .trace import trace
 DEFAULT_PASSES = ["simplify"]
 
 
+def numerics_enabled(check_numerics) -> bool:
+    """check_numerics=None follows $TERCOMP_CHECK_NUMERICS ("1", "true", "yes")."""
+    if check_numerics is None:
+        return os.environ.get("TERCOMP_CHECK_NUMERICS", "").lower() in ("1", "true", "yes")
+    return bool(check_numerics)
+
+
 def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
             dump_dir: str | None = None, flags=(), passes=None, device: str | None = None,
             threads: int | None = None, cache: bool = True, vulkan_target: str | None = None,
             cuda_target: str | None = None, name: str = "forward",
-            weights: str = "auto", isolate: bool = False) -> CompiledModule:
+            weights: str = "auto", isolate: bool = False,
+            check_numerics: bool | None = None) -> CompiledModule:
     """Trace `fn` (a function, an nn.Module, a transformed function such as tc.grad(f), or
     an already traced Graph) on `example_args` and compile it with IREE.
 
@@ -55,6 +63,10 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     in `exe.weights`, bound at load time and saved with the module), or "auto" (the
     default: "irpa" when the constants total more than 64 MiB, else "inline");
     `exe.meta["weights"]` says which was used. See tercomp.codegen.params.
+
+    `check_numerics=True` (default: $TERCOMP_CHECK_NUMERICS=1) makes every call check
+    each op's result and raise NumericsError naming the first op, and its source line,
+    that produced a NaN or Inf, or a cross_entropy label out of range (passes/numerics.py).
 
     `isolate=True` runs IREE in a subprocess (the iree-compile tool), so that a compiler
     crash becomes a CompileError with IREE's message instead of ending the process;
@@ -79,6 +91,8 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     if ternary != "off":
         at = pipeline.index("simplify") if "simplify" in pipeline else len(pipeline)
         pipeline.insert(at, ("ternary", {"strategy": ternary, "targets": target_names}))
+    if numerics_enabled(check_numerics):
+        pipeline.append("check_numerics")      # last: simplify would fold its checks away
     graph = run_pipeline(graph, pipeline, dumper)
     session, ctx = new_session()
     weights_mode = resolve_mode([graph], weights)
@@ -96,6 +110,7 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     all_flags = target_args + user_flags
     all_flags += [f for f in ternary_flags(used, target_names) if f not in all_flags]
     meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],
+            "numerics": graph.meta.get("numerics"),
             "iree_version": IREE_VERSION, "cache_hit": False, "weights": weights_mode,
             "parameters": sorted(table.arrays),
             "saved_for_backward": graph.meta.get("saved_for_backward", [])}

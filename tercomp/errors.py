@@ -58,3 +58,8 @@ class ArtifactError(TercompError):
 
 class DeviceUnavailable(TercompError):
     """The requested device is not present; the message names the drivers that are."""
+
+
+class NumericsError(TercompError):
+    """A NaN or Inf appeared in a module compiled with check_numerics; the message names
+    the first op that produced it and the user's source line."""

@@ -48,7 +48,8 @@ def _host_leaf(x):
 def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: int = 1,
                        clip_norm=None, on_nan: str = "raise", has_aux=None, opt_state=None,
                        target="llvm-cpu", device=None, threads=None, dump_dir=None,
-                       cache: bool = True) -> "TrainStep":
+                       cache: bool = True, isolate: bool = False,
+                       check_numerics: bool | None = None) -> "TrainStep":
     """Compile forward + backward + update of `model` into one IREE function.
 
     `loss_fn(model, *batch)` returns a scalar loss, or `(loss, metrics)` with a dict of
@@ -147,7 +148,8 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
 
     exe = tc_compile(train_step, params, state, *example_batch,
                      target=target, device=device, threads=threads, dump_dir=dump_dir,
-                     cache=cache, ternary="off", name="train_step")
+                     cache=cache, ternary="off", name="train_step", isolate=isolate,
+                     check_numerics=check_numerics)
     step = TrainStep(exe, model, optimizer, params, state, len(example_batch),
                      detected.get("has_aux", False), on_nan, accumulate, clip_norm)
     step._name_batch(loss_fn)

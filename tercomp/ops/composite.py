@@ -243,6 +243,12 @@ def _cross_entropy_infer(types, a):
 
 def _cross_entropy_ref(xs, a):
     logits, labels = xs
+    c = logits.shape[-1]
+    bad = (labels < 0) | (labels >= c)
+    if bad.any():       # eagerly an error; compiled, check_numerics reports it
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise TraceError(f"cross_entropy: label {int(labels[where])} at index {list(where)} is outside "
+                         f"[0, {c})", hint=f"labels are class ids from 0 to {c - 1}")
     oh = _np_one_hot(labels, logits.shape[-1], logits.dtype)
     return [(_np_lse(logits, -1, keepdims=False) - np.sum(logits * oh, axis=-1)).astype(logits.dtype)]
 

@@ -94,8 +94,9 @@ def to_bytes(exe) -> bytes:
         "sha256": digests,
         "content_hash": content_hash(digests),
     }
-    if exe.meta.get("cache_key"):
-        meta["cache_key"] = exe.meta["cache_key"]
+    for k in ("cache_key", "numerics"):
+        if exe.meta.get(k):
+            meta[k] = exe.meta[k]
     if exe.weights is not None:
         meta["weights_scope"] = exe.weights_scope
     if exe.meta.get("lm") is not None:
@@ -179,7 +180,7 @@ def from_parts(meta: dict, vmfb: bytes, weights, device=None, threads=None, **ex
     """A CompiledModule from read_bytes() parts."""
     from .module import CompiledModule
     info = {k: meta.get(k) for k in ("flags", "drivers", "tercomp_version", "iree_version",
-                                     "content_hash", "lm")}
+                                     "content_hash", "lm", "numerics")}
     info.update(extra)
     return CompiledModule(vmfb, Signature.from_json(meta["signature"]), device=device,
                           targets=meta.get("targets") or ["llvm-cpu"], meta=info,

@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 
 from ..errors import DeviceUnavailable, InputError, TercompError
+from .numerics import report as report_numerics
 from .. import dimexpr, pytree
 from .signature import Signature
 
@@ -291,6 +292,8 @@ class CompiledModule:
             raise TercompError(f"the IREE runtime failed running {sig.function} on "
                                f"{self.device}: {e}") from None
         res = list(res) if isinstance(res, (list, tuple)) else [res]
+        if self.meta.get("numerics"):
+            report_numerics(_to_host(res.pop()), self.meta["numerics"])
         out = []
         for r, s in zip(res, sig.outputs):
             dtype = np.bool_ if s.dtype == "i1" else r.dtype
