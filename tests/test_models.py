@@ -209,3 +209,21 @@ def test_config_json_round_trip_and_errors(tmp_path):
         models.BitNetConfig.from_dict(dict(d, hidden_act="gelu"))
     with pytest.raises(models.ConfigError, match="num_key_value_heads"):
         models.BitNetConfig.from_dict(dict(d, num_key_value_heads=3))
+
+
+def test_ternary_pass_uses_the_stored_scale():
+    from conftest import run_filecheck
+    t = np.random.default_rng(0).choice([-1, 0, 1], size=(64, 256)).astype(np.int8)
+    layer = nn.BitLinear.from_ternary(t, 2.5)
+    g = tc.trace(layer, tc.spec(("B", 256), "float32"))
+    run_filecheck(str(g), """
+# CHECK: "tern.act_quant"
+# CHECK: "tern.ternarize"({{.*}}) {scale = 2.5
+# CHECK: "tern.matmul"
+""")
+    out = run_pipeline(g, [("ternary", {"strategy": "auto"})])
+    run_filecheck(str(out), """
+# CHECK-NOT: "tern.ternarize"
+# CHECK: "tern.ternary_matmul"({{.*}}) {act_quant = true, k = 256 : i64, n = 64 : i64, scale = 2.5
+# CHECK-NOT: "tern.matmul"
+""")
