@@ -262,3 +262,18 @@ def test_errors_name_the_users_line():
         tc.trace(lambda c, s: tc.scan(lambda a, x: a, c, s), x2, xs)
     with pytest.raises(TercompError, match="give xs or a length"):
         tc.trace(lambda c: tc.scan(lambda a, x: (a, a), c, None), x2)
+
+
+def test_dynamic_carry_with_fused_producers():
+    """IREE 3.13 returned a wrong final carry for this loop (dynamic batch and length, the
+    scanned xs a transpose of the input, y independent of the carry) until the lowering
+    fenced the loop's operands (ops/loops.py, _fence)."""
+    x = rng.standard_normal((2, 6, 8)).astype(np.float32)
+
+    def f(x):
+        xx = tc.transpose(x, (1, 0, 2))
+        h0 = tc.broadcast_to(tc.expand_dims(tc.sum(xx, axis=0) * 0.0, -1), (xx.shape[1], 8, 4))
+        return tc.scan(lambda h, s: (h * 0.5 + tc.expand_dims(s, -1), s * 1.0), h0, xx)
+    exe = tc.compile(f, tc.spec(("B", "L", 8)))
+    for got, want in zip(exe(x), f(x)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 from iree.compiler import ir
-from iree.compiler.dialects import arith, scf, tensor
+from iree.compiler.dialects import arith, flow, scf, tensor, util
 
 from ..errors import TercompError, TraceError
 from ..ir import Graph, TensorType, as_dim, is_static, numpy_dtype
@@ -150,9 +150,21 @@ def _cast(v, t: TensorType):
     return v if v.type == want else tensor.CastOp(want, v).result
 
 
+def _fence(ctx, v, t: TensorType):
+    """`v` behind an optimization barrier, its dynamic dims re-tied. IREE 3.13 miscompiles
+    a loop with dynamic-shaped carries when the producers of its operands are fused into
+    the loop's dispatches (a wrong final carry, tests/test_scan.py); the barrier keeps
+    them out. The barrier hides the dims, so flow.tensor.tie_shape gives them back
+    (without it: "tensor.dim op unexpected during shape cleanup", IREE issue 19474)."""
+    (b,) = util.OptimizationBarrierOp([v.type], [v]).results
+    dims = ctx.dyn_sizes(t)
+    return flow.TensorTieShapeOp(b, dims).result if dims else b
+
+
 def _scan_lower(ctx, op, xs):
     body = _body(op.attrs)
     nc, nx = op.attrs["n_carry"], op.attrs["n_xs"]
+    xs = [_fence(ctx, v, o.type) for v, o in zip(xs, op.operands)]
     n = ctx.dim(scan_length(op.attrs))
     stacked_types = [r.type for r in op.results[nc:]]
     # The stacked outputs are loop-carried and updated in place with insert_slice.
