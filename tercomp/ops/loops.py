@@ -155,7 +155,9 @@ def _fence(ctx, v, t: TensorType):
     a loop with dynamic-shaped carries when the producers of its operands are fused into
     the loop's dispatches (a wrong final carry, tests/test_scan.py); the barrier keeps
     them out. The barrier hides the dims, so flow.tensor.tie_shape gives them back
-    (without it: "tensor.dim op unexpected during shape cleanup", IREE issue 19474)."""
+    (without it: "tensor.dim op unexpected during shape cleanup", IREE issue 19474).
+    Only dynamic-shaped operands are fenced: fencing static ones made IREE emit a
+    copy_buffer that fails at run time ("indirect buffer reference slot 0 is out range")."""
     (b,) = util.OptimizationBarrierOp([v.type], [v]).results
     dims = ctx.dyn_sizes(t)
     return flow.TensorTieShapeOp(b, dims).result if dims else b
@@ -164,7 +166,7 @@ def _fence(ctx, v, t: TensorType):
 def _scan_lower(ctx, op, xs):
     body = _body(op.attrs)
     nc, nx = op.attrs["n_carry"], op.attrs["n_xs"]
-    xs = [_fence(ctx, v, o.type) for v, o in zip(xs, op.operands)]
+    xs = [_fence(ctx, v, o.type) if not o.type.is_static else v for v, o in zip(xs, op.operands)]
     n = ctx.dim(scan_length(op.attrs))
     stacked_types = [r.type for r in op.results[nc:]]
     # The stacked outputs are loop-carried and updated in place with insert_slice.
