@@ -93,8 +93,9 @@ def parse_input(text: str) -> np.ndarray:
     items = [v for v in re.split(r"[,\s\[\]]+", m.group(3)) if v]
     try:
         values = np.array([float(v) if dtype.kind == "f" else int(float(v)) for v in items], dtype)
-    except ValueError as e:
-        raise UsageError(f"bad value in --input {text!r}: {e}") from None
+    except (ValueError, OverflowError) as e:
+        raise UsageError(f"bad value in --input {text[:80]!r}: {e} (values must fit in "
+                         f"{dtype.name})") from None
     n = int(np.prod(shape))
     if values.size == 1:
         return np.full(shape, values[0], dtype)
@@ -300,6 +301,9 @@ def cmd_opt(args) -> int:
                 text, filename = f.read(), args.file
         except OSError as e:
             raise UsageError(f"cannot read {args.file}: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{args.file} is not UTF-8 text (byte {e.start}): tercomp opt reads "
+                             "tern IR text (.tern.mlir)") from None
     graph = run_pipeline(parse(text, filename), args.pass_names or [])
     sys.stdout.write(print_graph(graph, elide=not args.print_constants))
     return 0

@@ -177,7 +177,8 @@ class TrainStep:
         self._s_treedef = pytree.flatten(opt_state)[2]
         n_state = len(pytree.flatten(params)[0]) + len(pytree.flatten(opt_state)[0])
         sig = exe.signature
-        self._batch_sig = Signature(sig.function, sig.inputs[n_state:], [])
+        batch_tree = ["tuple", sig.in_tree[1][2:]] if sig.in_tree else None   # after params, state
+        self._batch_sig = Signature(sig.function, sig.inputs[n_state:], [], in_tree=batch_tree)
         self._n_batch = n_batch
         # Device-resident state: host arrays before the first call, then the DeviceArrays
         # each call returns.
@@ -204,10 +205,13 @@ class TrainStep:
             raise InputError(f"the training step was compiled for a batch of {self._n_batch} "
                              f"arrays, got {len(batch)}")
         try:
-            leaves = pytree.flatten(tuple(batch))[0]
-            self._batch_sig.check_inputs(leaves)
+            leaves = self._batch_sig.leaves(tuple(batch))
         except InputError as e:
             raise InputError(f"training step: {e.message}", hint=e.hint) from None
+        empty = [s.name for s, x in zip(self._batch_sig.inputs, leaves) if np.size(x) == 0]
+        if empty:
+            raise InputError(f"training step: the batch is empty (no elements in {', '.join(empty)})",
+                             hint="a loss over no examples is undefined; skip empty batches")
 
     def __call__(self, *batch):
         """Run one step on `batch`; returns the loss as a float (and the metrics dict

@@ -93,3 +93,78 @@ def test_call_time_inputs_fuzz(dict_exe, args):
         return
     d = args[0]          # whatever was accepted must be the right structure, and right
     np.testing.assert_allclose(y, np.asarray(d["w"]) @ np.asarray(d["x"]), rtol=1e-6)
+
+
+# -- traced code: clear errors, NumPy functions dispatch ----------------------------------
+def test_a_loop_over_a_symbolic_dim_names_tc_scan():
+    def f(x):
+        s = 0
+        for i in range(x.shape[0]):
+            s = s + x[i]
+        return s
+    with pytest.raises(tc.TraceError, match="symbolic dim was used where Python needs an int") as e:
+        tc.trace(f, tc.spec(("B", 3)))
+    assert "tc.scan" in str(e.value) and "test_hostile_inputs.py" in str(e.value)
+
+
+def test_numpy_functions_on_traced_values_run_tercomp_ops():
+    def f(x):
+        return np.sum(x, axis=0), np.mean(x), np.exp(x) + np.maximum(x, 0), np.float32(2) * x, 1 - x
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    got = tc.compile(f, x)(x)
+    want = (x.sum(0), x.mean(), np.exp(x) + np.maximum(x, 0), 2 * x, 1 - x)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fn,match", [
+    (lambda x: np.fft.fft(x), "np.fft was called on a traced value; tercomp has no fft"),
+    (lambda x: np.sum(x, dtype=np.float64), "np.sum on a traced value: .*dtype"),
+    (lambda x: np.add.reduce(x), r"np.add.reduce .* is not supported"),
+])
+def test_unsupported_numpy_calls_are_trace_errors(fn, match):
+    with pytest.raises(tc.TraceError, match=match):
+        tc.trace(fn, np.ones(3, np.float32))
+
+
+def test_empty_training_batch_is_an_input_error():
+    def loss(m, x, y):
+        return tc.cross_entropy(m(x), y)
+    nn.manual_seed(0)
+    step = tc.compile_train_step(loss, nn.Linear(4, 3), tc.optim.SGD(0.1), tc.spec(("B", 4)),
+                                 tc.spec(("B",), "int32"))
+    with pytest.raises(tc.InputError, match=r"the batch is empty \(no elements in x, y\)"):
+        step(np.ones((0, 4), np.float32), np.zeros(0, np.int32))
+    assert step.steps == 0
+
+
+@pytest.mark.parametrize("dtype,shape,match", [("q7", [2], "unknown dtype 'q7'"), ("f32", [-3], "bad dim -3"),
+                                               ("f32", ["__import__('os')"], "cannot read the dimension")])
+def test_malformed_signatures_in_artifacts(dict_exe, tmp_path, dtype, shape, match):
+    import json
+    import zipfile
+    path = tmp_path / "m.tcm"
+    dict_exe.save(str(path))
+    with zipfile.ZipFile(path) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    meta = json.loads(members["signature.json"])
+    meta["signature"]["inputs"][0].update(dtype=dtype, shape=shape)
+    members["signature.json"] = json.dumps(meta).encode()
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, data in members.items():
+            zf.writestr(n, data)
+    with pytest.raises(tc.ArtifactError, match=match):
+        tc.load(str(path))
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    import subprocess
+    import sys
+    binary = tmp_path / "bin.mlir"
+    binary.write_bytes(b"\x00\x01\xff\xfe binary")
+    exe = tc.compile(lambda x: x * 2, np.ones((3, 16), np.int8))
+    exe.save(str(tmp_path / "i8.tcm"))
+    for args, match in [(["opt", str(binary)], "is not UTF-8 text"),
+                        (["run", str(tmp_path / "i8.tcm"), "--input", "3x16xi8=300"], "must fit in int8")]:
+        r = subprocess.run([sys.executable, "-m", "tercomp.cli", *args], capture_output=True, text=True, timeout=600)
+        assert r.returncode != 0 and match in r.stderr and "internal error" not in r.stderr, r.stderr

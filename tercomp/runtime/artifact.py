@@ -39,7 +39,7 @@ import json
 import os
 import zipfile
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, InputError
 from .files import read_regular, write_atomic
 from .generator import LMGenerator
 from .signature import Signature
@@ -166,8 +166,10 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
                                  "or recompile the model")
     try:
         Signature.from_json(meta["signature"])
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, AttributeError) as e:
         raise ArtifactError(f"{name}: the signature in {SIGNATURE} is malformed ({e})") from None
+    except InputError as e:
+        raise ArtifactError(f"{name}: the signature in {SIGNATURE} is malformed: {e.message}") from None
     return meta, members[VMFB], members.get(WEIGHTS)
 
 

@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from .. import dimexpr
+from ..errors import InputError, ParseError
 
 
 def _np_dtypes() -> dict:
@@ -40,8 +41,24 @@ class Signature:
 
     @staticmethod
     def from_json(d: dict) -> "Signature":
-        return Signature(d["function"], [TensorSig(**t) for t in d["inputs"]],
-                         [TensorSig(**t) for t in d["outputs"]], d.get("in_tree"), d.get("out_tree"))
+        """A Signature from its JSON form; InputError names a malformed entry (an unknown
+        dtype, a dim that is neither a size nor a dim expression)."""
+        sig = Signature(d["function"], [TensorSig(**t) for t in d["inputs"]],
+                        [TensorSig(**t) for t in d["outputs"]], d.get("in_tree"), d.get("out_tree"))
+        for t in sig.inputs + sig.outputs:
+            if t.dtype not in _NP_DTYPES:
+                raise InputError(f"{t.name}: unknown dtype {t.dtype!r} (known: {', '.join(_NP_DTYPES)})")
+            if not isinstance(t.shape, list):
+                raise InputError(f"{t.name}: the shape must be a list, got {t.shape!r}")
+            for dim in t.shape:
+                if isinstance(dim, bool) or not isinstance(dim, (int, str)) or (isinstance(dim, int) and dim < 0):
+                    raise InputError(f"{t.name}: bad dim {dim!r}")
+                if isinstance(dim, str):
+                    try:
+                        dimexpr.parse(dim)
+                    except ParseError as e:
+                        raise InputError(f"{t.name}: {e.message}") from None
+        return sig
 
     @staticmethod
     def from_graph(graph) -> "Signature":

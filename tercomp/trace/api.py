@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TraceError
-from .tracer import Tracer, apply, user_location
+from .tracer import NUMPY_API, Tracer, apply, user_location
 
 
 def _rank(x):
@@ -235,3 +235,8 @@ METHODS = {
     "min": min, "argmax": argmax, "astype": astype, "exp": exp, "log": log, "sqrt": sqrt,
     "tanh": tanh, "squeeze": squeeze, "swapaxes": swapaxes, "var": var, "clip": clip,
 }
+
+# np.<name>(traced) dispatches to these (see tracer.NUMPY_API)
+NUMPY_API.update({k: v for k, v in list(globals().items())
+                  if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == __name__})
+NUMPY_API.update(true_divide=divide, amax=max, amin=min)

@@ -24,6 +24,11 @@ class Spec:
         return TensorType(tuple(self.shape), self.dtype)
 
 
+# the sympy types of symbolic dims, as TypeErrors name them ('Symbol' object cannot be
+# interpreted as an integer)
+_SYMBOLIC_TYPES = ("'Symbol'", "'Mul'", "'Add'", "'Pow'", "'floor'")
+
+
 def spec(shape, dtype="float32") -> Spec:
     """`tc.spec(("B", 784), "float32")`: an input whose dim B is symbolic."""
     try:
@@ -113,6 +118,13 @@ def trace(fn, *example_args, name: str = "forward") -> Graph:
             _swap_module(captured, consts)
         try:
             result = call(*args)
+        except TypeError as e:
+            if not any(t in str(e) for t in _SYMBOLIC_TYPES):
+                raise
+            raise TraceError(f"a symbolic dim was used where Python needs an int ({e})",
+                             loc=user_location(e.__traceback__),
+                             hint="a loop or range() over a symbolic size cannot be unrolled: use "
+                                  "tc.scan, or trace with a static size") from None
         finally:
             for m, p in reversed(saved):
                 m._load_params(p)

@@ -27,26 +27,42 @@ def _trace_stack() -> list:
     return _state.stack
 
 
-def user_location() -> SourceLoc:
-    """The innermost stack frame outside the tercomp package: the user's line."""
+def _in_package(f) -> bool:
+    fn = f.f_code.co_filename
+    return os.path.abspath(fn).startswith(_PKG_DIR) or fn.startswith("<frozen")
+
+
+def _frame_location(f) -> SourceLoc:
+    col = 0
+    try:
+        pos = list(f.f_code.co_positions())[f.f_lasti // 2]
+        col = (pos[2] or 0) + 1
+    except (AttributeError, IndexError):
+        pass
+    path = f.f_code.co_filename
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            path = rel
+    except ValueError:
+        pass
+    return SourceLoc(path, f.f_lineno, col)
+
+
+def user_location(tb=None) -> SourceLoc:
+    """The innermost stack frame outside the tercomp package: the user's line (of the
+    current stack, or of traceback `tb`: where an exception was raised)."""
+    if tb is not None:
+        frames = []
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        user = [f for f in frames if not _in_package(f)]
+        return _frame_location(user[-1]) if user else UNKNOWN_LOC
     f = sys._getframe(1)
     while f is not None:
-        fn = f.f_code.co_filename
-        if not os.path.abspath(fn).startswith(_PKG_DIR) and not fn.startswith("<frozen"):
-            col = 0
-            try:
-                pos = list(f.f_code.co_positions())[f.f_lasti // 2]
-                col = (pos[2] or 0) + 1
-            except (AttributeError, IndexError):
-                pass
-            path = fn
-            try:
-                rel = os.path.relpath(fn)
-                if not rel.startswith(".."):
-                    path = rel
-            except ValueError:
-                pass
-            return SourceLoc(path, f.f_lineno, col)
+        if not _in_package(f):
+            return _frame_location(f)
         f = f.f_back
     return UNKNOWN_LOC
 
@@ -114,8 +130,27 @@ def current_trace():
     return stack[-1] if stack else None
 
 
+# NumPy functions called on traced values (np.sum(x), np.exp(x), np.maximum(x, 0)) run
+# tercomp's function of the same name, as JAX arrays do; trace/api.py fills the table.
+NUMPY_API: dict = {}
+
+
+def _numpy_dispatch(name: str, args, kwargs):
+    fn = NUMPY_API.get(name)
+    if fn is None:
+        raise TraceError(f"np.{name} was called on a traced value; tercomp has no {name}",
+                         loc=user_location(), hint="use the tc.* functions (tc.sum, tc.exp, tc.where, ...) "
+                                                   "in traced code")
+    try:
+        return fn(*args, **kwargs)
+    except TypeError as e:
+        raise TraceError(f"np.{name} on a traced value: {e}", loc=user_location(),
+                         hint=f"call tc.{name} with the arguments it takes") from None
+
+
 class Tracer:
-    """A traced tensor. Behaves like a NumPy array for shapes, operators and methods."""
+    """A traced tensor. Behaves like a NumPy array for shapes, operators and methods;
+    NumPy functions applied to it run tercomp's own (np.sum(x) is tc.sum(x))."""
 
     __array_priority__ = 1000
 
@@ -167,6 +202,16 @@ class Tracer:
 
     def __array__(self, *a, **k):
         self._no_concrete("converting to a NumPy array")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method != "__call__" or kwargs.get("out") is not None:
+            raise TraceError(f"np.{ufunc.__name__}.{method} (or out=) on a traced value is not supported",
+                             loc=user_location(), hint=f"call tc.{ufunc.__name__}(...) instead")
+        kwargs.pop("out", None)
+        return _numpy_dispatch(ufunc.__name__, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return _numpy_dispatch(func.__name__, args, kwargs)
 
     def __len__(self):
         d = self.shape[0] if self.shape else None
