@@ -15,7 +15,7 @@ per-dispatch cost stays small next to the matmul.
 from __future__ import annotations
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, linalg, scf, tensor
+from iree.compiler.dialects import linalg, scf, tensor
 
 from .ternary_kernels import _amap, _const, _Kernel
 
@@ -43,7 +43,9 @@ def blocked(kern: _Kernel) -> ir.Value:
     amax = kern.row_absmax()
     xq = kern.pad_k(kern.quantize(amax, i8))
     nt = block_rows(kern.n, kern.kp)
-    w = kern.weights()
+    # Pinned: with a single block, IREE would otherwise see unpack(constant) as a
+    # constant expression and evaluate it at compile time into an unpacked copy.
+    w = kern.pin_weights()
     acc_t = kern.ttype([kern.n], i32)
     loop = scf.ForOp(_const(0, index), _const(kern.n, index), _const(nt, index),
                      [kern.empty([kern.n], i32)])

@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 from iree.compiler import ir
-from iree.compiler.dialects import arith, linalg, math, tensor
+from iree.compiler.dialects import arith, linalg, math, tensor, util
 
 from ..errors import TercompError
 from ..ops.ternary_pack import k_split
@@ -145,6 +145,17 @@ class _Kernel:
         data = self.packed.view(np.int8)
         t = ir.RankedTensorType.get(list(data.shape), self.i8)
         return arith.constant(t, ir.DenseElementsAttr.get(data, type=self.i8))
+
+    def pin_weights(self) -> ir.Value:
+        """Make the weights an opaque value (`util.optimization_barrier`) for every later
+        use: IREE then folds no reshape of the constant into a reshaped copy and sees no
+        unpack of it as a constant expression to evaluate or hoist into an unpacked copy.
+        Kernels that read the weights several ways call it, so one 2-bit copy remains."""
+        w = self.weights()
+        owner = w.owner      # an op, or a block for a function argument
+        if getattr(owner, "name", None) != "util.optimization_barrier":
+            self.packed = w = util.optimization_barrier([w.type], [w])
+        return w
 
     # -- activations
     def row_absmax(self) -> ir.Value:

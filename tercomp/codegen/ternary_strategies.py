@@ -91,6 +91,7 @@ def _dispatch(small: str, large: str):
     def emit(kern: _Kernel, aq: bool) -> ir.Value:
         if kern.m is not None:
             return STRATEGIES[small if kern.m <= GEMV_MAX_M else large].emit(kern, aq)
+        kern.pin_weights()      # else IREE folds each branch's view into its own constant
         is_small = arith.cmpi(arith.CmpIPredicate.ule, kern.m_values[0],
                               _const(GEMV_MAX_M, kern.index))
         branch = scf.IfOp(is_small, [kern.ttype([kern.n], kern.f32)], has_else=True)

@@ -11,6 +11,7 @@ size is `threads=N` or "local-task?threads=N".
 """
 from __future__ import annotations
 
+import mmap
 import warnings
 
 import numpy as np
@@ -156,6 +157,15 @@ def _warn_if_lavapipe_mismatch(device: str, flags) -> None:
                       "compile with the default vulkan_target", stacklevel=4)
 
 
+def _page_aligned(data) -> mmap.mmap:
+    """`data` (bytes-like) in anonymous, page-aligned memory."""
+    if isinstance(data, mmap.mmap):
+        return data
+    mem = mmap.mmap(-1, len(data))
+    mem[:] = data
+    return mem
+
+
 def _to_host(arr) -> np.ndarray:
     """Copy an iree.runtime DeviceArray to a NumPy array."""
     import iree.runtime as rt
@@ -252,9 +262,14 @@ class CompiledModule:
             config = rt.Config(device=hal_device)
             ctx = rt.SystemContext(config=config)
             try:
-                if self.weights is not None:
+                if self._weights is not None:
+                    # IREE binds parameters in place when their memory is aligned and
+                    # copies them otherwise (a bytes object's data is not): moved once to
+                    # page-aligned memory, the weights exist once in RAM. Measured, 16
+                    # ternary 4096x4096 layers (64 MiB): +133 -> +69 MiB after load.
+                    self._weights = _page_aligned(self._weights)
                     index = rt.ParameterIndex()
-                    index.load_from_file_handle(rt.FileHandle.wrap_memory(self.weights), "irpa")
+                    index.load_from_file_handle(rt.FileHandle.wrap_memory(self._weights), "irpa")
                     provider = index.create_provider(scope=self.weights_scope)
                     ctx.add_vm_module(rt.create_io_parameters_module(ctx.instance, provider))
                 ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, self.vmfb))
@@ -264,6 +279,16 @@ class CompiledModule:
                                         hint=f"it was compiled for {', '.join(self.targets)}") from None
             self._ctx, self._hal_device, self._fn = ctx, hal_device, fn
         return self._fn
+
+    @property
+    def weights(self) -> bytes | None:
+        """The .irpa archive of the module's parameters (None without parameters)."""
+        w = self._weights
+        return bytes(w) if isinstance(w, mmap.mmap) else w
+
+    @weights.setter
+    def weights(self, value):
+        self._weights = value
 
     def function(self, name: str):
         """The iree.runtime function `name` of the loaded module, called with NumPy arrays
