@@ -46,7 +46,7 @@ def _host_leaf(x):
 
 # -- the compiled step -------------------------------------------------------------------
 def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: int = 1,
-                       clip_norm=None, on_nan: str = "raise", has_aux=None, opt_state=None,
+                       accumulate_calls: int = 1, clip_norm=None, on_nan: str = "raise", has_aux=None, opt_state=None,
                        target="llvm-cpu", device=None, threads=None, dump_dir=None,
                        cache: bool = True, isolate: bool = False,
                        check_numerics: bool | None = None) -> "TrainStep":
@@ -57,8 +57,12 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     are arrays or `tc.spec(...)` giving the shapes and dtypes of every later batch (a
     symbolic batch dim serves any size, except with `accumulate`). `accumulate=k` splits
     each batch into k micro-batches along axis 0 and averages their gradients (and
-    losses): one call, one update. `clip_norm` clips the gradients to that global norm
-    before the update. On a NaN or Inf loss or gradient the update is skipped inside the
+    losses): one call, one update. `accumulate_calls=k` sums the gradients of k
+    successive calls on the device and applies their mean on the k-th call (the calls
+    before it leave the weights unchanged; `step.steps` counts updates); the
+    accumulator is part of the optimizer state (`{"opt": ..., "accum": ...}`), so
+    checkpoints keep a partial accumulation. `clip_norm` clips the (accumulated)
+    gradients to that global norm before the update. On a NaN or Inf loss or gradient the update is skipped inside the
     compiled step (params keep their last finite values) and then, with
     on_nan="raise", a TercompError is raised, with on_nan="stop" a warning is issued,
     `step.stopped` becomes True and later calls return NaN without running.
@@ -84,6 +88,10 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         raise TercompError(f"compile_train_step: on_nan must be 'raise' or 'stop', got {on_nan!r}")
     if isinstance(accumulate, bool) or not isinstance(accumulate, numbers.Integral) or accumulate < 1:
         raise TercompError(f"compile_train_step: accumulate must be a positive integer, got {accumulate!r}")
+    if isinstance(accumulate_calls, bool) or not isinstance(accumulate_calls, numbers.Integral) \
+            or accumulate_calls < 1:
+        raise TercompError(f"compile_train_step: accumulate_calls must be a positive integer, "
+                           f"got {accumulate_calls!r}")
     if clip_norm is not None:
         clip_norm = optim._check_number("compile_train_step", "clip_norm", clip_norm,
                                         lo=0.0, lo_open=True)
@@ -97,7 +105,10 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         raise TercompError(f"compile_train_step: {type(model).__name__} has no parameters to train")
     state = optimizer.init(params) if opt_state is None else opt_state
     state = pytree.unflatten(pytree.flatten(state)[2], [_host_leaf(x) for x in pytree.flatten(state)[0]])
-    state_treedef = pytree.jsonable(pytree.flatten(state)[2])
+    if accumulate_calls > 1 and not (isinstance(state, dict) and set(state) == {"opt", "accum"}):
+        state = {"opt": state, "accum": {"grads": {k: np.zeros_like(v) for k, v in params.items()},
+                                         "calls": np.zeros((), np.float32)}}
+    state_treedef = pytree.jsonable(pytree.flatten(state["opt"] if accumulate_calls > 1 else state)[2])
     detected = {}
 
     def loss_of(p, *batch):
@@ -132,6 +143,8 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
             (loss, aux), grads = vg(params, *batch)
         finally:
             model._load_params(saved)
+        if accumulate_calls > 1:
+            return _accumulating_update(params, opt_state, loss, aux, grads)
         norm = optim.global_norm(grads)
         if clip_norm is not None:
             scale = clip_norm / _t.maximum(norm, optim._scalar(clip_norm))
@@ -146,12 +159,37 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         new_state = optim._map(lambda n, o: _t.where(ok, n, o), new_state, opt_state)
         return new_params, new_state, loss, norm, aux
 
+    def _accumulating_update(params, state, loss, aux, grads):
+        """Add this call's grads to the accumulator; on the k-th call update the weights
+        with the clipped mean and reset it. A NaN or Inf leaves everything unchanged."""
+        acc = state["accum"]
+        summed = optim._map(lambda a, g: a + g, acc["grads"], grads)
+        calls = acc["calls"] + 1.0
+        mean = optim._map(lambda g: g * (1.0 / accumulate_calls), summed)
+        norm = optim.global_norm(mean)
+        if clip_norm is not None:
+            scale = clip_norm / _t.maximum(norm, optim._scalar(clip_norm))
+            mean = optim._map(lambda g: g * scale, mean)
+        new_params, new_opt = optimizer.update(mean, state["opt"], params)
+        if pytree.jsonable(pytree.flatten(new_opt)[2]) != state_treedef:
+            raise TercompError(f"{type(optimizer).__name__}.update returned a state whose structure "
+                               "differs from init(params)'s; the compiled step feeds it back in")
+        ok = _t.abs(loss + norm) <= optim.F32_MAX
+        reset = calls >= accumulate_calls - 0.5          # the k-th call: update, then reset
+        new_params = optim._map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_params, params)
+        new_opt = optim._map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_opt, state["opt"])
+        acc_grads = optim._map(lambda s, a: _t.where(ok, _t.where(reset, s * 0.0, s), a), summed, acc["grads"])
+        acc_calls = _t.where(ok, _t.where(reset, calls * 0.0, calls), acc["calls"])
+        new_state = {"opt": new_opt, "accum": {"grads": acc_grads, "calls": acc_calls}}
+        return new_params, new_state, loss, norm, aux
+
     exe = tc_compile(train_step, params, state, *example_batch,
                      target=target, device=device, threads=threads, dump_dir=dump_dir,
                      cache=cache, ternary="off", name="train_step", isolate=isolate,
                      check_numerics=check_numerics)
     step = TrainStep(exe, model, optimizer, params, state, len(example_batch),
                      detected.get("has_aux", False), on_nan, accumulate, clip_norm)
+    step.accumulate_calls = int(accumulate_calls)
     step._name_batch(loss_fn)
     return step
 
@@ -172,6 +210,8 @@ class TrainStep:
         self.clip_norm = clip_norm
         self.stopped = False
         self.steps = 0
+        self.accumulate_calls = 1
+        self._calls = 0              # calls since the last update (accumulate_calls > 1)
         self.grad_norm = float("nan")
         self._p_treedef = pytree.flatten(params)[2]
         self._s_treedef = pytree.flatten(opt_state)[2]
@@ -239,7 +279,8 @@ class TrainStep:
             warnings.warn(f"{msg}; training stopped ({hint})", RuntimeWarning, stacklevel=2)
             return (loss, metrics) if self.has_aux else loss
         self._params, self._state = params, state
-        self.steps += 1
+        self._calls = (self._calls + 1) % self.accumulate_calls
+        self.steps += self._calls == 0
         return (loss, metrics) if self.has_aux else loss
 
     # -- host copies ------------------------------------------------------------------

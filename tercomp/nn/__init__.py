@@ -2,5 +2,7 @@
 from .module import Module
 from .layers import Linear, LayerNorm, RMSNorm, Embedding, manual_seed
 from .bitlinear import BitLinear, StoredBitLinear
+from .ssm import SelectiveSSM, MambaBlock
 
-__all__ = ["Module", "Linear", "LayerNorm", "RMSNorm", "Embedding", "manual_seed", "BitLinear", "StoredBitLinear"]
+__all__ = ["Module", "Linear", "LayerNorm", "RMSNorm", "Embedding", "manual_seed", "BitLinear", "StoredBitLinear",
+           "SelectiveSSM", "MambaBlock"]

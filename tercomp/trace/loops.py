@@ -212,7 +212,7 @@ def associative_scan(fn, elems, reverse=False, axis=0):
                                f"{pytree.jsonable(got_tree)}, elems has {pytree.jsonable(tree)}", loc=loc)
         for p, g, x in zip(paths, got, a):
             if not isinstance(g, Tracer) or tuple(g.shape) != tuple(x.shape) or g.dtype != x.dtype:
-                shape = fmt_shape(getattr(g, "shape", np.shape(g)))
+                shape = fmt_shape(g.shape if hasattr(g, "shape") else np.shape(g))
                 raise TercompError(f"tc.associative_scan: fn turns{' ' + p if p else ''} "
                                    f"{fmt_shape(x.shape)}{x.dtype} into {shape}{getattr(g, 'dtype', '')}; "
                                    "fn must keep the shapes and dtypes of its operands", loc=loc)
