@@ -53,7 +53,8 @@ def toy():
     bind_in, bind_out = {2: "k", 3: "v"}, {1: "k", 2: "v"}
     session, ctx = new_session()
     module = to_stateful_mlir([Entry("prefill", gp, bind_in, bind_out),
-                               Entry("decode", gd, bind_in, bind_out)], state, ctx)
+                               Entry("decode", gd, bind_in, bind_out),
+                               Entry("step", gp, bind_in, bind_out)], state, ctx)   # gp again
     vmfb = compile_module(session, module, HOST_CPU_FLAGS)
     exe = CompiledModule(vmfb, dataclasses.replace(Signature.from_graph(gp), function="prefill"))
     return exe, gp
@@ -96,3 +97,15 @@ def test_state_binding_errors():
         to_stateful_mlir([Entry("decode", g, {2: "nope"}, {})], [], ctx)
     with pytest.raises(CompileError, match="static shape"):
         StateVar("k", TensorType(("S", KV, D), "f16"))
+
+
+def test_entries_share_a_graph(toy):
+    # "step" runs the prefill graph (T symbolic) on the same globals, one token at a time
+    exe, _ = toy
+    prefill, step = exe.function("prefill"), exe.function("step")
+    x = rng.standard_normal((6, E)).astype(np.float32)
+    want = numpy_attention(x)
+    prefill(x[:2], np.array(0, np.int32))
+    for i in range(2, 6):
+        np.testing.assert_allclose(step(x[i:i + 1], np.array(i, np.int32)).to_host(),
+                                   want[i:i + 1], atol=2e-5)

@@ -56,10 +56,12 @@ class Entry:
     outputs: dict = field(default_factory=dict)
 
 
-def _check(entry: Entry, state: dict):
+def _check(entry: Entry, state: dict, others):
     g = entry.graph
     if g.name == entry.name:
         raise CompileError(f"entry {entry.name!r}: the graph needs another name than the entry")
+    if any(e.graph.name == g.name and e.graph is not g for e in others):
+        raise CompileError(f"entry {entry.name!r}: another entry has a different graph named {g.name!r}")
     for where, binding, values in (("input", entry.inputs, g.inputs), ("output", entry.outputs, g.outputs)):
         for i, name in binding.items():
             if name not in state:
@@ -84,7 +86,7 @@ def to_stateful_mlir(entries, state, ctx: ir.Context, params=None) -> ir.Module:
     the weights (codegen.params), shared by every entry."""
     state = {s.name: s for s in state}
     for e in entries:
-        _check(e, state)
+        _check(e, state, entries)
     with ctx, ir.Location.unknown():
         module = ir.Module.create()
         with ir.InsertionPoint(module.body):
@@ -96,16 +98,19 @@ def to_stateful_mlir(entries, state, ctx: ir.Context, params=None) -> ir.Module:
             for i, s in enumerate(state.values()):
                 util.GlobalOp(s.name, tensor_type(s.type), sym_visibility="private",
                               is_mutable=True, initial_value=_splat(s.type, i))
+        lowered = set()              # entries may share a graph: lower it once
         for e in entries:
-            _entry(module, e, state, params)
+            if id(e.graph) not in lowered:
+                lower_graph(e.graph, module, params)
+                inner = module.body.operations[len(module.body.operations) - 1]
+                inner.attributes["sym_visibility"] = ir.StringAttr.get("private")
+                lowered.add(id(e.graph))
+            _entry(module, e)
         check_legal(module)
     return module
 
 
-def _entry(module: ir.Module, e: Entry, state: dict, params):
-    lower_graph(e.graph, module, params)
-    inner = module.body.operations[len(module.body.operations) - 1]
-    inner.attributes["sym_visibility"] = ir.StringAttr.get("private")
+def _entry(module: ir.Module, e: Entry):
     g = e.graph
     args = [tensor_type(v.type) for i, v in enumerate(g.inputs) if i not in e.inputs]
     results = [tensor_type(v.type) for i, v in enumerate(g.outputs) if i not in e.outputs]
