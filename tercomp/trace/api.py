@@ -240,3 +240,5 @@ METHODS = {
 NUMPY_API.update({k: v for k, v in list(globals().items())
                   if callable(v) and not k.startswith("_") and getattr(v, "__module__", None) == __name__})
 NUMPY_API.update(true_divide=divide, amax=max, amin=min)
+# metadata, not computation: getattr(x, "shape", np.shape(x)) evaluates np.shape eagerly
+NUMPY_API.update(shape=lambda x: tuple(x.shape), ndim=lambda x: x.ndim)
