@@ -106,3 +106,25 @@ def test_train_step_with_check_numerics_names_the_op_and_keeps_the_weights():
         step(x, np.array([0, 5], np.int32))
     for k, v in step.params().items():
         np.testing.assert_array_equal(v, before[k])
+
+
+def test_a_nan_batch_fires_on_nan_in_a_bitlinear_train_step():
+    class Net(nn.Module):
+        def __init__(self):
+            self.fc = nn.BitLinear(8, 4)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    def loss(m, x, y):
+        return tc.cross_entropy(m(x), y)
+    nn.manual_seed(0)
+    x, y = np.ones((2, 8), np.float32), np.array([0, 1], np.int32)
+    step = tc.compile_train_step(loss, Net(), tc.optim.SGD(0.1), x, y)
+    step(x, y)
+    before = {k: v.copy() for k, v in step.params().items()}
+    x[0, 3] = np.nan
+    with pytest.raises(tc.TercompError, match="the loss is nan; the update was skipped"):
+        step(x, y)
+    for k, v in step.params().items():
+        np.testing.assert_array_equal(v, before[k])
