@@ -77,6 +77,12 @@ class Signature:
         expected and what came."""
         if self.in_tree is None:
             return self.check_inputs(list(args))
+        flat = self.__dict__.get("_flat")
+        if flat is None:        # every argument one array: the common case, checked cheaply
+            flat = self.__dict__["_flat"] = (self.in_tree[0] == "tuple"
+                                             and all(c is None for c in self.in_tree[1]))
+        if flat and len(args) == len(self.in_tree[1]) and all(type(a) is np.ndarray for a in args):
+            return self.check_inputs(args)
         out: list = []
         _match(self.in_tree, tuple(args), "", out, self)
         return self.check_inputs(out)
