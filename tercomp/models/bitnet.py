@@ -57,17 +57,23 @@ def apply_rope(x, cos, sin, style: str):
     return out.reshape(-1, t, h, d)
 
 
+def _placeholder(in_features: int, out_features: int) -> nn.BitLinear:
+    """An all-zero stored layer (2 bits per weight) for loaders that fill in every weight:
+    a random float init would cost 4 bytes per weight only to be thrown away."""
+    return nn.BitLinear.from_ternary(np.zeros((out_features, in_features), np.int8), 1.0)
+
+
 class Attention(nn.Module):
-    def __init__(self, config: BitNetConfig):
+    def __init__(self, config: BitNetConfig, linear=nn.BitLinear):
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = (c.num_attention_heads,
                                                             c.num_key_value_heads, c.head_dim)
         self.rope_style = c.rope_style
-        self.q_proj = nn.BitLinear(c.hidden_size, c.hidden_size)
-        self.k_proj = nn.BitLinear(c.hidden_size, c.kv_dim)
-        self.v_proj = nn.BitLinear(c.hidden_size, c.kv_dim)
+        self.q_proj = linear(c.hidden_size, c.hidden_size)
+        self.k_proj = linear(c.hidden_size, c.kv_dim)
+        self.v_proj = linear(c.hidden_size, c.kv_dim)
         self.attn_sub_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
-        self.o_proj = nn.BitLinear(c.hidden_size, c.hidden_size)
+        self.o_proj = linear(c.hidden_size, c.hidden_size)
 
     def forward(self, x, cos, sin):
         """x [B, T, hidden] (normed), cos/sin [T, head_dim/2] -> [B, T, hidden]."""
@@ -90,13 +96,13 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, config: BitNetConfig):
+    def __init__(self, config: BitNetConfig, linear=nn.BitLinear):
         c = config
         self.hidden_act = c.hidden_act
-        self.gate_proj = nn.BitLinear(c.hidden_size, c.intermediate_size)
-        self.up_proj = nn.BitLinear(c.hidden_size, c.intermediate_size)
+        self.gate_proj = linear(c.hidden_size, c.intermediate_size)
+        self.up_proj = linear(c.hidden_size, c.intermediate_size)
         self.ffn_sub_norm = nn.RMSNorm(c.intermediate_size, eps=c.rms_norm_eps)
-        self.down_proj = nn.BitLinear(c.intermediate_size, c.hidden_size)
+        self.down_proj = linear(c.intermediate_size, c.hidden_size)
 
     def forward(self, x):
         gate = self.gate_proj(x)
@@ -109,12 +115,12 @@ class FeedForward(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: BitNetConfig):
+    def __init__(self, config: BitNetConfig, linear=nn.BitLinear):
         eps = config.rms_norm_eps
         self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=eps)
-        self.attn = Attention(config)
+        self.attn = Attention(config, linear)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=eps)
-        self.mlp = FeedForward(config)
+        self.mlp = FeedForward(config, linear)
 
     @property
     def ffn(self) -> FeedForward:
@@ -131,7 +137,8 @@ class BitNetLM(nn.Module):
 
     `forward(ids)` maps int32 token ids [B, T] to float32 logits [B, T, vocab_size]
     (T static when traced; B may be symbolic). `tokenizer` is a `tokenizers.Tokenizer`
-    (or None) set by `models.load`.
+    (or None) set by `models.load`; `gguf_vocab` keeps a GGUF file's vocabulary keys so
+    `save_gguf` writes them back.
 
     >>> from tercomp import models
     >>> cfg = models.BitNetConfig(vocab_size=300, hidden_size=256, intermediate_size=512,
@@ -143,21 +150,35 @@ class BitNetLM(nn.Module):
     (1, 16, 300)
     """
 
-    def __init__(self, config: BitNetConfig):
+    def __init__(self, config: BitNetConfig, init: bool = True):
+        """`init=False` leaves the weights unset (zero ternary projections, zero embedding,
+        no random numbers drawn): for loaders, which assign every weight afterwards."""
         if not isinstance(config, BitNetConfig):
             raise TercompError(f"BitNetLM expects a models.BitNetConfig, got "
                                f"{type(config).__name__}")
         config.validate()
         self.config = config
         c = config
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        # std 1/sqrt(hidden): tied logits (unit-RMS hidden states . embedding) start O(1)
-        self.embed_tokens.weight *= np.float32(1.0 / np.sqrt(c.hidden_size))
-        self.layers = [DecoderLayer(c) for _ in range(c.num_hidden_layers)]
+        if init:
+            self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+            # std 1/sqrt(hidden): tied logits (unit-RMS hidden states . embedding) start O(1)
+            self.embed_tokens.weight *= np.float32(1.0 / np.sqrt(c.hidden_size))
+        else:
+            self.embed_tokens = nn.Embedding.__new__(nn.Embedding)
+            self.embed_tokens.weight = np.zeros((c.vocab_size, c.hidden_size), np.float32)
+        linear = nn.BitLinear if init else _placeholder
+        self.layers = [DecoderLayer(c, linear) for _ in range(c.num_hidden_layers)]
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
-        self.lm_head = None if c.tie_word_embeddings else \
-            nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.lm_head = None
+        if not c.tie_word_embeddings:
+            self.lm_head = nn.Linear.__new__(nn.Linear) if not init else \
+                nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+            if not init:
+                self.lm_head.in_features, self.lm_head.out_features = c.hidden_size, c.vocab_size
+                self.lm_head.weight = np.zeros((c.vocab_size, c.hidden_size), np.float32)
+                self.lm_head.bias = None
         self.tokenizer = None
+        self.gguf_vocab = None     # the tokenizer.ggml.* keys of a loaded GGUF, for save_gguf
 
     def rope_tables(self, positions):
         """(cos, sin) float32 [len(positions), head_dim/2] for these absolute positions."""

@@ -23,6 +23,7 @@ BitLinear (ternarized by absmean when compiled).
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
@@ -224,33 +225,50 @@ def _config(f: _File) -> BitNetConfig:
     return cfg
 
 
+def _expected_shapes(cfg: BitNetConfig) -> dict:
+    """GGUF tensor name -> NumPy shape of every tensor a `bitnet` model must have."""
+    h, v, ff, kv = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.kv_dim
+    proj = {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, h),
+            "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
+    out = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
+    for i in range(cfg.num_hidden_layers):
+        for g in NORMS:
+            out[f"blk.{i}.{g}.weight"] = (ff,) if g == "ffn_sub_norm" else (h,)
+        for g, shape in proj.items():
+            out[f"blk.{i}.{g}.weight"] = shape
+    return out
+
+
 def load_gguf(path) -> BitNetLM:
     """Read a `bitnet`-architecture GGUF file into a BitNetLM (see the module docstring)."""
     if gguf is None:  # pragma: no cover
         raise TercompError("reading GGUF needs the 'gguf' package: pip install gguf")
     f = _File(path)
     cfg = _config(f)
-    lm = BitNetLM(cfg)
-    h, v, ff, kv = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.kv_dim
-    lm.embed_tokens.weight = f.float_tensor("token_embd.weight", (v, h))
-    lm.norm.weight = f.float_tensor("output_norm.weight", (h,))
-    shapes = {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, h),
-              "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
-    known = {"token_embd.weight", "output_norm.weight"}
-    for i, layer in enumerate(lm.layers):
-        for g, path_ in NORMS.items():
-            name = f"blk.{i}.{g}.weight"
-            n = ff if g == "ffn_sub_norm" else h
-            _get(layer, path_).weight = f.float_tensor(name, (n,))
-            known.add(name)
-        for g, (block, proj) in PROJECTIONS.items():
-            name = f"blk.{i}.{g}"
-            setattr(getattr(layer, block), proj, f.projection(name, shapes[g]))
-            known.update({name + ".weight", name + ".scale"})
-    extra = sorted(set(f.tensors) - known)
+    # the header must agree with the tensors before anything is allocated from its numbers
+    blocks = {int(m.group(1)) for n in f.tensors if (m := re.match(r"blk\.(\d+)\.", n))}
+    if len(blocks) != cfg.num_hidden_layers or blocks != set(range(len(blocks))):
+        raise f.error(f"key '{ARCH}.block_count'", f"{cfg.num_hidden_layers} blocks, but the "
+                      f"file has tensors for {len(blocks)} (blk.{min(blocks, default=0)}.. "
+                      f"blk.{max(blocks, default=0)})")
+    shapes = _expected_shapes(cfg)
+    for name, shape in shapes.items():
+        f.tensor(name, shape)
+    extra = sorted(n for n in f.tensors if n not in shapes and not (
+        n.endswith(".scale") and n[:-6] + ".weight" in shapes))
     if extra:
         raise f.error(f"tensor {extra[0]!r}", f"not part of a {cfg.num_hidden_layers}-layer "
                       f"'bitnet' model ({len(extra)} unexpected tensor(s))")
+    lm = BitNetLM(cfg, init=False)
+    lm.embed_tokens.weight = f.float_tensor("token_embd.weight", shapes["token_embd.weight"])
+    lm.norm.weight = f.float_tensor("output_norm.weight", shapes["output_norm.weight"])
+    for i, layer in enumerate(lm.layers):
+        for g, path_ in NORMS.items():
+            name = f"blk.{i}.{g}.weight"
+            _get(layer, path_).weight = f.float_tensor(name, shapes[name])
+        for g, (block, proj) in PROJECTIONS.items():
+            name = f"blk.{i}.{g}"
+            setattr(getattr(layer, block), proj, f.projection(name, shapes[name + ".weight"]))
     lm.tokenizer, lm.gguf_vocab = tokenizer_from_gguf(f.reader, f.path)
     return lm
 

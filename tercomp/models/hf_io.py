@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import numpy as np
 import safetensors
@@ -153,6 +154,30 @@ class _Tensors:
         return layer
 
 
+def _check_shapes(cfg, tensors):
+    """config.json must agree with the tensors before anything is allocated from it."""
+    layers = {int(m.group(1)) for n in tensors if (m := re.match(r"model\.layers\.(\d+)\.", n))}
+    if len(layers) != cfg.num_hidden_layers or layers != set(range(len(layers))):
+        raise CheckpointError(f"config.json: field 'num_hidden_layers' is "
+                              f"{cfg.num_hidden_layers}, but the checkpoint has tensors for "
+                              f"{len(layers)} layers")
+    h, ff, kv, v = cfg.hidden_size, cfg.intermediate_size, cfg.kv_dim, cfg.vocab_size
+    need = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    outs = {"q_proj": h, "k_proj": kv, "v_proj": kv, "o_proj": h, "gate_proj": ff,
+            "up_proj": ff, "down_proj": h}
+    for name, out_f in outs.items():
+        block = "self_attn" if name[0] in "qkvo" else "mlp"
+        need[f"model.layers.0.{block}.{name}.weight"] = (out_f, ff if name == "down_proj" else h)
+    for name, shape in need.items():
+        if name not in tensors:
+            raise CheckpointError(f"tensor {name!r} is missing from the checkpoint")
+        arr, path = tensors[name]
+        packed = (-(-shape[0] // 4),) + shape[1:] if arr.dtype == np.uint8 else shape
+        if arr.shape != packed:
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {list(arr.shape)}, but "
+                                  f"config.json implies {list(packed)}")
+
+
 def load_hf(directory) -> BitNetLM:
     """Read a Hugging Face BitNet directory into a BitNetLM (see the module docstring)."""
     cfg = _config(directory)
@@ -163,9 +188,10 @@ def load_hf(directory) -> BitNetLM:
     for f in files:
         tensors.update(_read_tensors(f))
     ts = _Tensors(tensors)
+    _check_shapes(cfg, tensors)
     c = cfg
     h, ff, kv = c.hidden_size, c.intermediate_size, c.kv_dim
-    lm = BitNetLM(cfg)
+    lm = BitNetLM(cfg, init=False)
     lm.embed_tokens.weight = ts.float("model.embed_tokens.weight", (c.vocab_size, h))
     lm.norm.weight = ts.float("model.norm.weight", (h,))
     outs = {"q_proj": h, "k_proj": kv, "v_proj": kv, "o_proj": h,
