@@ -277,3 +277,14 @@ def test_dynamic_carry_with_fused_producers():
     exe = tc.compile(f, tc.spec(("B", "L", 8)))
     for got, want in zip(exe(x), f(x)):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_jvp_through_scan():
+    def f(h0, xs):
+        return tc.scan(lambda h, x: (tc.tanh(h * 0.7 + x[:1] * 2.0),) * 2, h0, xs)
+    h0, xs = rng.standard_normal(4), rng.standard_normal((5, 3))
+    th, tx = rng.standard_normal(4), rng.standard_normal((5, 3))
+    _, tangents = tc.jvp(f, (h0, xs), (th, tx))
+    plus, minus = f(h0 + EPS * th, xs + EPS * tx), f(h0 - EPS * th, xs - EPS * tx)
+    for t, a, b in zip(tangents, plus, minus):
+        np.testing.assert_allclose(t, (a - b) / (2 * EPS), rtol=1e-6, atol=1e-8)
