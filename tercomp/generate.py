@@ -5,14 +5,14 @@ ternary projections, read as parameters that both functions load) and a KV cache
 lives on the device as mutable globals (tercomp/codegen/state.py):
 
     prefill(ids: i32 [T], start: i32) -> logits [T, vocab]    T dynamic: one call per prompt
-    decode(ids: i32 [1], start: i32)  -> logits [1, vocab]    T = 1: the decode kernels
+    decode(ids: i32 [1], start: i32)  -> logits [1, vocab]    the same step, T = 1
 
-Both run the same traced step (`_Step.forward`): embed, then per layer RoPE'd q/k/v,
+Both run one traced step (`_Step.forward`): embed, then per layer RoPE'd q/k/v,
 `cache_write` of this call's k/v rows at `start`, `cached_attention` over cache rows
-0..start+T-1 (tercomp/ops/cache.py), and the output layer. Tracing it twice, with T
-symbolic and with T = 1, lets the ternary pass pick the prefill kernel for a dynamic
-batch and the decode kernel for one token. The runtime side (validation, sampling,
-`generate`, saving) is tercomp/runtime/generator.py.
+0..start+T-1 (tercomp/ops/cache.py), and the output layer (see SHARED_STEP). The
+compile cache is keyed on the model's arrays and the options, so a cached compile skips
+tracing. The runtime side (validation, sampling, `generate`, saving) is
+tercomp/runtime/generator.py.
 
     >>> gen = tc.compile_lm(lm, max_seq=2048)
     >>> logits = gen.prefill(np.array([1, 2, 3], np.int32))     # [3, vocab]
@@ -22,6 +22,7 @@ batch and the decode kernel for one token. The runtime side (validation, samplin
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 from functools import partial
@@ -41,6 +42,7 @@ from .ir import TensorType
 from .models.bitnet import BitNetLM, apply_rope, rope_tables
 from .passes import Dumper, run_pipeline
 from .runtime import cache as compile_cache
+from .runtime.artifact import from_parts
 from .runtime.generator import KV_DTYPES, LMGenerator
 from .runtime.module import CompiledModule, check_threads, pick_device
 from .runtime.signature import Signature
@@ -51,6 +53,12 @@ from .trace.tracer import apply
 __all__ = ["compile_lm"]
 
 DEFAULT_MAX_SEQ = 2048
+# Decode runs the prefill graph (T symbolic) with T = 1: one trace, one pass pipeline,
+# one lowered function, half the IREE work; the ternary "dispatch" strategies pick the
+# decode kernel at run time by M. A separately traced T = 1 graph (False) gave no
+# measurable decode gain on a shared 2-core AVX2 machine (11-22 ms vs 11-19 ms a token,
+# 2 layers of the bench shape, both within the noise).
+SHARED_STEP = True
 
 
 class _Step(nn.Module):
@@ -140,23 +148,52 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     device = pick_device(names, device)
     check_threads(names, device, threads)
     c = lm.config
-    cache_type = TensorType((max_seq, c.num_key_value_heads, c.head_dim), kv)
-    caches = [spec(cache_type.shape, kv)] * (2 * c.num_hidden_layers)
-    step = _Step(lm, max_seq, kv)
+    meta = {"drivers": [d for t in targets for d in t.drivers], "iree_version": IREE_VERSION,
+            "cache_hit": False, "weights": "irpa",
+            "lm": LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm))}
+    user_flags = check_extra_flags(flags)
+    key = None
+    if cache:
+        # Keyed on the model and the options, not on the traced IR: a hit skips tracing,
+        # the passes and the lowering, which cost more than IREE for a large model.
+        key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv,
+                                ternary, "\0".join(names), "\0".join(user_flags), SHARED_STEP,
+                                __version__, IREE_VERSION)
+        hit = compile_cache.lookup(key)
+        if hit is not None:
+            cached, vmfb, irpa = hit
+            exe = from_parts(cached, vmfb, irpa, device=device, threads=threads, cache_key=key,
+                             cache_hit=True, lm=meta["lm"])
+            return LMGenerator(exe)
+    exe = _build(step=_Step(lm, max_seq, kv), config=c, cache_type=TensorType(
+        (max_seq, c.num_key_value_heads, c.head_dim), kv), ternary=ternary, names=names,
+        user_flags=user_flags, dump_dir=dump_dir, meta=meta, device=device, threads=threads)
+    if key is not None:
+        exe.meta["cache_key"] = key
+        compile_cache.store(key, exe)
+    return LMGenerator(exe)
+
+
+def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta, device,
+           threads) -> CompiledModule:
+    """Trace the step, run the passes, lower both entry points and compile with IREE."""
+    n = 2 * config.num_hidden_layers
+    caches = [spec(cache_type.shape, cache_type.dtype)] * n
     pipeline = ["simplify"] if ternary == "off" else \
         [("ternary", {"strategy": ternary, "targets": names}), "simplify"]
     stages, graphs = {}, {}
-    for entry, t in (("prefill", "T"), ("decode", 1)):
+    shapes = (("prefill", "T"),) if SHARED_STEP else (("prefill", "T"), ("decode", 1))
+    for entry, t in shapes:
         dumper = Dumper(os.path.join(dump_dir, entry) if dump_dir else None)
         g = trace(step, spec((t,), "int32"), spec((), "int32"), caches, name=f"{entry}_step")
         graphs[entry] = run_pipeline(g, pipeline, dumper)
         stages.update({f"{entry}.{k}": v for k, v in dumper.stages.items()})
     _share_constants(graphs.values())
-    n = 2 * c.num_hidden_layers
     state = [StateVar(f"kv{i}", cache_type) for i in range(n)]
     bind_in = {2 + i: f"kv{i}" for i in range(n)}
     bind_out = {1 + i: f"kv{i}" for i in range(n)}
-    entries = [Entry(e, g, bind_in, bind_out) for e, g in graphs.items()]
+    entries = [Entry(e, graphs.get(e, graphs["prefill"]), bind_in, bind_out)
+               for e in ("prefill", "decode")]
     session, ctx = new_session()
     table = ParamTable()
     with parameterized(list(graphs.values()), table):
@@ -164,35 +201,55 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     irpa = table.archive()
     with ctx:
         stages["mlir"] = module.operation.get_asm(large_elements_limit=16)
-    all_flags = target_flags(names) + check_extra_flags(flags)
     used = {op.attrs["strategy"] for g in graphs.values() for op in g.ops
             if op.opname == "ternary_matmul"}
     used = {choose_strategy(None, 1, 1, names) if s == "auto" else s for s in used}
+    all_flags = target_flags(names) + user_flags
     all_flags += [f for f in flags_for(used, names) if f not in all_flags]
-    meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],
-            "iree_version": IREE_VERSION, "cache_hit": False, "weights": "irpa",
-            "parameters": sorted(table.arrays)}
-    key = hit = None
-    if cache:
-        with ctx:
-            full = module.operation.get_asm(binary=True, large_elements_limit=None,
-                                            large_resource_limit=None, assume_verified=True)
-        digest = hashlib.sha256(irpa).hexdigest() if irpa is not None else ""
-        key = compile_cache.key(full, "\0".join(all_flags), __version__, IREE_VERSION, digest)
-        hit = compile_cache.lookup(key)
-        meta.update(cache_key=key, cache_hit=hit is not None)
-    if hit is not None:
-        _, vmfb, irpa = hit
-    else:
-        build = compile_with_tool if needs_tool(all_flags) else partial(compile_module, session)
-        vmfb = build(module, all_flags, stage=f"the IREE compile of the LM for {', '.join(names)}")
+    build = compile_with_tool if needs_tool(all_flags) else partial(compile_module, session)
+    vmfb = build(module, all_flags, stage=f"the IREE compile of the LM for {', '.join(names)}")
     sig = dataclasses.replace(Signature.from_graph(graphs["prefill"]), function="prefill")
-    meta["lm"] = LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm))
-    exe = CompiledModule(vmfb, sig, stages, device=device, threads=threads, targets=names,
-                         meta=meta, weights=irpa, weights_scope=table.scope)
-    if key is not None and hit is None:
-        compile_cache.store(key, exe)
-    return LMGenerator(exe)
+    meta = {**meta, "flags": all_flags, "parameters": sorted(table.arrays)}
+    return CompiledModule(vmfb, sig, stages, device=device, threads=threads, targets=names,
+                          meta=meta, weights=irpa, weights_scope=table.scope)
+
+
+@functools.lru_cache(maxsize=1)
+def _source_digest() -> str:
+    """sha256 of tercomp's own source files: a compile-cache key part that changes with
+    any change to the compiler, since the key is taken before tracing."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for d, _, files in sorted(os.walk(root)):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                with open(os.path.join(d, f), "rb") as fh:
+                    h.update(f.encode() + b"\0" + fh.read())
+    return h.hexdigest()
+
+
+def _model_digest(lm) -> str:
+    """sha256 of everything in the module tree of `lm` that can change the compiled
+    module: every array (frozen 2-bit weights and scales in private attributes too),
+    number and string, by attribute path."""
+    h = hashlib.sha256()
+
+    def visit(obj, path):
+        if isinstance(obj, nn.Module):
+            for k in sorted(vars(obj)):
+                visit(vars(obj)[k], f"{path}.{k}")
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                visit(v, f"{path}.{i}")
+        elif isinstance(obj, np.ndarray):
+            h.update(f"{path}:{obj.dtype.str}:{obj.shape}".encode())
+            h.update(np.ascontiguousarray(obj).data)
+        elif isinstance(obj, (bool, int, float, str, np.generic)) or obj is None:
+            h.update(f"{path}={obj!r}".encode())
+        elif dataclasses.is_dataclass(obj):
+            h.update(f"{path}={obj!r}".encode())
+    visit(lm, "lm")
+    return h.hexdigest()
 
 
 def _tokenizer_json(lm):

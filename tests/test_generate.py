@@ -202,3 +202,18 @@ def test_cli_generate(gen, tmp_path, capsys):
     assert main(["generate", str(path), "--prompt-ids", "1,x"]) == 2
     assert main(["generate", str(path), "--prompt", "hello"]) == 1
     assert "no tokenizer" in capsys.readouterr().err
+
+
+def test_compile_cache_is_keyed_on_the_model(lm_file, gen, full):
+    from tercomp.generate import _model_digest
+    again = tc.compile_lm(models.load(lm_file), max_seq=MAX_SEQ)
+    assert again.exe.meta["cache_hit"] and not gen.exe.meta["cache_hit"]
+    np.testing.assert_array_equal(again.prefill(IDS), full)
+    lm = models.load(lm_file)
+    before = _model_digest(lm)
+    norm = lm.layers[1].mlp.ffn_sub_norm
+    norm.weight = norm.weight + np.eye(1, norm.weight.size, 3, dtype=norm.weight.dtype)[0]
+    assert _model_digest(lm) != before
+    lm = models.load(lm_file)
+    lm.layers[0].attn.k_proj._scale = lm.layers[0].attn.k_proj._scale * 2    # a frozen layer
+    assert _model_digest(lm) != before

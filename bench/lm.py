@@ -1,0 +1,247 @@
+"""Generation speed of a ternary LM: tercomp (tc.compile_lm) against llama.cpp on one file.
+
+    python bench/lm.py                      # bitnet_b1_58-large shape (~700M parameters)
+    python bench/lm.py --layers 4           # a quicker, smaller run
+    python bench/lm.py --no-peer            # tercomp only
+
+Writes a random-ternary GGUF (TQ2_0 projections, tied f16 embedding) of the
+bitnet_b1_58-large shape with `gguf` (hidden 1536, FFN 4096, 24 layers, 16 heads,
+vocab 32002), then measures, each engine in its own fresh process with 2 threads:
+
+- compile time: cold (load + pack + IREE compile, empty compile cache) and cached;
+- prefill: a 128-token prompt, tokens/s (best of 3);
+- decode: 64 tokens after that prompt, tokens/s (best of 3);
+- decode at position 64 with max_seq 2048 vs 128 (the cache must cost O(position));
+- resident memory (VmRSS) after warm-up, the cache sized n_ctx = max_seq.
+
+llama.cpp runs through llama-cpp-python when it is installed (the `peer` extra); its
+rows are skipped otherwise. Ratios are tercomp / llama.cpp from the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+
+# -------------------------------------------------------------------------- the model
+def write_model(path, a):
+    """A random BitNet GGUF: ternary projections in TQ2_0 (block scale 1 and an f32
+    `.scale` per tensor), f32 norms, tied f16 token embedding."""
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+    rng = np.random.default_rng(0)
+    h, ff, v, L = a.hidden, a.ffn, a.vocab, a.layers
+    w = gguf.GGUFWriter(str(path), "bitnet")
+    w.add_context_length(2048)
+    w.add_embedding_length(h)
+    w.add_block_count(L)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(a.heads)
+    w.add_head_count_kv(a.heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"<t{i}>" for i in range(v)])
+    w.add_token_scores([0.0] * v)
+    w.add_tensor("token_embd.weight", (rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16))
+    w.add_tensor("output_norm.weight", np.ones(h, np.float32))
+    shapes = {"attn_q": (h, h), "attn_k": (h, h), "attn_v": (h, h), "attn_output": (h, h),
+              "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
+    for i in range(L):
+        for n, size in (("attn_norm", h), ("attn_sub_norm", h), ("ffn_norm", h), ("ffn_sub_norm", ff)):
+            w.add_tensor(f"blk.{i}.{n}.weight", np.ones(size, np.float32))
+        for n, shape in shapes.items():
+            t = rng.integers(-1, 2, size=shape).astype(np.float32)
+            w.add_tensor(f"blk.{i}.{n}.weight", gguf.quants.quantize(t, QT.TQ2_0), raw_dtype=QT.TQ2_0)
+            w.add_tensor(f"blk.{i}.{n}.scale", np.array([0.02], np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def best_rate(fn, tokens: int, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return tokens / best
+
+
+# ----------------------------------------------------------------------- the workers
+def worker_tercomp_compile(a):
+    """Cold and cached compile times; saves the artifact for the run worker."""
+    import tercomp as tc
+    from tercomp import models
+    os.environ["TERCOMP_CACHE_DIR"] = tempfile.mkdtemp(prefix="tercomp-bench-cache-")
+    out = {}
+    for kind in ("cold", "cached"):
+        t = time.perf_counter()
+        gen = tc.compile_lm(models.load(a.model), max_seq=a.max_seq, threads=a.threads)
+        out[f"compile_{kind}_s"] = time.perf_counter() - t
+    gen.save(a.artifact)
+    if a.scaling:       # the same model with a short cache, for the O(position) check
+        gen = tc.compile_lm(models.load(a.model), max_seq=128, threads=a.threads)
+        gen.save(a.artifact + ".128")
+    return out
+
+
+def worker_tercomp_run(a):
+    import tercomp as tc
+    gen = tc.load(a.artifact, threads=a.threads)
+    prompt = np.random.default_rng(1).integers(0, a.vocab, a.prompt).astype(np.int32)
+    gen.prefill(prompt)                                     # warm-up
+    out = {"prefill_tps": best_rate(lambda: gen.prefill(prompt), a.prompt, a.repeat)}
+
+    def decode():
+        gen.prefill(prompt)
+        t = time.perf_counter()
+        for i in range(a.gen):
+            gen.decode(int(prompt[i % a.prompt]))
+        return time.perf_counter() - t
+    out["decode_tps"] = a.gen / min(decode() for _ in range(a.repeat))
+    out["rss_mb"] = rss_mb()
+    if os.path.exists(a.artifact + ".128"):
+        out["decode_pos64_ms"] = _decode_at_64(gen, prompt, a.repeat)
+        out["decode_pos64_ms_seq128"] = _decode_at_64(tc.load(a.artifact + ".128", threads=a.threads),
+                                                      prompt, a.repeat)
+    return out
+
+
+def _decode_at_64(gen, prompt, repeat):
+    gen.prefill(prompt[:64])
+    best = float("inf")
+    for _ in range(repeat * 5):
+        gen.position = 64               # rewrite row 64 each time: same position, same work
+        t = time.perf_counter()
+        gen.decode(int(prompt[0]))
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def worker_llama(a):
+    import llama_cpp
+    t = time.perf_counter()
+    llm = llama_cpp.Llama(a.model, n_ctx=a.max_seq, n_threads=a.threads, n_batch=a.prompt,
+                          verbose=False)
+    out = {"compile_cold_s": time.perf_counter() - t}
+    prompt = np.random.default_rng(1).integers(0, a.vocab, a.prompt).tolist()
+
+    def prefill():
+        llm.reset()
+        llm.eval(prompt)
+    prefill()
+    out["prefill_tps"] = best_rate(prefill, a.prompt, a.repeat)
+
+    def decode():
+        prefill()
+        t = time.perf_counter()
+        for i in range(a.gen):
+            llm.eval([prompt[i % a.prompt]])
+        return time.perf_counter() - t
+    out["decode_tps"] = a.gen / min(decode() for _ in range(a.repeat))
+    out["rss_mb"] = rss_mb()
+    return out
+
+
+WORKERS = {"tercomp-compile": worker_tercomp_compile, "tercomp-run": worker_tercomp_run,
+           "llama": worker_llama}
+
+
+def run_worker(name, a, extra=()):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model", a.model,
+           "--artifact", a.artifact, *extra, *a.passthrough]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"{name} failed:\n{r.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--hidden", type=int, default=1536)
+    p.add_argument("--ffn", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=32002)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--gen", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--max-seq", type=int, default=2048)
+    p.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    p.add_argument("--no-scaling", dest="scaling", action="store_false",
+                   help="skip the max_seq 128 compile of the O(position) check")
+    p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "tercomp-bench-lm"))
+    p.add_argument("--worker", choices=sorted(WORKERS))
+    p.add_argument("--model")
+    p.add_argument("--artifact")
+    a = p.parse_args()
+    a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
+                     ("layers", "hidden", "ffn", "heads", "vocab", "threads", "prompt", "gen",
+                      "repeat", "max-seq")] + ([] if a.scaling else ["--no-scaling"])
+    if a.worker:
+        print(json.dumps(WORKERS[a.worker](a)))
+        return
+    os.makedirs(a.dir, exist_ok=True)
+    tag = f"L{a.layers}-h{a.hidden}-f{a.ffn}-H{a.heads}-v{a.vocab}"
+    a.model = os.path.join(a.dir, f"bitnet-{tag}.gguf")
+    a.artifact = os.path.join(a.dir, f"bitnet-{tag}.tcm")
+    if not os.path.exists(a.model):
+        t = time.perf_counter()
+        write_model(a.model + ".part", a)
+        os.replace(a.model + ".part", a.model)
+        print(f"wrote {a.model} ({os.path.getsize(a.model) / 2**20:.0f} MiB) in "
+              f"{time.perf_counter() - t:.0f} s", file=sys.stderr)
+    rows = {"tercomp": {}}
+    rows["tercomp"].update(run_worker("tercomp-compile", a) or {})
+    rows["tercomp"].update(run_worker("tercomp-run", a) or {})
+    peer = not a.no_peer
+    if peer:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            print("llama-cpp-python is not installed: llama.cpp rows skipped "
+                  "(pip install 'tercomp[peer]')", file=sys.stderr)
+            peer = False
+    if peer:
+        rows["llama.cpp"] = run_worker("llama", a) or {}
+    keys = [("decode_tps", "decode tokens/s", "{:.1f}"), ("prefill_tps", f"prefill pp{a.prompt} tokens/s", "{:.1f}"),
+            ("rss_mb", "resident memory MiB", "{:.0f}"), ("compile_cold_s", "compile cold s", "{:.1f}"),
+            ("compile_cached_s", "compile cached s", "{:.1f}"),
+            ("decode_pos64_ms", f"decode @64, max_seq {a.max_seq} ms", "{:.2f}"),
+            ("decode_pos64_ms_seq128", "decode @64, max_seq 128 ms", "{:.2f}")]
+    print(f"model {tag}, {a.threads} threads, prompt {a.prompt}, {a.gen} new tokens, best of {a.repeat}")
+    print(f"{'':34}" + "".join(f"{n:>14}" for n in rows) + ("       ratio" if peer else ""))
+    for k, label, fmt in keys:
+        vals = [rows[n].get(k) for n in rows]
+        if all(v is None for v in vals):
+            continue
+        line = f"{label:34}" + "".join(f"{fmt.format(v) if v is not None else '-':>14}" for v in vals)
+        if peer and None not in vals and vals[1]:
+            line += f"{vals[0] / vals[1]:>11.2f}x"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
