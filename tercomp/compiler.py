@@ -17,7 +17,7 @@ from . import __version__
 from .codegen.iree_session import compile_module, new_session
 from .codegen.lower import to_mlir
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
-from .codegen.ternary_strategies import check_strategy, choose_strategy
+from .codegen.ternary_strategies import check_strategy
 from .codegen.ternary_strategies import flags_for as ternary_flags
 from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
                               target_flags)
@@ -103,10 +103,8 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     irpa = table.archive()
     with ctx:
         dumper.add("mlir", module.operation.get_asm(large_elements_limit=16), ext="mlir")
-    # the flags of the ternary kernels the module uses (the strategy table's), each
-    # checked to compile for the targets; "auto" left on an op lowers as on llvm-cpu
+    # the flags of the ternary kernels the module uses, each checked for the targets
     used = {op.attrs["strategy"] for op in graph.ops if op.opname == "ternary_matmul"}
-    used = {choose_strategy(None, 1, 1) if s == "auto" else s for s in used}
     all_flags = target_args + user_flags
     all_flags += [f for f in ternary_flags(used, target_names) if f not in all_flags]
     meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],

@@ -1,5 +1,7 @@
-"""The "vnni" decode kernel (llvm-cpu with AVX-512 VNNI or AVX-VNNI): u8 x s8 products
-reduced with `vpdpbusd` over the 2-bit planar constant.
+"""The "vnni" decode kernel (llvm-cpu; fast with AVX-512 VNNI): u8 x s8 products reduced
+with `vpdpbusd` over the 2-bit planar constant. Without VNNI (AVX2) LLVM widens the
+products to i32 lanes (`vpmovzxbd` + `vpmaddwd`, 8 products an instruction), slower than
+"addsub": the strategy table only picks it on a VNNI host.
 
 It computes `sum_k c_k x_k - sum_k x_k = sum_k w_k x_k` with the u8 codes c = w + 1 in
 {0, 1, 2}, recoded from each 2-bit field inside the kernel (so the 2-bit constant is
@@ -16,6 +18,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
 from .ternary_kernels import _PAR, _RED, _amap, _const, _generic, _Kernel
+
 
 @dataclass(frozen=True)
 class Tiles:
@@ -56,13 +59,13 @@ def vnni(kern: _Kernel) -> ir.Value:
 def _products(kern: _Kernel, xe: ir.Value, w: ir.Value, tiles: Tiles) -> ir.Value:
     """sum over (plane j, KB) of extui(code) * extsi(x) as tensor<M x N x i32>.
 
-    One reduction generic over (M, N, j, KB) whose body extracts plane j's code from the
-    recoded byte and multiply-adds into a scalar i32 accumulator. The compilation_info
-    makes each vector step `vector.reduce.add(mul(zext <k_bytes x i8>, sext ...))` in one
-    basic block, the form LLVM lowers to `vpdpbusd`. IREE's default tiling (8 rows x 64
-    bytes) also gets `vpdpbusd` but pays a horizontal add per 64 bytes; a loop-carried
-    vector accumulator (a (KO, KI) split of KB) gets only `vpmaddwd`/`vpdpwssd` from
-    this LLVM.
+    One reduction generic over (M, N, j, KB) whose body extracts plane j's 2-bit code,
+    recodes it to c = w + 1 and multiply-adds into a scalar i32 accumulator. The
+    compilation_info makes each vector step `vector.reduce.add(mul(zext <k_bytes x i8>,
+    sext ...))` in one basic block, the form LLVM lowers to `vpdpbusd`. IREE's default
+    tiling (8 rows x 64 bytes) also gets `vpdpbusd` but pays a horizontal add per 64
+    bytes; a loop-carried vector accumulator (a (KO, KI) split of KB) gets only
+    `vpmaddwd`/`vpdpwssd` from this LLVM.
     """
     i8, i32 = kern.i8, kern.i32
     red = tiles.k_bytes or _k_tile(kern.kb)
