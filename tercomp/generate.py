@@ -36,7 +36,7 @@ from .codegen.params import ParamTable, parameterized
 from .codegen.state import Entry, StateVar, to_stateful_mlir
 from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
                               target_flags)
-from .codegen.ternary_strategies import check_strategy, choose_strategy, flags_for
+from .codegen.ternary_strategies import check_strategy, flags_for
 from .errors import TercompError
 from .ir import TensorType
 from .models.bitnet import BitNetLM, apply_rope, rope_tables
@@ -203,7 +203,6 @@ def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta,
         stages["mlir"] = module.operation.get_asm(large_elements_limit=16)
     used = {op.attrs["strategy"] for g in graphs.values() for op in g.ops
             if op.opname == "ternary_matmul"}
-    used = {choose_strategy(None, 1, 1, names) if s == "auto" else s for s in used}
     all_flags = target_flags(names) + user_flags
     all_flags += [f for f in flags_for(used, names) if f not in all_flags]
     build = compile_with_tool if needs_tool(all_flags) else partial(compile_module, session)
