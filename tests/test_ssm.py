@@ -40,7 +40,9 @@ def test_selective_ssm_matches_the_loop(ssm, mode):
     try:
         np.testing.assert_allclose(ssm(x), ssm_reference(ssm, x), rtol=1e-5, atol=1e-5)
     finally:
-        ssm.mode = "scan"
+        ssm.mode = "auto"
+    ops = {op.opname for op in tc.trace(ssm, x).ops}           # auto: static length -> associative
+    assert "scan" not in ops and "scan" in {op.opname for op in tc.trace(ssm, tc.spec((2, "L", 8))).ops}
 
 
 def test_compiled_ssm_serves_every_batch_and_length(ssm):
@@ -52,7 +54,7 @@ def test_compiled_ssm_serves_every_batch_and_length(ssm):
 
 def test_ssm_gradients_both_modes_and_finite_differences():
     nn.manual_seed(1)
-    m = nn.SelectiveSSM(4, d_state=3, dtype="float64")
+    m = nn.SelectiveSSM(4, d_state=3, mode="scan", dtype="float64")
     x, w = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 5, 4))
 
     def loss(m, x):
@@ -60,7 +62,7 @@ def test_ssm_gradients_both_modes_and_finite_differences():
     g_scan = tc.grad(loss, argnums=(0, 1))(m, x)
     m.mode = "associative"
     g_assoc = tc.grad(loss, argnums=(0, 1))(m, x)
-    m.mode = "scan"
+    m.mode = "scan"                     # the finite differences below check the scan form
     for a, b in zip(tc.pytree.flatten(g_scan)[0], tc.pytree.flatten(g_assoc)[0]):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     params = m.state_dict()

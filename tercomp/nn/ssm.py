@@ -12,7 +12,10 @@ channel and input-dependent step size and projections:
 
 `mode="scan"` runs the recurrence as one tern.scan (any length, symbolic too);
 `mode="associative"` as a log-depth tc.associative_scan over the linear recurrence
-(static lengths). MambaBlock wraps it: RMSNorm, a BitLinear in-projection to (x, z),
+(static lengths); `mode="auto"` (the default) takes the associative form for a static
+length and the scan for a symbolic one. bench/scan.py measured a MambaBlock gradient
+step (B=4, T=64, d_inner=64, N=16) at 37 ms associative against 168 ms scan: a scan
+step is a host-side loop iteration with a few dispatches each. MambaBlock wraps it: RMSNorm, a BitLinear in-projection to (x, z),
 SiLU, the SSM, a SiLU(z) gate, a BitLinear out-projection and a residual connection.
 (Mamba's short causal convolution before the SSM is left out.)
 """
@@ -27,7 +30,7 @@ from .bitlinear import BitLinear
 from .layers import Linear, RMSNorm, _rng
 from .module import Module
 
-MODES = ("scan", "associative")
+MODES = ("auto", "scan", "associative")
 
 
 def softplus(x):
@@ -49,7 +52,7 @@ class SelectiveSSM(Module):
     """
 
     def __init__(self, d_inner: int, d_state: int = 16, dt_rank: int | None = None,
-                 mode: str = "scan", dt_min: float = 1e-3, dt_max: float = 0.1, dtype="float32"):
+                 mode: str = "auto", dt_min: float = 1e-3, dt_max: float = 0.1, dtype="float32"):
         if mode not in MODES:
             raise TercompError(f"SelectiveSSM: mode must be one of {MODES}, got {mode!r}")
         for name, v in (("d_inner", d_inner), ("d_state", d_state)):
@@ -77,7 +80,10 @@ class SelectiveSSM(Module):
         Bm, Cm = proj[:, :, r:r + n], proj[:, :, r + n:]             # [B, L, N]
         A = -_t.exp(self.A_log)                                      # [D, N]
         tm = [_t.transpose(v, (1, 0, 2)) for v in (x, delta, Bm, Cm)]   # time-major [L, B, .]
-        if self.mode == "scan":
+        mode = self.mode
+        if mode == "auto":
+            mode = "associative" if isinstance(shape[1], (int, np.integer)) else "scan"
+        if mode == "scan":
             y = self._scan(A, *tm)
         else:
             y = self._associative(A, *tm)
@@ -108,7 +114,7 @@ class MambaBlock(Module):
     BitLinear (ternary) in and out projections. x: [B, L, d_model]."""
 
     def __init__(self, d_model: int, d_inner: int | None = None, d_state: int = 16,
-                 dt_rank: int | None = None, mode: str = "scan", dtype="float32"):
+                 dt_rank: int | None = None, mode: str = "auto", dtype="float32"):
         self.d_model = int(d_model)
         self.d_inner = int(d_inner or 2 * d_model)
         self.norm = RMSNorm(self.d_model, dtype=dtype)
