@@ -181,10 +181,12 @@ def _page_aligned(data) -> mmap.mmap:
     return mem
 
 
-def _to_host(arr) -> np.ndarray:
-    """Copy an iree.runtime DeviceArray to a NumPy array."""
+def _to_host(arr, host_memory: bool = False) -> np.ndarray:
+    """Copy an iree.runtime DeviceArray to a NumPy array (`host_memory`: the caller
+    knows it is mappable, as every buffer of a local-task/local-sync device is; asking
+    the buffer costs microseconds a call)."""
     import iree.runtime as rt
-    if arr._is_mappable():
+    if host_memory or arr._is_mappable():
         return np.array(arr.to_host())
     # DeviceArray.to_host() imports an unaligned np.empty into Vulkan, which drivers
     # that require 4096-byte host-pointer alignment (lavapipe) reject; a mappable
@@ -343,11 +345,11 @@ class CompiledModule:
             report_numerics(_to_host(res.pop()), self.meta["numerics"])
         out = []
         for r, s in zip(res, sig.outputs):
-            dtype = np.bool_ if s.dtype == "i1" else r.dtype
             if keep_on_device:
-                out.append(DeviceArray(r, self.device, dtype))
-            else:
-                out.append(_to_host(r).astype(dtype, copy=False))
+                out.append(DeviceArray(r, self.device, np.bool_ if s.dtype == "i1" else r.dtype))
+            else:   # _to_host gives the buffer's own dtype; i1 comes back as i8
+                h = _to_host(r, self.device in ("local-task", "local-sync"))
+                out.append(h.astype(np.bool_, copy=False) if s.dtype == "i1" else h)
         if sig.out_tree is None:
             return out[0] if len(out) == 1 else tuple(out)
         return pytree.unflatten(sig.out_tree, out)
