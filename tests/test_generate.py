@@ -217,3 +217,21 @@ def test_compile_cache_is_keyed_on_the_model(lm_file, gen, full):
     lm = models.load(lm_file)
     lm.layers[0].attn.k_proj._scale = lm.layers[0].attn.k_proj._scale * 2    # a frozen layer
     assert _model_digest(lm) != before
+
+
+def test_greedy_tokens_match_llama_cpp(tmp_path):
+    """The first 8 greedy tokens equal llama.cpp's (llama-cpp-python, the `peer` extra)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from tokenizers import pre_tokenizers
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens += [f"<x{i}>" for i in range(CFG["vocab"] - len(tokens))]
+    path = R.write_gguf(tmp_path / "peer.gguf", CFG, R.random_weights(CFG, seed=5),
+                        vocab={"model": "gpt2", "tokens": tokens, "merges": []})
+    ours = tc.compile_lm(models.load(path), max_seq=MAX_SEQ).generate(IDS[:8], max_new_tokens=8)
+    llm = llama_cpp.Llama(str(path), n_ctx=MAX_SEQ, logits_all=True, verbose=False)
+    llm.eval(IDS[:8].tolist())
+    theirs = []
+    for _ in range(8):
+        theirs.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([theirs[-1]])
+    assert ours.tolist() == theirs
