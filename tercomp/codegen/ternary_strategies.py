@@ -30,6 +30,23 @@ interleaved run, median / min:
 - 2026-11-23, 2-core AMD EPYC VM with AVX-512 VNNI, before this table: 1x4096x4096
   vnni 0.13x / 0.11x, addsub 0.17x / 0.14x, int8 0.26x / 0.21x; 8x4096x4096 int8
   0.18x / 0.15x, vnni 0.21x / 0.14x; 128x2048x2048 int8 0.46x / 0.43x, vnni 0.75x.
+- 2026-11-23 17:00-17:45 UTC, 2-core AMD EPYC (Zen 3, AVX2, no AVX-512/VNNI) VM under a
+  load average of 6-11 from other jobs (NumPy's own times varied 3-10x between rounds,
+  so only the ratios within a run mean anything), symbolic-batch modules through
+  `exe(x)`: 1x4096x4096 auto (addsub here) 0.25x / 0.57x, int8 0.66x / 1.19x, vnni
+  (without VNNI) 0.72x min in the bare-kernel run against addsub 0.16x; 8x4096x4096
+  auto (blocked) 0.27x / 0.35x, addsub 0.21x / 0.51x, int8 0.07x / 0.06x;
+  128x2048x2048 auto (blocked) 0.34x / 0.47x, int8 0.27x / 0.43x, addsub 0.96x /
+  2.11x; cold decode, 8 distinct 4096x4096 layers as .irpa parameters, per layer: auto
+  0.26x / 0.23x (bare invoke 0.26x / 0.08x), int8 0.42x / 0.51x. Resident memory of a
+  fresh process loading a saved 16-layer 4096x4096 artifact (64 MiB packed): auto
+  +70 MiB after a B=1 call, +89 MiB after B=128 (int8: +389 MiB).
+  Inner loops seen (`--iree-hal-dump-executable-files-to`): addsub, per 32 packed
+  bytes (128 weights), vpand / vpcmpeqb masks, vpmovsxbw, vpblendvb / vpandn selects
+  and vpaddw into i16 accumulators (about 70 instructions), no horizontal add inside
+  the K loop; vnni on AVX2, vpmovzxbd + vpmaddwd on 8 products at a time. The blocked
+  kernel's cost at M = 8 is the per-call unpack and IREE's pack of each block (about
+  5x int8's time there); unpacking straight into the mmt4d tile layout is the next step.
 
 >>> choose_strategy(None, 4096, 4096, features=()), choose_strategy(1, 4096, 4096, features=())
 ('dispatch', 'addsub')
