@@ -37,7 +37,9 @@ import hashlib
 import io
 import json
 import os
+import struct
 import zipfile
+import zlib
 
 from ..errors import ArtifactError, InputError
 from .files import read_regular, write_atomic
@@ -48,6 +50,10 @@ FORMAT = "tercomp-artifact"
 FORMAT_VERSION = 1
 VMFB, SIGNATURE, WEIGHTS = "module.vmfb", "signature.json", "weights.irpa"
 _FIXED_DATE = (1980, 1, 1, 0, 0, 0)   # identical modules give identical files
+# what zipfile raises for a damaged archive: a flipped byte can name an unknown
+# compression method (NotImplementedError) or an encrypted member (RuntimeError)
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError,
+               RuntimeError, struct.error)
 
 
 def _tercomp_version() -> str:
@@ -120,7 +126,7 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
     """Check and unpack an artifact: returns (meta dict, vmfb bytes, weights or None)."""
     try:
         zf = zipfile.ZipFile(io.BytesIO(data))
-    except zipfile.BadZipFile:
+    except _ZIP_ERRORS:
         raise ArtifactError(f"{name} is not a tercomp artifact (not a zip archive, or truncated)",
                             hint="artifacts are written by exe.save() or `tercomp compile -o`") from None
     with zf:
@@ -131,7 +137,7 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
                                     hint="the file is damaged or not a tercomp artifact")
         try:
             members = {m: zf.read(m) for m in (SIGNATURE, VMFB, WEIGHTS) if m in present}
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        except _ZIP_ERRORS as e:
             raise ArtifactError(f"{name} is corrupt: {e}",
                                 hint="the file was truncated or modified; save it again") from None
     try:
