@@ -288,3 +288,51 @@ def test_jvp_through_scan():
     plus, minus = f(h0 + EPS * th, xs + EPS * tx), f(h0 - EPS * th, xs - EPS * tx)
     for t, a, b in zip(tangents, plus, minus):
         np.testing.assert_allclose(t, (a - b) / (2 * EPS), rtol=1e-6, atol=1e-8)
+
+
+def _scan_text():
+    def f(w, xs):
+        def outer(c, row):
+            c2, _ = tc.scan(lambda a, x: (tc.tanh(a * w + x), None), c, row)
+            return c2, c2 * c2
+        c, ys = tc.scan(outer, tc.sum(xs[0]) * 0.0, xs, reverse=True)
+        return tc.sum(ys) + c
+    return str(tc.trace(tc.grad(f), np.float32(0.5), np.ones((3, 2), np.float32)))
+
+
+def test_mutated_scan_ir_parses_or_raises_a_tercomp_error():
+    """Random edits of IR with nested bodies: a TercompError or a graph, nothing else."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    text = _scan_text()
+    alphabet = '%"(){}[]<>:,=x?^_.0123456789abcdefghijklmnoprstuvwxyzT@ \n'
+    edit = st.tuples(st.integers(0, len(text) - 1), st.integers(0, 40),
+                     st.one_of(st.text(alphabet=alphabet, max_size=8),
+                               st.sampled_from(["({", "})", "^bb0:", '"tern.yield"() : () -> ()', "{" * 50])))
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(edit, min_size=1, max_size=3))
+    def check(edits):
+        t = text
+        for pos, cut, insert in edits:
+            t = t[:pos] + insert + t[pos + cut:]
+        try:
+            g = parse(t, "fuzz.tern.mlir")
+        except TercompError:
+            return
+        assert str(g)
+    assert parse(text).structurally_equal(parse(text))
+    check()
+
+
+def test_grad_through_a_scan_in_a_scan():
+    def f(w, xs):
+        def outer(c, row):
+            c2, _ = tc.scan(lambda a, x: (tc.tanh(a * w + x), None), c, row)
+            return c2, c2 * c2
+        c, ys = tc.scan(outer, tc.sum(xs[0]) * 0.0, xs, reverse=True)
+        return tc.sum(ys) + c
+    w, xs = np.array(0.7), rng.standard_normal((3, 4))
+    gw, gx = tc.grad(f, argnums=(0, 1))(w, xs)
+    dx = rng.standard_normal(xs.shape)
+    fd = (float(f(w + EPS, xs + EPS * dx)) - float(f(w - EPS, xs - EPS * dx))) / (2 * EPS)
+    assert abs(float(gw) + float(np.sum(gx * dx)) - fd) < 1e-6 * max(1.0, abs(fd))

@@ -104,7 +104,8 @@ def _scan_vjp(b, op, cts):
                   + [f"{x_in_b[i].name}.ct" for i in fx])
 
     # residuals: values of the forward copy that vary per step and that the backward reads
-    original = {id(c): v for v, c in mapping.items()}
+    fwd_ops = G.ops[:fwd_end]        # (a scan among them may have gained residual results)
+    named = {id(c): v.name for v, c in mapping.items()}      # residuals named after the body's values
     varying = {id(mapping[v]) for v in c_in_b + x_in_b}
     for o in G.ops[:fwd_end]:
         if any(id(v) in varying for v in o.operands):
@@ -120,23 +121,25 @@ def _scan_vjp(b, op, cts):
         if id(v) in varying and id(v) not in saved:
             saved.add(id(v))
             residuals.append(v)
-    res_in = {id(v): G.add_input(f"{original[id(v)].name}.saved", v.type) for v in residuals}
+    res_in = {id(v): G.add_input(f"{named.get(id(v), v.name)}.saved", v.type) for v in residuals}
     for o in G.ops[fwd_end:]:
         o.operands = [res_in.get(id(v), v) for v in o.operands]
     G.outputs = [res_in.get(id(v), v) for v in G.outputs]
     dce(G)
 
-    # the forward scan also outputs the residuals, stacked
+    # the forward scan also outputs the residuals, stacked: its new body is a copy of
+    # G's forward part, whose values the residuals are
     res_results = []
     if residuals:
-        F = Graph(name=body.name, inputs=list(body.inputs), ops=list(body.ops),
-                  outputs=list(body.outputs) + [original[id(v)] for v in residuals],
-                  output_names=list(body.output_names) + [f"{original[id(v)].name}.saved" for v in residuals],
-                  meta=dict(body.meta), _names=body._names)
+        F = Graph(name=body.name, meta=dict(body.meta), _names=body._names)
+        fmap = {mapping[v]: F.add_input(v.name, v.type) for v in body.inputs}
+        _copy_ops(F, fwd_ops, fmap)
+        F.set_outputs([fmap[mapping[v]] for v in body.outputs] + [fmap[v] for v in residuals],
+                      list(body.output_names) + [f"{named.get(id(v), v.name)}.saved" for v in residuals])
         op.attrs["body"] = F
         length = scan_length(op.attrs)
         for v in residuals:
-            r = Value(outer.fresh_name(f"{original[id(v)].name}.saved"),
+            r = Value(outer.fresh_name(f"{named.get(id(v), v.name)}.saved"),
                       TensorType((length,) + tuple(v.shape), v.dtype), op, len(op.results))
             op.results.append(r)
             res_results.append(r)
