@@ -334,5 +334,5 @@ def test_grad_through_a_scan_in_a_scan():
     w, xs = np.array(0.7), rng.standard_normal((3, 4))
     gw, gx = tc.grad(f, argnums=(0, 1))(w, xs)
     dx = rng.standard_normal(xs.shape)
-    fd = (float(f(w + EPS, xs + EPS * dx)) - float(f(w - EPS, xs - EPS * dx))) / (2 * EPS)
+    fd = (float(f(np.asarray(w + EPS), xs + EPS * dx)) - float(f(np.asarray(w - EPS), xs - EPS * dx))) / (2 * EPS)
     assert abs(float(gw) + float(np.sum(gx * dx)) - fd) < 1e-6 * max(1.0, abs(fd))
