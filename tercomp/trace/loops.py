@@ -41,7 +41,11 @@ def _to_value(tr, x, loc):
 
 
 def _eager(fn, *args):
-    """Run `fn` on arrays by tracing it and running the reference interpreter."""
+    """Run `fn` on arrays by tracing it and running the reference interpreter. NumPy
+    scalars stay arrays of their dtype (np.float64 is a Python float, which tracing
+    would take as float32)."""
+    leaves, _, tree = pytree.flatten(tuple(args))
+    args = pytree.unflatten(tree, [np.asarray(x) if isinstance(x, np.generic) else x for x in leaves])
     g = trace_fn(fn, *args, name="eager")
     leaves = pytree.flatten(tuple(args))[0]
     return pytree.unflatten(g.meta["out_tree"], interpret(g, *[np.asarray(x) for x in leaves]))
