@@ -299,11 +299,11 @@ def cmd_opt(args) -> int:
         try:
             with open(args.file) as f:
                 text, filename = f.read(), args.file
-        except OSError as e:
-            raise UsageError(f"cannot read {args.file}: {e.strerror}") from None
         except UnicodeDecodeError as e:
             raise UsageError(f"{args.file} is not UTF-8 text (byte {e.start}): tercomp opt reads "
                              "tern IR text (.tern.mlir)") from None
+        except (OSError, ValueError) as e:      # ValueError: a NUL in the path
+            raise UsageError(f"cannot read {args.file!r}: {getattr(e, 'strerror', None) or e}") from None
     graph = run_pipeline(parse(text, filename), args.pass_names or [])
     sys.stdout.write(print_graph(graph, elide=not args.print_constants))
     return 0

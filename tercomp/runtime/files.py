@@ -41,6 +41,8 @@ def _kind(mode: int) -> str:
 def check_regular(path, what: str, error=TercompError) -> int:
     """The size of `path` if it is a regular file within the size limit; else `error`."""
     path = os.fspath(path)
+    if "\0" in path:
+        raise error(f"the {what} path {path!r} contains a NUL character")
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -80,6 +82,8 @@ def _umask() -> int:
 def write_atomic(path, data: bytes, what: str = "file", error=TercompError, make_dirs: bool = False) -> str:
     """Write `data` to `path` so that readers see the old file or the whole new one.
     Returns the path written (a symlink's target)."""
+    if "\0" in os.fspath(path):
+        raise error(f"the {what} path {os.fspath(path)!r} contains a NUL character")
     path = os.path.realpath(os.fspath(path))      # through symlinks, to the file they name
     directory = os.path.dirname(path)
     mode = 0o666 & ~_umask()
