@@ -336,3 +336,18 @@ def test_grad_through_a_scan_in_a_scan():
     dx = rng.standard_normal(xs.shape)
     fd = (float(f(np.asarray(w + EPS), xs + EPS * dx)) - float(f(np.asarray(w - EPS), xs - EPS * dx))) / (2 * EPS)
     assert abs(float(gw) + float(np.sum(gx * dx)) - fd) < 1e-6 * max(1.0, abs(fd))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_long_scans_run_in_chunks(reverse):
+    """A symbolic length runs as chunks of CHUNK steps (ops/loops.py): lengths around and
+    past the chunk size, forward and reverse, against the reference."""
+    W = (rng.standard_normal((4, 4)) * 0.5).astype(np.float32)
+
+    def f(h0, xs):
+        return tc.scan(lambda h, x: (tc.tanh(h @ W + x), h * 2.0), h0, xs, reverse=reverse)
+    exe = tc.compile(f, tc.spec((4,)), tc.spec(("T", 4)))
+    for T in (31, 32, 33, 70):
+        h0, xs = rng.standard_normal(4).astype(np.float32), rng.standard_normal((T, 4)).astype(np.float32)
+        for got, want in zip(exe(h0, xs), f(h0, xs)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -163,32 +163,109 @@ def _fence(ctx, v, t: TensorType):
     return flow.TensorTieShapeOp(b, dims).result if dims else b
 
 
-def _scan_lower(ctx, op, xs):
+# Stacked outputs are loop-carried and updated with insert_slice; IREE copies a
+# loop-carried tensor every iteration (~T rows per step, quadratic in T). Long scans
+# therefore run as chunks of CHUNK steps: the inner loop carries a CHUNK-row buffer,
+# the outer loop inserts each filled chunk into the stacked result, so a step copies
+# about CHUNK + T / CHUNK rows.
+CHUNK = 32
+
+
+def _step(ctx, op, xs, carries, t):
+    """Lower the body for step index `t` (an index value): (new carries, per-step ys)."""
     body = _body(op.attrs)
     nc, nx = op.attrs["n_carry"], op.attrs["n_xs"]
+    sub = ctx.child()
+    for v, c in zip(body.inputs[:nc], carries):
+        sub.values[v] = c
+    for v, s, st in zip(body.inputs[nc:nc + nx], xs[nc:nc + nx], op.operands[nc:nc + nx]):
+        sub.values[v] = tensor.ExtractSliceOp(tensor_type(v.type), s, *_slice_args(sub, st.type, t)).result
+    for v, c in zip(body.inputs[nc + nx:], xs[nc + nx:]):
+        sub.values[v] = c
+    sub.lower_ops(body.ops)
+    new = [_cast(sub.values[v], r.type) for v, r in zip(body.outputs[:nc], op.results[:nc])]
+    return sub, new, [_cast(sub.values[v], v.type) for v in body.outputs[nc:]]
+
+
+def _scan_lower(ctx, op, xs):
+    nc = op.attrs["n_carry"]
     xs = [_fence(ctx, v, o.type) if not o.type.is_static else v for v, o in zip(xs, op.operands)]
-    n = ctx.dim(scan_length(op.attrs))
+    length = scan_length(op.attrs)
+    if is_static(length) and length <= CHUNK:
+        return _flat_loop(ctx, op, xs, ctx.dim(length))
+    return _chunked_loop(ctx, op, xs, ctx.dim(length))
+
+
+def _flat_loop(ctx, op, xs, n):
+    nc = op.attrs["n_carry"]
     stacked_types = [r.type for r in op.results[nc:]]
-    # The stacked outputs are loop-carried and updated in place with insert_slice.
-    inits = list(xs[:nc]) + [ctx.empty(t) for t in stacked_types]
-    loop = scf.ForOp(index_const(0), n, index_const(1), inits)
+    loop = scf.ForOp(index_const(0), n, index_const(1), list(xs[:nc]) + [ctx.empty(t) for t in stacked_types])
     with ir.InsertionPoint(loop.body):
         t = _step_index(ctx, loop.induction_variable, n, op.attrs.get("reverse", False))
-        sub = ctx.child()
         carried = list(loop.inner_iter_args)
-        for v, c in zip(body.inputs[:nc], carried[:nc]):
-            sub.values[v] = c
-        for v, s, st in zip(body.inputs[nc:nc + nx], xs[nc:nc + nx], op.operands[nc:nc + nx]):
-            sub.values[v] = tensor.ExtractSliceOp(tensor_type(v.type), s, *_slice_args(sub, st.type, t)).result
-        for v, c in zip(body.inputs[nc + nx:], xs[nc + nx:]):
-            sub.values[v] = c
-        sub.lower_ops(body.ops)
-        new = [_cast(sub.values[v], r.type) for v, r in zip(body.outputs[:nc], op.results[:nc])]
-        for v, acc, st in zip(body.outputs[nc:], carried[nc:], stacked_types):
-            y = _cast(sub.values[v], v.type)
+        sub, new, ys = _step(ctx, op, xs, carried[:nc], t)
+        for y, acc, st in zip(ys, carried[nc:], stacked_types):
             new.append(tensor.InsertSliceOp(y, acc, *_slice_args(sub, st, t)).result)
         scf.YieldOp(new)
     return list(loop.results)
+
+
+def _rows_args(ctx, t: TensorType, offset, rows):
+    """Offsets/sizes/strides of `rows` (an index value) rows of t from row `offset`."""
+    dyn = ir.ShapedType.get_dynamic_size()
+    dyn_off = ir.ShapedType.get_dynamic_stride_or_offset()
+    rest = list(t.shape[1:])
+    return ([offset], [rows] + [ctx.dim(d) for d in rest if not is_static(d)], [],
+            [dyn_off] + [0] * len(rest), [dyn] + [d if is_static(d) else dyn for d in rest], [1] * t.rank)
+
+
+def _tie(ctx, values, types):
+    """Re-state the dynamic dims of loop-carried tensors: IREE 3.13 cannot resolve a
+    tensor.dim of the iter_args or results of a loop nested in a loop (issue 19474)."""
+    out = []
+    for v, t in zip(values, types):
+        dims = ctx.dyn_sizes(t)
+        out.append(flow.TensorTieShapeOp(v, dims).result if dims else v)
+    return out
+
+
+def _chunked_loop(ctx, op, xs, n):
+    nc = op.attrs["n_carry"]
+    reverse = op.attrs.get("reverse", False)
+    stacked_types = [r.type for r in op.results[nc:]]
+    chunk_types = [t.with_shape((CHUNK,) + tuple(t.shape[1:])) for t in stacked_types]
+    k = index_const(CHUNK)
+    n_chunks = arith.CeilDivUIOp(n, k).result
+    outer = scf.ForOp(index_const(0), n_chunks, index_const(1),
+                      list(xs[:nc]) + [ctx.empty(t) for t in stacked_types])
+    with ir.InsertionPoint(outer.body):
+        octx = ctx.child()
+        k0 = arith.MulIOp(outer.induction_variable, k).result
+        valid = arith.MinUIOp(k, arith.SubIOp(n, k0).result).result
+        carry_types = [r.type for r in op.results[:nc]]
+        carried = _tie(octx, list(outer.inner_iter_args), carry_types + stacked_types)
+        inner = scf.ForOp(index_const(0), valid, index_const(1),
+                          carried[:nc] + [octx.empty(t) for t in chunk_types])
+        with ir.InsertionPoint(inner.body):
+            j = inner.induction_variable
+            t = _step_index(octx, arith.AddIOp(k0, j).result, n, reverse)
+            row = arith.SubIOp(arith.SubIOp(valid, index_const(1)).result, j).result if reverse else j
+            inner_args = _tie(octx, list(inner.inner_iter_args), carry_types + chunk_types)
+            chunks = inner_args[nc:]
+            sub, new, ys = _step(octx, op, xs, inner_args[:nc], t)
+            for y, buf, ct in zip(ys, chunks, chunk_types):
+                new.append(tensor.InsertSliceOp(y, buf, *_slice_args(sub, ct, row)).result)
+            scf.YieldOp(new)
+        done = _tie(octx, list(inner.results), carry_types + chunk_types)
+        # the chunk's rows land at k0 (reverse: the rows n - k0 - valid .. n - k0 - 1)
+        at = arith.SubIOp(arith.SubIOp(n, k0).result, valid).result if reverse else k0
+        new = done[:nc]
+        for buf, acc, st, ct in zip(done[nc:], carried[nc:], stacked_types, chunk_types):
+            rows = tensor.ExtractSliceOp(tensor_type(st.with_shape(("rows",) + tuple(st.shape[1:]))), buf,
+                                         *_rows_args(octx, ct, index_const(0), valid)).result
+            new.append(tensor.InsertSliceOp(rows, acc, *_rows_args(octx, st, at, valid)).result)
+        scf.YieldOp(new)
+    return _tie(ctx, list(outer.results), carry_types + stacked_types)
 
 
 register(OpDef(
