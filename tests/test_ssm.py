@@ -145,6 +145,11 @@ def test_seed_step_size_gradient_is_an_approximation():
 def test_seed_layer_backward_functions():
     n = 5
     x, dy, w, b = (rng.standard_normal(n) for _ in range(4))
+    W = rng.standard_normal((n, 3))
+    gx, gW, gb = tc.grad(lambda v, m, c: tc.sum((v @ m + c) * dy[:3]), argnums=(0, 1, 2))(x, W, b[:3])
+    np.testing.assert_allclose(gx, W @ dy[:3], rtol=1e-12)                       # linear_backward
+    np.testing.assert_allclose(gW, np.outer(x, dy[:3]), rtol=1e-12)
+    np.testing.assert_allclose(gb, dy[:3], rtol=1e-12)
     sig = 1 / (1 + np.exp(-x))
     np.testing.assert_allclose(tc.grad(lambda v: tc.sum(tc.silu(v) * dy))(x),
                                dy * sig * (1 + x * (1 - sig)), rtol=1e-12)        # silu_backward
