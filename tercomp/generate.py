@@ -188,7 +188,8 @@ def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta,
         g = trace(step, spec((t,), "int32"), spec((), "int32"), caches, name=f"{entry}_step")
         graphs[entry] = run_pipeline(g, pipeline, dumper)
         stages.update({f"{entry}.{k}": v for k, v in dumper.stages.items()})
-    _share_constants(graphs.values())
+    if len(graphs) > 1:
+        _share_constants(graphs.values())
     state = [StateVar(f"kv{i}", cache_type) for i in range(n)]
     bind_in = {2 + i: f"kv{i}" for i in range(n)}
     bind_out = {1 + i: f"kv{i}" for i in range(n)}
