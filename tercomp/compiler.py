@@ -24,19 +24,13 @@ from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, 
 from .errors import TercompError
 from .ir import Graph
 from .passes import Dumper, run_pipeline
+from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
 from .runtime.module import CompiledModule, check_threads, pick_device
 from .runtime.signature import Signature
 from .trace import trace
 
 DEFAULT_PASSES = ["simplify"]
-
-
-def numerics_enabled(check_numerics) -> bool:
-    """check_numerics=None follows $TERCOMP_CHECK_NUMERICS ("1", "true", "yes")."""
-    if check_numerics is None:
-        return os.environ.get("TERCOMP_CHECK_NUMERICS", "").lower() in ("1", "true", "yes")
-    return bool(check_numerics)
 
 
 def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",

@@ -41,6 +41,7 @@ from .errors import TercompError
 from .ir import TensorType
 from .models.bitnet import BitNetLM, apply_rope, rope_tables
 from .passes import Dumper, run_pipeline
+from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
 from .runtime.artifact import from_parts
 from .runtime.generator import KV_DTYPES, LMGenerator
@@ -127,7 +128,8 @@ def _share_constants(graphs) -> None:
 
 def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, target="llvm-cpu",
                ternary: str = "auto", device: str | None = None, threads: int | None = None,
-               cache: bool = True, dump_dir: str | None = None, flags=()) -> LMGenerator:
+               cache: bool = True, dump_dir: str | None = None, flags=(), isolate: bool = False,
+               check_numerics: bool | None = None) -> LMGenerator:
     """Compile `lm` (a models.BitNetLM) into a generator with `prefill`, `decode`,
     `generate`, `reset` and `save` (tercomp.runtime.generator.LMGenerator).
 
@@ -137,6 +139,9 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     chooses the ternary kernels as in tc.compile ("auto": per shape, so decode and
     prefill may differ). The cache of each layer is two `[max_seq, kv_heads, head_dim]`
     globals on the device; a decode step transfers one token id in and the logits out.
+
+    `isolate` and `check_numerics` are as in tc.compile (with check_numerics, a NaN or Inf
+    raises NumericsError after the step, whose cache rows are then already written).
 
     >>> gen = tc.compile_lm(lm, max_seq=512)
     >>> gen.generate([1, 15043], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=1)
@@ -158,6 +163,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
         # the passes and the lowering, which cost more than IREE for a large model.
         key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv,
                                 ternary, "\0".join(names), "\0".join(user_flags), SHARED_STEP,
+                                numerics_enabled(check_numerics),
                                 __version__, IREE_VERSION)
         hit = compile_cache.lookup(key)
         if hit is not None:
@@ -167,7 +173,8 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
             return LMGenerator(exe)
     exe = _build(step=_Step(lm, max_seq, kv), config=c, cache_type=TensorType(
         (max_seq, c.num_key_value_heads, c.head_dim), kv), ternary=ternary, names=names,
-        user_flags=user_flags, dump_dir=dump_dir, meta=meta, device=device, threads=threads)
+        user_flags=user_flags, dump_dir=dump_dir, meta=meta, device=device, threads=threads,
+        isolate=isolate, numerics=numerics_enabled(check_numerics))
     if key is not None:
         exe.meta["cache_key"] = key
         compile_cache.store(key, exe)
@@ -175,12 +182,14 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
 
 
 def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta, device,
-           threads) -> CompiledModule:
+           threads, isolate=False, numerics=False) -> CompiledModule:
     """Trace the step, run the passes, lower both entry points and compile with IREE."""
     n = 2 * config.num_hidden_layers
     caches = [spec(cache_type.shape, cache_type.dtype)] * n
     pipeline = ["simplify"] if ternary == "off" else \
         [("ternary", {"strategy": ternary, "targets": names}), "simplify"]
+    if numerics:
+        pipeline.append("check_numerics")     # an extra output after the logits and caches
     stages, graphs = {}, {}
     shapes = (("prefill", "T"),) if SHARED_STEP else (("prefill", "T"), ("decode", 1))
     for entry, t in shapes:
@@ -206,10 +215,12 @@ def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta,
             if op.opname == "ternary_matmul"}
     all_flags = target_flags(names) + user_flags
     all_flags += [f for f in flags_for(used, names) if f not in all_flags]
-    build = compile_with_tool if needs_tool(all_flags) else partial(compile_module, session)
+    in_subprocess = isolate or user_flags or needs_tool(all_flags)   # as in tc.compile
+    build = compile_with_tool if in_subprocess else partial(compile_module, session)
     vmfb = build(module, all_flags, stage=f"the IREE compile of the LM for {', '.join(names)}")
     sig = dataclasses.replace(Signature.from_graph(graphs["prefill"]), function="prefill")
-    meta = {**meta, "flags": all_flags, "parameters": sorted(table.arrays)}
+    meta = {**meta, "flags": all_flags, "parameters": sorted(table.arrays),
+            "numerics": graphs["prefill"].meta.get("numerics")}
     return CompiledModule(vmfb, sig, stages, device=device, threads=threads, targets=names,
                           meta=meta, weights=irpa, weights_scope=table.scope)
 

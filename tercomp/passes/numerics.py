@@ -19,6 +19,8 @@ NumericsError: model.py:12:9: tern.log produced a NaN (value %log) ...
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..ir import Graph
@@ -27,6 +29,13 @@ from ..ops import GraphBuilder
 from .manager import register_pass
 
 OUTPUT = "__numerics"
+
+
+def enabled(check_numerics) -> bool:
+    """check_numerics=None follows $TERCOMP_CHECK_NUMERICS ("1", "true", "yes")."""
+    if check_numerics is None:
+        return os.environ.get("TERCOMP_CHECK_NUMERICS", "").lower() in ("1", "true", "yes")
+    return bool(check_numerics)
 
 
 def _as_entry(b: GraphBuilder, v):

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import InputError, TercompError
 from .module import _to_host
+from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
 
 KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
@@ -82,10 +83,14 @@ class LMGenerator:
 
     def _run(self, fn, ids, start: int) -> np.ndarray:
         try:
-            # a copy: to_host() can be a view of a buffer that a later call reuses
-            return _to_host(fn(ids, np.array(start, np.int32)))
+            out = fn(ids, np.array(start, np.int32))
         except Exception as e:
             raise TercompError(f"the IREE runtime failed running the LM on {self.exe.device}: {e}") from None
+        if self.exe.meta.get("numerics"):        # compiled with check_numerics
+            out, checks = out
+            report_numerics(_to_host(checks), self.exe.meta["numerics"])
+        # a copy: to_host() can be a view of a buffer that a later call reuses
+        return _to_host(out)
 
     # -- the two entry points ----------------------------------------------------------
     def prefill(self, ids) -> np.ndarray:

@@ -9,8 +9,9 @@ from ..errors import NumericsError
 
 def report(values: np.ndarray, described: list):
     """Raise NumericsError for the first described value that produced a NaN or an Inf:
-    a NaN where no operand had one, an Inf where every operand was finite (an Inf that
-    only flows on, like a -inf mask, is not reported), or an out-of-range label.
+    a NaN where no computed operand had one (a NaN weight is reported where it is first
+    used), an Inf where every operand was finite (an Inf that only flows on, like a -inf
+    mask, is not reported), or an out-of-range label.
     `values` holds two numbers per described value: the count of NaNs (or of bad
     labels) and sum(v - v), NaN iff v is not all finite."""
     values = np.asarray(values, np.float32).reshape(-1)
@@ -18,8 +19,8 @@ def report(values: np.ndarray, described: list):
 
     def flags(src):
         if isinstance(src, (list, tuple)):          # ("const", has_nan, has_nonfinite)
-            return bool(src[1]), bool(src[2])
-        return nan[src], bad[src]
+            return bool(src[1]), bool(src[2]), True
+        return nan[src], bad[src], False
 
     for i, d in enumerate(described):
         if not (nan[i] or bad[i]):
@@ -30,9 +31,11 @@ def report(values: np.ndarray, described: list):
             text = f"{d['what']} {'a NaN' if nan[i] else 'an Inf'}"
         else:
             srcs = [flags(s) for s in d["operands"]]
-            if nan[i] and not any(n for n, _ in srcs):
+            if nan[i] and not any(n for n, _, const in srcs if not const):
                 text = f"{d['what']} a NaN"
-            elif bad[i] and not any(f for _, f in srcs):
+                if any(n for n, _, const in srcs if const):
+                    text += " from a constant operand that holds NaN"
+            elif bad[i] and not nan[i] and not any(f for _, f, _ in srcs):
                 text = f"{d['what']} an Inf"
             else:
                 continue                             # it only passed a NaN/Inf on
