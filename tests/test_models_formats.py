@@ -223,6 +223,25 @@ def test_gguf_llama_vocab_tokenizer(tmp_path, weights):
     assert tok.decode(tok.encode("hi ✓").ids) == "hi ✓"      # byte fallback
 
 
+def test_hf_tokenizer_saved_as_gguf_vocabulary(tmp_path):
+    from tokenizers import Tokenizer, decoders, models as tm, pre_tokenizers, trainers
+    tok = Tokenizer(tm.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["def hello(world): return world + 1"] * 20,
+                            trainers.BpeTrainer(vocab_size=290, special_tokens=["<s>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel
+                                                .alphabet()))
+    write_hf(tmp_path / "hf", config=hf_config(tie_word_embeddings=True), tokenizer=tok)
+    lm = models.load(tmp_path / "hf")
+    models.save_gguf(lm, tmp_path / "t.gguf")
+    back = models.load(tmp_path / "t.gguf")
+    text = "def hello(world): return 42"
+    assert back.tokenizer.encode(text).ids == lm.tokenizer.encode(text).ids
+    assert back.tokenizer.decode(back.tokenizer.encode(text).ids) == text
+    assert back.gguf_vocab["tokenizer.ggml.token_type"][1][0] == 3     # <s>: control
+
+
 # ------------------------------------------------------------------- llama.cpp peer
 def test_llama_cpp_peer_logits(tmp_path, weights):
     """Teacher-forced logits of llama.cpp (llama-cpp-python, the `peer` extra)."""

@@ -31,7 +31,7 @@ from .. import nn
 from ..errors import TercompError
 from .bitnet import BitNetLM
 from .config import BitNetConfig, ConfigError
-from .tokenizer import tokenizer_from_gguf
+from .tokenizer import gguf_vocab_from_tokenizer, tokenizer_from_gguf
 
 try:
     import gguf
@@ -279,8 +279,9 @@ def save_gguf(model: BitNetLM, path) -> None:
 
     Projections are TQ2_0 with block scale 1.0 plus an f32 `*.scale` tensor holding the
     layer's scale, so `models.load` gives back bit-identical ternary weights (and the
-    same logits). A projection whose input size is not a multiple of 256 (TQ2_0's block)
-    is written as F32 ternary values instead. llama.cpp's `bitnet` graph always uses the
+    same logits). The vocabulary is the loaded GGUF's, or the tokenizer's (BPE -> "gpt2",
+    Unigram -> "llama"), or "no_vocab". A projection whose input size is not a multiple
+    of 256 (TQ2_0's block) is written as F32 ternary values instead. llama.cpp's `bitnet` graph always uses the
     token embedding as output layer, so an untied model is refused.
 
     >>> models.save_gguf(lm, "tiny.gguf"); lm2 = models.load("tiny.gguf")
@@ -319,6 +320,8 @@ def _write(w, model, cfg):
                            "uses interleaved pairs")
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_TQ2_0))
     vocab = getattr(model, "gguf_vocab", None)
+    if not vocab and model.tokenizer is not None:
+        vocab = gguf_vocab_from_tokenizer(model.tokenizer, cfg.vocab_size)
     if vocab:
         for key, (kind, value) in vocab.items():
             getattr(w, f"add_{kind}")(key, value)

@@ -8,10 +8,13 @@
   SentencePiece-BPE encoding; decoding is exact). Other vocabulary types give None:
   token ids always work.
 
-The GGUF keys are also kept (`lm.gguf_vocab`) so `save_gguf` writes the vocabulary back.
+The GGUF keys are also kept (`lm.gguf_vocab`) so `save_gguf` writes the vocabulary back;
+a `tokenizers` BPE or Unigram tokenizer (from tokenizer.json) is written as a "gpt2" or
+"llama" vocabulary (`gguf_vocab_from_tokenizer`).
 """
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -80,3 +83,43 @@ def tokenizer_from_gguf(reader, path):
     except Exception as e:
         warnings.warn(f"{path}: could not build a {model!r} tokenizer ({e}); token ids still work")
         return None, vocab
+
+
+# llama.cpp token types
+_NORMAL, _CONTROL, _UNUSED = 1, 3, 5
+
+
+def gguf_vocab_from_tokenizer(tok, vocab_size: int):
+    """The `tokenizer.ggml.*` keys ({key: (kind, value)}) for a `tokenizers` BPE
+    ("gpt2") or Unigram ("llama") tokenizer, padded with unused tokens to `vocab_size`;
+    None when the model type has no GGUF equivalent or holds more tokens than the model."""
+    try:
+        spec = json.loads(tok.to_str())
+    except Exception:
+        return None
+    model = spec.get("model") or {}
+    special = {t["id"]: t["content"] for t in spec.get("added_tokens") or []
+               if t.get("special")}
+    if model.get("type") == "BPE":
+        pieces = {i: t for t, i in model.get("vocab", {}).items()}
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+        scores, kind = None, "gpt2"
+    elif model.get("type") == "Unigram":
+        pieces = {i: p for i, (p, _) in enumerate(model.get("vocab", []))}
+        scores = [float(sc) for _, sc in model.get("vocab", [])]
+        merges, kind = None, "llama"
+    else:
+        return None
+    pieces.update({i: t for i, t in special.items()})
+    if not pieces or max(pieces) >= vocab_size:
+        return None
+    tokens = [pieces.get(i, f"[PAD{i}]") for i in range(vocab_size)]
+    types = [_CONTROL if i in special else _NORMAL if i in pieces else _UNUSED
+             for i in range(vocab_size)]
+    out = {"tokenizer.ggml.model": ("string", kind), "tokenizer.ggml.tokens": ("array", tokens),
+           "tokenizer.ggml.token_type": ("array", types)}
+    if merges:
+        out["tokenizer.ggml.merges"] = ("array", merges)
+    if scores is not None:
+        out["tokenizer.ggml.scores"] = ("array", scores + [-1e9] * (vocab_size - len(scores)))
+    return out
