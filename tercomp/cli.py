@@ -303,7 +303,8 @@ def cmd_opt(args) -> int:
             raise UsageError(f"{args.file} is not UTF-8 text (byte {e.start}): tercomp opt reads "
                              "tern IR text (.tern.mlir)") from None
         except (OSError, ValueError) as e:      # ValueError: a NUL in the path
-            raise UsageError(f"cannot read {args.file!r}: {getattr(e, 'strerror', None) or e}") from None
+            shown = args.file.replace("\0", "\\0")
+            raise UsageError(f"cannot read {shown}: {getattr(e, 'strerror', None) or e}") from None
     graph = run_pipeline(parse(text, filename), args.pass_names or [])
     sys.stdout.write(print_graph(graph, elide=not args.print_constants))
     return 0
