@@ -331,10 +331,12 @@ class CompiledModule:
         key = _plain_arrays_key(args) if _flat(sig.in_tree) else None
         if key is not None and key == self._checked:
             arrays = args
+            fn = self._fn
         else:
-            arrays = [self._device_input(a) for a in sig.leaves(args)]
+            arrays = sig.leaves(args)
+            fn = self._load()
+            arrays = [self._device_input(a) for a in arrays]
             self._checked = key
-        fn = self._fn or self._load()
         try:
             res = fn(*arrays)
         except Exception as e:
