@@ -54,6 +54,29 @@ def test_bitlinear_mlp_matches_reference(strategy):
 """)
 
 
+def test_bool_constant_beside_a_data_tiled_kernel():
+    """A causal-mask-like bool constant feeding a batch matmul's consumer, in a module the
+    "blocked" kernel compiles with IREE's data tiling: IREE 3.13 miscompiles i1 constants
+    there, so they are stored as i8 and narrowed in the module."""
+    mask = np.tile(np.tril(np.ones((8, 8), dtype=bool)), (2, 1))
+    fc = nn.BitLinear(8, 8)
+
+    def f(a, b):
+        s = tc.where(mask, (fc(a) @ b) * np.float32(0.5), np.float32(-1e30))
+        return tc.softmax(s, axis=-1)
+
+    a = np.random.default_rng(2).standard_normal((1, 2, 16, 8)).astype(np.float32)
+    b = np.random.default_rng(3).standard_normal((1, 2, 8, 8)).astype(np.float32)
+    exe = tc.compile(f, a, b, ternary="blocked", cache=False)
+    s = np.where(mask, (_bitlinear_ref(fc, a) @ b) * 0.5, -1e30)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(exe(a, b), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    run_filecheck(exe.ir("mlir"), """
+# CHECK: arith.constant dense{{.*}} : tensor<16x8xi8>
+# CHECK: arith.trunci {{.*}} : i8 to i1
+""")
+
+
 def test_no_f32_weight_constant_remains():
     m = MLP()
     g = tc.passes.run_pipeline(tc.trace(m, X), [("ternary", {"strategy": "auto"}), "simplify"])

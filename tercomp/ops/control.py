@@ -40,7 +40,22 @@ def _constant_lower(ctx, op, operands):
         from ..errors import CompileError
         raise CompileError(f"constant %{op.results[0].name} has elided data and cannot be compiled",
                            loc=op.loc, hint="parse IR printed with elide=False")
+    if t.dtype == "i1" and v.size > 1 and not (v.all() or not v.any()):
+        return [_bool_from_i8(ctx, v, t)]
     return [arith.ConstantOp(tensor_type(t), dense_attr(v, t)).result]
+
+
+def _bool_from_i8(ctx, v, t):
+    """A non-splat bool constant as i8 bytes narrowed by one elementwise op. IREE 3.13
+    miscompiles i1 constants read inside a data-tiled dispatch ("load_from_buffer ...
+    element types must match"); i8 storage is what it would use for them anyway."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import arith
+    from ..codegen.builders import dense_attr, tensor_type
+    t8 = TensorType(t.shape, "i8")
+    c = arith.ConstantOp(tensor_type(t8), dense_attr(v.astype(np.int8), t8)).result
+    return ctx.elementwise([c], [t8], t,
+                           lambda x: arith.TruncIOp(ir.IntegerType.get_signless(1), x).result)
 
 
 register(OpDef("constant", "control", _constant_infer, _constant_reference, num_operands=0,
