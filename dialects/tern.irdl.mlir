@@ -465,6 +465,15 @@ irdl.dialect @tern {
     %7 = irdl.any
     irdl.results(r0: %7)
   }
+  irdl.operation @ternary_weight {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    %2 = irdl.any
+    irdl.attributes {"k" = %1, "scale" = %2}
+    %3 = irdl.any
+    irdl.results(r0: %3)
+  }
   irdl.operation @transpose {
     %0 = irdl.any
     irdl.operands(x0: %0)

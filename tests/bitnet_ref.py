@@ -220,3 +220,12 @@ def save_safetensors(path, tensors, bf16_names=()):
                                              data_ptr=arr.ctypes.data, data_len=arr.nbytes)
     with open(path, "wb") as fh:
         fh.write(bytes(safetensors.serialize(specs)))
+
+
+def peer_vocab(size: int) -> dict:
+    """A gpt2-style GGUF vocabulary of `size` tokens that llama.cpp loads (it refuses one
+    without merges): the byte-level alphabet, one merge and its token, then fillers."""
+    from tokenizers import pre_tokenizers
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["\u0120\u0120"]
+    tokens += [f"<x{i}>" for i in range(size - len(tokens))]
+    return {"model": "gpt2", "tokens": tokens, "merges": ["\u0120 \u0120"]}

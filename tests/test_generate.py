@@ -222,11 +222,8 @@ def test_compile_cache_is_keyed_on_the_model(lm_file, gen, full):
 def test_greedy_tokens_match_llama_cpp(tmp_path):
     """The first 8 greedy tokens equal llama.cpp's (llama-cpp-python, the `peer` extra)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from tokenizers import pre_tokenizers
-    tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokens += [f"<x{i}>" for i in range(CFG["vocab"] - len(tokens))]
     path = R.write_gguf(tmp_path / "peer.gguf", CFG, R.random_weights(CFG, seed=5),
-                        vocab={"model": "gpt2", "tokens": tokens, "merges": []})
+                        vocab=R.peer_vocab(CFG["vocab"]))
     ours = tc.compile_lm(models.load(path), max_seq=MAX_SEQ).generate(IDS[:8], max_new_tokens=8)
     llm = llama_cpp.Llama(str(path), n_ctx=MAX_SEQ, logits_all=True, verbose=False)
     llm.eval(IDS[:8].tolist())

@@ -228,12 +228,23 @@ def test_ternary_pass_uses_the_stored_scale():
     g = tc.trace(layer, tc.spec(("B", 256), "float32"))
     run_filecheck(str(g), """
 # CHECK: "tern.act_quant"
-# CHECK: "tern.ternarize"({{.*}}) {scale = 2.5
+# CHECK: %[[P:.*]] = "tern.constant"() {{.*}} : () -> tensor<64x64xi8>
+# CHECK: "tern.ternary_weight"(%[[P]]) {k = 256 : i64, scale = 2.5
 # CHECK: "tern.matmul"
 """)
     out = run_pipeline(g, [("ternary", {"strategy": "auto"})])
     run_filecheck(str(out), """
-# CHECK-NOT: "tern.ternarize"
+# CHECK-NOT: "tern.ternary_weight"
 # CHECK: "tern.ternary_matmul"({{.*}}) {act_quant = true, k = 256 : i64, n = 64 : i64, scale = 2.5
 # CHECK-NOT: "tern.matmul"
 """)
+    # the stored bytes reach the kernel as they are: no repacking at compile time
+    packed = [op.attrs["value"] for op in out.ops if op.opname == "constant"
+              and op.results[0].type.dtype == "i8"]
+    assert len(packed) == 1 and np.array_equal(packed[0].view(np.uint8), layer._packed)
+    # without the pass (ternary="off") ternary_weight unpacks them: the same numbers
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    ref = tc.compile(layer, tc.spec(("B", 256), "float32"), cache=False)(x)
+    off = tc.compile(layer, tc.spec(("B", 256), "float32"), ternary="off", cache=False)
+    np.testing.assert_allclose(off(x), ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(layer(x), ref, rtol=1e-5, atol=1e-4)

@@ -249,11 +249,7 @@ def test_hf_tokenizer_saved_as_gguf_vocabulary(tmp_path):
 def test_llama_cpp_peer_logits(tmp_path, weights):
     """Teacher-forced logits of llama.cpp (llama-cpp-python, the `peer` extra)."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from tokenizers import pre_tokenizers
-    tokens = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokens += [f"<x{i}>" for i in range(300 - len(tokens))]
-    path = R.write_gguf(tmp_path / "peer.gguf", CFG, weights,
-                        vocab={"model": "gpt2", "tokens": tokens, "merges": []})
+    path = R.write_gguf(tmp_path / "peer.gguf", CFG, weights, vocab=R.peer_vocab(300))
     lm = models.load(path)
     ids = IDS[0]
     llm = llama_cpp.Llama(str(path), n_ctx=64, logits_all=True, verbose=False)

@@ -78,6 +78,8 @@ EXAMPLES = {
     "act_quant": ([f32(3, 7)], {}),
     "ternary_matmul": ([f32(3, 8), np.array([[0x45, 0x12], [0x21, 0x00], [0x09, 0x64]], np.int8)],
                        {"k": 8, "n": 3, "scale": 0.75, "strategy": "addsub", "act_quant": True}),
+    "ternary_weight": ([np.array([[0x45, 0x12], [0x21, 0x00], [0x09, 0x64]], np.int8)],
+                       {"k": 8, "scale": 0.75}),
     "arange": ([ints(3, 5), np.array(3, np.int32)], {}),
     "cache_write": ([f32(8, 2, 4), f32(3, 2, 4), np.array(2, np.int32)], {}),
     "scan": ([f32(3), f32(5, 3), f32(3)], {"body": _body(3), "n_carry": 1, "n_xs": 1, "length": 5,

@@ -87,6 +87,9 @@ def test_pack_rejects_non_ternary_values():
     t[1, 2], t[2, 4] = 2, -3
     with pytest.raises(TercompError, match=r"2 value\(s\).*e\.g\. 2 at index \(1, 2\)"):
         pack_ternary(t)
+    for wide in (np.array([[0, 1, 255]], np.uint8), np.array([[1, 300, -1]], np.int64)):
+        with pytest.raises(TercompError, match=r"1 value\(s\).*e\.g\. (255|300) at index"):
+            pack_ternary(wide)
 
 
 @pytest.mark.parametrize("bad", [np.zeros((2, 4), np.float32), np.zeros((2, 4), bool),

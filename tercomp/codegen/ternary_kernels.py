@@ -104,6 +104,23 @@ def _const(value, type_: ir.Type) -> ir.Value:
     return arith.constant(type_, value)
 
 
+def unpack_codes(w: ir.Value, n: int, kb: int, elem: ir.Type) -> ir.Value:
+    """The ternary values of packed weights `w` (tensor<n x KB x i8>, planar 2-bit codes)
+    as tensor<n x 4*KB x elem>: code c of plane j at (p >> 2j) & 3, value (c & 1) - (c >> 1)."""
+    i8 = ir.IntegerType.get_signless(8)
+    one, three = _const(1, i8), _const(3, i8)
+
+    def body(p, _out):
+        j = arith.index_cast(i8, linalg.IndexOp(1).result)
+        c = arith.andi(arith.shrui(p, arith.shli(j, one)), three)
+        v = arith.subi(arith.andi(c, one), arith.shrui(c, one))
+        return v if elem == i8 else arith.sitofp(elem, v)
+
+    wu = _generic(ir.RankedTensorType.get([n, 4, kb], elem), [w], tensor.empty([n, 4, kb], elem),
+                  [_amap(3, [0, 2]), _amap(3, [0, 1, 2])], [_PAR, _PAR, _PAR], body)
+    return tensor.collapse_shape(ir.RankedTensorType.get([n, 4 * kb], elem), wu, [[0], [1, 2]])
+
+
 class _Kernel:
     """Shared state of one emitted kernel: x, its (possibly dynamic) M, the weights."""
 
@@ -266,24 +283,9 @@ class _Kernel:
         return self.dequant(acc, amax)
 
     def unpack(self, elem: ir.Type, w: ir.Value | None = None, n: int | None = None) -> ir.Value:
-        """tensor<N x KP x elem> with values {-1, 0, 1}: code c of plane j at
-        (p >> 2j) & 3, value (c & 1) - (c >> 1). Of the whole weights, or of `w`, a
-        tensor<n x KB x i8> slice of them."""
-        i8 = self.i8
-        one, three = _const(1, i8), _const(3, i8)
-
-        def body(p, _out):
-            j = arith.index_cast(i8, linalg.IndexOp(1).result)
-            c = arith.andi(arith.shrui(p, arith.shli(j, one)), three)
-            v = arith.subi(arith.andi(c, one), arith.shrui(c, one))
-            return v if elem == i8 else arith.sitofp(elem, v)
-
-        n, kb = n or self.n, self.kb
-        wu = _generic(ir.RankedTensorType.get([n, 4, kb], elem), [w or self.weights()],
-                      tensor.empty([n, 4, kb], elem),
-                      [_amap(3, [0, 2]), _amap(3, [0, 1, 2])], [_PAR, _PAR, _PAR], body)
-        return tensor.collapse_shape(ir.RankedTensorType.get([n, self.kp], elem), wu,
-                                     [[0], [1, 2]])
+        """tensor<N x KP x elem> with values {-1, 0, 1} (see `unpack_codes`): of the
+        whole weights, or of `w`, a tensor<n x KB x i8> slice of them."""
+        return unpack_codes(w or self.weights(), n or self.n, self.kb, elem)
 
     def dequant(self, acc: ir.Value, amax: ir.Value | None) -> ir.Value:
         """y = acc * scale (f32) or, after activation quantization, acc * scale / s with

@@ -6,6 +6,7 @@ reshape or concatenate) stay sympy expressions.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Tuple, Union
@@ -71,9 +72,16 @@ def as_dim(d) -> Dim:
     if isinstance(d, (int, np.integer)):
         return int(d)
     if isinstance(d, sympy.Expr):
-        d = sympy.simplify(d)
-        return int(d) if d.is_Integer else d
+        return _simplified(d)
     raise ValueError(f"a dimension must be an int or a name, got {d!r}")
+
+
+@functools.lru_cache(maxsize=8192)
+def _simplified(e: sympy.Expr) -> Dim:
+    """sympy.simplify of a dim expression, memoized: a model's shapes repeat the same few
+    expressions thousands of times (an LM's layers), and simplify costs ~1 ms each."""
+    e = sympy.simplify(e)
+    return int(e) if e.is_Integer else e
 
 
 def is_static(d: Dim) -> bool:

@@ -165,11 +165,17 @@ class _File:
             raise self.error(f"tensor {name!r}", "its data is not a whole number of blocks")
         blocks = raw.reshape(-1, block_bytes)
         d = blocks[:, -2:].copy().view(np.float16).astype(np.float64).reshape(-1)  # f16 d is last
-        vals = self._dequantize(name, t).astype(np.float64).reshape(-1, 256)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tern = np.where(d[:, None] != 0, vals / d[:, None], 0.0)
-        if not np.all(np.isin(tern, (-1.0, 0.0, 1.0))):
-            raise self.error(f"tensor {name!r}", "decodes to values that are not ternary")
+        if t.tensor_type == gguf.GGMLQuantizationType.TQ2_0:
+            tern = _tq2_values(blocks)
+            if tern is None:
+                raise self.error(f"tensor {name!r}", "holds the invalid TQ2_0 code 3")
+            tern[d == 0] = 0
+        else:
+            vals = self._dequantize(name, t).astype(np.float64).reshape(-1, 256)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                tern = np.where(d[:, None] != 0, vals / d[:, None], 0.0)
+            if not np.all(np.isin(tern, (-1.0, 0.0, 1.0))):
+                raise self.error(f"tensor {name!r}", "decodes to values that are not ternary")
         used = np.unique(d[np.any(tern != 0, axis=1)])
         if used.size > 1:
             raise self.error(f"tensor {name!r}",
@@ -179,7 +185,19 @@ class _File:
         if used.size and not used[0] > 0:
             raise self.error(f"tensor {name!r}", f"block scale {used[0]} is not positive")
         block = float(used[0]) if used.size else 1.0
-        return tern.reshape(shape).astype(np.int8), block
+        return tern.reshape(shape).astype(np.int8, copy=False), block
+
+
+def _tq2_values(blocks: np.ndarray) -> np.ndarray | None:
+    """The ternary values (int8 [blocks, 256]) of TQ2_0 blocks (66 bytes: 64 bytes of
+    2-bit codes, then the f16 scale), decoded with bit operations instead of through
+    floats; None if a code is 3. In a block, value 128*h + 32*l + m is code
+    (qs[32*h + m] >> 2*l) & 3, minus 1 (ggml's dequantize_row_tq2_0)."""
+    qs = blocks[:, :64].reshape(-1, 2, 1, 32)
+    codes = (qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & np.uint8(3)
+    if (codes == 3).any():
+        return None
+    return codes.reshape(-1, 256).view(np.int8) - np.int8(1)
 
 
 def _f32(v: float) -> float:

@@ -29,11 +29,11 @@ from .layers import _uniform
 from .module import Module
 
 
-def _traced(v):
+def _traced(v, name: str = "weight"):
     tr = current_trace()
     if tr is None or isinstance(v, Tracer):
         return v
-    return Tracer(tr.const(np.asarray(v), name="weight"), tr)
+    return Tracer(tr.const(np.asarray(v), name=name), tr)
 
 
 class BitLinear(Module):
@@ -126,7 +126,9 @@ class StoredBitLinear(BitLinear):
                                f"of shape {shape}; its last dim must be {self.in_features}")
         if self.act_quant:
             x = apply("act_quant", x)
-        # fixed-scale ternarize: the values are already ternary, the scale is the stored one
-        w = apply("ternarize", _traced(self.weight), scale=float(self._scale))
+        # the packed bytes themselves enter the IR (no f32 copy): the ternary pass hands
+        # them to the kernel as they are, and without it ternary_weight unpacks them
+        w = apply("ternary_weight", _traced(self._packed.view(np.int8), "packed"), k=self.in_features,
+                  scale=float(self._scale))
         y = _t.matmul(x, w, transpose_b=True)
         return y + self.bias if self.bias is not None else y

@@ -59,7 +59,7 @@ def fmt_shape(shape) -> str:
 def same_dim(a, b) -> bool:
     if is_static(a) and is_static(b):
         return a == b
-    return sympy.simplify(sym(a) - sym(b)) == 0
+    return as_dim(sym(a) - sym(b)) == 0
 
 
 def prod(dims):

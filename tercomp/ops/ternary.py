@@ -6,6 +6,10 @@
   is given (a stored ternary weight keeps its own scale); straight-through gradient.
 * ``act_quant(x)``: per-row (last axis) absmax int8 fake-quantization, ``xq / s``;
   straight-through gradient.
+* ``ternary_weight(packed) {k, scale}``: the f32 weights ``scale * T`` [N, K] of a packed
+  i8 [N, KB] ternary matrix: how a stored ternary weight (`nn.BitLinear.from_ternary`)
+  enters the IR, so that no f32 copy of it is made while tracing; the `ternary` pass
+  hands its packed bytes to ternary_matmul unchanged. Not differentiable (frozen).
 * ``ternary_matmul(x, packed)``: ``y[M, N] = scale * x @ T^T`` with T ternary, packed
   2-bit planar as an i8 tensor [N, KB] (see ternary_pack); emitted by
   codegen.ternary_kernels. Produced by the `ternary` pass; inference only.
@@ -17,6 +21,7 @@ import numpy as np
 from ..errors import TraceError
 from ..ir import TensorType
 from ..ir.types import is_float
+from ..codegen.ternary_kernels import unpack_codes
 from ..codegen.ternary_strategies import NAMES, emit_ternary_matmul
 from . import ternary_pack as tp
 from .registry import OpDef, REQUIRED, register
@@ -103,6 +108,43 @@ def _act_quant_decompose(b, operands, attrs):
 register(OpDef("act_quant", "ternary", _float_same("act_quant"), _act_quant_reference,
                decompose=_act_quant_decompose, vjp=_straight_through,
                doc="per-row absmax int8 fake-quantization (straight-through gradient)"))
+
+
+# -- ternary_weight ---------------------------------------------------------------------
+def _tw_infer(types, a):
+    (p,) = types
+    k = int(a["k"])
+    if p.rank != 2 or p.dtype not in ("i8", "u8") or not p.is_static or 4 * p.shape[1] < k or k < 1:
+        raise TraceError(f"ternary_weight expects static packed weights [N, KB] i8 with "
+                         f"4*KB >= k = {k}, got {p.mlir()}")
+    if not float(a["scale"]) > 0:
+        raise TraceError(f"ternary_weight: the scale must be positive, got {a['scale']}")
+    return [TensorType((p.shape[0], k), "f32")]
+
+
+def _tw_reference(xs, a):
+    t = tp.unpack_ternary(np.asarray(xs[0]).view(np.uint8), int(a["k"]))
+    return [t.astype(np.float32) * np.float32(a["scale"])]
+
+
+def _tw_lower(ctx, op, operands):
+    from iree.compiler import ir
+    from iree.compiler.dialects import arith, tensor
+    (p,) = op.operands
+    n, kb = p.type.shape
+    k, f32 = int(op.attrs["k"]), ir.F32Type.get()
+    t = unpack_codes(operands[0], n, kb, f32)
+    if 4 * kb != k:
+        t = tensor.extract_slice(ir.RankedTensorType.get([n, k], f32), t, [], [], [],
+                                 [0, 0], [n, k], [1, 1])
+    w, scale = op.results[0].type, float(np.float32(op.attrs["scale"]))
+    return [ctx.elementwise([t], [w], w, lambda v: arith.mulf(v, arith.constant(f32, scale)))]
+
+
+register(OpDef("ternary_weight", "ternary", _tw_infer, _tw_reference, num_operands=1,
+               attrs={"k": REQUIRED, "scale": REQUIRED}, lower=_tw_lower, vjp=None,
+               differentiable=False, nondiff_operands=(0,),
+               doc="the f32 weights scale * T [N, K] of a packed 2-bit ternary matrix"))
 
 
 # -- ternary_matmul ------------------------------------------------------------------------

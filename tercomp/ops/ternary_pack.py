@@ -196,7 +196,11 @@ def pack_ternary(t: np.ndarray) -> np.ndarray:
     n, k = t.shape
     if n == 0 or k == 0:
         raise TercompError(f"pack_ternary got an empty matrix of shape {t.shape}")
-    bad = (t != 0) & (t != 1) & (t != -1)
+    t8 = t
+    if t.dtype != np.int8:               # out-of-range values stay out of range
+        t8 = (np.minimum(t, 2) if t.dtype.kind == "u" else np.clip(t, -2, 2)).astype(np.int8)
+    b = t8.view(np.uint8)
+    bad = (b + np.uint8(1)) > 2          # -1, 0, 1 -> 0, 1, 2 as bytes; anything else is bad
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         raise TercompError(f"pack_ternary: {int(bad.sum())} value(s) are not in {{-1, 0, 1}}, "
@@ -204,12 +208,16 @@ def pack_ternary(t: np.ndarray) -> np.ndarray:
                            hint="quantize with absmean_ternarize first")
     kp = padded_k(k)
     kb = kp // 4
-    codes = np.zeros((n, kp), dtype=np.uint8)
-    codes[:, :k][t == 1] = _CODE_POS
-    codes[:, :k][t == -1] = _CODE_NEG
+    codes = b & np.uint8(3)              # 0, 1, 0b11 for 0, 1, -1
+    codes ^= codes >> 1                  # 0b11 -> 0b10 (_CODE_NEG)
+    if kp != k:
+        codes = np.concatenate([codes, np.zeros((n, kp - k), np.uint8)], axis=1)
     planes = codes.reshape(n, 4, kb)
-    return (planes[:, 0] | (planes[:, 1] << 2) | (planes[:, 2] << 4)
-            | (planes[:, 3] << 6)).astype(np.uint8)
+    out = planes[:, 3] << 6
+    out |= planes[:, 2] << 4
+    out |= planes[:, 1] << 2
+    out |= planes[:, 0]
+    return out
 
 
 def unpack_ternary(packed: np.ndarray, k: int) -> np.ndarray:

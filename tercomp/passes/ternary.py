@@ -1,11 +1,12 @@
 """ternary: rewrite BitLinear-style matmuls into packed ternary kernels.
 
     matmul(x, ternarize(constant W), transpose_b=True)            (optionally x = act_quant(x'))
+    matmul(x, ternary_weight(constant packed), transpose_b=True)
  -> reshape(ternary_matmul(reshape(x, [-1, K]), constant packed_i8), [..., N])
 
-W [N, K] is ternarized (absmean, or the ternarize op's `scale` for a stored ternary
-weight) and packed 2-bit planar at compile time, so no f32 copy
-of the weights remains. `strategy` is "auto", a kernel of the strategy table
+W [N, K] is ternarized (absmean, or the ternarize op's `scale`) and packed 2-bit planar
+at compile time, so no f32 copy of the weights remains; a stored ternary weight
+(`nn.BitLinear.from_ternary`, `ternary_weight`) is already packed and is used as it is. `strategy` is "auto", a kernel of the strategy table
 (`tercomp.codegen.ternary_strategies`), or "off" (the pass does nothing). `targets` are
 the compile's target names: "auto" is settled here per target and per shape (a symbolic
 batch gets a kernel that dispatches on the batch size at run time), so the module only
@@ -19,6 +20,7 @@ import numpy as np
 from ..ir import Graph
 from ..codegen.ternary_strategies import check_strategy, choose_strategy
 from ..ops import ternary_pack as tp
+from ..ops.shape_util import same_dim
 from .manager import register_pass
 from .rewrite import dce, rewrite
 from .simplify import const_value
@@ -28,28 +30,41 @@ def _dim(d):
     return int(d) if isinstance(d, (int, np.integer)) else str(d)
 
 
+def _packed_weight(b, w):
+    """(packed i8 value, N, K, scale) of a matmul's ternary rhs, or None: a stored weight
+    (`ternary_weight` of packed constant bytes, used as they are), or `ternarize` of an f32
+    constant, ternarized and packed here (absmean, or the op's fixed `scale`)."""
+    if w is None:
+        return None
+    if w.opname == "ternary_weight" and const_value(w.operands[0]) is not None:
+        n, k = w.results[0].type.shape
+        return w.operands[0], n, k, float(w.attrs["scale"])
+    if w.opname != "ternarize":
+        return None
+    c = const_value(w.operands[0])
+    if c is None or c.ndim != 2 or c.dtype != np.float32:
+        return None
+    fixed = w.attrs.get("scale")
+    t, scale = tp.absmean_ternarize(c) if fixed is None else tp.ternarize_with_scale(c, fixed)
+    n, k = c.shape
+    return b.constant(tp.pack_ternary(t).view(np.int8), name="packed"), n, k, float(scale)
+
+
 def _pattern(strategy, targets):
     def pat(b, op, xs):
         if not op.attrs.get("transpose_b"):
             return None
         x, wv = xs
-        tern = wv.producer
-        if tern is None or tern.opname != "ternarize":
+        if x.dtype != "f32" or x.type.rank < 2 or wv.type.rank != 2 or \
+                not same_dim(x.type.shape[-1], wv.type.shape[1]):
             return None
-        w = const_value(tern.operands[0])
-        if w is None or w.ndim != 2 or w.dtype != np.float32 or x.dtype != "f32" or x.type.rank < 2:
+        found = _packed_weight(b, wv.producer)
+        if found is None:
             return None
+        packed, n, k, scale = found
         aq = False
         if x.producer is not None and x.producer.opname == "act_quant":
             x, aq = x.producer.operands[0], True
-        n, k = w.shape
-        if x.type.shape[-1] != k:
-            return None
-        # a stored ternary weight (nn.BitLinear.from_ternary) carries its own scale: absmean
-        # of scale * T would give scale * density, and T must come back exactly
-        fixed = tern.attrs.get("scale")
-        t, scale = tp.absmean_ternarize(w) if fixed is None else tp.ternarize_with_scale(w, fixed)
-        packed = b.constant(tp.pack_ternary(t).view(np.int8), name="packed")
         lead = list(x.type.shape[:-1])
         x2 = x if x.type.rank == 2 else b.reshape(x, shape=[-1, k])
         m = x2.type.shape[0]
