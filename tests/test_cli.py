@@ -265,14 +265,24 @@ def test_malformed_ir_names_line_and_column(tmp_path, capsys):
 
 def test_spinner_only_on_a_terminal(monkeypatch, capsys):
     import pty
+    import select
     import time
     from tercomp.cli import spinner
     master, slave = pty.openpty()
+    shown = b""
     with os.fdopen(slave, "w") as tty:
         monkeypatch.setattr(sys, "stderr", tty)
         with spinner("compiling model"):
-            time.sleep(0.8)
-    shown = os.read(master, 4096)
+            # a block that lasts until the spinner has drawn (however loaded the machine)
+            deadline = time.monotonic() + 60
+            while b"compiling model" not in shown and time.monotonic() < deadline:
+                if select.select([master], [], [], 0.1)[0]:
+                    shown += os.read(master, 4096)
+    try:
+        while select.select([master], [], [], 0.5)[0]:  # the erase, written on exit
+            shown += os.read(master, 4096)
+    except OSError:                                     # EIO: the terminal's slave is closed
+        pass
     os.close(master)
     assert b"compiling model" in shown and shown.endswith(b"\r\x1b[K")
     monkeypatch.undo()
