@@ -22,6 +22,23 @@ try:
 except ImportError:  # a deployment: run saved artifacts only
     _iree_compiler = None
 
+
+class CompilerMissing(TercompError, AttributeError):
+    """A compiler-side name (tc.compile, tc.trace, tc.nn, ...) asked for where only
+    iree-base-runtime is installed. An AttributeError too, so hasattr() still works."""
+
+
+def __getattr__(name):
+    # only reached for names this module does not define: all of the compiler side when
+    # iree-base-compiler is missing
+    if _iree_compiler is None and not name.startswith("__"):
+        raise CompilerMissing(f"tc.{name} needs iree-base-compiler, which is not installed "
+                              f"(only iree-base-runtime is: saved artifacts load and run "
+                              f"with tc.load)",
+                              hint="pip install iree-base-compiler, or pip install -e . "
+                                   "in the tercomp repository")
+    raise AttributeError(f"module 'tercomp' has no attribute {name!r}")
+
 if _iree_compiler is not None:
     from . import ir, ops, passes
     from .trace import trace, spec, Tracer

@@ -232,10 +232,6 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _describe(t) -> str:
-    return f"{t.name}: [{', '.join(str(d) for d in t.shape)}] {t.dtype}"
-
-
 def _print_result(name: str, value) -> None:
     arr = np.asarray(value)
     print(f"{name}: {arr.dtype.name}{list(arr.shape)}")
@@ -271,10 +267,11 @@ def cmd_info(args) -> int:
     rows = [
         ("artifact", f"{args.artifact} ({os.path.getsize(args.artifact)} bytes)"),
         ("function", sig.function),
-        *[("input", _describe(t)) for t in sig.inputs],
-        *[("output", _describe(t)) for t in sig.outputs],
+        *[("input", t.describe()) for t in sig.inputs],
+        *[("output", t.describe()) for t in sig.outputs],
         ("targets", ", ".join(meta.get("targets", []))),
         ("devices", ", ".join(meta.get("drivers", []))),
+        ("ternary", ", ".join(meta.get("ternary") or []) or "none"),
         ("module.vmfb", f"{len(vmfb)} bytes"),
         ("weights.irpa", f"{len(weights)} bytes" if weights is not None else "none"),
         ("tercomp", meta.get("tercomp_version", "?")),

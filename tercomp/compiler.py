@@ -104,7 +104,7 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],
             "numerics": graph.meta.get("numerics"),
             "iree_version": IREE_VERSION, "cache_hit": False, "weights": weights_mode,
-            "parameters": sorted(table.arrays),
+            "parameters": sorted(table.arrays), "ternary": sorted(used),
             "saved_for_backward": graph.meta.get("saved_for_backward", [])}
     key = hit = None
     if cache:

@@ -237,6 +237,12 @@ def test_loads_and_runs_without_the_compiler(saved, mlp_exe, x, tmp_path):
         "sys.modules['iree.compiler'] = None  # as if iree-base-compiler were not installed\n"
         "import tercomp as tc\n"
         "assert not hasattr(tc, 'compile')\n"
+        "try:\n"
+        "    tc.compile\n"
+        "except tc.TercompError as e:\n"
+        "    assert 'tc.compile needs iree-base-compiler' in str(e) and 'pip install' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('no error')\n"
         f"y = tc.load({saved!r})(np.load({str(tmp_path / 'x.npy')!r}))\n"
         f"np.save({str(tmp_path / 'y.npy')!r}, y)\n"
         "bad = [m for m in sys.modules if m.startswith(('tercomp.codegen', 'tercomp.trace', 'tercomp.ops'))]\n"
@@ -262,3 +268,12 @@ def test_read_bytes_rejects_garbage_quickly():
     for data in (b"", b"PK\x03\x04", io.BytesIO().getvalue()):
         with pytest.raises(tc.ArtifactError):
             artifact.read_bytes(data)
+
+
+def test_repr_names_function_inputs_targets_and_kernels(tmp_path):
+    exe = tc.compile(nn.BitLinear(8, 4), tc.spec(("B", 8)), cache=False)
+    want = ("<CompiledModule forward(x: [B, 8] f32) -> (out: [B, 4] f32); targets=llvm-cpu; "
+            "device=local-task; ternary=dispatch")
+    assert repr(exe).startswith(want), repr(exe)
+    exe.save(str(tmp_path / "b.tcm"))
+    assert repr(tc.load(str(tmp_path / "b.tcm"))).startswith(want)

@@ -100,7 +100,7 @@ def to_bytes(exe) -> bytes:
         "sha256": digests,
         "content_hash": content_hash(digests),
     }
-    for k in ("cache_key", "numerics"):
+    for k in ("cache_key", "numerics", "ternary"):
         if exe.meta.get(k):
             meta[k] = exe.meta[k]
     if exe.weights is not None:
@@ -188,7 +188,7 @@ def from_parts(meta: dict, vmfb: bytes, weights, device=None, threads=None, **ex
     """A CompiledModule from read_bytes() parts."""
     from .module import CompiledModule
     info = {k: meta.get(k) for k in ("flags", "drivers", "tercomp_version", "iree_version",
-                                     "content_hash", "lm", "numerics")}
+                                     "content_hash", "lm", "numerics", "ternary")}
     info.update(extra)
     return CompiledModule(vmfb, Signature.from_json(meta["signature"]), device=device,
                           targets=meta.get("targets") or ["llvm-cpu"], meta=info,

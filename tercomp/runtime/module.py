@@ -298,6 +298,17 @@ class CompiledModule:
             self._ctx, self._hal_device, self._fn = ctx, hal_device, fn
         return self._fn
 
+    def __repr__(self):
+        sig = self.signature
+        ins = ", ".join(t.describe() for t in sig.inputs)
+        outs = ", ".join(t.describe() for t in sig.outputs)
+        extra = [f"targets={','.join(self.targets)}", f"device={self.device}"]
+        if self.meta.get("ternary"):
+            extra.append(f"ternary={','.join(self.meta['ternary'])}")
+        if self._weights is not None:
+            extra.append(f"weights={len(self._weights) / 2**20:.1f} MiB")
+        return f"<CompiledModule {sig.function}({ins}) -> ({outs}); {'; '.join(extra)}>"
+
     @property
     def weights(self) -> bytes | None:
         """The .irpa archive of the module's parameters (None without parameters)."""
