@@ -82,7 +82,11 @@ def generate(exe, seq, prompt: bytes, n: int, temperature=0.0, seed=0) -> bytes:
 
 
 def plot(losses, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed (pip install -e '.[samples]'): no plot written to {path}")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))

@@ -58,7 +58,7 @@ def _plot(losses, path):
     try:
         import matplotlib
     except ImportError:
-        print(f"matplotlib is not installed: no plot written to {path}")
+        print(f"matplotlib is not installed (pip install -e '.[samples]'): no plot written to {path}")
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -107,7 +107,9 @@ def main(argv=None) -> float:
     rng = np.random.default_rng(args.seed)
     losses = []
     t0 = time.perf_counter()
-    bar = tqdm(total=total, disable=args.quiet, unit="step", desc="train")
+    # a progress bar only on a terminal: piped into a log it would print a line per update
+    bar = tqdm(total=total, disable=args.quiet or not sys.stderr.isatty(), unit="step",
+               desc="train")
     out_of_time = False
     for epoch in range(args.epochs):
         order = rng.permutation(len(x_tr))

@@ -160,10 +160,11 @@ def _dump_phases(dumper: Dumper, flags, module_text: str):
     import subprocess
     import sys
     path = os.path.join(dumper.dump_dir, "iree")
-    import tempfile
-    with tempfile.NamedTemporaryFile("w", suffix=".mlir", delete=False) as f:
+    os.makedirs(path, exist_ok=True)
+    # a fixed source name, so the phases are iree_module.1.input.mlir, iree_module.2.abi.mlir, ...
+    src = os.path.join(dumper.dump_dir, "iree-module.mlir")
+    with open(src, "w") as f:
         f.write(module_text)
-        src = f.name
     tool = os.path.join(os.path.dirname(sys.executable), "iree-compile")
     cmd = [tool if os.path.exists(tool) else "iree-compile", src, *flags,
            f"--dump-compilation-phases-to={path}", "--mlir-elide-elementsattrs-if-larger=16",
