@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from . import cli_generate, dimexpr
+from .dtypes import ALIASES, DTYPES, dtype_name, numpy_dtype
 from .errors import TercompError
 
 try:    # the strategy table needs iree-base-compiler; without it, compiling is refused anyway
@@ -39,8 +40,6 @@ try:    # the strategy table needs iree-base-compiler; without it, compiling is 
 except ImportError:
     _TERNARY_CHOICES = None
 
-_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32",
-           "i16": "int16", "i8": "int8", "i1": "bool"}
 
 
 class UsageError(Exception):
@@ -55,10 +54,9 @@ class _Parser(argparse.ArgumentParser):
 # -- argument parsing helpers ----------------------------------------------------------
 
 def _dtype(text: str) -> str:
-    name = _DTYPES.get(text, text)
-    if name not in _DTYPES.values():
-        raise UsageError(f"unknown dtype {text!r}; use one of {', '.join(_DTYPES)}")
-    return name
+    if text not in DTYPES and text not in ALIASES:
+        raise UsageError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}")
+    return numpy_dtype(dtype_name(text)).name
 
 
 def parse_spec(text: str):
@@ -321,7 +319,7 @@ def _random_inputs(sig, dims: dict, rng) -> list:
                     shape.append(dimexpr.evaluate(dimexpr.parse(d), dims))
                 except (KeyError, TercompError):
                     raise UsageError(f"input {t.name} has symbolic dim {d}: bind it with --dim") from None
-        dtype = np.dtype(_DTYPES[t.dtype])
+        dtype = numpy_dtype(t.dtype)
         if dtype.kind == "f":
             out.append(rng.standard_normal(shape).astype(dtype))
         elif dtype.kind == "b":

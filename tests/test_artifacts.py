@@ -235,6 +235,7 @@ def test_loads_and_runs_without_the_compiler(saved, mlp_exe, x, tmp_path):
     script = (
         "import sys, numpy as np\n"
         "sys.modules['iree.compiler'] = None  # as if iree-base-compiler were not installed\n"
+        "sys.modules['sympy'] = None          # the runtime needs neither it nor sympy\n"
         "import tercomp as tc\n"
         "assert not hasattr(tc, 'compile')\n"
         "try:\n"

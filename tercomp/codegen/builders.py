@@ -16,14 +16,14 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
 from ..ir import TensorType, is_static
-from ..ir.types import DTYPES
+from ..dtypes import mlir_element
 
 PARALLEL = "parallel"
 REDUCTION = "reduction"
 
 
 def elem_type(dtype: str) -> ir.Type:
-    name = DTYPES[dtype][1]
+    name = mlir_element(dtype)
     return {"f64": ir.F64Type.get, "f32": ir.F32Type.get, "f16": ir.F16Type.get}.get(
         name, lambda: ir.IntegerType.get_signless(int(name[1:])))()
 

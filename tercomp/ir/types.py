@@ -15,6 +15,7 @@ import numpy as np
 import sympy
 
 from .. import dimexpr
+from ..dtypes import DTYPES, dtype_name, numpy_dtype  # noqa: F401  (re-exported)
 
 Dim = Union[int, sympy.Expr]
 
@@ -22,36 +23,7 @@ Dim = Union[int, sympy.Expr]
 MAX_DIM = 1 << 40
 MAX_ELEMENTS = 1 << 48
 
-# dtype name -> (numpy dtype, MLIR element type)
-DTYPES = {
-    "f64": (np.float64, "f64"),
-    "f32": (np.float32, "f32"),
-    "f16": (np.float16, "f16"),
-    "i64": (np.int64, "i64"),
-    "i32": (np.int32, "i32"),
-    "i16": (np.int16, "i16"),
-    "i8": (np.int8, "i8"),
-    "i1": (np.bool_, "i1"),
-}
-_FROM_NUMPY = {np.dtype(v[0]).name: k for k, v in DTYPES.items()}
-_ALIASES = {"float64": "f64", "float32": "f32", "float16": "f16", "int64": "i64",
-            "int32": "i32", "int16": "i16", "int8": "i8", "bool": "i1"}
-
-
-def dtype_name(dt) -> str:
-    """Normalize 'float32', np.float32, np.dtype('float32') or 'f32' to 'f32'."""
-    if isinstance(dt, str) and dt in DTYPES:
-        return dt
-    if isinstance(dt, str) and dt in _ALIASES:
-        return _ALIASES[dt]
-    try:
-        return _FROM_NUMPY[np.dtype(dt).name]
-    except (TypeError, KeyError):
-        raise ValueError(f"unsupported dtype {dt!r}; supported: {sorted(DTYPES)}") from None
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    return np.dtype(DTYPES[name][0])
+# the dtype table lives in the leaf module tercomp.dtypes (the runtime reads it too)
 
 
 def is_float(name: str) -> bool:

@@ -7,15 +7,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .. import dimexpr
+from ..dtypes import DTYPES, dtype_name
 from ..errors import InputError, ParseError
 
-
-def _np_dtypes() -> dict:
-    from ..ir.types import DTYPES
-    return {k: np.dtype(v[0]) for k, v in DTYPES.items()}
-
-
-_NP_DTYPES = _np_dtypes()
+_NP_DTYPES = {k: np.dtype(v[0]) for k, v in DTYPES.items()}
 
 
 @dataclass
@@ -90,7 +85,6 @@ class Signature:
     def check_inputs(self, leaves) -> list:
         """Check count, shapes and dtypes; returns contiguous arrays. Symbolic dims must
         agree across inputs (every 'B' the same size)."""
-        from ..ir.types import DTYPES, dtype_name
         if len(leaves) != len(self.inputs):
             raise InputError(f"{self.function} takes {len(self.inputs)} input arrays "
                              f"({', '.join(s.name for s in self.inputs)}), got {len(leaves)}")
