@@ -48,9 +48,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, tensor, util
 
 from ..errors import TercompError
-from ..ops.ternary_pack import k_split
+from ..ops.ternary_pack import ACT_EPS, ACT_MAX, k_split
 
-_ACT_EPS = 1e-5
 _PAR = "#linalg.iterator_type<parallel>"
 _RED = "#linalg.iterator_type<reduction>"
 
@@ -188,10 +187,11 @@ class _Kernel:
         f32 = self.f32
 
         def body(v, am, _out):
-            amc = arith.maximumf(am, _const(_ACT_EPS, f32))
-            s = arith.divf(_const(127.0, f32), amc)
+            amc = arith.maximumf(am, _const(ACT_EPS, f32))
+            s = arith.divf(_const(float(ACT_MAX), f32), amc)
             r = math.roundeven(arith.mulf(v, s))
-            r = arith.minimumf(arith.maximumf(r, _const(-127.0, f32)), _const(127.0, f32))
+            r = arith.minimumf(arith.maximumf(r, _const(-float(ACT_MAX), f32)),
+                               _const(float(ACT_MAX), f32))
             return r if elem == f32 else arith.fptosi(elem, r)
 
         return _generic(self.ttype([self.k], elem), [self.x, amax],
@@ -301,10 +301,10 @@ class _Kernel:
             return _generic(out_t, [acc], out, [_amap(2, [0, 1])] * 2, [_PAR, _PAR],
                             lambda a, _o: arith.mulf(to_f32(a), _const(self.scale, f32)))
 
-        wscale = float(np.float32(self.scale / 127.0))
+        wscale = float(np.float32(self.scale / ACT_MAX))
 
         def body(a, am, _o):
-            inv_s = arith.mulf(arith.maximumf(am, _const(_ACT_EPS, f32)), _const(wscale, f32))
+            inv_s = arith.mulf(arith.maximumf(am, _const(ACT_EPS, f32)), _const(wscale, f32))
             return arith.mulf(to_f32(a), inv_s)
 
         return _generic(out_t, [acc, amax], out,

@@ -26,8 +26,6 @@ from ..codegen.ternary_strategies import NAMES, emit_ternary_matmul
 from . import ternary_pack as tp
 from .registry import OpDef, REQUIRED, register
 
-TERNARY_EPS = 1e-5
-
 
 def _float_same(name):
     def infer(types, a):
@@ -75,7 +73,7 @@ def _ternarize_decompose(b, operands, attrs):
         s = b.scalar(float(attrs["scale"]), dt)
     else:
         m = b.mean(b.abs(w), axes=list(range(w.type.rank)), keepdims=True)
-        s = b.maximum(m, b.scalar(TERNARY_EPS, dt))
+        s = b.maximum(m, b.scalar(tp.SCALE_EPS, dt))
     r = b.div(w, s)
     one, zero = b.scalar(1.0, dt), b.scalar(0.0, dt)
     # clip(rint(r), -1, 1): rint(+-0.5) = 0, so strict comparisons are exact
@@ -100,8 +98,9 @@ def _act_quant_decompose(b, operands, attrs):
     (x,) = operands
     dt = x.dtype
     amax = b.max(b.abs(x), axes=[x.type.rank - 1], keepdims=True)
-    s = b.div(b.scalar(127.0, dt), b.maximum(amax, b.scalar(TERNARY_EPS, dt)))
-    xq = b.minimum(b.maximum(b.round(b.mul(x, s)), b.scalar(-127.0, dt)), b.scalar(127.0, dt))
+    top = float(tp.ACT_MAX)
+    s = b.div(b.scalar(top, dt), b.maximum(amax, b.scalar(tp.ACT_EPS, dt)))
+    xq = b.minimum(b.maximum(b.round(b.mul(x, s)), b.scalar(-top, dt)), b.scalar(top, dt))
     return b.div(xq, s)
 
 

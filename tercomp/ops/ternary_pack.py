@@ -48,6 +48,14 @@ KO_MAX = 64
 #: Preferred KI (lanes of the ki-parallel accumulator) for large K.
 KI_BASE = 64
 
+#: BitNet b1.58's constants, one definition for the NumPy reference, the tern decompositions
+#: (ops/ternary.py) and the compiled kernels (codegen/ternary_kernels.py):
+#: activations are quantized to [-ACT_MAX, ACT_MAX] with s = ACT_MAX / max(amax, ACT_EPS),
+#: and the absmean weight scale is at least SCALE_EPS.
+ACT_MAX = 127
+ACT_EPS = 1e-5
+SCALE_EPS = 1e-5
+
 _CODE_POS = 0b01
 _CODE_NEG = 0b10
 _CODE_BAD = 0b11
@@ -124,7 +132,7 @@ def absmean_ternarize(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(w))[0])
         raise TercompError(f"absmean_ternarize got a non-finite weight {w[bad]} at {bad}")
     w64 = w.astype(np.float64)
-    scale = np.float32(max(np.mean(np.abs(w64)), 1e-5))
+    scale = np.float32(max(np.mean(np.abs(w64)), SCALE_EPS))
     t = np.clip(np.rint(w64 / np.float64(scale)), -1, 1).astype(np.int8)
     return t, scale
 
@@ -151,7 +159,7 @@ def ternarize_with_scale(w: np.ndarray, scale) -> tuple[np.ndarray, np.float32]:
     return t, s
 
 
-def act_quant(x: np.ndarray, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]:
+def act_quant(x: np.ndarray, eps: float = ACT_EPS) -> tuple[np.ndarray, np.ndarray]:
     """Per-row absmax int8 quantization of activations (BitNet b1.58).
 
     Over the last axis: ``s = 127 / max(max|x_row|, eps)`` (shape ``[..., 1]``) and
@@ -171,8 +179,8 @@ def act_quant(x: np.ndarray, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray]
         raise TercompError(f"act_quant expects a non-empty last axis, got shape {x.shape}")
     dt = x.dtype.type
     amax = np.max(np.abs(x), axis=-1, keepdims=True)
-    s = dt(127) / np.maximum(amax, dt(eps))
-    xq = np.clip(np.rint(x * s), dt(-127), dt(127))
+    s = dt(ACT_MAX) / np.maximum(amax, dt(eps))
+    xq = np.clip(np.rint(x * s), dt(-ACT_MAX), dt(ACT_MAX))
     return xq, s
 
 
