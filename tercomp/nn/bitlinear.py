@@ -58,9 +58,12 @@ class BitLinear(Module):
                                f"of shape {shape}; its last dim must be {self.in_features}")
         if self.act_quant:
             x = apply("act_quant", x)
-        w = apply("ternarize", _traced(self.weight))
-        y = _t.matmul(x, w, transpose_b=True)
+        y = _t.matmul(x, self._ternary_weight(), transpose_b=True)
         return y + self.bias if self.bias is not None else y
+
+    def _ternary_weight(self):
+        """The ternary weights [out, in] as the traced matmul reads them."""
+        return apply("ternarize", _traced(self.weight))
 
     def ternary(self) -> tuple[np.ndarray, np.float32]:
         """(T int8 [out, in], scale float32): the weights as the compiled model uses them
@@ -119,16 +122,8 @@ class StoredBitLinear(BitLinear):
     def ternary(self) -> tuple[np.ndarray, np.float32]:
         return tp.unpack_ternary(self._packed, self.in_features), self._scale
 
-    def forward(self, x):
-        shape = tuple(getattr(x, "shape", np.shape(x)))
-        if len(shape) < 1 or shape[-1] != self.in_features:
-            raise TercompError(f"BitLinear({self.in_features}, {self.out_features}) got an input "
-                               f"of shape {shape}; its last dim must be {self.in_features}")
-        if self.act_quant:
-            x = apply("act_quant", x)
+    def _ternary_weight(self):
         # the packed bytes themselves enter the IR (no f32 copy): the ternary pass hands
         # them to the kernel as they are, and without it ternary_weight unpacks them
-        w = apply("ternary_weight", _traced(self._packed.view(np.int8), "packed"), k=self.in_features,
-                  scale=float(self._scale))
-        y = _t.matmul(x, w, transpose_b=True)
-        return y + self.bias if self.bias is not None else y
+        return apply("ternary_weight", _traced(self._packed.view(np.int8), "packed"),
+                     k=self.in_features, scale=float(self._scale))
