@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 import numpy as np
+from iree.compiler import ir
+from iree.compiler.dialects import arith, math, tensor
 
 from ..errors import TraceError
 from ..ir import TensorType
@@ -45,7 +47,6 @@ def _straight_through(b, op, cts):
 
 # -- round -----------------------------------------------------------------------------
 def _round_lower(ctx, op, operands):
-    from iree.compiler.dialects import math
     t = op.operands[0].type
     return [ctx.elementwise(operands, [t], op.results[0].type,
                             lambda v: math.RoundEvenOp(v).result)]
@@ -127,8 +128,6 @@ def _tw_reference(xs, a):
 
 
 def _tw_lower(ctx, op, operands):
-    from iree.compiler import ir
-    from iree.compiler.dialects import arith, tensor
     (p,) = op.operands
     n, kb = p.type.shape
     k, f32 = int(op.attrs["k"]), ir.F32Type.get()
