@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import run_filecheck
 from tercomp.errors import TercompError
 from tercomp.ops.ternary_pack import (KO_MAX, absmean_ternarize, act_quant, k_split,
                                       pack_ternary, padded_k, ternary_matmul_reference,
@@ -21,7 +22,8 @@ from tercomp.codegen import ternary_blocked  # noqa: E402
 from tercomp.codegen.iree_session import (HOST_CPU_FLAGS, build_and_compile,  # noqa: E402
                                           compile_module, new_session)
 from tercomp.codegen.ternary_strategies import (GEMV_MAX_M, NAMES, STRATEGIES,  # noqa: E402
-                                                TABLE, VNNI, check_strategy, choose_strategy,
+                                                AVX2, TABLE, VNNI, check_strategy,
+                                                choose_strategy, host_cpu_features,
                                                 emit_ternary_matmul, flags_for,
                                                 strategy_flags)
 
@@ -214,7 +216,8 @@ def test_kernel_matches_reference(strategy, aq):
             assert_matches_reference(y, ref, aq)
 
 
-@pytest.mark.parametrize("strategy", ["addsub", "int8", "vnni", "blocked", "dispatch"])
+@pytest.mark.parametrize("strategy", ["addsub", "int8", "vnni", "blocked", "dispatch", "avx2",
+                                      "dispatch-avx2"])
 def test_kernel_with_runtime_packed_weights(strategy):
     """`packed` may be a tensor<N x KB x i8> function argument instead of a constant."""
     rng = np.random.default_rng(11)
@@ -294,6 +297,86 @@ def test_vnni_matches_reference_at_full_vector_tiles(m, k, n):
                                rtol=1e-6)
 
 
+needs_avx2 = pytest.mark.skipif(AVX2 not in host_cpu_features(), reason="host CPU lacks AVX2")
+
+
+@needs_avx2
+@pytest.mark.parametrize("strategy,m,k,n", [("avx2", 1, 128, 4), ("avx2", 3, 4093, 12),
+                                            ("dispatch-avx2", DYN, 1536, 40)])
+def test_avx2_gemv_matches_reference(strategy, m, k, n):
+    """The hand-scheduled GEMV where it applies (K/4 a multiple of 32, N of 4, K not
+    always a multiple of 4): rows of all +1 / all -1 (the largest |sum|, which the i16
+    pair sums of one 128-weight step must hold), an outlier that leaves most of x small,
+    and both sides of the dispatch threshold, against the reference, exactly."""
+    rng = np.random.default_rng(k + n)
+    t = random_ternary(rng, n, k)
+    t[0], t[1] = 1, -1
+    packed = pack_ternary(t)
+    mod = compile_functions({"main": (m, k, lambda x: emit_ternary_matmul(
+        x, packed, k, n, 0.75, strategy=strategy, act_quant=True))}, strategy_flags(strategy))
+    for batch in ([m] if m is not None else [1, GEMV_MAX_M, GEMV_MAX_M + 3]):
+        x = (rng.standard_normal((batch, k)) * 3).astype(np.float32)
+        x[:, 0] = 100.0
+        y = mod.main(x).to_host()
+        assert_matches_reference(y, ternary_matmul_reference(x, packed, k, 0.75, True), True)
+        x = np.full((batch, k), 2.0, np.float32)
+        np.testing.assert_allclose(mod.main(x).to_host()[:, :2],
+                                   [[0.75 * 2.0 * k, -0.75 * 2.0 * k]] * batch, rtol=1e-6)
+
+
+@needs_avx2
+def test_avx2_gemv_with_runtime_packed_weights_and_the_ir_it_dispatches():
+    """`packed` as a function argument; the module holds one stream.executable per weight
+    shape, reached by flow.dispatch, whose loop multiplies with vpmaddubsw."""
+    k, n = 256, 8
+    rng = np.random.default_rng(5)
+    packed = pack_ternary(random_ternary(rng, n, k))
+    text = {}
+
+    def build():
+        p_type = ir.RankedTensorType.get(list(packed.shape), ir.IntegerType.get_signless(8))
+
+        @func.FuncOp.from_py_func(tensor_type(DYN, k), p_type)
+        def main(x, p):
+            a = emit_ternary_matmul(x, p, k, n, 0.5, strategy="avx2", act_quant=True)
+            b = emit_ternary_matmul(x, p, k, n, 0.25, strategy="avx2", act_quant=True)
+            return arith.addf(a, b)
+
+    text, vmfb = build_and_compile(build, [*HOST_CPU_FLAGS, *strategy_flags("avx2")])
+    run_filecheck(text, r"""
+# CHECK:     stream.executable private @tern_avx2_gemv_8x64
+# CHECK:       llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"
+# CHECK-NOT: stream.executable
+# CHECK:     flow.dispatch @tern_avx2_gemv_8x64::@gemv
+# CHECK:     flow.dispatch @tern_avx2_gemv_8x64::@gemv
+""")
+    mod = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
+    for batch in (1, 4):
+        x = rng.standard_normal((batch, k)).astype(np.float32)
+        ref = ternary_matmul_reference(x, packed, k, 0.75, True)
+        np.testing.assert_allclose(mod.main(x, packed.view(np.int8)).to_host(), ref,
+                                   rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_avx2_is_refused_where_it_cannot_compile(monkeypatch):
+    from tercomp.codegen import ternary_strategies
+    monkeypatch.setattr(ternary_strategies, "target_features", lambda targets: frozenset())
+    with pytest.raises(TercompError, match="'avx2' needs a CPU with avx2"):
+        check_strategy("avx2", ["llvm-cpu"])
+    with pytest.raises(TercompError, match="does not compile for llvm-cpu-generic"):
+        check_strategy("dispatch-avx2", ["llvm-cpu-generic"])
+    assert choose_strategy(1, 4096, 4096) == "addsub"
+
+
+@pytest.mark.parametrize("k,n,fits", [(4096, 4096, True), (1536, 4100, True),
+                                      (4000, 4096, False), (4096, 4098, False)])
+def test_avx2_is_auto_only_where_its_shape_fits(k, n, fits):
+    pick = choose_strategy(1, k, n, features=(AVX2,))
+    assert pick == ("avx2" if fits else "addsub")
+    assert choose_strategy(None, k, n, features=(AVX2,)) == ("dispatch-avx2" if fits else
+                                                             "dispatch")
+
+
 @pytest.mark.parametrize("features,decode,symbolic", [((VNNI,), "vnni", "dispatch-vnni"),
                                                      ((), "addsub", "dispatch")])
 def test_choose_strategy_per_shape_and_cpu(features, decode, symbolic):
@@ -318,7 +401,8 @@ def test_auto_never_picks_a_cpu_only_kernel_for_a_gpu(targets):
 
 def test_every_strategy_is_in_one_table():
     assert NAMES == tuple(r.name for r in TABLE)
-    assert {"dispatch-vnni", "dispatch", "vnni", "blocked", "addsub", "int8", "f32"} == set(NAMES)
+    assert {"dispatch-avx2", "dispatch-vnni", "dispatch", "avx2", "vnni", "blocked", "addsub",
+            "int8", "f32"} == set(NAMES)
     for r in TABLE:
         assert r.targets and r.summary and callable(r.emit) and callable(r.auto)
 
@@ -336,7 +420,8 @@ def test_strategy_flags():
     assert flags_for({"auto"}, ["llvm-cpu"]) == strategy_flags("dispatch")
 
 
-@pytest.mark.parametrize("strategy", ["vnni", "blocked", "dispatch", "dispatch-vnni"])
+@pytest.mark.parametrize("strategy", ["vnni", "blocked", "dispatch", "dispatch-vnni", "avx2",
+                                      "dispatch-avx2"])
 def test_cpu_only_kernels_are_refused_for_gpus(strategy):
     with pytest.raises(TercompError, match=f"{strategy!r} does not compile for vulkan") as e:
         check_strategy(strategy, ["llvm-cpu", "vulkan"])

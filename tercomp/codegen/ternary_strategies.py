@@ -9,8 +9,10 @@ in table order, that compiles for every target of the compile (on llvm-cpu: with
 host's features) and whose rule accepts the shape (M None: a symbolic batch).
 
     name           targets   auto picks it for
+    dispatch-avx2  host+AVX2 M symbolic: scf.if on M, avx2 for M <= 4, blocked above
     dispatch-vnni  CPU+VNNI  M symbolic: scf.if on M, vnni for M <= 4, blocked above
     dispatch       CPU       M symbolic: scf.if on M, addsub for M <= 4, blocked above
+    avx2           host+AVX2 M <= 4
     vnni           CPU+VNNI  M <= 4
     blocked        CPU       M > 4
     addsub         all       every other case (GPUs, CPU + GPU artifacts, decode
@@ -21,6 +23,11 @@ host's features) and whose rule accepts the shape (M None: a symbolic batch).
 
 Every strategy but int8 reads only the 2-bit constant, so one copy of each weight
 exists at run time (blocked unpacks NT rows at a time into a cache-sized temporary).
+"host+AVX2" is llvm-cpu (compiled for the host) on a CPU with AVX2, for K/4 a multiple of
+32 and N of 4 (`ternary_avx2.fits`); it is a hand-scheduled dispatch (`ternary_avx2`) and
+the only strategy that does not compile without its feature, so asking for it elsewhere
+fails by name. It comes before the vnni rows: on this project's AVX2 host it is the
+fastest decode kernel measured; on AVX-512 VNNI hosts it was not measured against vnni.
 CPU+VNNI is llvm-cpu on a host with AVX-512 VNNI (`vpdpbusd`); elsewhere (AVX2) "vnni"
 still compiles but LLVM widens the products to i32 `vpmaddwd`, slower than addsub.
 
@@ -63,6 +70,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, scf
 
 from ..errors import TercompError
+from . import ternary_avx2
 from .ternary_blocked import blocked
 from .ternary_kernels import _const, _Kernel, check_packed
 from .ternary_vnni import vnni
@@ -72,6 +80,7 @@ ALL_TARGETS = CPU_TARGETS + ("vulkan", "cuda")
 #: The largest M the dispatch strategies send to their decode kernel.
 GEMV_MAX_M = 4
 VNNI = "avx512_vnni"
+AVX2 = "avx2"
 
 _DATA_TILING = ("--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all")
 # Hoist the weight unpack (a constant expression that grows 4x or 16x) to module load:
@@ -88,8 +97,9 @@ class Strategy:
     flags: tuple[str, ...]
     targets: tuple[str, ...]
     feature: str | None                              # CPU feature "auto" requires
-    auto: Callable[[int | None], bool]               # M (None: symbolic) -> picked?
+    auto: Callable[[int | None, int, int], bool]     # (M or None: symbolic, K, N) -> picked?
     summary: str
+    needs_feature: bool = False                      # does not compile without `feature`
 
 
 def _f32(kern: _Kernel, act_quant: bool) -> ir.Value:
@@ -120,27 +130,48 @@ def _dispatch(small: str, large: str):
     return emit
 
 
-def _symbolic(m):
+def _symbolic(m, k, n):
     return m is None
 
 
-def _never(m):
+def _never(m, k, n):
     return False
 
 
+def _decode(m, k, n):
+    return m is not None and m <= GEMV_MAX_M
+
+
+def _avx2_fits(k, n):
+    return ternary_avx2.fits(-(-k // 4), n)
+
+
+def _avx2(kern: _Kernel) -> ir.Value:
+    # a packed matrix whose KB or N the kernel does not take gets the portable kernel
+    if not ternary_avx2.fits(kern.kb, kern.n):
+        return kern.addsub(integer=True, act_quant=True)
+    return ternary_avx2.emit(kern)
+
+
 TABLE = (
+    Strategy("dispatch-avx2", _dispatch("avx2", "blocked"), _DATA_TILING, ("llvm-cpu",), AVX2,
+             lambda m, k, n: m is None and _avx2_fits(k, n),
+             f"scf.if on M: avx2 for M <= {GEMV_MAX_M}, blocked above", needs_feature=True),
     Strategy("dispatch-vnni", _dispatch("vnni", "blocked"), _DATA_TILING, CPU_TARGETS, VNNI,
              _symbolic, f"scf.if on M: vnni for M <= {GEMV_MAX_M}, blocked above"),
     Strategy("dispatch", _dispatch("addsub", "blocked"), _DATA_TILING, CPU_TARGETS, None,
              _symbolic, f"scf.if on M: addsub for M <= {GEMV_MAX_M}, blocked above"),
-    Strategy("vnni", _int_only(vnni), (), CPU_TARGETS, VNNI,
-             lambda m: m is not None and m <= GEMV_MAX_M,
+    Strategy("avx2", _int_only(_avx2), (), ("llvm-cpu",), AVX2,
+             lambda m, k, n: _decode(m, k, n) and _avx2_fits(k, n),
+             "hand-scheduled GEMV (decode): vpmaddubsw on the 2-bit codes, 4 rows per "
+             "pass over x, software prefetch", needs_feature=True),
+    Strategy("vnni", _int_only(vnni), (), CPU_TARGETS, VNNI, _decode,
              "u8 codes x s8 activations reduced with vpdpbusd (decode)"),
     Strategy("blocked", _int_only(blocked), _DATA_TILING, CPU_TARGETS, None,
-             lambda m: m is not None and m > GEMV_MAX_M,
+             lambda m, k, n: m is not None and m > GEMV_MAX_M,
              "NT weight rows unpacked at a time, i8 matmul ukernel per block (prefill)"),
     Strategy("addsub", lambda kern, aq: kern.addsub(integer=aq, act_quant=aq), (),
-             ALL_TARGETS, None, lambda m: True,
+             ALL_TARGETS, None, lambda m, k, n: True,
              "int8 activations, masked add/sub over the 2-bit codes, i16 partial sums"),
     Strategy("int8", lambda kern, aq: kern.int8_matmul(aq), _DATA_TILING + _HOIST_TO_LOAD,
              ALL_TARGETS, None, _never,
@@ -187,6 +218,10 @@ def check_strategy(strategy, targets: Sequence[str] = ("llvm-cpu",), *,
             raise TercompError(f"ternary strategy {strategy!r} does not compile for "
                                f"{', '.join(missing)} (it supports {', '.join(row.targets)})",
                                hint=f"use ternary='auto' or one of {', '.join(fits)}")
+        if row.needs_feature and targets and row.feature not in target_features(targets):
+            raise TercompError(f"ternary strategy {strategy!r} needs a CPU with "
+                               f"{row.feature}, which this host lacks",
+                               hint="use ternary='auto' (it picks what the host has)")
     return strategy
 
 
@@ -203,7 +238,7 @@ def choose_strategy(m: int | None, k: int, n: int, targets: Sequence[str] = ("ll
     features = target_features(targets) if features is None else frozenset(features)
     for s in TABLE:
         if (all(t in s.targets for t in targets) and (s.feature is None or s.feature in features)
-                and s.auto(m)):
+                and s.auto(m, k, n)):
             return s.name
     raise TercompError(f"no ternary strategy compiles for {', '.join(targets)}")
 

@@ -1,0 +1,197 @@
+"""The "avx2" decode kernel: a hand-scheduled GEMV over the 2-bit constant, written as
+vector code in a `stream.executable` that the ternary matmul dispatches to with
+`flow.dispatch` (IREE compiles it like any dispatch, for the host CPU; no object file).
+
+Why hand-scheduled: IREE's vectorizer turns the portable `addsub` kernel into about 70
+instructions per 32 packed bytes on AVX2 (masks, selects, sign extensions), and the
+`vnni` form into `vpmovzxbd` + `vpmaddwd` on 8 products at a time. Neither reaches the
+memory limit at decode. This kernel is llama.cpp's TQ2_0 formulation (facts, not code):
+per 32 packed bytes of a row,
+
+    u  = (p & 0x55) + 0x55 - ((p >> 1) & 0x55)   every 2-bit code c (0, +1: 1, -1: 2)
+                                                  becomes u = w + 1 in {0, 1, 2}
+    s += vpmaddubsw((u >> 2j) & 3, x_j)           for the 4 planes j: u8 x s8 -> i16 pairs
+    a += vpmaddwd(s, 1)                           i16 pairs -> i32 lanes
+
+and y = (sum(a) - sum(x)) * scale * max|x| / 127 at the end (sum(w x) = sum(u x) - sum x).
+Four output rows share each load of x; no horizontal add inside the K loop; the rows are
+split into workgroups that IREE's task system spreads over the cores.
+
+Needs: llvm-cpu with AVX2, K/4 a multiple of 32 and N a multiple of 4 (the strategy
+table's rule checks it; other shapes take `addsub`).
+"""
+from __future__ import annotations
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith, flow, tensor
+
+from ..ops.ternary_pack import ACT_EPS, ACT_MAX
+
+#: Output rows that share one pass over x.
+ROWS = 4
+#: Packed bytes per row that one vector covers (32 bytes: 128 weights).
+CHUNK = 32
+
+
+def fits(k_bytes: int, n: int) -> bool:
+    """Whether the kernel takes a [N, KB] packed matrix."""
+    return k_bytes % CHUNK == 0 and n % ROWS == 0
+
+
+def _rows_per_workgroup(n: int) -> int:
+    """About 32 workgroups (both cores busy, and small tails), ROWS-aligned."""
+    per = -(-n // 32)
+    return max(ROWS, -(-per // ROWS) * ROWS)
+
+
+def executable_text(name: str, n: int, kb: int) -> str:
+    """The `stream.executable @name` whose `@gemv` computes, for x [M, 4 KB] i8, sx [M]
+    i32 (row sums of x), f [M] f32 (the dequantization factors) and w [N, KB] i8 packed,
+    out [M, N] f32 = (x @ T^T - 0) * f, T the ternary matrix of w."""
+    kp, rpw = 4 * kb, _rows_per_workgroup(n)
+    groups = -(-n // rpw)
+    v8, v16, v32 = "vector<32xi8>", "vector<16xi16>", "vector<8xi32>"
+    xt, wt, ot = f"memref<?x{kp}xi8>", f"memref<{n}x{kb}xi8>", f"memref<?x{n}xf32>"
+    mad = f'llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"'
+    madw = f'llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"'
+
+    body = []
+    for i in range(ROWS):
+        body += [
+            f"%row{i} = affine.apply affine_map<(d0) -> (d0 + {i})>(%r)",
+            f"%raw{i} = vector.load %w[%row{i}, %c] : {wt}, {v8}",
+            f"%lo{i} = arith.andi %raw{i}, %m55 : {v8}",
+            f"%hs{i} = arith.shrui %raw{i}, %s1 : {v8}",
+            f"%hi{i} = arith.andi %hs{i}, %m55 : {v8}",
+            f"%lp{i} = arith.addi %lo{i}, %m55 : {v8}",
+            f"%u{i} = arith.subi %lp{i}, %hi{i} : {v8}",
+        ]
+        for j in range(4):
+            if j == 0:
+                code = f"%q{i}_{j} = arith.andi %u{i}, %three : {v8}"
+            elif j < 3:
+                code = (f"%t{i}_{j} = arith.shrui %u{i}, %s{2 * j} : {v8}\n"
+                        f"%q{i}_{j} = arith.andi %t{i}_{j}, %three : {v8}")
+            else:
+                code = f"%q{i}_{j} = arith.shrui %u{i}, %s6 : {v8}"
+            body += [code, f"%e{i}_{j} = {mad}(%q{i}_{j}, %x{j}) : ({v8}, {v8}) -> {v16}"]
+        body += [
+            f"%f{i}a = arith.addi %e{i}_0, %e{i}_1 : {v16}",
+            f"%f{i}b = arith.addi %e{i}_2, %e{i}_3 : {v16}",
+            f"%g{i} = arith.addi %f{i}a, %f{i}b : {v16}",
+            f"%h{i} = {madw}(%g{i}, %ones16) : ({v16}, {v16}) -> {v32}",
+            f"%n{i} = arith.addi %a{i}, %h{i} : {v32}",
+        ]
+    x_loads = [f"%xo{j} = affine.apply affine_map<(d0) -> (d0 + {j * kb})>(%c)\n"
+               f"%x{j} = vector.load %x[%mi, %xo{j}] : {xt}, {v8}" for j in range(4)]
+    accs = ", ".join(f"%a{i} = %z32" for i in range(ROWS))
+    acc_types = ", ".join([v32] * ROWS)
+    yields = ", ".join(f"%n{i}" for i in range(ROWS))
+    stores = []
+    for i in range(ROWS):
+        stores += [
+            f"%red{i} = vector.reduction <add>, %acc#{i} : {v32} into i32",
+            f"%dif{i} = arith.subi %red{i}, %sx : i32",
+            f"%flt{i} = arith.sitofp %dif{i} : i32 to f32",
+            f"%y{i} = arith.mulf %flt{i}, %fm : f32",
+            f"%orow{i} = affine.apply affine_map<(d0) -> (d0 + {i})>(%r)",
+            f"memref.store %y{i}, %o[%mi, %orow{i}] : {ot}",
+        ]
+    nl = "\n"
+    return f"""
+stream.executable private @{name} {{
+  stream.executable.export public @gemv workgroups(%m: index) -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    %g = arith.constant {groups} : index
+    stream.return %g, %c1, %c1 : index, index, index
+  }}
+  builtin.module {{
+    func.func @gemv(%bx: !stream.binding, %bs: !stream.binding, %bf: !stream.binding,
+                    %bw: !stream.binding, %bo: !stream.binding, %m: index) {{
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %cr = arith.constant {ROWS} : index
+      %cc = arith.constant {CHUNK} : index
+      %ckb = arith.constant {kb} : index
+      %cn = arith.constant {n} : index
+      %rpw = arith.constant {rpw} : index
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {xt}{{%m}}
+      %s = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xi32>{{%m}}
+      %f = stream.binding.subspan %bf[%c0] : !stream.binding -> memref<?xf32>{{%m}}
+      %w = stream.binding.subspan %bw[%c0] : !stream.binding -> {wt}
+      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {ot}{{%m}}
+      %wg = stream.dispatch.workgroup.id[0] : index
+      %r0 = arith.muli %wg, %rpw : index
+      %r1u = arith.addi %r0, %rpw : index
+      %r1 = arith.minui %r1u, %cn : index
+      %three = arith.constant dense<3> : {v8}
+      %m55 = arith.constant dense<85> : {v8}
+      %s1 = arith.constant dense<1> : {v8}
+      %s2 = arith.constant dense<2> : {v8}
+      %s4 = arith.constant dense<4> : {v8}
+      %s6 = arith.constant dense<6> : {v8}
+      %ones16 = arith.constant dense<1> : {v16}
+      %z32 = arith.constant dense<0> : {v32}
+      scf.for %r = %r0 to %r1 step %cr {{
+        scf.for %mi = %c0 to %m step %c1 {{
+          %acc:{ROWS} = scf.for %c = %c0 to %ckb step %cc iter_args({accs}) -> ({acc_types}) {{
+            {nl.join(x_loads)}
+            {nl.join(body)}
+            scf.yield {yields} : {acc_types}
+          }}
+          %sx = memref.load %s[%mi] : memref<?xi32>
+          %fm = memref.load %f[%mi] : memref<?xf32>
+          {nl.join(stores)}
+        }}
+      }}
+      return
+    }}
+  }}
+}}
+"""
+
+
+def _module_of(block: ir.Block) -> ir.Operation:
+    op = block.owner
+    while op.name != "builtin.module":
+        op = op.parent
+    return op
+
+
+def _ensure_executable(name: str, n: int, kb: int) -> None:
+    """Add `stream.executable @name` to the enclosing module once."""
+    module = _module_of(ir.InsertionPoint.current.block)
+    body = module.regions[0].blocks[0]
+    for op in body.operations:
+        sym = op.attributes["sym_name"] if "sym_name" in op.attributes else None
+        if sym is not None and ir.StringAttr(sym).value == name:
+            return
+    exe = ir.Operation.parse(executable_text(name, n, kb))
+    ir.InsertionPoint(body.operations[0]).insert(exe)       # body holds the function
+
+
+def emit(kern) -> ir.Value:
+    """y [M, N] f32 for the `_Kernel` `kern` (activation quantization always on)."""
+    from .ternary_kernels import _amap, _generic, _PAR, _RED, _const   # noqa: PLC0415
+    f32, i8, i32 = kern.f32, kern.i8, kern.i32
+    amax = kern.row_absmax()
+    xq = kern.pad_k(kern.quantize(amax, i8))
+    sx = _generic(kern.ttype([], i32), [xq], kern.zeros([], i32),
+                  [_amap(2, [0, 1]), _amap(2, [0])], [_PAR, _RED],
+                  lambda v, acc: arith.addi(acc, arith.extsi(i32, v)))
+    wscale = float(kern.scale / ACT_MAX)
+
+    def factor(am, _o):
+        return arith.mulf(arith.maximumf(am, _const(ACT_EPS, f32)), _const(wscale, f32))
+
+    fac = _generic(kern.ttype([], f32), [amax], kern.empty([], f32),
+                   [_amap(1, [0]), _amap(1, [0])], [_PAR], factor)
+    name = f"tern_avx2_gemv_{kern.n}x{kern.kb}"
+    _ensure_executable(name, kern.n, kern.kb)
+    m = kern.m_values[0] if kern.m_values else _const(kern.m, kern.index)
+    dims = list(kern.m_values)
+    op = flow.DispatchOp(
+        [kern.ttype([kern.n], f32)], [m],
+        ir.ArrayAttr.get([ir.SymbolRefAttr.get([name, "gemv"])]),
+        [xq, sx, fac, kern.pin_weights(), m], dims * 3, dims)
+    return op.result
