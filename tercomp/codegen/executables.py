@@ -1,0 +1,40 @@
+"""Hand-written dispatches: a `stream.executable` given as MLIR text (vector code over
+memref bindings, compiled by IREE like any dispatch) is added once to the module being
+built, and `dispatch` calls one of its exports with `flow.dispatch` at the current
+insertion point. The kernels are `ternary_avx2` (the ternary decode GEMV) and
+`dense_avx2` (the narrow-weight output layer)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from iree.compiler import ir
+from iree.compiler.dialects import flow
+
+
+def _module_body(block: ir.Block) -> ir.Block:
+    op = block.owner
+    while op.name != "builtin.module":
+        op = op.parent
+    return op.regions[0].blocks[0]
+
+
+def ensure_executable(name: str, text) -> None:
+    """Add `stream.executable @name` (text, or a callable returning it) to the enclosing
+    module unless one of that name is there already."""
+    body = _module_body(ir.InsertionPoint.current.block)
+    for op in body.operations:
+        if "sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return
+    exe = ir.Operation.parse(text() if callable(text) else text)
+    ir.InsertionPoint(body.operations[0]).insert(exe)      # the body holds the function
+
+
+def dispatch(executable: str, entry: str, workload: Sequence[ir.Value], args: Sequence[ir.Value],
+             arg_dims: Sequence[ir.Value], result_type: ir.Type,
+             result_dims: Sequence[ir.Value]) -> ir.Value:
+    """`flow.dispatch @executable::@entry[workload](args)`; `arg_dims` are the dynamic
+    sizes of the tensor arguments in order, `result_dims` those of the result."""
+    op = flow.DispatchOp([result_type], list(workload),
+                         ir.ArrayAttr.get([ir.SymbolRefAttr.get([executable, entry])]),
+                         list(args), list(arg_dims), list(result_dims))
+    return op.result
