@@ -347,8 +347,8 @@ def test_avx2_gemv_with_runtime_packed_weights_and_the_ir_it_dispatches():
 # CHECK:     stream.executable private @tern_avx2_gemv_8x64
 # CHECK:       llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"
 # CHECK-NOT: stream.executable
-# CHECK:     flow.dispatch @tern_avx2_gemv_8x64::@gemv
-# CHECK:     flow.dispatch @tern_avx2_gemv_8x64::@gemv
+# CHECK:     flow.dispatch @tern_avx2_gemv_8x64::@tern_avx2_gemv_8x64
+# CHECK:     flow.dispatch @tern_avx2_gemv_8x64::@tern_avx2_gemv_8x64
 """)
     mod = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
     for batch in (1, 4):

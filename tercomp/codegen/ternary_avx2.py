@@ -51,7 +51,7 @@ def _rows_per_workgroup(n: int) -> int:
 
 
 def executable_text(name: str, n: int, kb: int) -> str:
-    """The `stream.executable @name` whose `@gemv` computes, for x [M, 4 KB] i8, sx [M]
+    """The `stream.executable @name` whose export `@name` computes, for x [M, 4 KB] i8, sx [M]
     i32 (row sums of x), f [M] f32 (the dequantization factors) and w [N, KB] i8 packed,
     out [M, N] f32 = (x @ T^T - 0) * f, T the ternary matrix of w."""
     kp, rpw = 4 * kb, _rows_per_workgroup(n)
@@ -110,13 +110,13 @@ def executable_text(name: str, n: int, kb: int) -> str:
     nl = "\n"
     return f"""
 stream.executable private @{name} {{
-  stream.executable.export public @gemv workgroups(%m: index) -> (index, index, index) {{
+  stream.executable.export public @{name} workgroups(%m: index) -> (index, index, index) {{
     %c1 = arith.constant 1 : index
     %g = arith.constant {groups} : index
     stream.return %g, %c1, %c1 : index, index, index
   }}
   builtin.module {{
-    func.func @gemv(%bx: !stream.binding, %bs: !stream.binding, %bf: !stream.binding,
+    func.func @{name}(%bx: !stream.binding, %bs: !stream.binding, %bf: !stream.binding,
                     %bw: !stream.binding, %bo: !stream.binding, %m: index) {{
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
@@ -181,5 +181,5 @@ def emit(kern) -> ir.Value:
     ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb))
     m = kern.m_values[0] if kern.m_values else _const(kern.m, kern.index)
     dims = list(kern.m_values)
-    return dispatch(name, "gemv", [m], [xq, sx, fac, kern.pin_weights(), m], dims * 3,
+    return dispatch(name, name, [m], [xq, sx, fac, kern.pin_weights(), m], dims * 3,
                     kern.ttype([kern.n], f32), dims)

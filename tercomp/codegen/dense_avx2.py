@@ -1,0 +1,122 @@
+"""The output-layer kernel of a language model on an AVX2 host: y[M, N] = x[M, K] @ W^T
+with W [N, K] stored in f16 and widened in registers (`vcvtph2ps`), so a decode step
+reads 2 bytes per weight. A hand-written dispatch like `ternary_avx2` (same reasons:
+IREE's data tiling re-lays out a widening matmul's weights on every call, 146 ms a
+token at the 700M shape, and without data tiling its generic GEMV ran at ~5 GB/s):
+
+    for 4 rows at a time (then the remaining rows one by one):
+        for each row m of x:
+            acc_r += f32(W[r, k:k+16]) * x[m, k:k+16]      16 lanes, 2 FMA chains a row
+            (each row's bytes prefetched two row groups ahead)
+        y[m, r] = sum(acc_r)
+
+The rows are split into about 32 workgroups. M may be anything (a prefill that wants
+every position's logits re-reads each row group from L1 per row of x).
+"""
+from __future__ import annotations
+
+from iree.compiler import ir
+
+from .executables import dispatch, ensure_executable
+
+ROWS = 4
+LANES = 16
+PREFETCH_ROWS = 8
+
+
+def fits(k: int) -> bool:
+    return k % LANES == 0
+
+
+def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str) -> str:
+    """The loop nest for `rows` rows starting at %r{tag}."""
+    vf, vh = f"vector<{LANES}xf32>", f"vector<{LANES}xf16>"
+    r = f"%r{tag}"
+    loads = [f"%xv = vector.load %x[%mi, %c] : {xt}, {vf}"]
+    for i in range(rows):
+        loads += [
+            f"%row{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({r})",
+            f"%wh{i} = vector.load %w[%row{i}, %c] : {wt}, {vh}",
+            f"%pre{i} = affine.apply affine_map<(d0) -> (d0 + {PREFETCH_ROWS})>(%row{i})",
+            f"memref.prefetch %w[%pre{i}, %c], read, locality<0>, data : {wt}",
+            f"%wf{i} = arith.extf %wh{i} : {vh} to {vf}",
+            f"%n{i} = vector.fma %wf{i}, %xv, %a{i} : {vf}",
+        ]
+    accs = ", ".join(f"%a{i} = %zf" for i in range(rows))
+    types = ", ".join([vf] * rows)
+    stores = []
+    for i in range(rows):
+        stores += [
+            f"%y{i} = vector.reduction <add>, %acc#{i} : {vf} into f32",
+            f"%orow{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({r})",
+            f"memref.store %y{i}, %o[%mi, %orow{i}] : {ot}",
+        ]
+    nl = "\n"
+    return f"""
+          scf.for %mi = %c0 to %m step %c1 {{
+            %acc:{rows} = scf.for %c = %c0 to %ck step %cl iter_args({accs}) -> ({types}) {{
+              {nl.join(loads)}
+              scf.yield {", ".join(f"%n{i}" for i in range(rows))} : {types}
+            }}
+            {nl.join(stores)}
+          }}"""
+
+
+def executable_text(name: str, n: int, k: int) -> str:
+    """`stream.executable @name` whose export `@name` maps x [M, K] f32 and w [N, K] f16 to
+    x @ f32(w)^T [M, N] f32."""
+    per = -(-n // 32)
+    rpw = max(ROWS, -(-per // ROWS) * ROWS)
+    groups = -(-n // rpw)
+    xt, wt, ot = f"memref<?x{k}xf32>", f"memref<{n}x{k}xf16>", f"memref<?x{n}xf32>"
+    return f"""
+stream.executable private @{name} {{
+  stream.executable.export public @{name} workgroups(%m: index) -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    %g = arith.constant {groups} : index
+    stream.return %g, %c1, %c1 : index, index, index
+  }}
+  builtin.module {{
+    func.func @{name}(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding,
+                    %m: index) {{
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %cr = arith.constant {ROWS} : index
+      %ck = arith.constant {k} : index
+      %cl = arith.constant {LANES} : index
+      %cn = arith.constant {n} : index
+      %rpw = arith.constant {rpw} : index
+      %zf = arith.constant dense<0.0> : vector<{LANES}xf32>
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {xt}{{%m}}
+      %w = stream.binding.subspan %bw[%c0] : !stream.binding -> {wt}
+      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {ot}{{%m}}
+      %wg = stream.dispatch.workgroup.id[0] : index
+      %r0 = arith.muli %wg, %rpw : index
+      %r1u = arith.addi %r0, %rpw : index
+      %r1 = arith.minui %r1u, %cn : index
+      %span = arith.subi %r1, %r0 : index
+      %groups = arith.divui %span, %cr : index
+      %whole = arith.muli %groups, %cr : index
+      %rg = arith.addi %r0, %whole : index
+      scf.for %rb = %r0 to %rg step %cr {{{_row_block(ROWS, k, xt, wt, ot, "b")}
+      }}
+      scf.for %rt = %rg to %r1 step %c1 {{{_row_block(1, k, xt, wt, ot, "t")}
+      }}
+      return
+    }}
+  }}
+}}
+"""
+
+
+def emit(x: ir.Value, w: ir.Value, m_dim: ir.Value, n: int, k: int) -> ir.Value:
+    """y [M, N] f32 for x tensor<M x K x f32> (M static or dynamic; `m_dim` its index
+    value) and w tensor<N x K x f16>, at the current insertion point."""
+    name = f"tern_avx2_f16_gemv_{n}x{k}"
+    ensure_executable(name, lambda: executable_text(name, n, k))
+    x_t = ir.RankedTensorType(x.type)
+    dynamic = x_t.is_dynamic_dim(0)
+    dims = [m_dim] if dynamic else []
+    out_t = ir.RankedTensorType.get([x_t.get_dim_size(0) if not dynamic
+                                     else ir.ShapedType.get_dynamic_size(), n], ir.F32Type.get())
+    return dispatch(name, name, [m_dim], [x, w, m_dim], dims, out_t, dims)
