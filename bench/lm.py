@@ -9,7 +9,8 @@ bitnet_b1_58-large shape with `gguf` (hidden 1536, FFN 4096, 24 layers, 16 heads
 vocab 32002), then measures, each engine in its own fresh process with 2 threads:
 
 - compile time: cold (load + pack + IREE compile, empty compile cache) and cached;
-- prefill: a 128-token prompt, tokens/s (best of 3);
+- prefill: a 128-token prompt, tokens/s (best of 3), computing the last position's logits
+  as llama.cpp's `eval` and generation do; tercomp also with all 128 positions' logits;
 - decode: 64 tokens after that prompt, tokens/s (best of 3);
 - decode at position 64 with max_seq 2048 vs 128 (the cache must cost O(position));
 - resident memory (VmRSS) after warm-up, the cache sized n_ctx = max_seq.
@@ -96,11 +97,13 @@ def worker_tercomp_compile(a):
     out = {}
     for kind in ("cold", "cached"):
         t = time.perf_counter()
-        gen = tc.compile_lm(models.load(a.model), max_seq=a.max_seq, threads=a.threads)
+        gen = tc.compile_lm(models.load(a.model), max_seq=a.max_seq, threads=a.threads,
+                            output_dtype=a.output_dtype)
         out[f"compile_{kind}_s"] = time.perf_counter() - t
     gen.save(a.artifact)
     if a.scaling:       # the same model with a short cache, for the O(position) check
-        gen = tc.compile_lm(models.load(a.model), max_seq=128, threads=a.threads)
+        gen = tc.compile_lm(models.load(a.model), max_seq=128, threads=a.threads,
+                            output_dtype=a.output_dtype)
         gen.save(a.artifact + ".128")
     return out
 
@@ -110,7 +113,10 @@ def worker_tercomp_run(a):
     gen = tc.load(a.artifact, threads=a.threads)
     prompt = np.random.default_rng(1).integers(0, a.vocab, a.prompt).astype(np.int32)
     gen.prefill(prompt)                                     # warm-up
-    out = {"prefill_tps": best_rate(lambda: gen.prefill(prompt), a.prompt, a.repeat)}
+    # as llama.cpp's eval and generate: the logits of the last position only
+    out = {"prefill_tps": best_rate(lambda: gen.prefill(prompt, logits_to_keep=1), a.prompt,
+                                    a.repeat),
+           "prefill_all_tps": best_rate(lambda: gen.prefill(prompt), a.prompt, a.repeat)}
 
     def decode():
         gen.prefill(prompt)
@@ -146,7 +152,7 @@ def worker_llama(a):
     out = {"compile_cold_s": time.perf_counter() - t}
     prompt = np.random.default_rng(1).integers(0, a.vocab, a.prompt).tolist()
 
-    def prefill():
+    def prefill():      # logits_all=False (the default): the last position's logits only
         llm.reset()
         llm.eval(prompt)
     prefill()
@@ -190,6 +196,8 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--max-seq", type=int, default=2048)
     p.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    p.add_argument("--output-dtype", default="float16", choices=("float16", "float32"),
+                   help="tercomp's output layer (compile_lm output_dtype)")
     p.add_argument("--no-scaling", dest="scaling", action="store_false",
                    help="skip the max_seq 128 compile of the O(position) check")
     p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "tercomp-bench-lm"))
@@ -199,7 +207,7 @@ def main():
     a = p.parse_args()
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
                      ("layers", "hidden", "ffn", "heads", "vocab", "threads", "prompt", "gen",
-                      "repeat", "max-seq")] + ([] if a.scaling else ["--no-scaling"])
+                      "repeat", "max-seq", "output-dtype")] + ([] if a.scaling else ["--no-scaling"])
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
@@ -227,11 +235,13 @@ def main():
     if peer:
         rows["llama.cpp"] = run_worker("llama", a) or {}
     keys = [("decode_tps", "decode tokens/s", "{:.1f}"), ("prefill_tps", f"prefill pp{a.prompt} tokens/s", "{:.1f}"),
+            ("prefill_all_tps", f"prefill pp{a.prompt}, all logits", "{:.1f}"),
             ("rss_mb", "resident memory MiB", "{:.0f}"), ("compile_cold_s", "compile cold s", "{:.1f}"),
             ("compile_cached_s", "compile cached s", "{:.1f}"),
             ("decode_pos64_ms", f"decode @64, max_seq {a.max_seq} ms", "{:.2f}"),
             ("decode_pos64_ms_seq128", "decode @64, max_seq 128 ms", "{:.2f}")]
-    print(f"model {tag}, {a.threads} threads, prompt {a.prompt}, {a.gen} new tokens, best of {a.repeat}")
+    print(f"model {tag}, {a.threads} threads, prompt {a.prompt}, {a.gen} new tokens, best of "
+          f"{a.repeat}, tercomp output layer {a.output_dtype}")
     print(f"{'':34}" + "".join(f"{n:>14}" for n in rows) + ("       ratio" if peer else ""))
     for k, label, fmt in keys:
         vals = [rows[n].get(k) for n in rows]

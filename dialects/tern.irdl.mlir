@@ -501,6 +501,15 @@ irdl.dialect @tern {
     %3 = irdl.any
     irdl.results(r0: %3)
   }
+  irdl.operation @widening_matmul {
+    %0 = irdl.any
+    %1 = irdl.any
+    irdl.operands(x0: %0, x1: %1)
+    %2 = irdl.any
+    irdl.attributes {"kernel" = %2}
+    %3 = irdl.any
+    irdl.results(r0: %3)
+  }
   irdl.operation @yield {
     %0 = irdl.any
     irdl.operands(operands: variadic %0)

@@ -4,8 +4,11 @@ One IREE module with two entry points over ONE copy of the weights (2-bit packed
 ternary projections, read as parameters that both functions load) and a KV cache that
 lives on the device as mutable globals (tercomp/codegen/state.py):
 
-    prefill(ids: i32 [T], start: i32) -> logits [T, vocab]    T dynamic: one call per prompt
-    decode(ids: i32 [1], start: i32)  -> logits [1, vocab]    the same step, T = 1
+    prefill(ids: i32 [T], start: i32, rows: i32 [L]) -> logits [L, vocab]
+    decode(ids: i32 [1], start: i32, rows: i32 [1]) -> logits [1, vocab]
+
+T dynamic (one call per prompt); `rows` picks the positions of the call whose logits are
+computed (all of them for teacher-forced logits, the last one to generate).
 
 Both run one traced step (`_Step.forward`): embed, then per layer RoPE'd q/k/v,
 `cache_write` of this call's k/v rows at `start`, `cached_attention` over cache rows
@@ -36,7 +39,7 @@ from .codegen.params import ParamTable, parameterized
 from .codegen.state import Entry, StateVar, to_stateful_mlir
 from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
                               target_flags)
-from .codegen.ternary_strategies import check_strategy, flags_for
+from .codegen.ternary_strategies import AVX2, check_strategy, flags_for, target_features
 from .errors import TercompError
 from .ir import TensorType
 from .models.bitnet import BitNetLM, apply_rope, rope_tables
@@ -63,22 +66,46 @@ SHARED_STEP = True
 
 
 class _Step(nn.Module):
-    """One step of the LM over the KV cache: (ids [T], start, caches) -> (logits [T,
-    vocab], caches). `caches` is [k_0, v_0, k_1, v_1, ...], each [max_seq, KV, D]."""
+    """One step of the LM over the KV cache: (ids [T], start, rows [L], caches) ->
+    (logits [L, vocab] of the positions `rows` of this call, caches). `caches` is [k_0,
+    v_0, k_1, v_1, ...], each [max_seq, KV, D]. `rows` lets a prompt ask for the last
+    position's logits only (what generation needs), so the output layer, the largest
+    matmul of a step, runs on one row instead of T.
 
-    def __init__(self, lm: BitNetLM, max_seq: int, kv_dtype: str):
+    The output layer (and, tied, the token embedding: one copy) is read from `_table`
+    stored in f16 by default, widened in registers (`tern.widening_matmul`)."""
+
+    def __init__(self, lm: BitNetLM, max_seq: int, kv_dtype: str,
+                 output_dtype: str = "float16", kernel: str = "generic"):
         self.lm = lm
         c = lm.config
         cos, sin = rope_tables(c, np.arange(max_seq))
         self._cos, self._sin = cos, sin           # [max_seq, D/2]: not parameters
         self._kv_dtype = kv_dtype
+        self._kernel = kernel
+        self._table = None
+        if OUTPUT_DTYPES[output_dtype] is not None:
+            w = lm.lm_head.weight if lm.lm_head is not None else lm.embed_tokens.weight
+            self._table = np.asarray(w, np.float32).astype(OUTPUT_DTYPES[output_dtype])
 
-    def forward(self, ids, start, caches):
+    def _embed(self, ids):
+        """[1, T, hidden]: rows of the output table when the embedding is tied to it."""
+        if self._table is None or self.lm.lm_head is not None:
+            return self.lm.embed_tokens(_t.expand_dims(ids, 0))
+        return _t.expand_dims(_t.take(self._table, ids, axis=0).astype("float32"), 0)
+
+    def _logits(self, h):
+        """[L, vocab] for final-normed hidden states h [L, hidden]."""
+        if self._table is None:
+            return self.lm.logits(h)
+        return apply("widening_matmul", h, self._table, kernel=self._kernel)
+
+    def forward(self, ids, start, rows, caches):
         lm, c = self.lm, self.lm.config
         h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         pos = apply("arange", ids, start)
         cos, sin = _t.take(self._cos, pos, axis=0), _t.take(self._sin, pos, axis=0)
-        x = lm.embed_tokens(_t.expand_dims(ids, 0))                  # [1, T, hidden]
+        x = self._embed(ids)                                         # [1, T, hidden]
         out = []
         for i, layer in enumerate(lm.layers):
             a = layer.attn
@@ -93,8 +120,13 @@ class _Step(nn.Module):
             x = x + a.o_proj(a.attn_sub_norm(o.reshape(1, -1, h * d)))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             out += [kc, vc]
-        logits = lm.logits(lm.norm(x))
-        return logits.reshape(-1, c.vocab_size), out
+        last = _t.take(x.reshape(-1, c.hidden_size), rows, axis=0)   # [L, hidden]
+        return self._logits(lm.norm(last)), out
+
+
+#: compile_lm's output_dtype choices -> the NumPy dtype of the output table (None: the
+#: model's own f32 arrays)
+OUTPUT_DTYPES = {"float16": np.float16, "float32": None}
 
 
 def _check_args(lm, max_seq, kv_dtype):
@@ -129,7 +161,8 @@ def _share_constants(graphs) -> None:
 def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, target="llvm-cpu",
                ternary: str = "auto", device: str | None = None, threads: int | None = None,
                cache: bool = True, dump_dir: str | None = None, flags=(), isolate: bool = False,
-               check_numerics: bool | None = None) -> LMGenerator:
+               check_numerics: bool | None = None,
+               output_dtype: str = "float16") -> LMGenerator:
     """Compile `lm` (a models.BitNetLM) into a generator with `prefill`, `decode`,
     `generate`, `reset` and `save` (tercomp.runtime.generator.LMGenerator).
 
@@ -140,6 +173,12 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     prefill may differ). The cache of each layer is two `[max_seq, kv_heads, head_dim]`
     globals on the device; a decode step transfers one token id in and the logits out.
 
+    `output_dtype` is how the output layer (and the token embedding, when tied: one
+    table serves both) is stored and read on every step, which at 700M parameters is
+    more than a third of a decode step's memory traffic: "float16" (default; llama.cpp
+    keeps it so, and a GGUF's f16 embedding is exact in it) or "float32" (the model's own
+    arrays, twice the bytes).
+
     `isolate` and `check_numerics` are as in tc.compile (with check_numerics, a NaN or Inf
     raises NumericsError after the step, whose cache rows are then already written).
 
@@ -147,8 +186,13 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     >>> gen.generate([1, 15043], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=1)
     """
     max_seq, kv = _check_args(lm, max_seq, kv_dtype)
+    if output_dtype not in OUTPUT_DTYPES:
+        raise TercompError(f"compile_lm: output_dtype must be one of "
+                           f"{', '.join(map(repr, OUTPUT_DTYPES))}, got {output_dtype!r}")
     targets = resolve_targets(target)
     names = [t.name for t in targets]
+    # the hand-written f16 GEMV where the module is for this host and it has AVX2
+    kernel = "avx2" if AVX2 in target_features(names) else "generic"
     check_strategy(ternary, names)
     device = pick_device(names, device)
     check_threads(names, device, threads)
@@ -162,7 +206,8 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
         # Keyed on the model and the options, not on the traced IR: a hit skips tracing,
         # the passes and the lowering, which cost more than IREE for a large model.
         key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv,
-                                ternary, "\0".join(names), "\0".join(user_flags), SHARED_STEP,
+                                ternary, output_dtype, kernel, "\0".join(names),
+                                "\0".join(user_flags), SHARED_STEP,
                                 numerics_enabled(check_numerics),
                                 __version__, IREE_VERSION)
         hit = compile_cache.lookup(key)
@@ -171,7 +216,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
             exe = from_parts(cached, vmfb, irpa, device=device, threads=threads, cache_key=key,
                              cache_hit=True, lm=meta["lm"])
             return LMGenerator(exe)
-    exe = _build(step=_Step(lm, max_seq, kv), config=c, cache_type=TensorType(
+    exe = _build(step=_Step(lm, max_seq, kv, output_dtype, kernel), config=c, cache_type=TensorType(
         (max_seq, c.num_key_value_heads, c.head_dim), kv), ternary=ternary, names=names,
         user_flags=user_flags, dump_dir=dump_dir, meta=meta, device=device, threads=threads,
         isolate=isolate, numerics=numerics_enabled(check_numerics))
@@ -194,13 +239,14 @@ def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta,
     shapes = (("prefill", "T"),) if SHARED_STEP else (("prefill", "T"), ("decode", 1))
     for entry, t in shapes:
         dumper = Dumper(os.path.join(dump_dir, entry) if dump_dir else None)
-        g = trace(step, spec((t,), "int32"), spec((), "int32"), caches, name=f"{entry}_step")
+        g = trace(step, spec((t,), "int32"), spec((), "int32"), spec(("L",), "int32"), caches,
+                  name=f"{entry}_step")
         graphs[entry] = run_pipeline(g, pipeline, dumper)
         stages.update({f"{entry}.{k}": v for k, v in dumper.stages.items()})
     if len(graphs) > 1:
         _share_constants(graphs.values())
     state = [StateVar(f"kv{i}", cache_type) for i in range(n)]
-    bind_in = {2 + i: f"kv{i}" for i in range(n)}
+    bind_in = {3 + i: f"kv{i}" for i in range(n)}
     bind_out = {1 + i: f"kv{i}" for i in range(n)}
     entries = [Entry(e, graphs.get(e, graphs["prefill"]), bind_in, bind_out)
                for e in ("prefill", "decode")]

@@ -120,6 +120,9 @@ def _check_unchanged(gen, full, pos):
     (lambda g: g.prefill([]), "cache holds"),
     (lambda g: g.prefill(np.array([[1, 2]], np.int32)), "1-D"),
     (lambda g: g.prefill([5, 300]), "out of range"),
+    (lambda g: g.prefill(IDS[:5], logits_to_keep=0), "logits_to_keep"),
+    (lambda g: g.prefill(IDS[:5], logits_to_keep=6), "logits_to_keep"),
+    (lambda g: g.prefill(IDS[:5], logits_to_keep=1.0), "logits_to_keep"),
     (lambda g: g.generate(IDS[:5], max_new_tokens=MAX_SEQ), "cache positions"),
     (lambda g: g.generate(IDS[:5], temperature=-1), "temperature"),
     (lambda g: g.generate(IDS[:5], top_p=0), "top_p"),
@@ -131,6 +134,54 @@ def test_bad_input_leaves_the_cache_unchanged(gen, full, call, match):
     with pytest.raises(tc.TercompError, match=match):
         call(gen)
     _check_unchanged(gen, full, 7)
+
+
+def test_prefill_keeps_the_last_logits_only(gen, full):
+    """logits_to_keep=n computes the output layer for the last n positions: the same
+    numbers as those rows of the full prefill (every op after the row pick is per row),
+    and the same cache, so decoding continues alike."""
+    for n in (1, 3, len(IDS)):
+        got = gen.prefill(IDS, logits_to_keep=n)
+        assert got.shape == (n, 300)
+        np.testing.assert_array_equal(got, full[-n:])
+    gen.prefill(IDS[:7], logits_to_keep=1)
+    _check_unchanged(gen, full, 7)
+
+
+def test_output_table_is_f16_and_shared_with_the_embedding(gen, lm_file, full):
+    """The tied embedding and output layer are ONE f16 table; on an AVX2 host the output
+    layer is the hand-written f16 GEMV. output_dtype="float32" keeps the model's f32
+    arrays; both agree with the reference."""
+    from conftest import run_filecheck
+    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    text = gen.exe.ir("mlir")
+    globals_ = [line for line in text.splitlines() if "util.global private" in line]
+    assert sum(line.endswith("tensor<300x256xf16>") for line in globals_) == 1, globals_
+    assert not any(line.endswith("x256xf32>") for line in globals_), globals_
+    if AVX2 in host_cpu_features():
+        run_filecheck(text, r"""
+# CHECK: stream.executable private @tern_avx2_f16_gemv_300x256
+# CHECK: util.global private @[[T:.*]] = {{.*}} : tensor<300x256xf16>
+# CHECK: flow.dispatch @tern_avx2_f16_gemv_300x256::@tern_avx2_f16_gemv_300x256
+""")
+    f32 = tc.compile_lm(models.load(lm_file), max_seq=MAX_SEQ, output_dtype="float32")
+    assert not any(line.endswith("tensor<300x256xf16>") for line in
+                   f32.exe.ir("mlir").splitlines() if "util.global private" in line)
+    w, _ = R.read_gguf_weights(lm_file)
+    ref = R.reference_logits(w, CFG, IDS[None], act="token")[0]
+    assert_close_logits(f32.prefill(IDS), ref)
+    assert_close_logits(f32.prefill(IDS), full)
+    with pytest.raises(tc.TercompError, match="output_dtype"):
+        tc.compile_lm(models.load(lm_file), max_seq=16, output_dtype="int4")
+
+
+def test_artifact_of_an_older_step_is_refused(gen):
+    import copy
+    old = copy.copy(gen.exe)
+    old.meta = {**gen.exe.meta, "lm": {k: v for k, v in gen.exe.meta["lm"].items()
+                                       if k != "step_inputs"}}
+    with pytest.raises(tc.TercompError, match="older tercomp"):
+        LMGenerator(old)
 
 
 def test_decode_before_prefill_and_full_cache(gen):

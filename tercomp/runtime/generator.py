@@ -26,6 +26,10 @@ from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
 
 KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
+#: The compiled step's inputs before the caches (tercomp/generate.py); an artifact whose
+#: metadata names others was compiled by an older tercomp.
+STEP_INPUTS = ("ids", "start", "rows")
+_FIRST_ROW = np.zeros(1, np.int32)
 
 
 def _ids(ids, vocab: int, what: str) -> np.ndarray:
@@ -60,6 +64,10 @@ class LMGenerator:
         if not isinstance(info, dict) or not {"config", "max_seq", "kv_dtype"} <= set(info):
             raise TercompError("this module is not a compiled language model (no 'lm' metadata)",
                                hint="compile one with tc.compile_lm(lm)")
+        if info.get("step_inputs") != list(STEP_INPUTS):
+            raise TercompError("this language model artifact was compiled by an older tercomp "
+                               "(its step takes no `rows` input)",
+                               hint="compile it again with tc.compile_lm or `tercomp generate`")
         self.exe = exe
         self.config = dict(info["config"])
         self.max_seq = int(info["max_seq"])
@@ -74,16 +82,17 @@ class LMGenerator:
     def describe(config: dict, max_seq: int, kv_dtype: str, tokenizer=None) -> dict:
         """The JSON metadata a compiled LM carries (artifact `signature.json` key "lm")."""
         return {"config": dict(config), "max_seq": int(max_seq), "kv_dtype": kv_dtype,
-                "entries": ["prefill", "decode"], "tokenizer": tokenizer}
+                "entries": ["prefill", "decode"], "step_inputs": list(STEP_INPUTS),
+                "tokenizer": tokenizer}
 
     def _fns(self):
         if self._prefill is None:
             self._prefill, self._decode = self.exe.function("prefill"), self.exe.function("decode")
         return self._prefill, self._decode
 
-    def _run(self, fn, ids, start: int) -> np.ndarray:
+    def _run(self, fn, ids, start: int, rows: np.ndarray) -> np.ndarray:
         try:
-            out = fn(ids, np.array(start, np.int32))
+            out = fn(ids, np.array(start, np.int32), rows)
         except Exception as e:
             raise TercompError(f"the IREE runtime failed running the LM on {self.exe.device}: {e}") from None
         if self.exe.meta.get("numerics"):        # compiled with check_numerics
@@ -93,16 +102,23 @@ class LMGenerator:
         return _to_host(out)
 
     # -- the two entry points ----------------------------------------------------------
-    def prefill(self, ids) -> np.ndarray:
+    def prefill(self, ids, logits_to_keep: int | None = None) -> np.ndarray:
         """Run the prompt `ids` (int32 [T], 1 <= T <= max_seq) from position 0 in one
         call: returns the logits [T, vocab] (teacher-forced) and fills cache rows 0..T-1.
-        Starts over whatever was generated before."""
+        Starts over whatever was generated before. `logits_to_keep=n` computes the logits
+        of the last n positions only ([n, vocab]; 1 is what generation needs, and skips
+        most of the output layer's work)."""
         arr = _ids(ids, self.vocab_size, "prefill")
         if not 1 <= arr.size <= self.max_seq:
             raise InputError(f"prefill: {arr.size} tokens; the cache holds 1 to {self.max_seq}",
                              hint="compile with a larger max_seq, or shorten the prompt")
+        keep = arr.size if logits_to_keep is None else logits_to_keep
+        if isinstance(keep, (bool, np.bool_)) or not isinstance(keep, numbers.Integral) \
+                or not 1 <= keep <= arr.size:
+            raise InputError(f"prefill: logits_to_keep must be an int from 1 to the prompt "
+                             f"length {arr.size}, got {logits_to_keep!r}")
         prefill, _ = self._fns()
-        logits = self._run(prefill, arr, 0)
+        logits = self._run(prefill, arr, 0, np.arange(arr.size - keep, arr.size, dtype=np.int32))
         self.position = arr.size
         return logits
 
@@ -120,7 +136,7 @@ class LMGenerator:
             raise InputError(f"decode: the cache is full ({self.max_seq} positions)",
                              hint="compile with a larger max_seq, or reset()")
         _, decode = self._fns()
-        logits = self._run(decode, arr, self.position)
+        logits = self._run(decode, arr, self.position, _FIRST_ROW)
         self.position += 1
         return logits[0]
 
@@ -151,7 +167,7 @@ class LMGenerator:
                              hint="compile with a larger max_seq or ask for fewer tokens")
         rng = np.random.default_rng(seed)
         t0 = time.perf_counter()
-        logits = self.prefill(prompt)[-1]
+        logits = self.prefill(prompt, logits_to_keep=1)[-1]
         t1 = time.perf_counter()
         out = []
         for i in range(int(max_new_tokens)):
