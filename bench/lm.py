@@ -101,6 +101,8 @@ def worker_tercomp_compile(a):
                             output_dtype=a.output_dtype)
         out[f"compile_{kind}_s"] = time.perf_counter() - t
     gen.save(a.artifact)
+    if os.path.exists(a.artifact + ".128"):      # from an earlier run
+        os.remove(a.artifact + ".128")
     if a.scaling:       # the same model with a short cache, for the O(position) check
         gen = tc.compile_lm(models.load(a.model), max_seq=128, threads=a.threads,
                             output_dtype=a.output_dtype)

@@ -377,6 +377,31 @@ def test_avx2_is_auto_only_where_its_shape_fits(k, n, fits):
                                                              "dispatch")
 
 
+@pytest.mark.parametrize("kernel", ["avx2", "generic"])
+def test_widening_matmul_matches_numpy(kernel):
+    """tern.widening_matmul (an LM's output layer: f32 x, f16 or int8 weights widened in
+    the kernel) through tc.compile at a symbolic batch, against NumPy: the hand-written
+    f16 GEMV with an N that leaves tail rows (37 = 9 groups of 4 + 1), and the generic
+    contraction for f16 and int8."""
+    import tercomp as tc
+    from tercomp.trace.tracer import apply
+    if kernel == "avx2" and AVX2 not in host_cpu_features():
+        pytest.skip("host CPU lacks AVX2")
+    rng = np.random.default_rng(2)
+    for w in (rng.standard_normal((37, 48)).astype(np.float16),
+              rng.integers(-127, 128, (37, 48)).astype(np.int8)):
+        if kernel == "avx2" and w.dtype != np.float16:
+            continue
+        exe = tc.compile(lambda x, w=w: apply("widening_matmul", x, w, kernel=kernel),
+                         tc.spec(("B", 48), "float32"), cache=False)
+        if kernel == "avx2":
+            assert "flow.dispatch @tern_avx2_f16_gemv_37x48" in exe.ir("mlir")
+        for b in (1, 3, 9):
+            x = rng.standard_normal((b, 48)).astype(np.float32)
+            ref = x.astype(np.float64) @ w.astype(np.float64).T
+            np.testing.assert_allclose(exe(x), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("features,decode,symbolic", [((VNNI,), "vnni", "dispatch-vnni"),
                                                      ((), "addsub", "dispatch")])
 def test_choose_strategy_per_shape_and_cpu(features, decode, symbolic):

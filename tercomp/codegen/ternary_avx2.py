@@ -23,6 +23,7 @@ table's rule checks it; other shapes take `addsub`).
 """
 from __future__ import annotations
 
+import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
@@ -39,27 +40,74 @@ CHUNK = 32
 PREFETCH_ROWS = 8
 
 
+#: The largest 4 KB: the quantized row lives on the dispatch's stack (IREE's limit 32 KiB)
+MAX_KP = 16384
+#: Workgroups per dispatch: each quantizes x itself, so few, but enough for both cores.
+WORKGROUPS = 4
+
+
 def fits(k_bytes: int, n: int) -> bool:
     """Whether the kernel takes a [N, KB] packed matrix."""
-    return k_bytes % CHUNK == 0 and n % ROWS == 0
+    return k_bytes % CHUNK == 0 and n % ROWS == 0 and 4 * k_bytes <= MAX_KP
 
 
 def _rows_per_workgroup(n: int) -> int:
-    """About 32 workgroups (both cores busy, and small tails), ROWS-aligned."""
-    per = -(-n // 32)
+    """About WORKGROUPS workgroups, ROWS-aligned."""
+    per = -(-n // WORKGROUPS)
     return max(ROWS, -(-per // ROWS) * ROWS)
 
 
+def _f(v) -> str:
+    """An f32 literal as MLIR reads it."""
+    return f"{float(np.float32(v)):.9e}"
+
+
+def _quantize_row(kp: int) -> str:
+    """Quantize x[%mi, :] into %buf (i8 [KP]) as `ternary_pack.act_quant` does
+    (roundeven(x * (127 / max(amax, eps))) clipped to +-127, in f32 and in that order, so
+    the codes agree exactly); defines %sx (the sum of the codes) and %fm (the
+    dequantization factor max(amax, eps) * scale / 127)."""
+    vf, vi, vb = "vector<8xf32>", "vector<8xi32>", "vector<8xi8>"
+    xt = f"memref<?x{kp}xf32>"
+    return f"""
+          %amv = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zf8) -> ({vf}) {{
+            %v = vector.load %x[%mi, %k] : {xt}, {vf}
+            %av = math.absf %v : {vf}
+            %an = arith.maximumf %a, %av : {vf}
+            scf.yield %an : {vf}
+          }}
+          %amax = vector.reduction <maximumf>, %amv : {vf} into f32
+          %amc = arith.maximumf %amax, %eps : f32
+          %qs = arith.divf %c127, %amc : f32
+          %qsv = vector.broadcast %qs : f32 to {vf}
+          %sxv = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zi8) -> ({vi}) {{
+            %v = vector.load %x[%mi, %k] : {xt}, {vf}
+            %sc = arith.mulf %v, %qsv : {vf}
+            %rd = math.roundeven %sc : {vf}
+            %lo = arith.maximumf %rd, %lov : {vf}
+            %cl = arith.minimumf %lo, %hiv : {vf}
+            %qi = arith.fptosi %cl : {vf} to {vi}
+            %qb = arith.trunci %qi : {vi} to {vb}
+            vector.store %qb, %buf[%k] : memref<{kp}xi8>, {vb}
+            %an = arith.addi %a, %qi : {vi}
+            scf.yield %an : {vi}
+          }}
+          %sx = vector.reduction <add>, %sxv : {vi} into i32
+          %fm = arith.mulf %amc, %wscale : f32"""
+
+
 def executable_text(name: str, n: int, kb: int) -> str:
-    """The `stream.executable @name` whose export `@name` computes, for x [M, 4 KB] i8, sx [M]
-    i32 (row sums of x), f [M] f32 (the dequantization factors) and w [N, KB] i8 packed,
-    out [M, N] f32 = (x @ T^T - 0) * f, T the ternary matrix of w."""
+    """The `stream.executable @name` whose export `@name` computes, for x [M, 4 KB] f32
+    (K zero-padded to 4 KB), w [N, KB] i8 packed and `wscale` (the ternary scale / 127),
+    out [M, N] f32 = dequant(act_quant(x) @ T^T), T the ternary matrix of w. Each
+    workgroup quantizes x itself (a few microseconds) rather than leaving it to four
+    dispatches of their own, each of which costs a task-system round trip."""
     kp, rpw = 4 * kb, _rows_per_workgroup(n)
     groups = -(-n // rpw)
     v8, v16, v32 = "vector<32xi8>", "vector<16xi16>", "vector<8xi32>"
-    xt, wt, ot = f"memref<?x{kp}xi8>", f"memref<{n}x{kb}xi8>", f"memref<?x{n}xf32>"
-    mad = f'llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"'
-    madw = f'llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"'
+    bt, wt, ot = f"memref<{kp}xi8>", f"memref<{n}x{kb}xi8>", f"memref<?x{n}xf32>"
+    mad = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"'
+    madw = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"'
 
     body = []
     for i in range(ROWS):
@@ -93,7 +141,7 @@ def executable_text(name: str, n: int, kb: int) -> str:
             f"%n{i} = arith.addi %a{i}, %h{i} : {v32}",
         ]
     x_loads = [f"%xo{j} = affine.apply affine_map<(d0) -> (d0 + {j * kb})>(%c)\n"
-               f"%x{j} = vector.load %x[%mi, %xo{j}] : {xt}, {v8}" for j in range(4)]
+               f"%x{j} = vector.load %buf[%xo{j}] : {bt}, {v8}" for j in range(4)]
     accs = ", ".join(f"%a{i} = %z32" for i in range(ROWS))
     acc_types = ", ".join([v32] * ROWS)
     yields = ", ".join(f"%n{i}" for i in range(ROWS))
@@ -116,20 +164,27 @@ stream.executable private @{name} {{
     stream.return %g, %c1, %c1 : index, index, index
   }}
   builtin.module {{
-    func.func @{name}(%bx: !stream.binding, %bs: !stream.binding, %bf: !stream.binding,
-                    %bw: !stream.binding, %bo: !stream.binding, %m: index) {{
+    func.func @{name}(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding,
+                    %wscale: f32, %m: index) {{
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
+      %c8 = arith.constant 8 : index
       %cr = arith.constant {ROWS} : index
       %cc = arith.constant {CHUNK} : index
       %ckb = arith.constant {kb} : index
+      %ckp = arith.constant {kp} : index
       %cn = arith.constant {n} : index
       %rpw = arith.constant {rpw} : index
-      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {xt}{{%m}}
-      %s = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xi32>{{%m}}
-      %f = stream.binding.subspan %bf[%c0] : !stream.binding -> memref<?xf32>{{%m}}
+      %eps = arith.constant {_f(ACT_EPS)} : f32
+      %c127 = arith.constant {_f(ACT_MAX)} : f32
+      %lov = arith.constant dense<{_f(-ACT_MAX)}> : vector<8xf32>
+      %hiv = arith.constant dense<{_f(ACT_MAX)}> : vector<8xf32>
+      %zf8 = arith.constant dense<0.0> : vector<8xf32>
+      %zi8 = arith.constant dense<0> : vector<8xi32>
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{kp}xf32>{{%m}}
       %w = stream.binding.subspan %bw[%c0] : !stream.binding -> {wt}
       %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {ot}{{%m}}
+      %buf = memref.alloca() : {bt}
       %wg = stream.dispatch.workgroup.id[0] : index
       %r0 = arith.muli %wg, %rpw : index
       %r1u = arith.addi %r0, %rpw : index
@@ -142,15 +197,13 @@ stream.executable private @{name} {{
       %s6 = arith.constant dense<6> : {v8}
       %ones16 = arith.constant dense<1> : {v16}
       %z32 = arith.constant dense<0> : {v32}
-      scf.for %r = %r0 to %r1 step %cr {{
-        scf.for %mi = %c0 to %m step %c1 {{
+      scf.for %mi = %c0 to %m step %c1 {{{_quantize_row(kp)}
+        scf.for %r = %r0 to %r1 step %cr {{
           %acc:{ROWS} = scf.for %c = %c0 to %ckb step %cc iter_args({accs}) -> ({acc_types}) {{
             {nl.join(x_loads)}
             {nl.join(body)}
             scf.yield {yields} : {acc_types}
           }}
-          %sx = memref.load %s[%mi] : memref<?xi32>
-          %fm = memref.load %f[%mi] : memref<?xf32>
           {nl.join(stores)}
         }}
       }}
@@ -163,23 +216,12 @@ stream.executable private @{name} {{
 
 def emit(kern) -> ir.Value:
     """y [M, N] f32 for the `_Kernel` `kern` (activation quantization always on)."""
-    from .ternary_kernels import _amap, _generic, _PAR, _RED, _const   # noqa: PLC0415
-    f32, i8, i32 = kern.f32, kern.i8, kern.i32
-    amax = kern.row_absmax()
-    xq = kern.pad_k(kern.quantize(amax, i8))
-    sx = _generic(kern.ttype([], i32), [xq], kern.zeros([], i32),
-                  [_amap(2, [0, 1]), _amap(2, [0])], [_PAR, _RED],
-                  lambda v, acc: arith.addi(acc, arith.extsi(i32, v)))
-    wscale = float(kern.scale / ACT_MAX)
-
-    def factor(am, _o):
-        return arith.mulf(arith.maximumf(am, _const(ACT_EPS, f32)), _const(wscale, f32))
-
-    fac = _generic(kern.ttype([], f32), [amax], kern.empty([], f32),
-                   [_amap(1, [0]), _amap(1, [0])], [_PAR], factor)
     name = f"tern_avx2_gemv_{kern.n}x{kern.kb}"
     ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb))
-    m = kern.m_values[0] if kern.m_values else _const(kern.m, kern.index)
+    m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
-    return dispatch(name, name, [m], [xq, sx, fac, kern.pin_weights(), m], dims * 3,
-                    kern.ttype([kern.n], f32), dims)
+    # the scale is an operand, not a constant of the executable: every layer of a shape
+    # shares one executable
+    wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))
+    return dispatch(name, name, [m], [kern.pad_k(kern.x), kern.pin_weights(), wscale, m],
+                    dims, kern.ttype([kern.n], kern.f32), dims)
