@@ -93,7 +93,8 @@ def worker_tercomp_compile(a):
     """Cold and cached compile times; saves the artifact for the run worker."""
     import tercomp as tc
     from tercomp import models
-    os.environ["TERCOMP_CACHE_DIR"] = tempfile.mkdtemp(prefix="tercomp-bench-cache-")
+    cache_dir = tempfile.TemporaryDirectory(prefix="tercomp-bench-cache-")   # removed at exit
+    os.environ["TERCOMP_CACHE_DIR"] = cache_dir.name
     out = {}
     for kind in ("cold", "cached"):
         t = time.perf_counter()

@@ -1,18 +1,23 @@
 """tc.compile_lm: a BitNet language model compiled for generation.
 
-One IREE module with two entry points over ONE copy of the weights (2-bit packed
-ternary projections, read as parameters that both functions load) and a KV cache that
-lives on the device as mutable globals (tercomp/codegen/state.py):
+One IREE module over ONE copy of the weights (2-bit packed ternary projections and an
+f16 output table, read as parameters) and a KV cache that lives on the device as mutable
+globals (tercomp/codegen/state.py), with one exported function that serves prefill and
+decode alike:
 
-    prefill(ids: i32 [T], start: i32, rows: i32 [L]) -> logits [L, vocab]
-    decode(ids: i32 [1], start: i32, rows: i32 [1]) -> logits [1, vocab]
+    step(ids: i32 [T], start: i32, rows: i32 [L]) -> logits [L, vocab]
 
-T dynamic (one call per prompt); `rows` picks the positions of the call whose logits are
-computed (all of them for teacher-forced logits, the last one to generate).
+T is dynamic: a prompt is one call, a decoded token a call with T = 1 (the ternary
+"dispatch" strategies pick the GEMV by the row count at run time). `rows` picks the
+positions of the call whose logits are computed (all of them for teacher-forced logits,
+the last one to generate). One function, not a prefill and a separately traced decode:
+IREE's host-side passes cost grow with the program, and a separate T = 1 trace gave no
+measurable decode gain (11-22 ms vs 11-19 ms a token, 2 layers of the bench shape on a
+shared 2-core AVX2 machine).
 
-Both run one traced step (`_Step.forward`): embed, then per layer RoPE'd q/k/v,
-`cache_write` of this call's k/v rows at `start`, `cached_attention` over cache rows
-0..start+T-1 (tercomp/ops/cache.py), and the output layer (see SHARED_STEP). The
+The step (`_Step.forward`): embed, then per layer RoPE'd q/k/v, `cache_write` of this
+call's k/v rows at `start`, `cached_attention` over cache rows 0..start+T-1
+(tercomp/ops/cache.py), and the output layer on the rows asked for. The
 compile cache is keyed on the model's arrays and the options, so a cached compile skips
 tracing. The runtime side (validation, sampling, `generate`, saving) is
 tercomp/runtime/generator.py.
@@ -47,7 +52,7 @@ from .passes import Dumper, run_pipeline
 from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
 from .runtime.artifact import from_parts
-from .runtime.generator import KV_DTYPES, LMGenerator
+from .runtime.generator import KV_DTYPES, STEP, LMGenerator
 from .runtime.module import CompiledModule, check_threads, pick_device
 from .runtime.signature import Signature
 from .trace import api as _t
@@ -57,12 +62,6 @@ from .trace.tracer import apply
 __all__ = ["compile_lm"]
 
 DEFAULT_MAX_SEQ = 2048
-# Decode runs the prefill graph (T symbolic) with T = 1: one trace, one pass pipeline,
-# one lowered function, half the IREE work; the ternary "dispatch" strategies pick the
-# decode kernel at run time by M. A separately traced T = 1 graph (False) gave no
-# measurable decode gain on a shared 2-core AVX2 machine (11-22 ms vs 11-19 ms a token,
-# 2 layers of the bench shape, both within the noise).
-SHARED_STEP = True
 
 
 class _Step(nn.Module):
@@ -146,18 +145,6 @@ def _check_args(lm, max_seq, kv_dtype):
     return int(max_seq), KV_DTYPES[kv_dtype]
 
 
-def _share_constants(graphs) -> None:
-    """Make equal constants of `graphs` the same array, so each becomes ONE parameter
-    (the ternary pass packs the weights of each traced graph anew)."""
-    seen = {}
-    for g in graphs:
-        for op in g.ops:
-            v = op.attrs.get("value") if op.opname == "constant" else None
-            if isinstance(v, np.ndarray) and v.size >= 64:
-                key = (v.dtype.str, v.shape, hashlib.sha256(np.ascontiguousarray(v).data).digest())
-                op.attrs["value"] = seen.setdefault(key, v)
-
-
 def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, target="llvm-cpu",
                ternary: str = "auto", device: str | None = None, threads: int | None = None,
                cache: bool = True, dump_dir: str | None = None, flags=(), isolate: bool = False,
@@ -207,7 +194,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
         # the passes and the lowering, which cost more than IREE for a large model.
         key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv,
                                 ternary, output_dtype, kernel, "\0".join(names),
-                                "\0".join(user_flags), SHARED_STEP,
+                                "\0".join(user_flags), STEP,
                                 numerics_enabled(check_numerics),
                                 __version__, IREE_VERSION)
         hit = compile_cache.lookup(key)
@@ -235,38 +222,31 @@ def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta,
         [("ternary", {"strategy": ternary, "targets": names}), "simplify"]
     if numerics:
         pipeline.append("check_numerics")     # an extra output after the logits and caches
-    stages, graphs = {}, {}
-    shapes = (("prefill", "T"),) if SHARED_STEP else (("prefill", "T"), ("decode", 1))
-    for entry, t in shapes:
-        dumper = Dumper(os.path.join(dump_dir, entry) if dump_dir else None)
-        g = trace(step, spec((t,), "int32"), spec((), "int32"), spec(("L",), "int32"), caches,
-                  name=f"{entry}_step")
-        graphs[entry] = run_pipeline(g, pipeline, dumper)
-        stages.update({f"{entry}.{k}": v for k, v in dumper.stages.items()})
-    if len(graphs) > 1:
-        _share_constants(graphs.values())
+    dumper = Dumper(os.path.join(dump_dir, STEP) if dump_dir else None)
+    g = trace(step, spec(("T",), "int32"), spec((), "int32"), spec(("L",), "int32"), caches,
+              name=f"{STEP}_body")
+    g = run_pipeline(g, pipeline, dumper)
+    stages = {f"{STEP}.{k}": v for k, v in dumper.stages.items()}
     state = [StateVar(f"kv{i}", cache_type) for i in range(n)]
     bind_in = {3 + i: f"kv{i}" for i in range(n)}
     bind_out = {1 + i: f"kv{i}" for i in range(n)}
-    entries = [Entry(e, graphs.get(e, graphs["prefill"]), bind_in, bind_out)
-               for e in ("prefill", "decode")]
+    entries = [Entry(STEP, g, bind_in, bind_out)]
     session, ctx = new_session()
     table = ParamTable()
-    with parameterized(list(graphs.values()), table):
+    with parameterized([g], table):
         module = to_stateful_mlir(entries, state, ctx, params=table)
     irpa = table.archive()
     with ctx:
         stages["mlir"] = module.operation.get_asm(large_elements_limit=16)
-    used = {op.attrs["strategy"] for g in graphs.values() for op in g.ops
-            if op.opname == "ternary_matmul"}
+    used = {op.attrs["strategy"] for op in g.ops if op.opname == "ternary_matmul"}
     all_flags = target_flags(names) + user_flags
     all_flags += [f for f in flags_for(used, names) if f not in all_flags]
     in_subprocess = isolate or user_flags or needs_tool(all_flags)   # as in tc.compile
     build = compile_with_tool if in_subprocess else partial(compile_module, session)
     vmfb = build(module, all_flags, stage=f"the IREE compile of the LM for {', '.join(names)}")
-    sig = dataclasses.replace(Signature.from_graph(graphs["prefill"]), function="prefill")
+    sig = dataclasses.replace(Signature.from_graph(g), function=STEP)
     meta = {**meta, "flags": all_flags, "parameters": sorted(table.arrays),
-            "numerics": graphs["prefill"].meta.get("numerics")}
+            "numerics": g.meta.get("numerics")}
     return CompiledModule(vmfb, sig, stages, device=device, threads=threads, targets=names,
                           meta=meta, weights=irpa, weights_scope=table.scope)
 

@@ -287,6 +287,14 @@ class _Kernel:
         whole weights, or of `w`, a tensor<n x KB x i8> slice of them."""
         return unpack_codes(w or self.weights(), n or self.n, self.kb, elem)
 
+    def scale_value(self, value: float) -> ir.Value:
+        """`value` as a tensor<f32> operand behind `util.optimization_barrier`: IREE then
+        passes it to the dispatch instead of inlining it, so the kernels of every layer
+        of one shape are one executable (compiled once) whatever their scales."""
+        t = ir.RankedTensorType.get([], self.f32)
+        c = arith.constant(t, ir.DenseElementsAttr.get_splat(t, ir.FloatAttr.get(self.f32, value)))
+        return util.optimization_barrier([t], [c])
+
     def dequant(self, acc: ir.Value, amax: ir.Value | None) -> ir.Value:
         """y = acc * scale (f32) or, after activation quantization, acc * scale / s with
         1/s = max(amax, eps) / 127."""
@@ -297,18 +305,20 @@ class _Kernel:
             return arith.sitofp(f32, a) if is_int else a
 
         out_t, out = self.ttype([self.n], f32), self.empty([self.n], f32)
+        scalar = _amap(2, [])
         if amax is None:
-            return _generic(out_t, [acc], out, [_amap(2, [0, 1])] * 2, [_PAR, _PAR],
-                            lambda a, _o: arith.mulf(to_f32(a), _const(self.scale, f32)))
+            return _generic(out_t, [acc, self.scale_value(self.scale)], out,
+                            [_amap(2, [0, 1]), scalar, _amap(2, [0, 1])], [_PAR, _PAR],
+                            lambda a, sc, _o: arith.mulf(to_f32(a), sc))
 
-        wscale = float(np.float32(self.scale / ACT_MAX))
-
-        def body(a, am, _o):
-            inv_s = arith.mulf(arith.maximumf(am, _const(ACT_EPS, f32)), _const(wscale, f32))
+        def body(a, am, sc, _o):
+            inv_s = arith.mulf(arith.maximumf(am, _const(ACT_EPS, f32)), sc)
             return arith.mulf(to_f32(a), inv_s)
 
-        return _generic(out_t, [acc, amax], out,
-                        [_amap(2, [0, 1]), _amap(2, [0]), _amap(2, [0, 1])], [_PAR, _PAR], body)
+        wscale = float(np.float32(self.scale / ACT_MAX))
+        return _generic(out_t, [acc, amax, self.scale_value(wscale)], out,
+                        [_amap(2, [0, 1]), _amap(2, [0]), scalar, _amap(2, [0, 1])],
+                        [_PAR, _PAR], body)
 
 
 def _to_i8(v: int) -> int:

@@ -17,7 +17,7 @@ uncompressed:
     - `content_hash`: sha256 over those digests, a name for the artifact's content
     - `weights_scope`: parameter scope of `weights.irpa` (when present)
     - `lm` (a compiled language model, tc.compile_lm): `config` (the model's
-      hyperparameters), `max_seq`, `kv_dtype`, `entries` (["prefill", "decode"]) and
+      hyperparameters), `max_seq`, `kv_dtype`, `entries` (["step"]), `step_inputs` and
       `tokenizer` (the tokenizer.json text, or null); tc.load then returns an
       LMGenerator (tercomp.runtime.generator)
 - `weights.irpa` (optional): the parameters the module reads, in IREE's archive format.

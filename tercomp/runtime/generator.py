@@ -29,6 +29,8 @@ KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
 #: The compiled step's inputs before the caches (tercomp/generate.py); an artifact whose
 #: metadata names others was compiled by an older tercomp.
 STEP_INPUTS = ("ids", "start", "rows")
+#: The one exported function of a compiled LM (tercomp/generate.py builds it).
+STEP = "step"
 _FIRST_ROW = np.zeros(1, np.int32)
 
 
@@ -66,7 +68,7 @@ class LMGenerator:
                                hint="compile one with tc.compile_lm(lm)")
         if info.get("step_inputs") != list(STEP_INPUTS):
             raise TercompError("this language model artifact was compiled by an older tercomp "
-                               "(its step takes no `rows` input)",
+                               "(its step function takes no `rows` input)",
                                hint="compile it again with tc.compile_lm or `tercomp generate`")
         self.exe = exe
         self.config = dict(info["config"])
@@ -82,12 +84,13 @@ class LMGenerator:
     def describe(config: dict, max_seq: int, kv_dtype: str, tokenizer=None) -> dict:
         """The JSON metadata a compiled LM carries (artifact `signature.json` key "lm")."""
         return {"config": dict(config), "max_seq": int(max_seq), "kv_dtype": kv_dtype,
-                "entries": ["prefill", "decode"], "step_inputs": list(STEP_INPUTS),
+                "entries": [STEP], "step_inputs": list(STEP_INPUTS),
                 "tokenizer": tokenizer}
 
     def _fns(self):
         if self._prefill is None:
-            self._prefill, self._decode = self.exe.function("prefill"), self.exe.function("decode")
+            # one compiled function serves both (T = 1 for decode)
+            self._prefill = self._decode = self.exe.function(STEP)
         return self._prefill, self._decode
 
     def _run(self, fn, ids, start: int, rows: np.ndarray) -> np.ndarray:
