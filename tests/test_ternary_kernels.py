@@ -216,8 +216,7 @@ def test_kernel_matches_reference(strategy, aq):
             assert_matches_reference(y, ref, aq)
 
 
-@pytest.mark.parametrize("strategy", ["addsub", "int8", "vnni", "blocked", "dispatch", "avx2",
-                                      "dispatch-avx2"])
+@pytest.mark.parametrize("strategy", ["addsub", "int8", "vnni", "blocked", "dispatch", "avx2"])
 def test_kernel_with_runtime_packed_weights(strategy):
     """`packed` may be a tensor<N x KB x i8> function argument instead of a constant."""
     rng = np.random.default_rng(11)
@@ -302,19 +301,20 @@ needs_avx2 = pytest.mark.skipif(AVX2 not in host_cpu_features(), reason="host CP
 
 @needs_avx2
 @pytest.mark.parametrize("strategy,m,k,n", [("avx2", 1, 128, 4), ("avx2", 3, 4093, 12),
-                                            ("dispatch-avx2", DYN, 1536, 40)])
+                                            ("avx2", 8, 2048, 8), ("avx2", DYN, 8192, 40)])
 def test_avx2_gemv_matches_reference(strategy, m, k, n):
-    """The hand-scheduled GEMV where it applies (K/4 a multiple of 32, N of 4, K not
+    """The hand-scheduled kernel where it applies (K/4 a multiple of 32, N of 4, K not
     always a multiple of 4): rows of all +1 / all -1 (the largest |sum|, which the i16
-    pair sums of one 128-weight step must hold), an outlier that leaves most of x small,
-    and both sides of the dispatch threshold, against the reference, exactly."""
+    pair sums must hold: 16 chunks of 128 weights summed in i16 at K = 8192), an outlier
+    that leaves most of x small, and M in whole blocks of 4 rows of x (the GEMM loop), a
+    remainder (the GEMV loop) and both, against the reference, exactly."""
     rng = np.random.default_rng(k + n)
     t = random_ternary(rng, n, k)
     t[0], t[1] = 1, -1
     packed = pack_ternary(t)
     mod = compile_functions({"main": (m, k, lambda x: emit_ternary_matmul(
         x, packed, k, n, 0.75, strategy=strategy, act_quant=True))}, strategy_flags(strategy))
-    for batch in ([m] if m is not None else [1, GEMV_MAX_M, GEMV_MAX_M + 3]):
+    for batch in ([m] if m is not None else [1, 4, 7, 13]):
         x = (rng.standard_normal((batch, k)) * 3).astype(np.float32)
         x[:, 0] = 100.0
         y = mod.main(x).to_host()
@@ -364,17 +364,16 @@ def test_avx2_is_refused_where_it_cannot_compile(monkeypatch):
     with pytest.raises(TercompError, match="'avx2' needs a CPU with avx2"):
         check_strategy("avx2", ["llvm-cpu"])
     with pytest.raises(TercompError, match="does not compile for llvm-cpu-generic"):
-        check_strategy("dispatch-avx2", ["llvm-cpu-generic"])
+        check_strategy("avx2", ["llvm-cpu-generic"])
     assert choose_strategy(1, 4096, 4096) == "addsub"
 
 
 @pytest.mark.parametrize("k,n,fits", [(4096, 4096, True), (1536, 4100, True),
                                       (4000, 4096, False), (4096, 4098, False)])
 def test_avx2_is_auto_only_where_its_shape_fits(k, n, fits):
-    pick = choose_strategy(1, k, n, features=(AVX2,))
-    assert pick == ("avx2" if fits else "addsub")
-    assert choose_strategy(None, k, n, features=(AVX2,)) == ("dispatch-avx2" if fits else
-                                                             "dispatch")
+    assert choose_strategy(1, k, n, features=(AVX2,)) == ("avx2" if fits else "addsub")
+    assert choose_strategy(128, k, n, features=(AVX2,)) == ("avx2" if fits else "blocked")
+    assert choose_strategy(None, k, n, features=(AVX2,)) == ("avx2" if fits else "dispatch")
 
 
 @pytest.mark.parametrize("kernel", ["avx2", "generic"])
@@ -426,8 +425,8 @@ def test_auto_never_picks_a_cpu_only_kernel_for_a_gpu(targets):
 
 def test_every_strategy_is_in_one_table():
     assert NAMES == tuple(r.name for r in TABLE)
-    assert {"dispatch-avx2", "dispatch-vnni", "dispatch", "avx2", "vnni", "blocked", "addsub",
-            "int8", "f32"} == set(NAMES)
+    assert {"dispatch-vnni", "dispatch", "avx2", "vnni", "blocked", "addsub", "int8",
+            "f32"} == set(NAMES)
     for r in TABLE:
         assert r.targets and r.summary and callable(r.emit) and callable(r.auto)
 
@@ -445,8 +444,7 @@ def test_strategy_flags():
     assert flags_for({"auto"}, ["llvm-cpu"]) == strategy_flags("dispatch")
 
 
-@pytest.mark.parametrize("strategy", ["vnni", "blocked", "dispatch", "dispatch-vnni", "avx2",
-                                      "dispatch-avx2"])
+@pytest.mark.parametrize("strategy", ["vnni", "blocked", "dispatch", "dispatch-vnni", "avx2"])
 def test_cpu_only_kernels_are_refused_for_gpus(strategy):
     with pytest.raises(TercompError, match=f"{strategy!r} does not compile for vulkan") as e:
         check_strategy(strategy, ["llvm-cpu", "vulkan"])

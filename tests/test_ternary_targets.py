@@ -55,8 +55,7 @@ def test_ternary_module_compiles_for_gpus(target, batch):
 """)
 
 
-@pytest.mark.parametrize("strategy", ["vnni", "blocked", "dispatch", "dispatch-vnni", "avx2",
-                                      "dispatch-avx2"])
+@pytest.mark.parametrize("strategy", ["vnni", "blocked", "dispatch", "dispatch-vnni", "avx2"])
 @pytest.mark.parametrize("target", ["vulkan", "cuda", ["llvm-cpu", "vulkan"]])
 def test_cpu_only_strategy_for_a_gpu_fails_before_iree(no_iree, target, strategy):
     with pytest.raises(tc.TercompError, match=f"{strategy!r} does not compile for") as e:

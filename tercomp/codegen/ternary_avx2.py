@@ -40,8 +40,16 @@ CHUNK = 32
 PREFETCH_ROWS = 8
 
 
-#: The largest 4 KB: the quantized row lives on the dispatch's stack (IREE's limit 32 KiB)
-MAX_KP = 16384
+#: Rows of x quantized and multiplied together in the GEMM loop (M >= MB).
+MB = 4
+#: Weight rows decoded per GEMM step (GEMM_ROWS x MB i16 and i32 accumulators).
+GEMM_ROWS = 2
+#: Chunks summed in i16 before widening (16 * 4 planes * 508 < 32767).
+I16_CHUNKS = 16
+#: The largest 4 KB: MB quantized rows live on the dispatch's stack (MB * MAX_KP bytes;
+#: the strategy raises IREE's 32 KiB stack limit to STACK_LIMIT).
+MAX_KP = 8192
+STACK_LIMIT = 65536
 #: Workgroups per dispatch: each quantizes x itself, so few, but enough for both cores.
 WORKGROUPS = 4
 
@@ -62,100 +70,179 @@ def _f(v) -> str:
     return f"{float(np.float32(v)):.9e}"
 
 
-def _quantize_row(kp: int) -> str:
-    """Quantize x[%mi, :] into %buf (i8 [KP]) as `ternary_pack.act_quant` does
+def _quantize_row(kp: int, b: int, row: str) -> str:
+    """Quantize x[row, :] into %buf[b, :] (i8) as `ternary_pack.act_quant` does
     (roundeven(x * (127 / max(amax, eps))) clipped to +-127, in f32 and in that order, so
-    the codes agree exactly); defines %sx (the sum of the codes) and %fm (the
+    the codes agree exactly); defines %sx{b} (the sum of the codes) and %fm{b} (the
     dequantization factor max(amax, eps) * scale / 127)."""
     vf, vi, vb = "vector<8xf32>", "vector<8xi32>", "vector<8xi8>"
     xt = f"memref<?x{kp}xf32>"
     return f"""
-          %amv = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zf8) -> ({vf}) {{
-            %v = vector.load %x[%mi, %k] : {xt}, {vf}
+          %amv{b} = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zf8) -> ({vf}) {{
+            %v = vector.load %x[{row}, %k] : {xt}, {vf}
             %av = math.absf %v : {vf}
             %an = arith.maximumf %a, %av : {vf}
             scf.yield %an : {vf}
           }}
-          %amax = vector.reduction <maximumf>, %amv : {vf} into f32
-          %amc = arith.maximumf %amax, %eps : f32
-          %qs = arith.divf %c127, %amc : f32
-          %qsv = vector.broadcast %qs : f32 to {vf}
-          %sxv = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zi8) -> ({vi}) {{
-            %v = vector.load %x[%mi, %k] : {xt}, {vf}
-            %sc = arith.mulf %v, %qsv : {vf}
+          %amax{b} = vector.reduction <maximumf>, %amv{b} : {vf} into f32
+          %amc{b} = arith.maximumf %amax{b}, %eps : f32
+          %qs{b} = arith.divf %c127, %amc{b} : f32
+          %qsv{b} = vector.broadcast %qs{b} : f32 to {vf}
+          %sxv{b} = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zi8) -> ({vi}) {{
+            %v = vector.load %x[{row}, %k] : {xt}, {vf}
+            %sc = arith.mulf %v, %qsv{b} : {vf}
             %rd = math.roundeven %sc : {vf}
             %lo = arith.maximumf %rd, %lov : {vf}
             %cl = arith.minimumf %lo, %hiv : {vf}
             %qi = arith.fptosi %cl : {vf} to {vi}
             %qb = arith.trunci %qi : {vi} to {vb}
-            vector.store %qb, %buf[%k] : memref<{kp}xi8>, {vb}
+            vector.store %qb, %buf[%c{b}, %k] : memref<{MB}x{kp}xi8>, {vb}
             %an = arith.addi %a, %qi : {vi}
             scf.yield %an : {vi}
           }}
-          %sx = vector.reduction <add>, %sxv : {vi} into i32
-          %fm = arith.mulf %amc, %wscale : f32"""
+          %sx{b} = vector.reduction <add>, %sxv{b} : {vi} into i32
+          %fm{b} = arith.mulf %amc{b}, %wscale : f32"""
+
+
+_V8, _V16, _V32 = "vector<32xi8>", "vector<16xi16>", "vector<8xi32>"
+_MAD = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"'
+_MADW = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"'
+
+
+def _codes(i: int, wt: str) -> list[str]:
+    """Load 32 packed bytes of weight row %r + i at %c (prefetching the row
+    PREFETCH_ROWS ahead) and define %q{i}_{j}, its u = w + 1 codes of plane j."""
+    v8 = _V8
+    lines = [
+        f"%row{i} = affine.apply affine_map<(d0) -> (d0 + {i})>(%r)",
+        f"%raw{i} = vector.load %w[%row{i}, %c] : {wt}, {v8}",
+        # past the last row this computes an address in no row: x86 prefetches never fault
+        f"%pre{i} = affine.apply affine_map<(d0) -> (d0 + {PREFETCH_ROWS})>(%row{i})",
+        f"memref.prefetch %w[%pre{i}, %c], read, locality<0>, data : {wt}",
+        f"%lo{i} = arith.andi %raw{i}, %m55 : {v8}",
+        f"%hs{i} = arith.shrui %raw{i}, %s1 : {v8}",
+        f"%hi{i} = arith.andi %hs{i}, %m55 : {v8}",
+        f"%lp{i} = arith.addi %lo{i}, %m55 : {v8}",
+        f"%u{i} = arith.subi %lp{i}, %hi{i} : {v8}",
+        f"%q{i}_0 = arith.andi %u{i}, %three : {v8}",
+        f"%t{i}_1 = arith.shrui %u{i}, %s2 : {v8}",
+        f"%q{i}_1 = arith.andi %t{i}_1, %three : {v8}",
+        f"%t{i}_2 = arith.shrui %u{i}, %s4 : {v8}",
+        f"%q{i}_2 = arith.andi %t{i}_2, %three : {v8}",
+        f"%q{i}_3 = arith.shrui %u{i}, %s6 : {v8}",
+    ]
+    return lines
+
+
+def _x_planes(b: int, kb: int, bt: str) -> list[str]:
+    return [f"%xo{b}_{j} = affine.apply affine_map<(d0) -> (d0 + {j * kb})>(%c)\n"
+            f"%x{b}_{j} = vector.load %buf[%c{b}, %xo{b}_{j}] : {bt}, {_V8}" for j in range(4)]
+
+
+def _stores(pairs, ot: str, acc: str) -> list[str]:
+    """y[m + b, r + i] = (sum(acc) - sx{b}) * fm{b} for each (i, b) of `pairs`; the
+    accumulators are %{acc}#0, #1, ... in that order."""
+    out = []
+    for n, (i, b) in enumerate(pairs):
+        out += [
+            f"%red{i}_{b} = vector.reduction <add>, %{acc}#{n} : {_V32} into i32",
+            f"%dif{i}_{b} = arith.subi %red{i}_{b}, %sx{b} : i32",
+            f"%flt{i}_{b} = arith.sitofp %dif{i}_{b} : i32 to f32",
+            f"%y{i}_{b} = arith.mulf %flt{i}_{b}, %fm{b} : f32",
+            f"%orow{i}_{b} = affine.apply affine_map<(d0) -> (d0 + {i})>(%r)",
+            f"%ocol{i}_{b} = affine.apply affine_map<(d0) -> (d0 + {b})>(%mrow)",
+            f"memref.store %y{i}_{b}, %o[%ocol{i}_{b}, %orow{i}_{b}] : {ot}",
+        ]
+    return out
+
+
+def _gemv_loop(kb: int, wt: str, bt: str, ot: str) -> str:
+    """One quantized row of x (%buf[0]) against ROWS weight rows per step."""
+    body = []
+    for i in range(ROWS):
+        body += _codes(i, wt)
+        body += [f"%e{i}_{j} = {_MAD}(%q{i}_{j}, %x0_{j}) : ({_V8}, {_V8}) -> {_V16}"
+                 for j in range(4)]
+        body += [
+            f"%f{i}a = arith.addi %e{i}_0, %e{i}_1 : {_V16}",
+            f"%f{i}b = arith.addi %e{i}_2, %e{i}_3 : {_V16}",
+            f"%g{i} = arith.addi %f{i}a, %f{i}b : {_V16}",
+            f"%h{i} = {_MADW}(%g{i}, %ones16) : ({_V16}, {_V16}) -> {_V32}",
+            f"%n{i} = arith.addi %a{i}, %h{i} : {_V32}",
+        ]
+    accs = ", ".join(f"%a{i} = %z32" for i in range(ROWS))
+    types = ", ".join([_V32] * ROWS)
+    nl = "\n"
+    return f"""
+        scf.for %r = %r0 to %r1 step %cr {{
+          %acc:{ROWS} = scf.for %c = %c0 to %ckb step %cc iter_args({accs}) -> ({types}) {{
+            {nl.join(_x_planes(0, kb, bt))}
+            {nl.join(body)}
+            scf.yield {", ".join(f"%n{i}" for i in range(ROWS))} : {types}
+          }}
+          {nl.join(_stores([(i, 0) for i in range(ROWS)], ot, "acc"))}
+        }}"""
+
+
+def _gemm_loop(kb: int, wt: str, bt: str, ot: str) -> str:
+    """MB quantized rows of x against GEMM_ROWS weight rows per step: each weight chunk
+    is decoded once for MB rows of x. The i16 pair sums of a (row, x row) pair run over
+    up to I16_CHUNKS chunks (|sum| <= 4 planes * 2 * 2 * 127 a chunk, so 16 chunks stay
+    below 32767) before one vpmaddwd moves them to the i32 accumulator."""
+    pairs = [(i, b) for i in range(GEMM_ROWS) for b in range(MB)]
+    body = []
+    for i in range(GEMM_ROWS):
+        body += _codes(i, wt)
+    for b in range(MB):
+        body += _x_planes(b, kb, bt)
+    for i, b in pairs:
+        body += [f"%e{i}_{b}_{j} = {_MAD}(%q{i}_{j}, %x{b}_{j}) : ({_V8}, {_V8}) -> {_V16}"
+                 for j in range(4)]
+        body += [
+            f"%f{i}_{b}a = arith.addi %e{i}_{b}_0, %e{i}_{b}_1 : {_V16}",
+            f"%f{i}_{b}b = arith.addi %e{i}_{b}_2, %e{i}_{b}_3 : {_V16}",
+            f"%g{i}_{b} = arith.addi %f{i}_{b}a, %f{i}_{b}b : {_V16}",
+            f"%n{i}_{b} = arith.addi %s{i}_{b}, %g{i}_{b} : {_V16}",
+        ]
+    s_iter = ", ".join(f"%s{i}_{b} = %z16" for i, b in pairs)
+    a_iter = ", ".join(f"%a{i}_{b} = %z32" for i, b in pairs)
+    t16, t32 = ", ".join([_V16] * len(pairs)), ", ".join([_V32] * len(pairs))
+    flush = []
+    for n, (i, b) in enumerate(pairs):
+        flush += [f"%h{i}_{b} = {_MADW}(%part#{n}, %ones16) : ({_V16}, {_V16}) -> {_V32}",
+                  f"%na{i}_{b} = arith.addi %a{i}_{b}, %h{i}_{b} : {_V32}"]
+    nl = "\n"
+    return f"""
+        scf.for %r = %r0 to %r1 step %cg {{
+          %acc:{len(pairs)} = scf.for %c16 = %c0 to %ckb step %cblk iter_args({a_iter}) -> ({t32}) {{
+            %cend0 = arith.addi %c16, %cblk : index
+            %cend = arith.minui %cend0, %ckb : index
+            %part:{len(pairs)} = scf.for %c = %c16 to %cend step %cc iter_args({s_iter}) -> ({t16}) {{
+              {nl.join(body)}
+              scf.yield {", ".join(f"%n{i}_{b}" for i, b in pairs)} : {t16}
+            }}
+            {nl.join(flush)}
+            scf.yield {", ".join(f"%na{i}_{b}" for i, b in pairs)} : {t32}
+          }}
+          {nl.join(_stores(pairs, ot, "acc"))}
+        }}"""
 
 
 def executable_text(name: str, n: int, kb: int) -> str:
     """The `stream.executable @name` whose export `@name` computes, for x [M, 4 KB] f32
     (K zero-padded to 4 KB), w [N, KB] i8 packed and `wscale` (the ternary scale / 127),
-    out [M, N] f32 = dequant(act_quant(x) @ T^T), T the ternary matrix of w. Each
-    workgroup quantizes x itself (a few microseconds) rather than leaving it to four
-    dispatches of their own, each of which costs a task-system round trip."""
+    out [M, N] f32 = dequant(act_quant(x) @ T^T), T the ternary matrix of w: MB rows of x
+    at a time through the GEMM loop, the remaining rows one by one through the GEMV loop.
+    Each workgroup quantizes x itself (a few microseconds a row) rather than leaving it
+    to four dispatches of their own, each a task-system round trip."""
     kp, rpw = 4 * kb, _rows_per_workgroup(n)
     groups = -(-n // rpw)
-    v8, v16, v32 = "vector<32xi8>", "vector<16xi16>", "vector<8xi32>"
-    bt, wt, ot = f"memref<{kp}xi8>", f"memref<{n}x{kb}xi8>", f"memref<?x{n}xf32>"
-    mad = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"'
-    madw = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"'
-
-    body = []
-    for i in range(ROWS):
-        body += [
-            f"%row{i} = affine.apply affine_map<(d0) -> (d0 + {i})>(%r)",
-            f"%raw{i} = vector.load %w[%row{i}, %c] : {wt}, {v8}",
-            # past the last row this computes an address in no row: x86 prefetches
-            # never fault
-            f"%pre{i} = affine.apply affine_map<(d0) -> (d0 + {PREFETCH_ROWS})>(%row{i})",
-            f"memref.prefetch %w[%pre{i}, %c], read, locality<0>, data : {wt}",
-            f"%lo{i} = arith.andi %raw{i}, %m55 : {v8}",
-            f"%hs{i} = arith.shrui %raw{i}, %s1 : {v8}",
-            f"%hi{i} = arith.andi %hs{i}, %m55 : {v8}",
-            f"%lp{i} = arith.addi %lo{i}, %m55 : {v8}",
-            f"%u{i} = arith.subi %lp{i}, %hi{i} : {v8}",
-        ]
-        for j in range(4):
-            if j == 0:
-                code = f"%q{i}_{j} = arith.andi %u{i}, %three : {v8}"
-            elif j < 3:
-                code = (f"%t{i}_{j} = arith.shrui %u{i}, %s{2 * j} : {v8}\n"
-                        f"%q{i}_{j} = arith.andi %t{i}_{j}, %three : {v8}")
-            else:
-                code = f"%q{i}_{j} = arith.shrui %u{i}, %s6 : {v8}"
-            body += [code, f"%e{i}_{j} = {mad}(%q{i}_{j}, %x{j}) : ({v8}, {v8}) -> {v16}"]
-        body += [
-            f"%f{i}a = arith.addi %e{i}_0, %e{i}_1 : {v16}",
-            f"%f{i}b = arith.addi %e{i}_2, %e{i}_3 : {v16}",
-            f"%g{i} = arith.addi %f{i}a, %f{i}b : {v16}",
-            f"%h{i} = {madw}(%g{i}, %ones16) : ({v16}, {v16}) -> {v32}",
-            f"%n{i} = arith.addi %a{i}, %h{i} : {v32}",
-        ]
-    x_loads = [f"%xo{j} = affine.apply affine_map<(d0) -> (d0 + {j * kb})>(%c)\n"
-               f"%x{j} = vector.load %buf[%xo{j}] : {bt}, {v8}" for j in range(4)]
-    accs = ", ".join(f"%a{i} = %z32" for i in range(ROWS))
-    acc_types = ", ".join([v32] * ROWS)
-    yields = ", ".join(f"%n{i}" for i in range(ROWS))
-    stores = []
-    for i in range(ROWS):
-        stores += [
-            f"%red{i} = vector.reduction <add>, %acc#{i} : {v32} into i32",
-            f"%dif{i} = arith.subi %red{i}, %sx : i32",
-            f"%flt{i} = arith.sitofp %dif{i} : i32 to f32",
-            f"%y{i} = arith.mulf %flt{i}, %fm : f32",
-            f"%orow{i} = affine.apply affine_map<(d0) -> (d0 + {i})>(%r)",
-            f"memref.store %y{i}, %o[%mi, %orow{i}] : {ot}",
-        ]
-    nl = "\n"
+    bt, wt, ot = f"memref<{MB}x{kp}xi8>", f"memref<{n}x{kb}xi8>", f"memref<?x{n}xf32>"
+    v8 = _V8
+    consts = "\n".join(f"      %c{b} = arith.constant {b} : index" for b in range(2, MB))
+    quant_block = "".join(_quantize_row(kp, b, f"%xr{b}") for b in range(MB))
+    xrows = "\n".join(f"          %xr{b} = affine.apply affine_map<(d0) -> (d0 + {b})>(%mrow)"
+                       for b in range(MB))
     return f"""
 stream.executable private @{name} {{
   stream.executable.export public @{name} workgroups(%m: index) -> (index, index, index) {{
@@ -168,9 +255,13 @@ stream.executable private @{name} {{
                     %wscale: f32, %m: index) {{
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
+{consts}
       %c8 = arith.constant 8 : index
       %cr = arith.constant {ROWS} : index
+      %cg = arith.constant {GEMM_ROWS} : index
+      %cmb = arith.constant {MB} : index
       %cc = arith.constant {CHUNK} : index
+      %cblk = arith.constant {I16_CHUNKS * CHUNK} : index
       %ckb = arith.constant {kb} : index
       %ckp = arith.constant {kp} : index
       %cn = arith.constant {n} : index
@@ -195,17 +286,15 @@ stream.executable private @{name} {{
       %s2 = arith.constant dense<2> : {v8}
       %s4 = arith.constant dense<4> : {v8}
       %s6 = arith.constant dense<6> : {v8}
-      %ones16 = arith.constant dense<1> : {v16}
-      %z32 = arith.constant dense<0> : {v32}
-      scf.for %mi = %c0 to %m step %c1 {{{_quantize_row(kp)}
-        scf.for %r = %r0 to %r1 step %cr {{
-          %acc:{ROWS} = scf.for %c = %c0 to %ckb step %cc iter_args({accs}) -> ({acc_types}) {{
-            {nl.join(x_loads)}
-            {nl.join(body)}
-            scf.yield {yields} : {acc_types}
-          }}
-          {nl.join(stores)}
-        }}
+      %ones16 = arith.constant dense<1> : {_V16}
+      %z16 = arith.constant dense<0> : {_V16}
+      %z32 = arith.constant dense<0> : {_V32}
+      %mblocks = arith.divui %m, %cmb : index
+      %mfull = arith.muli %mblocks, %cmb : index
+      scf.for %mrow = %c0 to %mfull step %cmb {{
+{xrows}{quant_block}{_gemm_loop(kb, wt, bt, ot)}
+      }}
+      scf.for %mrow = %mfull to %m step %c1 {{{_quantize_row(kp, 0, "%mrow")}{_gemv_loop(kb, wt, bt, ot)}
       }}
       return
     }}

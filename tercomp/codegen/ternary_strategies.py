@@ -9,10 +9,9 @@ in table order, that compiles for every target of the compile (on llvm-cpu: with
 host's features) and whose rule accepts the shape (M None: a symbolic batch).
 
     name           targets   auto picks it for
-    dispatch-avx2  host+AVX2 M symbolic: scf.if on M, avx2 for M <= 4, blocked above
+    avx2           host+AVX2 every M (static or symbolic) where the shape fits
     dispatch-vnni  CPU+VNNI  M symbolic: scf.if on M, vnni for M <= 4, blocked above
     dispatch       CPU       M symbolic: scf.if on M, addsub for M <= 4, blocked above
-    avx2           host+AVX2 M <= 4
     vnni           CPU+VNNI  M <= 4
     blocked        CPU       M > 4
     addsub         all       every other case (GPUs, CPU + GPU artifacts, decode
@@ -26,8 +25,9 @@ exists at run time (blocked unpacks NT rows at a time into a cache-sized tempora
 "host+AVX2" is llvm-cpu (compiled for the host) on a CPU with AVX2, for K/4 a multiple of
 32 and N of 4 (`ternary_avx2.fits`); it is a hand-scheduled dispatch (`ternary_avx2`) and
 the only strategy that does not compile without its feature, so asking for it elsewhere
-fails by name. It comes before the vnni rows: on this project's AVX2 host it is the
-fastest decode kernel measured; on AVX-512 VNNI hosts it was not measured against vnni.
+fails by name. It comes first: on this project's AVX2 host it is the fastest kernel
+measured at every M, and needs no data tiling (so no scf.if on M, no per-call re-layout);
+on AVX-512 VNNI hosts it was not measured against vnni.
 CPU+VNNI is llvm-cpu on a host with AVX-512 VNNI (`vpdpbusd`); elsewhere (AVX2) "vnni"
 still compiles but LLVM widens the products to i32 `vpmaddwd`, slower than addsub.
 
@@ -154,17 +154,15 @@ def _avx2(kern: _Kernel) -> ir.Value:
 
 
 TABLE = (
-    Strategy("dispatch-avx2", _dispatch("avx2", "blocked"), _DATA_TILING, ("llvm-cpu",), AVX2,
-             lambda m, k, n: m is None and _avx2_fits(k, n),
-             f"scf.if on M: avx2 for M <= {GEMV_MAX_M}, blocked above", needs_feature=True),
+    Strategy("avx2", _int_only(_avx2), (f"--iree-llvmcpu-stack-allocation-limit="
+                                        f"{ternary_avx2.STACK_LIMIT}",), ("llvm-cpu",), AVX2,
+             lambda m, k, n: _avx2_fits(k, n),
+             "hand-scheduled vpmaddubsw kernel on the 2-bit codes for every M (a GEMV "
+             "for single rows, 2 weight rows x 4 x rows a step above)", needs_feature=True),
     Strategy("dispatch-vnni", _dispatch("vnni", "blocked"), _DATA_TILING, CPU_TARGETS, VNNI,
              _symbolic, f"scf.if on M: vnni for M <= {GEMV_MAX_M}, blocked above"),
     Strategy("dispatch", _dispatch("addsub", "blocked"), _DATA_TILING, CPU_TARGETS, None,
              _symbolic, f"scf.if on M: addsub for M <= {GEMV_MAX_M}, blocked above"),
-    Strategy("avx2", _int_only(_avx2), (), ("llvm-cpu",), AVX2,
-             lambda m, k, n: _decode(m, k, n) and _avx2_fits(k, n),
-             "hand-scheduled GEMV (decode): vpmaddubsw on the 2-bit codes, 4 rows per "
-             "pass over x, software prefetch", needs_feature=True),
     Strategy("vnni", _int_only(vnni), (), CPU_TARGETS, VNNI, _decode,
              "u8 codes x s8 activations reduced with vpdpbusd (decode)"),
     Strategy("blocked", _int_only(blocked), _DATA_TILING, CPU_TARGETS, None,
