@@ -7,7 +7,9 @@
     exe.save("m.tcm"); tc.load("m.tcm")      # one-file artifacts
 
 With only iree-base-runtime installed (no iree-base-compiler), `import tercomp`
-still gives tc.load, CompiledModule and the errors: saved artifacts run.
+still gives tc.load, CompiledModule and the errors: saved artifacts run. The compiler
+side (tc.compile, tc.trace, tc.nn, the numpy-named functions, ...) is imported on first
+use, so a process that only runs artifacts does not load IREE's compiler or sympy.
 """
 __version__ = "0.1.0"
 
@@ -17,39 +19,59 @@ from .runtime.module import CompiledModule, DeviceArray
 from .runtime.artifact import load
 from .runtime.generator import LMGenerator
 
-try:
-    import iree.compiler as _iree_compiler
-except ImportError:  # a deployment: run saved artifacts only
-    _iree_compiler = None
-
-
 class CompilerMissing(TercompError, AttributeError):
     """A compiler-side name (tc.compile, tc.trace, tc.nn, ...) asked for where only
     iree-base-runtime is installed. An AttributeError too, so hasattr() still works."""
 
 
+_loading = False
+
+
+def _load_compiler_side() -> None:
+    """Import the compiler side (IREE's MLIR bindings and sympy, ~110 MiB of resident
+    memory) into this module. Done on first use of a compiler-side name, so a process
+    that only loads and runs artifacts (tc.load) never pays for it."""
+    global _loading
+    _loading = True      # `from . import x` asks this module for x first: not yet there
+    try:
+        _import_compiler_side()
+    finally:
+        _loading = False
+
+
+def _import_compiler_side() -> None:
+    from . import ir, ops, passes  # noqa: F401
+    from .trace import trace, spec, Tracer  # noqa: F401
+    from .trace import api as _api
+    from .trace.api import sum, max, min, abs  # noqa: F401,A004  (shadow builtins, as numpy does)
+    from . import nn  # noqa: F401
+    from .compiler import compile  # noqa: F401
+    from .transforms import grad, value_and_grad, vjp, jvp, custom_vjp  # noqa: F401
+    from .trace.loops import scan, checkpoint, associative_scan  # noqa: F401
+    from .passes import autodiff as _autodiff  # noqa: F401  registers the autodiff pass
+    from . import optim  # noqa: F401
+    from .train import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
+    from .generate import compile_lm  # noqa: F401
+    names = {k: v for k, v in locals().items() if not k.startswith("_")}
+    names.update({k: getattr(_api, k) for k in getattr(_api, "__all__", dir(_api))
+                  if not k.startswith("_")})
+    globals().update(names)
+
+
 def __getattr__(name):
-    # only reached for names this module does not define: all of the compiler side when
-    # iree-base-compiler is missing
-    if _iree_compiler is None and not name.startswith("__"):
+    # only reached for names this module does not define yet: the compiler side, loaded
+    # on first use (or an error saying what to install when iree-base-compiler is missing)
+    if name.startswith("__") or _loading:
+        raise AttributeError(f"module 'tercomp' has no attribute {name!r}")
+    try:
+        import iree.compiler  # noqa: F401
+    except ImportError:
         raise CompilerMissing(f"tc.{name} needs iree-base-compiler, which is not installed "
                               f"(only iree-base-runtime is: saved artifacts load and run "
                               f"with tc.load)",
                               hint="pip install iree-base-compiler, or pip install -e . "
-                                   "in the tercomp repository")
+                                   "in the tercomp repository") from None
+    _load_compiler_side()
+    if name in globals():
+        return globals()[name]
     raise AttributeError(f"module 'tercomp' has no attribute {name!r}")
-
-if _iree_compiler is not None:
-    from . import ir, ops, passes
-    from .trace import trace, spec, Tracer
-    from .trace.api import *  # noqa: F401,F403  numpy-named functions
-    from .trace.api import sum, max, min, abs  # noqa: A004  (shadow builtins on purpose, as numpy does)
-    from . import nn
-    from .compiler import compile
-
-    from .transforms import grad, value_and_grad, vjp, jvp, custom_vjp
-    from .trace.loops import scan, checkpoint, associative_scan
-    from .passes import autodiff as _autodiff  # noqa: F401  registers the autodiff pass
-    from . import optim
-    from .train import compile_train_step, TrainStep, save_checkpoint, load_checkpoint
-    from .generate import compile_lm

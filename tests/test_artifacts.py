@@ -253,6 +253,21 @@ def test_loads_and_runs_without_the_compiler(saved, mlp_exe, x, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), mlp_exe(x))
 
 
+def test_running_an_artifact_does_not_load_the_compiler(saved, x, tmp_path):
+    """`import tercomp` and tc.load leave IREE's compiler and sympy unimported (~110 MiB
+    of resident memory); the first compiler-side name loads them."""
+    np.save(tmp_path / "x.npy", x)
+    script = (
+        "import sys, numpy as np\n"
+        "import tercomp as tc\n"
+        f"tc.load({saved!r})(np.load({str(tmp_path / 'x.npy')!r}))\n"
+        "assert not {'iree.compiler', 'sympy'} & set(sys.modules), 'compiler side loaded'\n"
+        "assert callable(tc.compile) and callable(tc.exp) and tc.nn.BitLinear\n"
+        "assert {'iree.compiler', 'sympy'} <= set(sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 def test_vulkan_and_cuda_artifacts_record_their_targets(tmp_path):
     exe = tc.compile(lambda a: tc.exp(a), tc.spec(("N",)), target=["cuda", "vulkan"],
                      vulkan_target="rdna3")
