@@ -27,12 +27,14 @@ from iree.compiler import ir  # noqa: E402
 from iree.compiler.dialects import arith, func, linalg, tensor  # noqa: E402
 
 from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session  # noqa: E402
-from tercomp.codegen.ternary_strategies import (choose_strategy, emit_ternary_matmul,  # noqa: E402
+from tercomp.codegen.ternary_strategies import (STRATEGIES, choose_strategy,  # noqa: E402
+                                                emit_ternary_matmul, host_cpu_features,
                                                 strategy_flags)
 from tercomp.ops.ternary_pack import absmean_ternarize, pack_ternary  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 2048, 2048)]
-VARIANTS = [("addsub", True), ("vnni", True), ("int8", True), ("f32", True), ("f32", False)]
+VARIANTS = [("avx2", True), ("addsub", True), ("vnni", True), ("int8", True), ("f32", True),
+            ("f32", False)]
 DENSE_FLAGS = ["--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all",
                "--iree-opt-const-expr-max-size-increase-threshold=4294967296",
                "--iree-opt-const-eval=false"]
@@ -119,6 +121,9 @@ def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng) -> list:
 
     variants = [("IREE f32 linalg.matmul (data tiling)", emit_dense, DENSE_FLAGS)]
     for strategy, aq in VARIANTS:
+        row = STRATEGIES[strategy]
+        if row.needs_feature and row.feature not in host_cpu_features():
+            continue            # e.g. avx2 on a host without AVX2
         variants.append((strategy + ("" if aq else " noquant"),
                          lambda v, layer, s=strategy, a=aq: emit_ternary_matmul(
                              v, layer[2], k, n, layer[1], strategy=s, act_quant=a),

@@ -194,6 +194,12 @@ CASES = [
          lambda a, b: [np.einsum("bmk,bnk->bmn", a, b)], sym=[("B", "S", 4), ("B", 5, 4)], diff=(0, 1)),
     Case("matmul_int", "matmul", [ints(-3, 3, 2, 3), ints(-3, 3, 2, 3, 4)], {},
          lambda a, b: [np.stack([a @ b[0], a @ b[1]]).astype(np.int32)], diff=()),
+    Case("widening_matmul_f16", "widening_matmul", [rand(3, 16), rand(5, 16).astype(np.float16)],
+         {"kernel": "generic"}, lambda x, w: [x @ w.astype(np.float32).T], sym=[("B", 16), None],
+         diff=()),
+    Case("widening_matmul_i8", "widening_matmul",
+         [rand(3, 8), np.arange(-20, 20, dtype=np.int8).reshape(5, 8)], {"kernel": "generic"},
+         lambda x, w: [x @ w.astype(np.float32).T], diff=()),
     # composite
     Case("softmax", "softmax", [rand(3, 5) * 4], {"axis": -1}, lambda x: [_np_softmax(x, -1)],
          sym=[("B", 5)]),

@@ -96,17 +96,43 @@ def test_int8_lowers_to_an_i8_matmul(int8):
 
 
 @pytest.fixture(scope="module")
-def auto():
-    return _compile("auto")
+def dispatch():
+    return _compile("dispatch")
 
 
-def test_symbolic_batch_dispatches_at_run_time(auto):
-    """"auto" with a symbolic batch: one 2-bit constant, and an scf.if on the batch size
-    between a decode kernel that reads it (addsub, or vnni on a host with VNNI) and the
+def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
+    """On an AVX2 host, "auto" with a symbolic batch is the avx2 kernel: one flow.dispatch
+    reading the one 2-bit constant, whatever the batch size, no branch on it."""
+    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    if AVX2 not in host_cpu_features():
+        pytest.skip("host CPU lacks AVX2")
+    auto = _compile("auto")
+    run_filecheck(auto.ir("ternary"), r"""
+# CHECK: "tern.ternary_matmul"(%x, %{{.*}}) {{{.*}}strategy = "avx2"}
+""")
+    run_filecheck(auto.ir("mlir"), r"""
+# CHECK-LABEL: func.func @forward(%arg0: tensor<?x256xf32>) -> tensor<?x128xf32>
+# CHECK:       %[[W:.*]] = arith.constant dense_resource<__elided__> : tensor<128x64xi8>
+# CHECK-NOT:   arith.constant dense_resource
+# CHECK-NOT:   scf.if
+# CHECK:       flow.dispatch @tern_avx2_gemv_128x64::@tern_avx2_gemv_128x64[%{{.*}}](%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}})
+# CHECK-NOT:   scf.if
+# CHECK:       return
+""")
+    x = np.random.default_rng(1).standard_normal((9, K)).astype(np.float32)
+    ref = _compile("f32")
+    for b in (1, 4, 5, 9):
+        np.testing.assert_allclose(auto(x[:b]), ref(x[:b]), rtol=1e-6, atol=1e-6)
+
+
+def test_symbolic_batch_dispatches_at_run_time(dispatch):
+    """"dispatch" (auto's choice for a symbolic batch without AVX2): one 2-bit constant,
+    and an scf.if on the batch size between a decode kernel that reads it (addsub) and the
     blocked kernel that unpacks slices of it inside a loop: no whole unpacked copy. The
     barrier keeps IREE from folding each branch's view of it into a constant of its own."""
+    auto = dispatch
     run_filecheck(auto.ir("ternary"), r"""
-# CHECK: "tern.ternary_matmul"(%x, %{{.*}}) {{{.*}}strategy = "dispatch{{(-vnni)?}}"}
+# CHECK: "tern.ternary_matmul"(%x, %{{.*}}) {{{.*}}strategy = "dispatch"}
 """)
     run_filecheck(auto.ir("mlir"), r"""
 # CHECK-LABEL: func.func @forward(%arg0: tensor<?x256xf32>) -> tensor<?x128xf32>

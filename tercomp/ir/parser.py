@@ -512,8 +512,17 @@ def _bad_dim(n):
     raise ValueError(f"{n!r} is not a dimension")
 
 
+def _ensure_registry() -> None:
+    """The op registry installs its shape rules here when tercomp.ops is imported; with
+    tercomp's compiler side loaded lazily, `from tercomp.ir import parse` alone has not
+    imported it yet, and ops would go unchecked."""
+    if _infer is None:
+        import tercomp.ops  # noqa: F401,PLC0415  (tercomp.ops imports this module)
+
+
 def parse(text: str, filename: str = "<string>") -> Graph:
     """Parse tern IR text into a Graph. Raises ParseError with line and column."""
+    _ensure_registry()
     p = _Parser(text, filename)
     try:
         return p.parse()

@@ -38,6 +38,7 @@ def _verify(graph: Graph, where: str, names: set, depth: int) -> None:
             raise VerifyError(f"input %{v.name} is defined twice{where}")
         names.add(v.name)
         defined.add(id(v))
+    _parser._ensure_registry()
     infer = _parser._infer
     for op in graph.ops:
         for i, v in enumerate(op.operands):
