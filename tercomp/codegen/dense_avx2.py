@@ -18,6 +18,7 @@ from __future__ import annotations
 from iree.compiler import ir
 
 from .executables import dispatch, ensure_executable
+from .executables import executable_text as wrap_executable
 
 ROWS = 4
 LANES = 16
@@ -69,17 +70,7 @@ def executable_text(name: str, n: int, k: int) -> str:
     rpw = max(ROWS, -(-per // ROWS) * ROWS)
     groups = -(-n // rpw)
     xt, wt, ot = f"memref<?x{k}xf32>", f"memref<{n}x{k}xf16>", f"memref<?x{n}xf32>"
-    return f"""
-stream.executable private @{name} {{
-  stream.executable.export public @{name} workgroups(%m: index) -> (index, index, index) {{
-    %c1 = arith.constant 1 : index
-    %g = arith.constant {groups} : index
-    stream.return %g, %c1, %c1 : index, index, index
-  }}
-  builtin.module {{
-    func.func @{name}(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding,
-                    %m: index) {{
-      %c0 = arith.constant 0 : index
+    body = f"""      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %cr = arith.constant {ROWS} : index
       %ck = arith.constant {k} : index
@@ -101,12 +92,8 @@ stream.executable private @{name} {{
       scf.for %rb = %r0 to %rg step %cr {{{_row_block(ROWS, k, xt, wt, ot, "b")}
       }}
       scf.for %rt = %rg to %r1 step %c1 {{{_row_block(1, k, xt, wt, ot, "t")}
-      }}
-      return
-    }}
-  }}
-}}
-"""
+      }}"""
+    return wrap_executable(name, groups, "%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %m: index", body)
 
 
 def emit(x: ir.Value, w: ir.Value, m_dim: ir.Value, n: int, k: int) -> ir.Value:

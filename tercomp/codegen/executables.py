@@ -38,3 +38,24 @@ def dispatch(executable: str, entry: str, workload: Sequence[ir.Value], args: Se
                          ir.ArrayAttr.get([ir.SymbolRefAttr.get([executable, entry])]),
                          list(args), list(arg_dims), list(result_dims))
     return op.result
+
+
+def executable_text(name: str, groups: int, params: str, body: str) -> str:
+    """`stream.executable @name` with one export `@name` over `groups` workgroups (along
+    x) whose function takes `params` (stream bindings and scalars, the last `%m: index`,
+    the workload) and runs `body` (the statements before `return`)."""
+    return f"""
+stream.executable private @{name} {{
+  stream.executable.export public @{name} workgroups(%m: index) -> (index, index, index) {{
+    %c1 = arith.constant 1 : index
+    %g = arith.constant {groups} : index
+    stream.return %g, %c1, %c1 : index, index, index
+  }}
+  builtin.module {{
+    func.func @{name}({params}) {{
+{body}
+      return
+    }}
+  }}
+}}
+"""

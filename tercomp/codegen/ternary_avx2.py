@@ -29,6 +29,7 @@ from iree.compiler.dialects import arith
 
 from ..ops.ternary_pack import ACT_EPS, ACT_MAX
 from .executables import dispatch, ensure_executable
+from .executables import executable_text as wrap_executable
 
 #: Output rows that share one pass over x.
 ROWS = 4
@@ -243,17 +244,7 @@ def executable_text(name: str, n: int, kb: int) -> str:
     quant_block = "".join(_quantize_row(kp, b, f"%xr{b}") for b in range(MB))
     xrows = "\n".join(f"          %xr{b} = affine.apply affine_map<(d0) -> (d0 + {b})>(%mrow)"
                        for b in range(MB))
-    return f"""
-stream.executable private @{name} {{
-  stream.executable.export public @{name} workgroups(%m: index) -> (index, index, index) {{
-    %c1 = arith.constant 1 : index
-    %g = arith.constant {groups} : index
-    stream.return %g, %c1, %c1 : index, index, index
-  }}
-  builtin.module {{
-    func.func @{name}(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding,
-                    %wscale: f32, %m: index) {{
-      %c0 = arith.constant 0 : index
+    body = f"""      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
 {consts}
       %c8 = arith.constant 8 : index
@@ -295,12 +286,8 @@ stream.executable private @{name} {{
 {xrows}{quant_block}{_gemm_loop(kb, wt, bt, ot)}
       }}
       scf.for %mrow = %mfull to %m step %c1 {{{_quantize_row(kp, 0, "%mrow")}{_gemv_loop(kb, wt, bt, ot)}
-      }}
-      return
-    }}
-  }}
-}}
-"""
+      }}"""
+    return wrap_executable(name, groups, "%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index", body)
 
 
 def emit(kern) -> ir.Value:
