@@ -30,7 +30,7 @@ from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_ses
 from tercomp.codegen.ternary_strategies import (STRATEGIES, choose_strategy,  # noqa: E402
                                                 emit_ternary_matmul, host_cpu_features,
                                                 strategy_flags)
-from tercomp.ops.ternary_pack import absmean_ternarize, pack_ternary  # noqa: E402
+from tercomp.ternary_pack import absmean_ternarize, pack_ternary  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 2048, 2048)]
 VARIANTS = [("avx2", True), ("addsub", True), ("vnni", True), ("int8", True), ("f32", True),

@@ -19,7 +19,7 @@ import numpy as np
 
 import tercomp as tc
 from tercomp import nn
-from tercomp.ops import ternary_pack as tp
+from tercomp import ternary_pack as tp
 
 
 class BitMLP(nn.Module):
@@ -38,7 +38,7 @@ def layers(model):
 
 def reference(model, x):
     """The compiled arithmetic in NumPy: per-row int8 activations times the ternary
-    weights, times the layer's scale (tercomp.ops.ternary_pack)."""
+    weights, times the layer's scale (tercomp.ternary_pack)."""
     for i, layer in enumerate(layers(model)):
         t, scale = layer.ternary()
         x = tp.ternary_matmul_reference(x, tp.pack_ternary(t), layer.in_features, scale, True)

@@ -13,6 +13,9 @@ use, so a process that only runs artifacts does not load IREE's compiler or symp
 """
 __version__ = "0.1.0"
 
+import importlib
+import importlib.util
+
 from .errors import (TercompError, TraceError, ParseError, VerifyError, CompileError,
                      InputError, ArtifactError, DeviceUnavailable, NumericsError)
 from .runtime.module import CompiledModule, DeviceArray
@@ -24,22 +27,10 @@ class CompilerMissing(TercompError, AttributeError):
     iree-base-runtime is installed. An AttributeError too, so hasattr() still works."""
 
 
-_loading = False
-
-
 def _load_compiler_side() -> None:
     """Import the compiler side (IREE's MLIR bindings and sympy, ~110 MiB of resident
     memory) into this module. Done on first use of a compiler-side name, so a process
     that only loads and runs artifacts (tc.load) never pays for it."""
-    global _loading
-    _loading = True      # `from . import x` asks this module for x first: not yet there
-    try:
-        _import_compiler_side()
-    finally:
-        _loading = False
-
-
-def _import_compiler_side() -> None:
     from . import ir, ops, passes  # noqa: F401
     from .trace import trace, spec, Tracer  # noqa: F401
     from .trace import api as _api
@@ -59,13 +50,17 @@ def _import_compiler_side() -> None:
 
 
 def __getattr__(name):
-    # only reached for names this module does not define yet: the compiler side, loaded
-    # on first use (or an error saying what to install when iree-base-compiler is missing)
-    if name.startswith("__") or _loading:
+    # only reached for names this module does not define yet: a subpackage (tc.nn, or
+    # `from . import nn` inside tercomp) is imported alone, so that a module half-way
+    # through its own imports does not pull in the whole compiler side; any other name
+    # loads the compiler side (or says what to install when iree-base-compiler is missing)
+    if name.startswith("__"):
         raise AttributeError(f"module 'tercomp' has no attribute {name!r}")
     try:
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f"{__name__}.{name}")
         import iree.compiler  # noqa: F401
-    except ImportError:
+    except ImportError:     # only the compiler side needs more than iree-base-runtime
         raise CompilerMissing(f"tc.{name} needs iree-base-compiler, which is not installed "
                               f"(only iree-base-runtime is: saved artifacts load and run "
                               f"with tc.load)",

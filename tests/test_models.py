@@ -10,7 +10,7 @@ import pytest
 
 import tercomp as tc
 from tercomp import models, nn
-from tercomp.ops import ternary_pack as tp
+from tercomp import ternary_pack as tp
 from tercomp.passes import run_pipeline
 
 import bitnet_ref as R

@@ -5,7 +5,7 @@ import pytest
 import tercomp as tc
 from tercomp import nn
 from tercomp.errors import TercompError
-from tercomp.ops import ternary_pack as tp
+from tercomp import ternary_pack as tp
 from tests.conftest import run_filecheck
 
 

@@ -8,7 +8,7 @@ import pytest
 import tercomp as tc
 from conftest import run_filecheck
 from tercomp import nn
-from tercomp.ops import ternary_pack as tp
+from tercomp import ternary_pack as tp
 from tercomp.runtime.module import driver_present
 
 K, N = 256, 96

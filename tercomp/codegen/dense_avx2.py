@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from iree.compiler import ir
 
-from .executables import dispatch, ensure_executable
+from .executables import dispatch, ensure_executable, load_row, split_rows
 from .executables import executable_text as wrap_executable
 
 ROWS = 4
 LANES = 16
 PREFETCH_ROWS = 8
+WORKGROUPS = 32
 
 
 def fits(k: int) -> bool:
@@ -35,11 +36,7 @@ def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str) -> str:
     r = f"%r{tag}"
     loads = [f"%xv = vector.load %x[%mi, %c] : {xt}, {vf}"]
     for i in range(rows):
-        loads += [
-            f"%row{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({r})",
-            f"%wh{i} = vector.load %w[%row{i}, %c] : {wt}, {vh}",
-            f"%pre{i} = affine.apply affine_map<(d0) -> (d0 + {PREFETCH_ROWS})>(%row{i})",
-            f"memref.prefetch %w[%pre{i}, %c], read, locality<0>, data : {wt}",
+        loads += load_row("wh", i, r, "%c", "%w", wt, vh, PREFETCH_ROWS) + [
             f"%wf{i} = arith.extf %wh{i} : {vh} to {vf}",
             f"%n{i} = vector.fma %wf{i}, %xv, %a{i} : {vf}",
         ]
@@ -66,9 +63,7 @@ def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str) -> str:
 def executable_text(name: str, n: int, k: int) -> str:
     """`stream.executable @name` whose export `@name` maps x [M, K] f32 and w [N, K] f16 to
     x @ f32(w)^T [M, N] f32."""
-    per = -(-n // 32)
-    rpw = max(ROWS, -(-per // ROWS) * ROWS)
-    groups = -(-n // rpw)
+    rpw, groups = split_rows(n, WORKGROUPS, ROWS)
     xt, wt, ot = f"memref<?x{k}xf32>", f"memref<{n}x{k}xf16>", f"memref<?x{n}xf32>"
     body = f"""      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
@@ -93,7 +88,8 @@ def executable_text(name: str, n: int, k: int) -> str:
       }}
       scf.for %rt = %rg to %r1 step %c1 {{{_row_block(1, k, xt, wt, ot, "t")}
       }}"""
-    return wrap_executable(name, groups, "%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %m: index", body)
+    return wrap_executable(name, groups, "%bx: !stream.binding, %bw: !stream.binding, "
+                           "%bo: !stream.binding, %m: index", body)
 
 
 def emit(x: ir.Value, w: ir.Value, m_dim: ir.Value, n: int, k: int) -> ir.Value:

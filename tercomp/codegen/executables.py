@@ -40,6 +40,27 @@ def dispatch(executable: str, entry: str, workload: Sequence[ir.Value], args: Se
     return op.result
 
 
+def split_rows(n: int, workgroups: int, align: int) -> tuple[int, int]:
+    """(rows per workgroup, workgroup count): about `workgroups` workgroups over n rows,
+    each a multiple of `align` rows."""
+    per = -(-n // workgroups)
+    rows = max(align, -(-per // align) * align)
+    return rows, -(-n // rows)
+
+
+def load_row(dst: str, i: int, base: str, col: str, mem: str, mem_type: str, vec_type: str,
+             ahead: int) -> list[str]:
+    """MLIR lines loading `vec_type` from row `base` + i of `mem` at column `col` into
+    %{dst}{i}, and prefetching the same column `ahead` rows further on (past the last row
+    that address is in no row: x86 prefetches never fault)."""
+    return [
+        f"%row{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({base})",
+        f"%{dst}{i} = vector.load {mem}[%row{i}, {col}] : {mem_type}, {vec_type}",
+        f"%pre{i} = affine.apply affine_map<(d0) -> (d0 + {ahead})>(%row{i})",
+        f"memref.prefetch {mem}[%pre{i}, {col}], read, locality<0>, data : {mem_type}",
+    ]
+
+
 def executable_text(name: str, groups: int, params: str, body: str) -> str:
     """`stream.executable @name` with one export `@name` over `groups` workgroups (along
     x) whose function takes `params` (stream bindings and scalars, the last `%m: index`,

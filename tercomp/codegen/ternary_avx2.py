@@ -1,5 +1,6 @@
-"""The "avx2" decode kernel: a hand-scheduled GEMV over the 2-bit constant, written as
-vector code in a `stream.executable` that the ternary matmul dispatches to with
+"""The "avx2" ternary matmul kernel: hand-scheduled vector code over the 2-bit constant
+for every batch size (a GEMV loop for single rows of x, a GEMM loop for blocks of MB
+rows), written as a `stream.executable` that the ternary matmul dispatches to with
 `flow.dispatch` (IREE compiles it like any dispatch, for the host CPU; no object file).
 
 Why hand-scheduled: IREE's vectorizer turns the portable `addsub` kernel into about 70
@@ -14,9 +15,10 @@ per 32 packed bytes of a row,
     a += vpmaddwd(s, 1)                           i16 pairs -> i32 lanes
 
 and y = (sum(a) - sum(x)) * scale * max|x| / 127 at the end (sum(w x) = sum(u x) - sum x).
-Four output rows share each load of x; no horizontal add inside the K loop; each row's
-next bytes are prefetched two row groups ahead; the rows are split into workgroups that
-IREE's task system spreads over the cores.
+In the GEMV loop four output rows share each load of x; in the GEMM loop each decoded
+weight chunk meets MB rows of x. No horizontal add inside the K loop; each row's next
+bytes are prefetched two row groups ahead; the rows are split into workgroups that
+IREE's task system spreads over the cores; each workgroup quantizes x itself.
 
 Needs: llvm-cpu with AVX2, K/4 a multiple of 32 and N a multiple of 4 (the strategy
 table's rule checks it; other shapes take `addsub`).
@@ -27,8 +29,8 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from ..ops.ternary_pack import ACT_EPS, ACT_MAX
-from .executables import dispatch, ensure_executable
+from ..ternary_pack import ACT_EPS, ACT_MAX
+from .executables import dispatch, ensure_executable, load_row, split_rows
 from .executables import executable_text as wrap_executable
 
 #: Output rows that share one pass over x.
@@ -58,12 +60,6 @@ WORKGROUPS = 4
 def fits(k_bytes: int, n: int) -> bool:
     """Whether the kernel takes a [N, KB] packed matrix."""
     return k_bytes % CHUNK == 0 and n % ROWS == 0 and 4 * k_bytes <= MAX_KP
-
-
-def _rows_per_workgroup(n: int) -> int:
-    """About WORKGROUPS workgroups, ROWS-aligned."""
-    per = -(-n // WORKGROUPS)
-    return max(ROWS, -(-per // ROWS) * ROWS)
 
 
 def _f(v) -> str:
@@ -114,12 +110,7 @@ def _codes(i: int, wt: str) -> list[str]:
     """Load 32 packed bytes of weight row %r + i at %c (prefetching the row
     PREFETCH_ROWS ahead) and define %q{i}_{j}, its u = w + 1 codes of plane j."""
     v8 = _V8
-    lines = [
-        f"%row{i} = affine.apply affine_map<(d0) -> (d0 + {i})>(%r)",
-        f"%raw{i} = vector.load %w[%row{i}, %c] : {wt}, {v8}",
-        # past the last row this computes an address in no row: x86 prefetches never fault
-        f"%pre{i} = affine.apply affine_map<(d0) -> (d0 + {PREFETCH_ROWS})>(%row{i})",
-        f"memref.prefetch %w[%pre{i}, %c], read, locality<0>, data : {wt}",
+    lines = load_row("raw", i, "%r", "%c", "%w", wt, v8, PREFETCH_ROWS) + [
         f"%lo{i} = arith.andi %raw{i}, %m55 : {v8}",
         f"%hs{i} = arith.shrui %raw{i}, %s1 : {v8}",
         f"%hi{i} = arith.andi %hs{i}, %m55 : {v8}",
@@ -236,8 +227,8 @@ def executable_text(name: str, n: int, kb: int) -> str:
     at a time through the GEMM loop, the remaining rows one by one through the GEMV loop.
     Each workgroup quantizes x itself (a few microseconds a row) rather than leaving it
     to four dispatches of their own, each a task-system round trip."""
-    kp, rpw = 4 * kb, _rows_per_workgroup(n)
-    groups = -(-n // rpw)
+    kp = 4 * kb
+    rpw, groups = split_rows(n, WORKGROUPS, ROWS)
     bt, wt, ot = f"memref<{MB}x{kp}xi8>", f"memref<{n}x{kb}xi8>", f"memref<?x{n}xf32>"
     v8 = _V8
     consts = "\n".join(f"      %c{b} = arith.constant {b} : index" for b in range(2, MB))
@@ -287,7 +278,8 @@ def executable_text(name: str, n: int, kb: int) -> str:
       }}
       scf.for %mrow = %mfull to %m step %c1 {{{_quantize_row(kp, 0, "%mrow")}{_gemv_loop(kb, wt, bt, ot)}
       }}"""
-    return wrap_executable(name, groups, "%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index", body)
+    return wrap_executable(name, groups, "%bx: !stream.binding, %bw: !stream.binding, "
+                           "%bo: !stream.binding, %wscale: f32, %m: index", body)
 
 
 def emit(kern) -> ir.Value:

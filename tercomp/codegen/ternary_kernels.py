@@ -1,5 +1,5 @@
 """MLIR emitters for `y[M, N] = scale * x[M, K] @ T[N, K]^T` with T ternary and packed
-2-bit planar (`tercomp/ops/ternary_pack.py`), built with IREE's MLIR Python builders:
+2-bit planar (`tercomp/ternary_pack.py`), built with IREE's MLIR Python builders:
 the state one kernel shares (`_Kernel`: x, its static or dynamic M, the weights, the
 activation quantizer and the final scaling) and the portable kernels, the formulations
 measured in `shared/kernels/` (README there). The CPU "vnni" family is in
@@ -26,7 +26,7 @@ Every kernel computes `ternary_matmul_reference` (up to float rounding):
 >>> from iree.compiler.dialects import func
 >>> from tercomp.codegen.iree_session import HOST_CPU_FLAGS, build_and_compile
 >>> from tercomp.codegen.ternary_strategies import emit_ternary_matmul, strategy_flags
->>> from tercomp.ops.ternary_pack import absmean_ternarize, pack_ternary
+>>> from tercomp.ternary_pack import absmean_ternarize, pack_ternary
 >>> t, scale = absmean_ternarize(np.random.default_rng(0).standard_normal((6, 10)))
 >>> packed = pack_ternary(t)
 >>> def build():
@@ -48,7 +48,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, tensor, util
 
 from ..errors import TercompError
-from ..ops.ternary_pack import ACT_EPS, ACT_MAX, k_split
+from ..ternary_pack import ACT_EPS, ACT_MAX, k_split
 
 _PAR = "#linalg.iterator_type<parallel>"
 _RED = "#linalg.iterator_type<reduction>"
@@ -75,7 +75,7 @@ def check_packed(packed, k: int, n: int) -> np.ndarray | ir.Value:
                            f"[{n}, {k}] matrix (need [N, KB] with 4 * KB >= K)")
     if ((packed & (packed >> 1)) & 0x55).any():
         raise TercompError("packed ternary weights hold invalid 2-bit codes 0b11",
-                           hint="pack the weights with tercomp.ops.ternary_pack.pack_ternary")
+                           hint="pack the weights with tercomp.ternary_pack.pack_ternary")
     return np.ascontiguousarray(packed)
 
 

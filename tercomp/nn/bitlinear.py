@@ -1,6 +1,6 @@
 """BitLinear (BitNet b1.58): ternary weights, optional int8 activation quantization.
 
-Exact semantics (the NumPy references are tercomp.ops.ternary_pack):
+Exact semantics (the NumPy references are tercomp.ternary_pack):
 
 - weights, per tensor (absmean): scale = max(mean(|W|), 1e-5),
   W_t = clip(rint(W / scale), -1, 1) in {-1, 0, +1} (rint rounds half to even);
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TercompError
-from ..ops import ternary_pack as tp
+from .. import ternary_pack as tp
 from ..trace import api as _t
 from ..trace.tracer import Tracer, apply, current_trace
 from .layers import _uniform

@@ -13,7 +13,11 @@ cotangent with the other operand, then summed over the batch dims that were broa
 from __future__ import annotations
 
 import numpy as np
+from iree.compiler import ir
+from iree.compiler.dialects import arith, linalg, math
 
+from ..codegen import dense_avx2
+from ..codegen.builders import PARALLEL, REDUCTION, affine_map
 from ..errors import TraceError
 from ..ir import TensorType
 from ..ir.types import is_float
@@ -61,8 +65,6 @@ def _matmul_ref(xs, attrs):
 
 
 def _matmul_lower(ctx, op, xs):
-    from iree.compiler.dialects import arith, linalg
-    from ..codegen.builders import affine_map, PARALLEL, REDUCTION
     a_t, b_t = (v.type for v in op.operands)
     out = op.results[0].type
     init = ctx.fill(out, 0)
@@ -144,10 +146,6 @@ def _wm_ref(xs, attrs):
 
 
 def _wm_lower(ctx, op, xs):
-    from iree.compiler import ir
-    from iree.compiler.dialects import arith, math
-    from ..codegen import dense_avx2
-    from ..codegen.builders import affine_map, PARALLEL, REDUCTION
     x_t, w_t = (v.type for v in op.operands)
     n, k = w_t.shape
     if op.attrs["kernel"] == "avx2" and w_t.dtype == "f16" and dense_avx2.fits(k):

@@ -25,7 +25,7 @@ from ..ir import TensorType
 from ..ir.types import is_float
 from ..codegen.ternary_kernels import unpack_codes
 from ..codegen.ternary_strategies import NAMES, emit_ternary_matmul
-from . import ternary_pack as tp
+from .. import ternary_pack as tp
 from .registry import OpDef, REQUIRED, register
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ir import Graph
 from ..codegen.ternary_strategies import check_strategy, choose_strategy
-from ..ops import ternary_pack as tp
+from .. import ternary_pack as tp
 from ..ops.shape_util import same_dim
 from .manager import register_pass
 from .rewrite import dce, rewrite

@@ -1,5 +1,7 @@
 """Ternary weights: absmean quantization, 2-bit planar packing, and the NumPy semantics
-of the ternary matmul kernels (`tercomp/codegen/ternary_kernels.py`).
+of the ternary matmul kernels (`tercomp/codegen/ternary_kernels.py`). A leaf module
+(NumPy only): the ops (tern.ternary_matmul lowers through codegen) and the codegen
+kernels (which need its constants) both import it, so it sits in neither package.
 
 Packing layout (planar, as measured in `shared/kernels/README.md`)
 -------------------------------------------------------------------
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TercompError
+from .errors import TercompError
 
 #: Largest KO for which the i16 partial sums of the int8 add/sub kernel cannot overflow.
 KO_MAX = 64
