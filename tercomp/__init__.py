@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 
 import importlib
 import importlib.util
+import sys
+import types
 
 from .errors import (TercompError, TraceError, ParseError, VerifyError, CompileError,
                      InputError, ArtifactError, DeviceUnavailable, NumericsError)
@@ -43,10 +45,24 @@ def _load_compiler_side() -> None:
     from . import optim  # noqa: F401
     from .train import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
     from .generate import compile_lm  # noqa: F401
-    names = {k: v for k, v in locals().items() if not k.startswith("_")}
+    names = {k: v for k, v in locals().items() if not k.startswith("_") and k != "trace"}
+    names["_trace_function"] = trace
     names.update({k: getattr(_api, k) for k in getattr(_api, "__all__", dir(_api))
                   if not k.startswith("_")})
     globals().update(names)
+
+
+def _require_compiler_side(name: str) -> None:
+    """Load the compiler side for `tc.<name>`, or say what to install."""
+    try:
+        import iree.compiler  # noqa: F401
+    except ImportError:
+        raise CompilerMissing(f"tc.{name} needs iree-base-compiler, which is not installed "
+                              f"(only iree-base-runtime is: saved artifacts load and run "
+                              f"with tc.load)",
+                              hint="pip install iree-base-compiler, or pip install -e . "
+                                   "in the tercomp repository") from None
+    _load_compiler_side()
 
 
 def __getattr__(name):
@@ -59,14 +75,29 @@ def __getattr__(name):
     try:
         if importlib.util.find_spec(f"{__name__}.{name}") is not None:
             return importlib.import_module(f"{__name__}.{name}")
-        import iree.compiler  # noqa: F401
     except ImportError:     # only the compiler side needs more than iree-base-runtime
-        raise CompilerMissing(f"tc.{name} needs iree-base-compiler, which is not installed "
-                              f"(only iree-base-runtime is: saved artifacts load and run "
-                              f"with tc.load)",
-                              hint="pip install iree-base-compiler, or pip install -e . "
-                                   "in the tercomp repository") from None
-    _load_compiler_side()
+        _require_compiler_side(name)
+    _require_compiler_side(name)
     if name in globals():
         return globals()[name]
     raise AttributeError(f"module 'tercomp' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """tercomp itself. `tc.trace` is the function, though `tercomp.trace` is also a
+    package: importing that package makes Python set the attribute `trace` here, which
+    the setter ignores, so the name keeps meaning the function whatever was imported
+    first (eagerly, the import order used to settle it)."""
+
+    @property
+    def trace(self):
+        if "_trace_function" not in globals():
+            _require_compiler_side("trace")
+        return globals()["_trace_function"]
+
+    @trace.setter
+    def trace(self, value):
+        pass
+
+
+sys.modules[__name__].__class__ = _Package

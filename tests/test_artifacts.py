@@ -237,7 +237,7 @@ def test_loads_and_runs_without_the_compiler(saved, mlp_exe, x, tmp_path):
         "sys.modules['iree.compiler'] = None  # as if iree-base-compiler were not installed\n"
         "sys.modules['sympy'] = None          # the runtime needs neither it nor sympy\n"
         "import tercomp as tc\n"
-        "assert not hasattr(tc, 'compile') and not hasattr(tc, 'nn')\n"
+        "assert not any(hasattr(tc, n) for n in ('compile', 'nn', 'trace'))\n"
         "try:\n"
         "    tc.compile\n"
         "except tc.TercompError as e:\n"
@@ -277,6 +277,18 @@ def test_each_package_imports_first(module):
     r = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_tc_trace_is_the_function_whatever_was_imported_first():
+    """`tercomp.trace` is also a package; importing it first must not turn tc.trace into
+    the package."""
+    for first in ("import tercomp.trace.api", "from tercomp import models", "pass"):
+        script = (f"{first}\nimport tercomp as tc\nfrom tercomp import trace\n"
+                  "assert callable(tc.trace) and trace is tc.trace, tc.trace\n"
+                  "assert tc.trace(lambda a: a * 2, tc.spec((3,))).outputs\n")
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, (first, r.stderr)
 
 
 def test_vulkan_and_cuda_artifacts_record_their_targets(tmp_path):
