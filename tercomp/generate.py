@@ -75,13 +75,15 @@ class _Step(nn.Module):
     stored in f16 by default, widened in registers (`tern.widening_matmul`)."""
 
     def __init__(self, lm: BitNetLM, max_seq: int, kv_dtype: str,
-                 output_dtype: str = "float16", kernel: str = "generic"):
+                 output_dtype: str = "float16", kernel: str = "generic",
+                 attention: str = "generic"):
         self.lm = lm
         c = lm.config
         cos, sin = rope_tables(c, np.arange(max_seq))
         self._cos, self._sin = cos, sin           # [max_seq, D/2]: not parameters
         self._kv_dtype = kv_dtype
         self._kernel = kernel
+        self._attention = attention
         self._table = None
         if OUTPUT_DTYPES[output_dtype] is not None:
             w = lm.lm_head.weight if lm.lm_head is not None else lm.embed_tokens.weight
@@ -115,7 +117,7 @@ class _Step(nn.Module):
             kc = apply("cache_write", caches[2 * i], k.reshape(-1, kv, d).astype(self._kv_dtype), start)
             vc = apply("cache_write", caches[2 * i + 1], v.astype(self._kv_dtype), start)
             o = apply("cached_attention", q.reshape(-1, h, d), kc, vc, start,
-                      scale=float(1.0 / np.sqrt(d)))
+                      scale=float(1.0 / np.sqrt(d)), kernel=self._attention)
             x = x + a.o_proj(a.attn_sub_norm(o.reshape(1, -1, h * d)))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             out += [kc, vc]
@@ -180,6 +182,8 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     names = [t.name for t in targets]
     # the hand-written f16 GEMV where the module is for this host and it has AVX2
     kernel = "avx2" if AVX2 in target_features(names) else "generic"
+    # the hand-written decode attention where the module is for CPUs only
+    attention = "cpu" if names == ["llvm-cpu"] else "generic"
     check_strategy(ternary, names)
     device = pick_device(names, device)
     check_threads(names, device, threads)
@@ -193,7 +197,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
         # Keyed on the model and the options, not on the traced IR: a hit skips tracing,
         # the passes and the lowering, which cost more than IREE for a large model.
         key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv,
-                                ternary, output_dtype, kernel, "\0".join(names),
+                                ternary, output_dtype, kernel, attention, "\0".join(names),
                                 "\0".join(user_flags), STEP,
                                 numerics_enabled(check_numerics),
                                 __version__, IREE_VERSION)
@@ -203,7 +207,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
             exe = from_parts(cached, vmfb, irpa, device=device, threads=threads, cache_key=key,
                              cache_hit=True, lm=meta["lm"])
             return LMGenerator(exe)
-    exe = _build(step=_Step(lm, max_seq, kv, output_dtype, kernel), config=c, cache_type=TensorType(
+    exe = _build(step=_Step(lm, max_seq, kv, output_dtype, kernel, attention), config=c, cache_type=TensorType(
         (max_seq, c.num_key_value_heads, c.head_dim), kv), ternary=ternary, names=names,
         user_flags=user_flags, dump_dir=dump_dir, meta=meta, device=device, threads=threads,
         isolate=isolate, numerics=numerics_enabled(check_numerics))

@@ -9,11 +9,13 @@ updated cache. The generation driver binds a step's cache inputs and outputs to 
   symbolic n is fine): the positions of a run of tokens.
 - `cache_write(cache [S, ...], rows [T, ...], start)`: the cache with rows
   start..start+T-1 replaced by `rows` (XLA's dynamic_update_slice along axis 0).
-- `cached_attention(q [T, H, D], k [S, KV, D], v [S, KV, D], start) {scale}`: causal
+- `cached_attention(q [T, H, D], k [S, KV, D], v [S, KV, D], start) {scale, kernel}`: causal
   softmax attention of the T queries at absolute positions start..start+T-1 over the
   cache rows 0..start+T-1 (query t sees rows 0..start+t). H must be a multiple of KV
   (grouped-query attention: query head h reads kv head h // (H / KV)). Only those
-  start+T rows are read, so a decode step costs O(position), not O(S).
+  start+T rows are read, so a decode step costs O(position), not O(S). `kernel` "cpu"
+  (a module for llvm-cpu only) is the hand-written dispatch of codegen/attention_cpu.py
+  for every T; "generic" (default) is linalg (its decode form for T <= DECODE_MAX_T).
 
 `start` is an i32 scalar (rank 0). Writing or reading past row S is undefined in the
 compiled code (the NumPy reference raises): callers check bounds before the call.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codegen import attention_cpu
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
@@ -164,7 +167,15 @@ def _attn_infer(types, a):
     if not (is_static(h) and is_static(kv) and h % kv == 0 and q.shape[2] == k.shape[2]):
         raise TraceError(f"cached_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
                          "static multiple of the kv heads KV, and the head dims D equal")
+    if a["kernel"] not in ATTENTION_KERNELS:
+        raise TraceError(f"cached_attention: kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
+                         f"got {a['kernel']!r}")
     return [q]
+
+
+#: cached_attention's kernels: "generic" (linalg) and "cpu" (one hand-written dispatch,
+#: for a module compiled for llvm-cpu only)
+ATTENTION_KERNELS = ("generic", "cpu")
 
 
 def _attn_ref(xs, a):
@@ -278,6 +289,11 @@ def _attn_lower(ctx, op, xs):
                       empty(thd), [PARALLEL] * 3, lambda x, s, _acc: arith.DivFOp(x, s).result)
         return out
 
+    if op.attrs["kernel"] == "cpu" and attention_cpu.fits(hd, kt.dtype):
+        # every T: an scf.if on T splits the step's command buffer at every layer (~0.17
+        # ms a layer of a decode step), and the kernel is also the faster prefill at 128
+        return [attention_cpu.emit(q, k, v, p, _index(t) if isinstance(t, int) else t,
+                                   float(op.attrs["scale"]))]
     if isinstance(t, int):
         return [attend(decode=t <= DECODE_MAX_T)]
     few = arith.CmpIOp(arith.CmpIPredicate.ule, t, _index(DECODE_MAX_T)).result
@@ -296,6 +312,6 @@ def _index(v: int):
 
 
 register(OpDef("cached_attention", "cache", _attn_infer, _attn_ref, num_operands=4,
-               attrs={"scale": REQUIRED}, lower=_attn_lower, differentiable=False,
+               attrs={"scale": REQUIRED, "kernel": "generic"}, lower=_attn_lower, differentiable=False,
                nondiff_operands=(0, 1, 2, 3),
                doc="causal attention of q at positions start.. over cache rows 0..start+T-1"))
