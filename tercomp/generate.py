@@ -15,9 +15,11 @@ IREE's host-side passes cost grow with the program, and a separate T = 1 trace g
 measurable decode gain (11-22 ms vs 11-19 ms a token, 2 layers of the bench shape on a
 shared 2-core AVX2 machine).
 
-The step (`_Step.forward`): embed, then per layer RoPE'd q/k/v, `cache_write` of this
-call's k/v rows at `start`, `cached_attention` over cache rows 0..start+T-1
-(tercomp/ops/cache.py), and the output layer on the rows asked for. The
+The step (`_Step.forward`), on a [T, hidden] residual stream: embed, then per layer
+RoPE'd q/k/v, `cache_write` of this call's k/v rows at `start`, `cached_attention` over
+cache rows 0..start+T-1 (tercomp/ops/cache.py), and the output layer on the rows asked
+for. For a module compiled for llvm-cpu alone, attention, `rms_norm` and `rope` are
+hand-written CPU dispatches (kernel="cpu": codegen/attention_cpu.py, rows_cpu.py). The
 compile cache is keyed on the model's arrays and the options, so a cached compile skips
 tracing. The runtime side (validation, sampling, `generate`, saving) is
 tercomp/runtime/generator.py.
@@ -47,7 +49,7 @@ from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, 
 from .codegen.ternary_strategies import AVX2, check_strategy, flags_for, target_features
 from .errors import TercompError
 from .ir import TensorType
-from .models.bitnet import BitNetLM, apply_rope, rope_tables
+from .models.bitnet import BitNetLM, rope_tables
 from .passes import Dumper, run_pipeline
 from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
@@ -84,16 +86,17 @@ class _Step(nn.Module):
         self._kv_dtype = kv_dtype
         self._kernel = kernel
         self._attention = attention
+        self._rows = "cpu" if attention == "cpu" else "generic"     # rms_norm and rope
         self._table = None
         if OUTPUT_DTYPES[output_dtype] is not None:
             w = lm.lm_head.weight if lm.lm_head is not None else lm.embed_tokens.weight
             self._table = np.asarray(w, np.float32).astype(OUTPUT_DTYPES[output_dtype])
 
     def _embed(self, ids):
-        """[1, T, hidden]: rows of the output table when the embedding is tied to it."""
+        """[T, hidden]: rows of the output table when the embedding is tied to it."""
         if self._table is None or self.lm.lm_head is not None:
-            return self.lm.embed_tokens(_t.expand_dims(ids, 0))
-        return _t.expand_dims(_t.take(self._table, ids, axis=0).astype("float32"), 0)
+            return self.lm.embed_tokens(ids)
+        return _t.take(self._table, ids, axis=0).astype("float32")
 
     def _logits(self, h):
         """[L, vocab] for final-normed hidden states h [L, hidden]."""
@@ -101,28 +104,37 @@ class _Step(nn.Module):
             return self.lm.logits(h)
         return apply("widening_matmul", h, self._table, kernel=self._kernel)
 
+    def _norm(self, norm, x):
+        return apply("rms_norm", x, norm.weight, eps=norm.eps, kernel=self._rows)
+
+    def _rope(self, x, heads, cos, sin):
+        return apply("rope", x.reshape(-1, heads, self.lm.config.head_dim), cos, sin,
+                     style=self.lm.config.rope_style, kernel=self._rows)
+
     def forward(self, ids, start, rows, caches):
         lm, c = self.lm, self.lm.config
         h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         pos = apply("arange", ids, start)
         cos, sin = _t.take(self._cos, pos, axis=0), _t.take(self._sin, pos, axis=0)
-        x = self._embed(ids)                                         # [1, T, hidden]
+        x = self._embed(ids)                                         # [T, hidden]
         out = []
         for i, layer in enumerate(lm.layers):
-            a = layer.attn
-            n = layer.input_layernorm(x)
-            q = apply_rope(a.q_proj(n).reshape(1, -1, h, d), cos, sin, c.rope_style)
-            k = apply_rope(a.k_proj(n).reshape(1, -1, kv, d), cos, sin, c.rope_style)
+            a, mlp = layer.attn, layer.mlp
+            n = self._norm(layer.input_layernorm, x)
+            q = self._rope(a.q_proj(n), h, cos, sin)
+            k = self._rope(a.k_proj(n), kv, cos, sin)
             v = a.v_proj(n).reshape(-1, kv, d)
-            kc = apply("cache_write", caches[2 * i], k.reshape(-1, kv, d).astype(self._kv_dtype), start)
+            kc = apply("cache_write", caches[2 * i], k.astype(self._kv_dtype), start)
             vc = apply("cache_write", caches[2 * i + 1], v.astype(self._kv_dtype), start)
-            o = apply("cached_attention", q.reshape(-1, h, d), kc, vc, start,
+            o = apply("cached_attention", q, kc, vc, start,
                       scale=float(1.0 / np.sqrt(d)), kernel=self._attention)
-            x = x + a.o_proj(a.attn_sub_norm(o.reshape(1, -1, h * d)))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + a.o_proj(self._norm(a.attn_sub_norm, o.reshape(-1, h * d)))
+            m = self._norm(layer.post_attention_layernorm, x)
+            x = x + mlp.down_proj(self._norm(mlp.ffn_sub_norm, mlp.activation(mlp.gate_proj(m)) *
+                                             mlp.up_proj(m)))
             out += [kc, vc]
-        last = _t.take(x.reshape(-1, c.hidden_size), rows, axis=0)   # [L, hidden]
-        return self._logits(lm.norm(last)), out
+        last = _t.take(x, rows, axis=0)                               # [L, hidden]
+        return self._logits(self._norm(lm.norm, last)), out
 
 
 #: compile_lm's output_dtype choices -> the NumPy dtype of the output table (None: the

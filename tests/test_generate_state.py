@@ -110,39 +110,3 @@ def test_entries_share_a_graph(toy):
         np.testing.assert_allclose(step(x[i:i + 1], np.array(i, np.int32)).to_host(),
                                    want[i:i + 1], atol=2e-5)
 
-
-@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
-def test_cpu_attention_kernel_matches_reference(kv_dtype):
-    # the hand-written dispatch, one for every T, against the op's reference; a cache
-    # longer than one 256-row chunk of the online softmax, read at positions on both
-    # sides of the chunk boundary, with one query and with several
-    from conftest import run_filecheck
-    s, h, kv, d = 600, 4, 2, 16
-    r = np.random.default_rng(3)
-    k = r.standard_normal((s, kv, d)).astype(kv_dtype)
-    v = r.standard_normal((s, kv, d)).astype(kv_dtype)
-
-    def attend(q, kc, vc, start):
-        return apply("cached_attention", q, kc, vc, start, scale=0.3, kernel="cpu")
-    specs = (tc.spec(("T", h, d)), tc.spec((s, kv, d), kv_dtype), tc.spec((s, kv, d), kv_dtype),
-             tc.spec((), "int32"))
-    exe = tc.compile(attend, *specs, cache=False)
-    graph = tc.trace(attend, *specs)
-    el = "f16" if kv_dtype == "float16" else "f32"
-    run_filecheck(exe.ir("mlir"), rf"""
-# CHECK: stream.executable private @tern_attention_4x2x16x600_{el}
-# CHECK-NOT: scf.if
-# CHECK: flow.dispatch @tern_attention_4x2x16x600_{el}::@tern_attention_4x2x16x600_{el}
-# CHECK-NOT: linalg.generic
-""")
-    for t, start in ((1, 0), (1, 255), (1, 256), (3, 254), (4, 520), (2, 598), (7, 300), (40, 250)):
-        q = r.standard_normal((t, h, d)).astype(np.float32)
-        want = tc.ops.interpret(graph, q, k, v, np.int32(start))[0]
-        np.testing.assert_allclose(exe(q, k, v, np.int32(start)), want, rtol=1e-5, atol=1e-5)
-
-
-def test_attention_kernel_is_checked():
-    with pytest.raises(tc.TercompError, match="kernel must be one of generic, cpu"):
-        tc.trace(lambda q, kc, start: apply("cached_attention", q, kc, kc, start, scale=1.0,
-                                            kernel="gpu"),
-                 tc.spec((1, H, D)), tc.spec((S, KV, D)), tc.spec((), "int32"))

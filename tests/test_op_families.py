@@ -260,7 +260,9 @@ def test_every_op_of_these_families_has_a_case():
     assert mine == {c.op for c in CASES}
     for n in mine:
         d = REGISTRY[n]
-        assert (d.lower is None) != (d.decompose is None), n
+        # an op may have both: a lowering of its own (a kernel for some cases) that
+        # declines (returns None) for the rest, which take the decomposition
+        assert d.lower is not None or d.decompose is not None, n
         assert d.vjp is not None or d.decompose is not None or not d.differentiable, n
 
 

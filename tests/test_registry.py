@@ -89,6 +89,7 @@ EXAMPLES = {
     "checkpoint": ([f32(3), f32(3)], {"body": _body(2)}),
     "cached_attention": ([f32(2, 4, 4), f32(8, 2, 4), f32(8, 2, 4), np.array(3, np.int32)],
                          {"scale": 0.5}),
+    "rope": ([f32(3, 2, 8), f32(3, 4), f32(3, 4)], {"style": "interleaved"}),
 }
 
 # Ops whose examples are owned by another family's test file (still must be listed here).

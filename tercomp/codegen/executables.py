@@ -61,15 +61,19 @@ def load_row(dst: str, i: int, base: str, col: str, mem: str, mem_type: str, vec
     ]
 
 
-def executable_text(name: str, groups: int, params: str, body: str) -> str:
+def executable_text(name: str, groups: int | None, params: str, body: str,
+                    per_group: int | None = None) -> str:
     """`stream.executable @name` with one export `@name` over `groups` workgroups (along
-    x) whose function takes `params` (stream bindings and scalars, the last `%m: index`,
-    the workload) and runs `body` (the statements before `return`)."""
+    x; None: ceil(m / per_group) of them) whose function takes `params` (stream bindings
+    and scalars, the last `%m: index`, the workload) and runs `body` (the statements
+    before `return`)."""
+    count = f"%g = arith.constant {groups} : index" if groups is not None else \
+        f"%g = affine.apply affine_map<()[s0] -> (s0 ceildiv {per_group})>()[%m]"
     return f"""
 stream.executable private @{name} {{
   stream.executable.export public @{name} workgroups(%m: index) -> (index, index, index) {{
     %c1 = arith.constant 1 : index
-    %g = arith.constant {groups} : index
+    {count}
     stream.return %g, %c1, %c1 : index, index, index
   }}
   builtin.module {{

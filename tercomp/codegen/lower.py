@@ -1,7 +1,8 @@
 """Lower a tern Graph to an MLIR module (linalg on tensors, tensor, arith, math, util).
 
 Each op is lowered by its registry entry: `lower` emits MLIR directly; a composite's
-`decompose` is expanded into other tern ops first, which are then lowered. Symbolic
+`decompose` is expanded into other tern ops first, which are then lowered (also when
+its `lower`, a kernel for some cases only, returns None). Symbolic
 dims become dynamic dims whose sizes are read with `tensor.dim` from the function
 argument that introduced each symbol. After lowering, a legality check makes sure no
 op outside the dialects IREE accepts is left (an unknown op reaching IREE in-process
@@ -31,21 +32,26 @@ def _location(op: Op) -> ir.Location:
 def lower_op(ctx: LowerCtx, op: Op):
     opdef = get(op.opname)
     with _location(op):
+        results = None
         if opdef.lower is not None:
             results = opdef.lower(ctx, op, [ctx.values[v] for v in op.operands])
-        elif opdef.decompose is not None:
-            scratch = Graph(name="decomposition")
-            b = GraphBuilder(scratch, op.loc)
-            outs = opdef.decompose(b, list(op.operands), op.attrs)
-            outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-            for sub in scratch.ops:
-                lower_op(ctx, sub)
-            results = [ctx.values[v] for v in outs]
-        else:
+        if results is None and opdef.decompose is not None:
+            results = _lower_decomposition(ctx, op, opdef)
+        if results is None:
             raise CompileError(f"tern.{op.opname} has no lowering to MLIR", loc=op.loc,
                                hint="run the pass that rewrites it first (e.g. the ternary pass)")
     for r, m in zip(op.results, results):
         ctx.values[r] = m
+
+
+def _lower_decomposition(ctx: LowerCtx, op: Op, opdef) -> list:
+    scratch = Graph(name="decomposition")
+    b = GraphBuilder(scratch, op.loc)
+    outs = opdef.decompose(b, list(op.operands), op.attrs)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    for sub in scratch.ops:
+        lower_op(ctx, sub)
+    return [ctx.values[v] for v in outs]
 
 
 def lower_graph(graph: Graph, module: ir.Module, params=None) -> None:

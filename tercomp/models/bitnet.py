@@ -104,14 +104,15 @@ class FeedForward(nn.Module):
         self.ffn_sub_norm = nn.RMSNorm(c.intermediate_size, eps=c.rms_norm_eps)
         self.down_proj = linear(c.intermediate_size, c.hidden_size)
 
-    def forward(self, x):
-        gate = self.gate_proj(x)
+    def activation(self, gate):
+        """The gate's activation: silu, or relu2 (relu(gate)**2)."""
         if self.hidden_act == "silu":
-            gate = _t.silu(gate)
-        else:  # relu2
-            gate = _t.relu(gate)
-            gate = gate * gate
-        return self.down_proj(self.ffn_sub_norm(gate * self.up_proj(x)))
+            return _t.silu(gate)
+        gate = _t.relu(gate)
+        return gate * gate
+
+    def forward(self, x):
+        return self.down_proj(self.ffn_sub_norm(self.activation(self.gate_proj(x)) * self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

@@ -17,6 +17,11 @@ updated cache. The generation driver binds a step's cache inputs and outputs to 
   (a module for llvm-cpu only) is the hand-written dispatch of codegen/attention_cpu.py
   for every T; "generic" (default) is linalg (its decode form for T <= DECODE_MAX_T).
 
+- `rope(x [T, H, D], cos [T, D/2], sin [T, D/2]) {style, kernel}`: the rotary position
+  embedding of T rows by their angles' tables; "neox" rotates the pairs (i, i + D/2),
+  "interleaved" the pairs (2i, 2i + 1). A composite (slices, products, a concatenate);
+  `kernel` "cpu" takes the row kernel of codegen/rows_cpu.py for "neox".
+
 `start` is an i32 scalar (rank 0). Writing or reading past row S is undefined in the
 compiled code (the NumPy reference raises): callers check bounds before the call.
 None of the ops is differentiable (they serve inference).
@@ -25,11 +30,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codegen import attention_cpu
+from ..codegen import attention_cpu, rows_cpu
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
+from .composite import ROW_KERNELS
 from .registry import OpDef, REQUIRED, register
+from .shape_util import SLICE_END, same_dim
 
 
 def _fmt(t: TensorType) -> str:
@@ -315,3 +322,71 @@ register(OpDef("cached_attention", "cache", _attn_infer, _attn_ref, num_operands
                attrs={"scale": REQUIRED, "kernel": "generic"}, lower=_attn_lower, differentiable=False,
                nondiff_operands=(0, 1, 2, 3),
                doc="causal attention of q at positions start.. over cache rows 0..start+T-1"))
+
+
+# -- rope ----------------------------------------------------------------------------------
+ROPE_STYLES = ("neox", "interleaved")
+
+
+def _rope_infer(types, a):
+    x, cos, sin = types
+    if a["style"] not in ROPE_STYLES or a["kernel"] not in ROW_KERNELS:
+        raise TraceError(f"rope: style must be one of {', '.join(ROPE_STYLES)} and kernel one of "
+                         f"{', '.join(ROW_KERNELS)}, got {a['style']!r}, {a['kernel']!r}")
+    if x.rank != 3 or x.dtype != "f32" or not is_static(x.shape[2]) or x.shape[2] % 2 \
+            or cos.shape != sin.shape or cos.dtype != "f32" or sin.dtype != "f32" \
+            or cos.rank != 2 or not same_dim(cos.shape[0], x.shape[0]) \
+            or cos.shape[1] != x.shape[2] // 2:
+        raise TraceError(f"rope: expects x [T, H, D] f32 with an even static D and cos, sin "
+                         f"[T, D/2] f32, got x {_fmt(x)}, cos {_fmt(cos)}, sin {_fmt(sin)}")
+    return [x]
+
+
+def _rope_ref(xs, a):
+    x, c, s = xs
+    t, h, d = x.shape
+    c, s = c[:, None, :], s[:, None, :]
+    if a["style"] == "neox":
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return [np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return [np.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).reshape(t, h, d).astype(x.dtype)]
+
+
+def _rope_decompose(b, operands, a):
+    x, cos, sin = operands
+    h, d = x.type.shape[1], x.type.shape[2]
+    if a["style"] == "neox":
+        def half(i):
+            return b.slice(x, starts=[0, 0, i * d // 2], stops=[SLICE_END, SLICE_END, (i + 1) * d // 2],
+                           steps=[1, 1, 1])
+        c, s = b.expand_dims(cos, axis=1), b.expand_dims(sin, axis=1)        # [T, 1, D/2]
+        axis = 2
+    else:
+        pairs = b.reshape(x, shape=[-1, h, d // 2, 2])
+
+        def half(i):
+            return b.slice(pairs, starts=[0, 0, 0, i], stops=[SLICE_END, SLICE_END, SLICE_END, i + 1],
+                           steps=[1, 1, 1, 1])
+        c = b.expand_dims(b.expand_dims(cos, axis=1), axis=3)              # [T, 1, D/2, 1]
+        s = b.expand_dims(b.expand_dims(sin, axis=1), axis=3)
+        axis = 3
+    x1, x2 = half(0), half(1)
+    out = b.concatenate(b.sub(b.mul(x1, c), b.mul(x2, s)), b.add(b.mul(x2, c), b.mul(x1, s)),
+                        axis=axis)
+    return [out if axis == 2 else b.reshape(out, shape=[-1, h, d])]
+
+
+def _rope_lower(ctx, op, xs):
+    """kernel "cpu": the row kernel (codegen/rows_cpu.py) for "neox"; None (the
+    decomposition) otherwise."""
+    x_t = op.operands[0].type
+    if op.attrs["kernel"] != "cpu" or op.attrs["style"] != "neox" or not rows_cpu.rope_fits(x_t.shape[2]):
+        return None
+    return [rows_cpu.rope(xs[0], xs[1], xs[2], ctx.dim(x_t.shape[0]))]
+
+
+register(OpDef("rope", "cache", _rope_infer, _rope_ref, num_operands=3,
+               attrs={"style": "neox", "kernel": "generic"}, decompose=_rope_decompose,
+               lower=_rope_lower, differentiable=False, nondiff_operands=(0, 1, 2),
+               doc="rotary position embedding of x [T, H, D] by cos, sin [T, D/2]"))

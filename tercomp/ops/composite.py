@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codegen import rows_cpu
 from ..errors import TraceError
 from ..ir import TensorType, is_static, numpy_dtype
 from ..ir.types import is_float
@@ -189,8 +190,31 @@ def _rms_norm_decompose(b, operands, a):
     return [b.mul(b.mul(x, b.rsqrt(b.add(ms, b.scalar(a["eps"], x.dtype)))), w)]
 
 
-register(OpDef("rms_norm", "composite", _norm_infer("rms_norm", 1), _rms_norm_ref,
-               num_operands=2, attrs={"eps": 1e-6}, decompose=_rms_norm_decompose,
+def _rms_norm_lower(ctx, op, xs):
+    """kernel "cpu": the hand-written row kernel (codegen/rows_cpu.py) for x [R, N] f32;
+    None (the decomposition) otherwise."""
+    x_t = op.operands[0].type
+    if op.attrs["kernel"] != "cpu" or x_t.rank != 2 or x_t.dtype != "f32" \
+            or not rows_cpu.norm_fits(x_t.shape[1]):
+        return None
+    return [rows_cpu.rms_norm(xs[0], xs[1], op.attrs["eps"], ctx.dim(x_t.shape[0]))]
+
+
+def _rms_norm_infer(types, a):
+    if a["kernel"] not in ROW_KERNELS:
+        raise TraceError(f"rms_norm: kernel must be one of {', '.join(ROW_KERNELS)}, got "
+                         f"{a['kernel']!r}")
+    return _norm_infer("rms_norm", 1)(types, a)
+
+
+#: kernels of the row-wise ops (rms_norm here, rope in cache.py): "generic" (the
+#: decomposition), "cpu" (a hand-written dispatch where the shape fits, for a module
+#: compiled for llvm-cpu only)
+ROW_KERNELS = ("generic", "cpu")
+
+register(OpDef("rms_norm", "composite", _rms_norm_infer, _rms_norm_ref,
+               num_operands=2, attrs={"eps": 1e-6, "kernel": "generic"},
+               decompose=_rms_norm_decompose, lower=_rms_norm_lower,
                doc="x / sqrt(mean(x^2) + eps) * weight over the last dim"))
 
 

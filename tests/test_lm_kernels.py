@@ -1,0 +1,107 @@
+"""The hand-written CPU kernels of a language model's step (kernel="cpu"):
+cached_attention (codegen/attention_cpu.py), rms_norm and rope (codegen/rows_cpu.py),
+each compiled alone with a dynamic row count and checked against the op's reference,
+and the IR they leave (one dispatch, no masked linalg)."""
+import numpy as np
+import pytest
+
+import tercomp as tc
+from conftest import run_filecheck
+from tercomp.trace.tracer import apply
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+def test_cpu_attention_kernel_matches_reference(kv_dtype):
+    # the hand-written dispatch, one for every T, against the op's reference; a cache
+    # longer than one 256-row chunk of the online softmax, read at positions on both
+    # sides of the chunk boundary, with one query and with several
+    s, h, kv, d = 600, 4, 2, 16
+    r = np.random.default_rng(3)
+    k = r.standard_normal((s, kv, d)).astype(kv_dtype)
+    v = r.standard_normal((s, kv, d)).astype(kv_dtype)
+
+    def attend(q, kc, vc, start):
+        return apply("cached_attention", q, kc, vc, start, scale=0.3, kernel="cpu")
+    specs = (tc.spec(("T", h, d)), tc.spec((s, kv, d), kv_dtype), tc.spec((s, kv, d), kv_dtype),
+             tc.spec((), "int32"))
+    exe = tc.compile(attend, *specs, cache=False)
+    graph = tc.trace(attend, *specs)
+    el = "f16" if kv_dtype == "float16" else "f32"
+    run_filecheck(exe.ir("mlir"), rf"""
+# CHECK: stream.executable private @tern_attention_4x2x16x600_{el}
+# CHECK-NOT: scf.if
+# CHECK: flow.dispatch @tern_attention_4x2x16x600_{el}::@tern_attention_4x2x16x600_{el}
+# CHECK-NOT: linalg.generic
+""")
+    for t, start in ((1, 0), (1, 255), (1, 256), (3, 254), (4, 520), (2, 598), (7, 300), (40, 250)):
+        q = r.standard_normal((t, h, d)).astype(np.float32)
+        want = tc.ops.interpret(graph, q, k, v, np.int32(start))[0]
+        np.testing.assert_allclose(exe(q, k, v, np.int32(start)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_kernel_is_checked():
+    with pytest.raises(tc.TercompError, match="kernel must be one of generic, cpu"):
+        tc.trace(lambda q, kc, start: apply("cached_attention", q, kc, kc, start, scale=1.0,
+                                            kernel="gpu"),
+                 tc.spec((1, 4, 8)), tc.spec((16, 2, 8)), tc.spec((), "int32"))
+
+
+@pytest.mark.parametrize("kernel", ["cpu", "generic"])
+def test_rms_norm_kernel_matches_reference(kernel):
+    n = 40
+    w = np.random.default_rng(4).standard_normal(n).astype(np.float32)
+
+    def norm(x):
+        return apply("rms_norm", x, w, eps=1e-5, kernel=kernel)
+    exe = tc.compile(norm, tc.spec(("R", n)), cache=False)
+    graph = tc.trace(norm, tc.spec(("R", n)))
+    if kernel == "cpu":
+        run_filecheck(exe.ir("mlir"), r"""
+# CHECK: [[MAP:#map[0-9]*]] = affine_map<()[s0] -> (s0 ceildiv 8)>
+# CHECK: stream.executable private @tern_rms_norm_40
+# CHECK: workgroups(%[[M:.*]]: index)
+# CHECK: affine.apply [[MAP]]()[%[[M]]]
+# CHECK-NOT: linalg.generic
+# CHECK: flow.dispatch @tern_rms_norm_40::@tern_rms_norm_40
+""")
+    r = np.random.default_rng(5)
+    for rows in (1, 3, 8, 9, 17):           # one workgroup of 8 rows, partial, several
+        x = (r.standard_normal((rows, n)) * 3).astype(np.float32)
+        np.testing.assert_allclose(exe(x), tc.ops.interpret(graph, x)[0], rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("style,kernel", [("neox", "cpu"), ("neox", "generic"),
+                                          ("interleaved", "cpu"), ("interleaved", "generic")])
+def test_rope_matches_reference(style, kernel):
+    h, d = 3, 32
+    r = np.random.default_rng(6)
+
+    def rope(x, cos, sin):
+        return apply("rope", x, cos, sin, style=style, kernel=kernel)
+    specs = (tc.spec(("T", h, d)), tc.spec(("T", d // 2)), tc.spec(("T", d // 2)))
+    exe = tc.compile(rope, *specs, cache=False)
+    # the hand-written kernel is for "neox"; interleaved pairs take the decomposition
+    run_filecheck(exe.ir("mlir"), r"""
+# CHECK: flow.dispatch @tern_rope_3x32::@tern_rope_3x32
+""" if (style, kernel) == ("neox", "cpu") else r"""
+# CHECK-NOT: flow.dispatch
+# CHECK: tensor.concat
+""")
+    for t in (1, 5, 11):
+        x = r.standard_normal((t, h, d)).astype(np.float32)
+        ang = r.uniform(0, 6, (t, d // 2))
+        cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+        x1, x2 = (x[..., :d // 2], x[..., d // 2:]) if style == "neox" else (x[..., 0::2], x[..., 1::2])
+        c, s = cos[:, None], sin[:, None]
+        y1, y2 = x1 * c - x2 * s, x2 * c + x1 * s
+        want = np.concatenate([y1, y2], -1) if style == "neox" else np.stack([y1, y2], -1).reshape(t, h, d)
+        np.testing.assert_allclose(exe(x, cos, sin), want, rtol=1e-6, atol=1e-6)
+
+
+def test_row_kernels_are_checked():
+    with pytest.raises(tc.TercompError, match="kernel must be one of generic, cpu"):
+        tc.trace(lambda x: apply("rms_norm", x, np.ones(8, np.float32), kernel="gpu"), tc.spec((2, 8)))
+    with pytest.raises(tc.TercompError, match="style must be one of neox, interleaved"):
+        tc.trace(lambda x, c: apply("rope", x, c, c, style="half"), tc.spec((2, 1, 8)), tc.spec((2, 4)))
+    with pytest.raises(tc.TercompError, match=r"rope: expects x \[T, H, D\]"):
+        tc.trace(lambda x, c: apply("rope", x, c, c), tc.spec((2, 1, 8)), tc.spec((3, 4)))
