@@ -87,22 +87,28 @@ class _Step(nn.Module):
         self._kernel = kernel
         self._attention = attention
         self._rows = "cpu" if attention == "cpu" else "generic"     # rms_norm and rope
-        self._table = None
-        if OUTPUT_DTYPES[output_dtype] is not None:
-            w = lm.lm_head.weight if lm.lm_head is not None else lm.embed_tokens.weight
-            self._table = np.asarray(w, np.float32).astype(OUTPUT_DTYPES[output_dtype])
+        self._table = self._scale = None
+        w = lm.lm_head.weight if lm.lm_head is not None else lm.embed_tokens.weight
+        if output_dtype == "float16":
+            self._table = np.asarray(w, np.float32).astype(np.float16)
+        elif output_dtype == "int8":
+            self._table, self._scale = quantize_rows(w)
 
     def _embed(self, ids):
         """[T, hidden]: rows of the output table when the embedding is tied to it."""
         if self._table is None or self.lm.lm_head is not None:
             return self.lm.embed_tokens(ids)
-        return _t.take(self._table, ids, axis=0).astype("float32")
+        rows = _t.take(self._table, ids, axis=0).astype("float32")
+        if self._scale is None:
+            return rows
+        return rows * _t.expand_dims(_t.take(self._scale, ids, axis=0), 1)
 
     def _logits(self, h):
         """[L, vocab] for final-normed hidden states h [L, hidden]."""
         if self._table is None:
             return self.lm.logits(h)
-        return apply("widening_matmul", h, self._table, kernel=self._kernel)
+        scale = () if self._scale is None else (self._scale,)
+        return apply("widening_matmul", h, self._table, *scale, kernel=self._kernel)
 
     def _norm(self, norm, x):
         return apply("rms_norm", x, norm.weight, eps=norm.eps, kernel=self._rows)
@@ -137,9 +143,19 @@ class _Step(nn.Module):
         return self._logits(self._norm(lm.norm, last)), out
 
 
-#: compile_lm's output_dtype choices -> the NumPy dtype of the output table (None: the
-#: model's own f32 arrays)
-OUTPUT_DTYPES = {"float16": np.float16, "float32": None}
+#: compile_lm's output_dtype choices: how the output table is stored
+OUTPUT_DTYPES = ("float16", "int8", "float32")
+
+
+def quantize_rows(w) -> tuple[np.ndarray, np.ndarray]:
+    """(q int8 [N, K], scale f32 [N]) with w ~= q * scale[:, None]: each row scaled by its
+    largest magnitude / 127, rounded to nearest (llama.cpp's Q8_0 does the same per 32
+    weights; one scale a row keeps the kernel's inner loop free of scales)."""
+    w = np.asarray(w, np.float32)
+    top = np.abs(w).max(axis=1)
+    scale = np.where(top > 0, top / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
 
 
 def _check_args(lm, max_seq, kv_dtype):
@@ -177,8 +193,9 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     `output_dtype` is how the output layer (and the token embedding, when tied: one
     table serves both) is stored and read on every step, which at 700M parameters is
     more than a third of a decode step's memory traffic: "float16" (default; llama.cpp
-    keeps it so, and a GGUF's f16 embedding is exact in it) or "float32" (the model's own
-    arrays, twice the bytes).
+    keeps it so, and a GGUF's f16 embedding is exact in it), "int8" (one scale per row,
+    half the bytes of f16; the logits move by the rounding of each weight to 1/254 of its
+    row's largest) or "float32" (the model's own arrays, twice the bytes of f16).
 
     `isolate` and `check_numerics` are as in tc.compile (with check_numerics, a NaN or Inf
     raises NumericsError after the step, whose cache rows are then already written).

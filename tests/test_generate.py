@@ -181,6 +181,35 @@ def test_output_table_is_f16_and_shared_with_the_embedding(gen, lm_file, full):
         tc.compile_lm(models.load(lm_file), max_seq=16, output_dtype="int4")
 
 
+def test_int8_output_table(lm_file, full):
+    """output_dtype="int8": one int8 table with a per-row f32 scale serves the tied
+    embedding and the output layer (the i8 GEMV on an AVX2 host); the logits stay within
+    the issue's tolerance of the float64 reference and of the f16 table's."""
+    from conftest import run_filecheck
+    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    from tercomp.generate import quantize_rows
+    lm = models.load(lm_file)
+    q8 = tc.compile_lm(lm, max_seq=MAX_SEQ, output_dtype="int8")
+    run_filecheck(q8.exe.ir("mlir"), r"""
+# CHECK-NOT: util.global private @{{.*}} : tensor<300x256xf{{16|32}}>
+# CHECK:     util.global private @{{.*}} : tensor<300x256xi8>
+# CHECK-NOT: util.global private @{{.*}} : tensor<300x256xf{{16|32}}>
+""")
+    if AVX2 in host_cpu_features():
+        run_filecheck(q8.exe.ir("mlir"), r"""
+# CHECK: stream.executable private @tern_avx2_i8_gemv_300x256
+# CHECK: flow.dispatch @tern_avx2_i8_gemv_300x256::@tern_avx2_i8_gemv_300x256[%{{.*}}](%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x256xf32>{%{{.*}}}, tensor<300x256xi8>, tensor<300xf32>, index)
+""")
+    w, _ = R.read_gguf_weights(lm_file)
+    ref = R.reference_logits(w, CFG, IDS[None], act="token")[0]
+    got = q8.prefill(IDS)
+    assert_close_logits(got, ref)
+    assert_close_logits(got, full)
+    q, scale = quantize_rows(lm.embed_tokens.weight)
+    err = np.abs(q * scale[:, None] - lm.embed_tokens.weight).max(axis=1)
+    assert (err <= scale / 2 + 1e-7).all() and q.dtype == np.int8
+
+
 def test_artifact_of_an_older_step_is_refused(gen):
     import copy
     old = copy.copy(gen.exe)

@@ -1,6 +1,7 @@
 """The output-layer kernel of a language model on an AVX2 host: y[M, N] = x[M, K] @ W^T
 with W [N, K] stored in f16 and widened in registers (`vcvtph2ps`), so a decode step
-reads 2 bytes per weight. A hand-written dispatch like `ternary_avx2` (same reasons:
+reads 2 bytes per weight; or stored in int8 with a per-row f32 scale (y[m, r] = scale[r]
+* sum_k x[m, k] f32(W[r, k]), widened by `vpmovsxbd` + `vcvtdq2ps`): 1 byte per weight. A hand-written dispatch like `ternary_avx2` (same reasons:
 IREE's data tiling re-lays out a widening matmul's weights on every call, 146 ms a
 token at the 700M shape, and without data tiling its generic GEMV ran at ~5 GB/s):
 
@@ -30,14 +31,18 @@ def fits(k: int) -> bool:
     return k % LANES == 0
 
 
-def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str) -> str:
+#: the weight element types and how a vector of them is widened to f32
+WIDEN = {"f16": "arith.extf", "i8": "arith.sitofp"}
+
+
+def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str, el: str) -> str:
     """The loop nest for `rows` rows starting at %r{tag}."""
-    vf, vh = f"vector<{LANES}xf32>", f"vector<{LANES}xf16>"
+    vf, vh = f"vector<{LANES}xf32>", f"vector<{LANES}x{el}>"
     r = f"%r{tag}"
     loads = [f"%xv = vector.load %x[%mi, %c] : {xt}, {vf}"]
     for i in range(rows):
         loads += load_row("wh", i, r, "%c", "%w", wt, vh, PREFETCH_ROWS) + [
-            f"%wf{i} = arith.extf %wh{i} : {vh} to {vf}",
+            f"%wf{i} = {WIDEN[el]} %wh{i} : {vh} to {vf}",
             f"%n{i} = vector.fma %wf{i}, %xv, %a{i} : {vf}",
         ]
     accs = ", ".join(f"%a{i} = %zf" for i in range(rows))
@@ -47,8 +52,13 @@ def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str) -> str:
         stores += [
             f"%y{i} = vector.reduction <add>, %acc#{i} : {vf} into f32",
             f"%orow{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({r})",
-            f"memref.store %y{i}, %o[%mi, %orow{i}] : {ot}",
         ]
+        if el == "i8":
+            stores += [f"%s{i} = memref.load %sc[%orow{i}] : memref<?xf32>",
+                       f"%ys{i} = arith.mulf %y{i}, %s{i} : f32",
+                       f"memref.store %ys{i}, %o[%mi, %orow{i}] : {ot}"]
+        else:
+            stores.append(f"memref.store %y{i}, %o[%mi, %orow{i}] : {ot}")
     nl = "\n"
     return f"""
           scf.for %mi = %c0 to %m step %c1 {{
@@ -60,11 +70,14 @@ def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str) -> str:
           }}"""
 
 
-def executable_text(name: str, n: int, k: int) -> str:
-    """`stream.executable @name` whose export `@name` maps x [M, K] f32 and w [N, K] f16 to
-    x @ f32(w)^T [M, N] f32."""
+def executable_text(name: str, n: int, k: int, el: str = "f16") -> str:
+    """`stream.executable @name` whose export `@name` maps x [M, K] f32 and w [N, K] `el`
+    (and for i8, scale [N] f32) to x @ f32(w)^T (* scale) [M, N] f32."""
     rpw, groups = split_rows(n, WORKGROUPS, ROWS)
-    xt, wt, ot = f"memref<?x{k}xf32>", f"memref<{n}x{k}xf16>", f"memref<?x{n}xf32>"
+    xt, wt, ot = f"memref<?x{k}xf32>", f"memref<{n}x{k}x{el}>", f"memref<?x{n}xf32>"
+    scale = f"""
+      %sc = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xf32>{{%cn}}""" \
+        if el == "i8" else ""
     body = f"""      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %cr = arith.constant {ROWS} : index
@@ -75,7 +88,7 @@ def executable_text(name: str, n: int, k: int) -> str:
       %zf = arith.constant dense<0.0> : vector<{LANES}xf32>
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {xt}{{%m}}
       %w = stream.binding.subspan %bw[%c0] : !stream.binding -> {wt}
-      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {ot}{{%m}}
+      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {ot}{{%m}}{scale}
       %wg = stream.dispatch.workgroup.id[0] : index
       %r0 = arith.muli %wg, %rpw : index
       %r1u = arith.addi %r0, %rpw : index
@@ -84,22 +97,27 @@ def executable_text(name: str, n: int, k: int) -> str:
       %groups = arith.divui %span, %cr : index
       %whole = arith.muli %groups, %cr : index
       %rg = arith.addi %r0, %whole : index
-      scf.for %rb = %r0 to %rg step %cr {{{_row_block(ROWS, k, xt, wt, ot, "b")}
+      scf.for %rb = %r0 to %rg step %cr {{{_row_block(ROWS, k, xt, wt, ot, "b", el)}
       }}
-      scf.for %rt = %rg to %r1 step %c1 {{{_row_block(1, k, xt, wt, ot, "t")}
+      scf.for %rt = %rg to %r1 step %c1 {{{_row_block(1, k, xt, wt, ot, "t", el)}
       }}"""
-    return wrap_executable(name, groups, "%bx: !stream.binding, %bw: !stream.binding, "
-                           "%bo: !stream.binding, %m: index", body)
+    bindings = "%bx: !stream.binding, %bw: !stream.binding, " + \
+        ("%bs: !stream.binding, " if el == "i8" else "") + "%bo: !stream.binding, %m: index"
+    return wrap_executable(name, groups, bindings, body)
 
 
-def emit(x: ir.Value, w: ir.Value, m_dim: ir.Value, n: int, k: int) -> ir.Value:
+def emit(x: ir.Value, w: ir.Value, m_dim: ir.Value, n: int, k: int,
+         scale: ir.Value | None = None) -> ir.Value:
     """y [M, N] f32 for x tensor<M x K x f32> (M static or dynamic; `m_dim` its index
-    value) and w tensor<N x K x f16>, at the current insertion point."""
-    name = f"tern_avx2_f16_gemv_{n}x{k}"
-    ensure_executable(name, lambda: executable_text(name, n, k))
+    value) and w tensor<N x K x f16>, or w tensor<N x K x i8> with scale tensor<N x f32>,
+    at the current insertion point."""
+    el = "i8" if scale is not None else "f16"
+    name = f"tern_avx2_{el}_gemv_{n}x{k}"
+    ensure_executable(name, lambda: executable_text(name, n, k, el))
     x_t = ir.RankedTensorType(x.type)
     dynamic = x_t.is_dynamic_dim(0)
     dims = [m_dim] if dynamic else []
     out_t = ir.RankedTensorType.get([x_t.get_dim_size(0) if not dynamic
                                      else ir.ShapedType.get_dynamic_size(), n], ir.F32Type.get())
-    return dispatch(name, name, [m_dim], [x, w, m_dim], dims, out_t, dims)
+    args = [x, w] + ([scale] if scale is not None else []) + [m_dim]
+    return dispatch(name, name, [m_dim], args, dims, out_t, dims)

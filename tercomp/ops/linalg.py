@@ -1,11 +1,12 @@
 """matmul: NumPy matmul of rank >= 2 operands with broadcast batch dims, optionally with
 the rhs given transposed (`transpose_b`: b is [..., N, K], as nn.Linear stores weights).
 
-widening_matmul(x, w): y[M, N] = x[M, K] @ f32(w)[N, K]^T for f32 x and weights stored
-narrower (f16, int8): the weights are widened inside the kernel, so they stay narrow in
-memory. `kernel` "avx2" takes the hand-written GEMV of codegen/dense_avx2.py (f16, K a
-multiple of 16; compile_lm picks it for an AVX2 host), "generic" one linalg contraction.
-Inference only (a language model's output layer).
+widening_matmul(x, w[, scale]): y[M, N] = x[M, K] @ f32(w)[N, K]^T (* scale[N]) for f32 x
+and weights stored narrower (f16, int8 with a per-row f32 scale): the weights are widened
+inside the kernel, so they stay narrow in memory. `kernel` "avx2" takes the hand-written
+GEMV of codegen/dense_avx2.py (f16, or int8 with a scale; K a multiple of 16; compile_lm
+picks it for an AVX2 host), "generic" one linalg contraction. Inference only (a language
+model's output layer).
 
 Matmul is bilinear: its VJP is an lhs rule and an rhs rule, each a matmul of the
 cotangent with the other operand, then summed over the batch dims that were broadcast.
@@ -129,11 +130,17 @@ WIDENING_DTYPES = ("f32", "f16", "i8")
 
 
 def _wm_infer(types, attrs):
-    x, w = types
+    if len(types) not in (2, 3):
+        raise TraceError(f"widening_matmul takes x, w and an optional scale, got {len(types)} operands")
+    x, w = types[:2]
     if x.rank != 2 or x.dtype != "f32" or w.rank != 2 or w.dtype not in WIDENING_DTYPES \
             or not same_dim(x.shape[1], w.shape[1]):
         raise TraceError(f"widening_matmul expects x [M, K] f32 and weights [N, K] f32, f16 "
                          f"or i8, got {x.mlir()} and {w.mlir()}")
+    if len(types) == 3 and (types[2].rank != 1 or types[2].dtype != "f32"
+                            or not same_dim(types[2].shape[0], w.shape[0])):
+        raise TraceError(f"widening_matmul: the scale must be [N] f32 for weights {w.mlir()}, "
+                         f"got {types[2].mlir()}")
     if attrs["kernel"] not in ("avx2", "generic"):
         raise TraceError(f"widening_matmul: kernel must be 'avx2' or 'generic', got "
                          f"{attrs['kernel']!r}")
@@ -141,15 +148,19 @@ def _wm_infer(types, attrs):
 
 
 def _wm_ref(xs, attrs):
-    x, w = xs
-    return [(x @ np.asarray(w, np.float32).T).astype(np.float32)]
+    x, w = xs[:2]
+    y = x @ np.asarray(w, np.float32).T
+    return [(y * xs[2] if len(xs) == 3 else y).astype(np.float32)]
 
 
 def _wm_lower(ctx, op, xs):
-    x_t, w_t = (v.type for v in op.operands)
+    x_t, w_t = (v.type for v in op.operands[:2])
     n, k = w_t.shape
-    if op.attrs["kernel"] == "avx2" and w_t.dtype == "f16" and dense_avx2.fits(k):
-        return [dense_avx2.emit(xs[0], xs[1], ctx.dim(x_t.shape[0]), n, k)]
+    scaled = len(xs) == 3
+    if op.attrs["kernel"] == "avx2" and dense_avx2.fits(k) and \
+            (w_t.dtype == "f16" and not scaled or w_t.dtype == "i8" and scaled):
+        return [dense_avx2.emit(xs[0], xs[1], ctx.dim(x_t.shape[0]), n, k,
+                                xs[2] if scaled else None)]
     f32 = ir.F32Type.get()
 
     def widen(v):
@@ -160,12 +171,17 @@ def _wm_lower(ctx, op, xs):
     out = op.results[0].type
     # an fma body: IREE's data tiling (on for modules with blocked ternary kernels) skips
     # it, instead of re-laying out the weights on every call
-    return [ctx.generic(xs, [affine_map(3, [0, 2]), affine_map(3, [1, 2])], out,
-                        affine_map(3, [0, 1]), [PARALLEL, PARALLEL, REDUCTION],
-                        lambda a, b, acc: math.fma(a, widen(b), acc), init=ctx.fill(out, 0.0))]
+    y = ctx.generic(xs[:2], [affine_map(3, [0, 2]), affine_map(3, [1, 2])], out,
+                    affine_map(3, [0, 1]), [PARALLEL, PARALLEL, REDUCTION],
+                    lambda a, b, acc: math.fma(a, widen(b), acc), init=ctx.fill(out, 0.0))
+    if not scaled:
+        return [y]
+    return [ctx.generic([y, xs[2]], [affine_map(2, [0, 1]), affine_map(2, [1])], out,
+                        affine_map(2, [0, 1]), [PARALLEL, PARALLEL],
+                        lambda a, s, _acc: arith.mulf(a, s))]
 
 
-register(OpDef("widening_matmul", "linalg", _wm_infer, _wm_ref, num_operands=2,
+register(OpDef("widening_matmul", "linalg", _wm_infer, _wm_ref, num_operands=None,
                attrs={"kernel": "generic"}, lower=_wm_lower, vjp=None, differentiable=False,
-               nondiff_operands=(0, 1),
-               doc="x @ f32(w)^T for f32 x [M, K] and narrow weights w [N, K] (f16, i8)"))
+               nondiff_operands=(0, 1, 2),
+               doc="x @ f32(w)^T (* scale) for f32 x [M, K] and narrow weights w [N, K] (f16, i8)"))
