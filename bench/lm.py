@@ -12,8 +12,12 @@ vocab 32002), then measures, each engine in its own fresh process with 2 threads
 - prefill: a 128-token prompt, tokens/s (best of 3), computing the last position's logits
   as llama.cpp's `eval` and generation do; tercomp also with all 128 positions' logits;
 - decode: 64 tokens after that prompt, tokens/s (best of 3);
-- decode at position 64 with max_seq 2048 vs 128 (the cache must cost O(position));
+- decode at position 64 with max_seq 2048 vs 128 (the cache must cost O(position)),
+  measured interleaved in one process;
 - resident memory (VmRSS) after warm-up, the cache sized n_ctx = max_seq.
+
+tercomp runs once per output-layer storage (--output-dtype, default "float16,int8": the
+f16 table llama.cpp also reads, and an int8 table with a per-row scale at half the bytes).
 
 llama.cpp runs through llama-cpp-python when it is installed (the `peer` extra); its
 rows are skipped otherwise. Ratios are tercomp / llama.cpp from the same run.
@@ -130,21 +134,25 @@ def worker_tercomp_run(a):
     out["decode_tps"] = a.gen / min(decode() for _ in range(a.repeat))
     out["rss_mb"] = rss_mb()
     if os.path.exists(a.artifact + ".128"):
-        out["decode_pos64_ms"] = _decode_at_64(gen, prompt, a.repeat)
-        out["decode_pos64_ms_seq128"] = _decode_at_64(tc.load(a.artifact + ".128", threads=a.threads),
-                                                      prompt, a.repeat)
+        short = tc.load(a.artifact + ".128", threads=a.threads)
+        out["decode_pos64_ms"], out["decode_pos64_ms_seq128"] = _decode_at_64(
+            [gen, short], prompt, a.repeat)
     return out
 
 
-def _decode_at_64(gen, prompt, repeat):
-    gen.prefill(prompt[:64])
-    best = float("inf")
-    for _ in range(repeat * 5):
-        gen.position = 64               # rewrite row 64 each time: same position, same work
-        t = time.perf_counter()
-        gen.decode(int(prompt[0]))
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+def _decode_at_64(gens, prompt, repeat):
+    """The best decode time in ms at position 64 of each generator, measured interleaved
+    (one step of each in turn), so a change in the machine's load hits both alike."""
+    for gen in gens:
+        gen.prefill(prompt[:64])
+    best = [float("inf")] * len(gens)
+    for _ in range(repeat * 10):
+        for i, gen in enumerate(gens):
+            gen.position = 64           # rewrite row 64 each time: same position, same work
+            t = time.perf_counter()
+            gen.decode(int(prompt[0]))
+            best[i] = min(best[i], time.perf_counter() - t)
+    return [b * 1e3 for b in best]
 
 
 def worker_llama(a):
@@ -178,7 +186,7 @@ WORKERS = {"tercomp-compile": worker_tercomp_compile, "tercomp-run": worker_terc
 
 def run_worker(name, a, extra=()):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model", a.model,
-           "--artifact", a.artifact, *extra, *a.passthrough]
+           "--artifact", a.artifact, *a.passthrough, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         print(f"{name} failed:\n{r.stderr[-3000:]}", file=sys.stderr)
@@ -199,8 +207,9 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--max-seq", type=int, default=2048)
     p.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
-    p.add_argument("--output-dtype", default="float16", choices=("float16", "float32"),
-                   help="tercomp's output layer (compile_lm output_dtype)")
+    p.add_argument("--output-dtype", default="float16,int8",
+                   help="tercomp's output layer (compile_lm output_dtype), a comma-separated "
+                        "list of float16, int8, float32: one tercomp column each")
     p.add_argument("--no-scaling", dest="scaling", action="store_false",
                    help="skip the max_seq 128 compile of the O(position) check")
     p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "tercomp-bench-lm"))
@@ -210,23 +219,29 @@ def main():
     a = p.parse_args()
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
                      ("layers", "hidden", "ffn", "heads", "vocab", "threads", "prompt", "gen",
-                      "repeat", "max-seq", "output-dtype")] + ([] if a.scaling else ["--no-scaling"])
+                      "repeat", "max-seq")] + ([] if a.scaling else ["--no-scaling"])
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
     os.makedirs(a.dir, exist_ok=True)
     tag = f"L{a.layers}-h{a.hidden}-f{a.ffn}-H{a.heads}-v{a.vocab}"
     a.model = os.path.join(a.dir, f"bitnet-{tag}.gguf")
-    a.artifact = os.path.join(a.dir, f"bitnet-{tag}.tcm")
     if not os.path.exists(a.model):
         t = time.perf_counter()
         write_model(a.model + ".part", a)
         os.replace(a.model + ".part", a.model)
         print(f"wrote {a.model} ({os.path.getsize(a.model) / 2**20:.0f} MiB) in "
               f"{time.perf_counter() - t:.0f} s", file=sys.stderr)
-    rows = {"tercomp": {}}
-    rows["tercomp"].update(run_worker("tercomp-compile", a) or {})
-    rows["tercomp"].update(run_worker("tercomp-run", a) or {})
+    dtypes = a.output_dtype.split(",")
+    for d in dtypes:
+        if d not in ("float16", "int8", "float32"):
+            p.error(f"--output-dtype: {d!r} is not float16, int8 or float32")
+    rows = {}
+    for d in dtypes:
+        a.artifact = os.path.join(a.dir, f"bitnet-{tag}-{d}.tcm")
+        extra = [f"--output-dtype={d}"]
+        rows[f"tercomp {d}"] = {**(run_worker("tercomp-compile", a, extra) or {}),
+                                **(run_worker("tercomp-run", a, extra) or {})}
     peer = not a.no_peer
     if peer:
         try:
@@ -244,15 +259,20 @@ def main():
             ("decode_pos64_ms", f"decode @64, max_seq {a.max_seq} ms", "{:.2f}"),
             ("decode_pos64_ms_seq128", "decode @64, max_seq 128 ms", "{:.2f}")]
     print(f"model {tag}, {a.threads} threads, prompt {a.prompt}, {a.gen} new tokens, best of "
-          f"{a.repeat}, tercomp output layer {a.output_dtype}")
-    print(f"{'':34}" + "".join(f"{n:>14}" for n in rows) + ("       ratio" if peer else ""))
+          f"{a.repeat}; tercomp's output layer stored as {', '.join(dtypes)}")
+    names = list(rows)
+    ratios = [n for n in names if n != "llama.cpp"] if peer else []
+    print(f"{'':34}" + "".join(f"{n:>16}" for n in names) +
+          "".join(f"{n.replace('tercomp ', '') + ' / llama':>16}" for n in ratios))
     for k, label, fmt in keys:
-        vals = [rows[n].get(k) for n in rows]
+        vals = [rows[n].get(k) for n in names]
         if all(v is None for v in vals):
             continue
-        line = f"{label:34}" + "".join(f"{fmt.format(v) if v is not None else '-':>14}" for v in vals)
-        if peer and None not in vals and vals[1]:
-            line += f"{vals[0] / vals[1]:>11.2f}x"
+        line = f"{label:34}" + "".join(f"{fmt.format(v) if v is not None else '-':>16}" for v in vals)
+        peer_v = rows.get("llama.cpp", {}).get(k)
+        for n in ratios:
+            v = rows[n].get(k)
+            line += f"{v / peer_v:>15.2f}x" if v is not None and peer_v else f"{'-':>16}"
         print(line)
 
 
