@@ -49,16 +49,20 @@ def split_rows(n: int, workgroups: int, align: int) -> tuple[int, int]:
 
 
 def load_row(dst: str, i: int, base: str, col: str, mem: str, mem_type: str, vec_type: str,
-             ahead: int) -> list[str]:
+             ahead: int, prefetch: bool = True) -> list[str]:
     """MLIR lines loading `vec_type` from row `base` + i of `mem` at column `col` into
-    %{dst}{i}, and prefetching the same column `ahead` rows further on (past the last row
-    that address is in no row: x86 prefetches never fault)."""
-    return [
-        f"%row{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({base})",
-        f"%{dst}{i} = vector.load {mem}[%row{i}, {col}] : {mem_type}, {vec_type}",
-        f"%pre{i} = affine.apply affine_map<(d0) -> (d0 + {ahead})>(%row{i})",
-        f"memref.prefetch {mem}[%pre{i}, {col}], read, locality<0>, data : {mem_type}",
+    %{dst}{i}, and (with `prefetch`) prefetching the same column `ahead` rows further on
+    (past the last row that address is in no row: x86 prefetches never fault)."""
+    lines = [
+        f"%row{dst}{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({base})",
+        f"%{dst}{i} = vector.load {mem}[%row{dst}{i}, {col}] : {mem_type}, {vec_type}",
     ]
+    if prefetch:
+        lines += [
+            f"%pre{dst}{i} = affine.apply affine_map<(d0) -> (d0 + {ahead})>(%row{dst}{i})",
+            f"memref.prefetch {mem}[%pre{dst}{i}, {col}], read, locality<0>, data : {mem_type}",
+        ]
+    return lines
 
 
 def executable_text(name: str, groups: int | None, params: str, body: str,

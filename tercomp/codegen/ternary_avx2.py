@@ -15,9 +15,11 @@ per 32 packed bytes of a row,
     a += vpmaddwd(s, 1)                           i16 pairs -> i32 lanes
 
 and y = (sum(a) - sum(x)) * scale * max|x| / 127 at the end (sum(w x) = sum(u x) - sum x).
-In the GEMV loop four output rows share each load of x; in the GEMM loop each decoded
-weight chunk meets MB rows of x. No horizontal add inside the K loop; each row's next
-bytes are prefetched two row groups ahead; the rows are split into workgroups that
+In the GEMV loop four output rows share each load of x (64 packed bytes a step, one
+prefetch per row and cache line); in the GEMM loop each decoded weight chunk meets MB
+rows of x. Both sum the i16 pairs over up to 16 chunks before one `vpmaddwd`. No
+horizontal add inside the K loop; each row's next bytes are prefetched two row groups
+ahead; the rows are split into workgroups that
 IREE's task system spreads over the cores; each workgroup quantizes x itself.
 
 Needs: llvm-cpu with AVX2, K/4 a multiple of 32 and N a multiple of 4 (the strategy
@@ -106,13 +108,15 @@ _MAD = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"'
 _MADW = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"'
 
 
-def _codes(i: int, wt: str) -> list[str]:
-    """Load 32 packed bytes of weight row %r + i at %c (prefetching the row
-    PREFETCH_ROWS ahead) and define %q{i}_{j}, its u = w + 1 codes of plane j."""
-    v8 = _V8
-    lines = load_row("raw", i, "%r", "%c", "%w", wt, v8, PREFETCH_ROWS) + [
-        f"%lo{i} = arith.andi %raw{i}, %m55 : {v8}",
-        f"%hs{i} = arith.shrui %raw{i}, %s1 : {v8}",
+def _codes(i, wt: str, col: str = "%c", prefetch: bool = True) -> list[str]:
+    """Load 32 packed bytes of weight row %r + i at column `col` (prefetching the row
+    PREFETCH_ROWS ahead) and define %q{i}_{j}, its u = w + 1 codes of plane j (`i` may
+    carry a suffix naming the chunk)."""
+    v8, row = _V8, int(str(i).split("_")[0])
+    raw = f"%raw{i}_{row}"
+    lines = load_row(f"raw{i}_", row, "%r", col, "%w", wt, v8, PREFETCH_ROWS, prefetch) + [
+        f"%lo{i} = arith.andi {raw}, %m55 : {v8}",
+        f"%hs{i} = arith.shrui {raw}, %s1 : {v8}",
         f"%hi{i} = arith.andi %hs{i}, %m55 : {v8}",
         f"%lp{i} = arith.addi %lo{i}, %m55 : {v8}",
         f"%u{i} = arith.subi %lp{i}, %hi{i} : {v8}",
@@ -126,9 +130,10 @@ def _codes(i: int, wt: str) -> list[str]:
     return lines
 
 
-def _x_planes(b: int, kb: int, bt: str) -> list[str]:
-    return [f"%xo{b}_{j} = affine.apply affine_map<(d0) -> (d0 + {j * kb})>(%c)\n"
-            f"%x{b}_{j} = vector.load %buf[%c{b}, %xo{b}_{j}] : {bt}, {_V8}" for j in range(4)]
+def _x_planes(b, kb: int, bt: str, col: str = "%c") -> list[str]:
+    return [f"%xo{b}_{j} = affine.apply affine_map<(d0) -> (d0 + {j * kb})>({col})\n"
+            f"%x{b}_{j} = vector.load %buf[%c{str(b).split('_')[0]}, %xo{b}_{j}] : {bt}, {_V8}"
+            for j in range(4)]
 
 
 def _stores(pairs, ot: str, acc: str) -> list[str]:
@@ -149,28 +154,50 @@ def _stores(pairs, ot: str, acc: str) -> list[str]:
 
 
 def _gemv_loop(kb: int, wt: str, bt: str, ot: str) -> str:
-    """One quantized row of x (%buf[0]) against ROWS weight rows per step."""
+    """One quantized row of x (%buf[0]) against ROWS weight rows per step, 64 packed bytes
+    (two chunks, one prefetch per row and cache line) per step when KB allows. As in the
+    GEMM loop the i16 pair sums run over up to I16_CHUNKS chunks before one vpmaddwd."""
+    unroll = 2 if kb % (2 * CHUNK) == 0 else 1
     body = []
+    for u in range(unroll):
+        col = "%c" if u == 0 else f"%cu{u}"
+        if u:
+            body.append(f"{col} = affine.apply affine_map<(d0) -> (d0 + {u * CHUNK})>(%c)")
+        body += _x_planes(f"0_{u}", kb, bt, col)
+    sums = {i: f"%ps{i}" for i in range(ROWS)}
+    for u in range(unroll):
+        col = "%c" if u == 0 else f"%cu{u}"
+        for i in range(ROWS):
+            t = f"{i}_{u}"
+            body += _codes(t, wt, col, prefetch=u == 0)
+            body += [f"%e{t}_{j} = {_MAD}(%q{t}_{j}, %x0_{u}_{j}) : ({_V8}, {_V8}) -> {_V16}"
+                     for j in range(4)]
+            body += [
+                f"%f{t}a = arith.addi %e{t}_0, %e{t}_1 : {_V16}",
+                f"%f{t}b = arith.addi %e{t}_2, %e{t}_3 : {_V16}",
+                f"%g{t} = arith.addi %f{t}a, %f{t}b : {_V16}",
+                f"%n{t} = arith.addi {sums[i]}, %g{t} : {_V16}",
+            ]
+            sums[i] = f"%n{t}"
+    s_iter = ", ".join(f"%ps{i} = %z16" for i in range(ROWS))
+    a_iter = ", ".join(f"%a{i} = %z32" for i in range(ROWS))
+    t16, t32 = ", ".join([_V16] * ROWS), ", ".join([_V32] * ROWS)
+    flush = []
     for i in range(ROWS):
-        body += _codes(i, wt)
-        body += [f"%e{i}_{j} = {_MAD}(%q{i}_{j}, %x0_{j}) : ({_V8}, {_V8}) -> {_V16}"
-                 for j in range(4)]
-        body += [
-            f"%f{i}a = arith.addi %e{i}_0, %e{i}_1 : {_V16}",
-            f"%f{i}b = arith.addi %e{i}_2, %e{i}_3 : {_V16}",
-            f"%g{i} = arith.addi %f{i}a, %f{i}b : {_V16}",
-            f"%h{i} = {_MADW}(%g{i}, %ones16) : ({_V16}, {_V16}) -> {_V32}",
-            f"%n{i} = arith.addi %a{i}, %h{i} : {_V32}",
-        ]
-    accs = ", ".join(f"%a{i} = %z32" for i in range(ROWS))
-    types = ", ".join([_V32] * ROWS)
+        flush += [f"%h{i} = {_MADW}(%part#{i}, %ones16) : ({_V16}, {_V16}) -> {_V32}",
+                  f"%na{i} = arith.addi %a{i}, %h{i} : {_V32}"]
     nl = "\n"
     return f"""
         scf.for %r = %r0 to %r1 step %cr {{
-          %acc:{ROWS} = scf.for %c = %c0 to %ckb step %cc iter_args({accs}) -> ({types}) {{
-            {nl.join(_x_planes(0, kb, bt))}
-            {nl.join(body)}
-            scf.yield {", ".join(f"%n{i}" for i in range(ROWS))} : {types}
+          %acc:{ROWS} = scf.for %c16 = %c0 to %ckb step %cblk iter_args({a_iter}) -> ({t32}) {{
+            %cend0 = arith.addi %c16, %cblk : index
+            %cend = arith.minui %cend0, %ckb : index
+            %part:{ROWS} = scf.for %c = %c16 to %cend step %cstep iter_args({s_iter}) -> ({t16}) {{
+              {nl.join(body)}
+              scf.yield {", ".join(sums[i] for i in range(ROWS))} : {t16}
+            }}
+            {nl.join(flush)}
+            scf.yield {", ".join(f"%na{i}" for i in range(ROWS))} : {t32}
           }}
           {nl.join(_stores([(i, 0) for i in range(ROWS)], ot, "acc"))}
         }}"""
@@ -243,6 +270,7 @@ def executable_text(name: str, n: int, kb: int) -> str:
       %cg = arith.constant {GEMM_ROWS} : index
       %cmb = arith.constant {MB} : index
       %cc = arith.constant {CHUNK} : index
+      %cstep = arith.constant {CHUNK * (2 if kb % (2 * CHUNK) == 0 else 1)} : index
       %cblk = arith.constant {I16_CHUNKS * CHUNK} : index
       %ckb = arith.constant {kb} : index
       %ckp = arith.constant {kp} : index
