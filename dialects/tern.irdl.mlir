@@ -58,9 +58,10 @@ irdl.dialect @tern {
     %3 = irdl.any
     irdl.operands(x0: %0, x1: %1, x2: %2, x3: %3)
     %4 = irdl.any
-    irdl.attributes {"scale" = %4}
     %5 = irdl.any
-    irdl.results(r0: %5)
+    irdl.attributes {"scale" = %4, "kernel" = %5}
+    %6 = irdl.any
+    irdl.results(r0: %6)
   }
   irdl.operation @cast {
     %0 = irdl.any
@@ -308,9 +309,21 @@ irdl.dialect @tern {
     %1 = irdl.any
     irdl.operands(x0: %0, x1: %1)
     %2 = irdl.any
-    irdl.attributes {"eps" = %2}
     %3 = irdl.any
-    irdl.results(r0: %3)
+    irdl.attributes {"eps" = %2, "kernel" = %3}
+    %4 = irdl.any
+    irdl.results(r0: %4)
+  }
+  irdl.operation @rope {
+    %0 = irdl.any
+    %1 = irdl.any
+    %2 = irdl.any
+    irdl.operands(x0: %0, x1: %1, x2: %2)
+    %3 = irdl.any
+    %4 = irdl.any
+    irdl.attributes {"style" = %3, "kernel" = %4}
+    %5 = irdl.any
+    irdl.results(r0: %5)
   }
   irdl.operation @round {
     %0 = irdl.any
@@ -503,12 +516,11 @@ irdl.dialect @tern {
   }
   irdl.operation @widening_matmul {
     %0 = irdl.any
+    irdl.operands(operands: variadic %0)
     %1 = irdl.any
-    irdl.operands(x0: %0, x1: %1)
+    irdl.attributes {"kernel" = %1}
     %2 = irdl.any
-    irdl.attributes {"kernel" = %2}
-    %3 = irdl.any
-    irdl.results(r0: %3)
+    irdl.results(r0: %2)
   }
   irdl.operation @yield {
     %0 = irdl.any
