@@ -94,6 +94,12 @@ irdl.dialect @tern {
     %1 = irdl.any
     irdl.results(r0: %1)
   }
+  irdl.operation @cos {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    irdl.results(r0: %1)
+  }
   irdl.operation @cross_entropy {
     %0 = irdl.any
     %1 = irdl.any
@@ -127,6 +133,12 @@ irdl.dialect @tern {
     irdl.results(r0: %2)
   }
   irdl.operation @exp {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    irdl.results(r0: %1)
+  }
+  irdl.operation @exp2 {
     %0 = irdl.any
     irdl.operands(x0: %0)
     %1 = irdl.any
@@ -178,6 +190,12 @@ irdl.dialect @tern {
     irdl.results(r0: %2)
   }
   irdl.operation @log {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    irdl.results(r0: %1)
+  }
+  irdl.operation @log2 {
     %0 = irdl.any
     irdl.operands(x0: %0)
     %1 = irdl.any
@@ -373,6 +391,12 @@ irdl.dialect @tern {
     irdl.results(r0: %1)
   }
   irdl.operation @silu {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    irdl.results(r0: %1)
+  }
+  irdl.operation @sin {
     %0 = irdl.any
     irdl.operands(x0: %0)
     %1 = irdl.any

@@ -101,19 +101,6 @@ class constant(Schedule):
         return f"constant({self.lr})"
 
 
-def _cos_pi(u):
-    # cos(pi * u) for u in [0, 1]. tern has no cos op, so: cos(pi u) = -sin(pi v) with
-    # v = u - 1/2 in [-1/2, 1/2], and sin by its odd Taylor series to x^13 (truncation
-    # error below 6e-8 for |x| <= pi/2, under f32 rounding).
-    x = (u - 0.5) * math.pi
-    x2 = x * x
-    coeffs = [(-1.0) ** k / math.factorial(2 * k + 1) for k in range(7)]
-    acc = coeffs[-1]
-    for c in reversed(coeffs[:-1]):
-        acc = acc * x2 + c
-    return -(acc * x)
-
-
 class cosine(Schedule):
     """Linear warmup to `peak_lr` over `warmup_steps`, then cosine decay to `final_lr`
     at `total_steps` (constant after). With step count t (updates done so far):
@@ -138,7 +125,7 @@ class cosine(Schedule):
         t = _scalar(step)
         peak, final, warm = self.peak_lr, self.final_lr, self.warmup_steps
         u = _t.clip((t - warm) / (self.total_steps - warm), _scalar(0.0), _scalar(1.0))
-        decayed = final + (peak - final) * 0.5 * (1.0 + _cos_pi(u))
+        decayed = final + (peak - final) * 0.5 * (1.0 + _t.cos(u * math.pi))
         if warm == 0:
             return decayed
         warming = peak * (t + 1.0) / warm

@@ -156,6 +156,8 @@ class SympyToArith:
         return arith.NegFOp(a).result if self.is_float else arith.SubIOp(self.const(0), a).result
 
     def _pow(self, base, exp):
+        if base == 2 and not exp.is_number:
+            return math.Exp2Op(self.emit(exp)).result
         if exp == sympy.Rational(1, 2):
             return math.SqrtOp(self.emit(base)).result
         if exp == sympy.Rational(-1, 2):

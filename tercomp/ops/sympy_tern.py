@@ -10,7 +10,7 @@ import sympy
 _REL = {sympy.StrictLessThan: "lt", sympy.LessThan: "le", sympy.StrictGreaterThan: "gt",
         sympy.GreaterThan: "ge", sympy.Equality: "eq", sympy.Unequality: "ne"}
 _FUNCS = {sympy.exp: "exp", sympy.log: "log", sympy.tanh: "tanh", sympy.Abs: "abs",
-          sympy.sign: "sign"}
+          sympy.sign: "sign", sympy.sin: "sin", sympy.cos: "cos"}
 
 
 class SympyToTern:
@@ -51,6 +51,11 @@ class SympyToTern:
             for f in den:
                 acc = b.div(acc, self.emit(f))
             return acc
+        if isinstance(e, sympy.Pow) and e.base.is_number:       # a ** x = 2 ** (x log2 a)
+            x = self.emit(e.exp)
+            if e.base != 2:
+                x = b.mul(x, b.scalar(float(sympy.log(e.base, 2)), self.dtype))
+            return b.exp2(x)
         if isinstance(e, sympy.Pow):
             x = self.emit(e.base)
             if e.exp == sympy.Rational(1, 2):

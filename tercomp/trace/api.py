@@ -42,6 +42,7 @@ def _unary(opname):
 
 
 exp, log, sqrt, rsqrt, tanh, sigmoid = (_unary(n) for n in ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid"))
+sin, cos, exp2, log2 = (_unary(n) for n in ("sin", "cos", "exp2", "log2"))
 relu, silu, gelu, negative, sign = (_unary(n) for n in ("relu", "silu", "gelu", "neg", "sign"))
 abs = absolute = _unary("abs")
 stop_gradient = _unary("stop_gradient")
