@@ -59,12 +59,15 @@ def _bool_from_i8(ctx, v, t):
 
 
 register(OpDef("constant", "control", _constant_infer, _constant_reference, num_operands=0,
-               attrs={"value": REQUIRED}, lower=_constant_lower, differentiable=False))
+               attrs={"value": REQUIRED}, lower=_constant_lower, differentiable=False,
+               foldable=False))
 
 
+# the identity whose operand takes no gradient: autodiff stops at it like at any
+# non-differentiable operand, and simplify keeps it (foldable=False) so the IR shows it
 register(OpDef("stop_gradient", "control", lambda ts, a: [ts[0]], lambda xs, a: [xs[0]],
                lower=lambda ctx, op, xs: [xs[0]], vjp=lambda b, op, cts: [None],
-               doc="identity whose gradient is zero"))
+               nondiff_operands=(0,), foldable=False, doc="identity whose gradient is zero"))
 
 
 def _custom_vjp_vjp(b, op, cts):

@@ -33,6 +33,7 @@ class OpDef:
     nondiff_operands: tuple = ()                   # operand indices that never get gradients
     expr: Any = None                               # sympy expression (elementwise family)
     region_args: Optional[Callable] = None         # operand types, attrs -> [(body attr, input types)]
+    foldable: bool = True                          # False: simplify never evaluates it on constants
     doc: str = ""
 
 

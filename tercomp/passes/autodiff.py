@@ -28,10 +28,10 @@ def zeros_like(b: GraphBuilder, v: Value) -> Value:
 
 def _propagates(op, active) -> bool:
     """Whether gradients flow from an active operand of `op` to its results. Not through
-    stop_gradient, nor through operands the op declares non-differentiable (`size`), so
-    ops downstream of them need no gradient rule and get no backward code."""
+    operands the op declares non-differentiable (`size`'s, `stop_gradient`'s), so ops
+    downstream of them need no gradient rule and get no backward code."""
     opdef = get(op.opname)
-    if not opdef.differentiable or op.opname == "stop_gradient":
+    if not opdef.differentiable:
         return False
     return any(id(v) in active for i, v in enumerate(op.operands) if i not in opdef.nondiff_operands)
 

@@ -8,6 +8,7 @@ import hashlib
 
 import numpy as np
 
+from ..errors import TercompError
 from ..ir import Graph
 from ..ops import get
 from .manager import register_pass
@@ -103,9 +104,7 @@ PATTERNS = {
 
 def _fold(b, op, xs):
     opdef = get(op.opname)
-    if op.opname == "constant" or opdef.lower is None and opdef.decompose is None:
-        return None
-    if op.opname == "stop_gradient":
+    if not opdef.foldable or opdef.lower is None and opdef.decompose is None:
         return None
     vals = [const_value(v) for v in xs]
     if any(v is None for v in vals) or not op.results or len(op.results) != 1:
@@ -115,8 +114,8 @@ def _fold(b, op, xs):
         return None
     try:
         out = opdef.reference(vals, op.attrs)[0]
-    except Exception:
-        return None
+    except (TercompError, ArithmeticError, ValueError):
+        return None         # e.g. a cache row out of range: left for run time to meet
     return b.emit("constant", value=np.asarray(out), name=op.results[0].name)
 
 
