@@ -300,6 +300,14 @@ irdl.dialect @tern {
     %3 = irdl.any
     irdl.results(r0: %3)
   }
+  irdl.operation @pad {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    irdl.attributes {"widths" = %1}
+    %2 = irdl.any
+    irdl.results(r0: %2)
+  }
   irdl.operation @pow {
     %0 = irdl.any
     irdl.operands(x0: %0)

@@ -218,6 +218,10 @@ CASES = [
     Case("rms_norm", "rms_norm", [rand(2, 3, 4), rand(4)], {"eps": 1e-3},
          lambda x, w: [x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-3) * w],
          sym=[("B", 3, 4), None], diff=(0, 1)),
+    Case("pad", "pad", [rand(2, 3)], {"widths": [[1, 0], [2, 3]]},
+         lambda x: [np.pad(x, [(1, 0), (2, 3)])]),
+    Case("pad_dyn", "pad", [rand(2, 3)], {"widths": [[0, 0], [0, 2]]},
+         lambda x: [np.pad(x, [(0, 0), (0, 2)])], sym=[("B", 3)]),
     Case("one_hot", "one_hot", [np.array([0, 4, -1, 7, 2], np.int32)], {"num_classes": 5},
          lambda i: [np.eye(6, dtype=np.float32)[np.where((i >= 0) & (i < 5), i, 5)][:, :5]],
          sym=[("B",)], diff=()),
@@ -326,6 +330,7 @@ def _attrs(case):
     ("logsumexp", [(B, 5)], {"axes": [1]}, [(B,)]),
     ("layer_norm", [(B, 5), (5,), (5,)], {}, [(B, 5)]),
     ("rms_norm", [(B, 5), (5,)], {}, [(B, 5)]),
+    ("pad", [(B, 5)], {"widths": [[0, 0], [2, 1]]}, [(B, 8)]),
     ("cross_entropy", [(B, 5), ("B",)], {}, [(B,)]),
     ("one_hot", [("B",)], {"num_classes": 7}, [(B, 7)]),
 ])
@@ -547,3 +552,17 @@ def test_lowering_matches_reference(compiled, case, sym):
         r = r.to_host() if hasattr(r, "to_host") else np.asarray(r)
         assert r.shape == w.shape and r.dtype == w.dtype, (r.shape, w.shape, r.dtype, w.dtype)
         np.testing.assert_allclose(r, w, rtol=1e-5, atol=1e-6, err_msg=_compile_id(case, sym))
+
+
+def test_tc_pad_takes_numpys_pad_widths_and_refuses_the_rest():
+    import tercomp as tc
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    for pw in (1, (1, 2), [(0, 1), (2, 0)]):
+        exe = tc.compile(lambda v, pw=pw: tc.pad(v, pw), tc.spec((2, 3)), cache=False)
+        np.testing.assert_array_equal(exe(x), np.pad(x, pw))
+    with pytest.raises(tc.TercompError, match="pads with zeros only"):
+        tc.trace(lambda v: tc.pad(v, 1, mode="edge"), tc.spec((2, 3)))
+    with pytest.raises(tc.TercompError, match="symbolic size B and cannot be padded"):
+        tc.trace(lambda v: tc.pad(v, 1), tc.spec(("B", 3)))
+    with pytest.raises(tc.TercompError, match="pairs \\(before, after\\) of non-negative ints"):
+        tc.trace(lambda v: tc.pad(v, [(0, 0), (-1, 2)]), tc.spec((2, 3)))

@@ -75,6 +75,7 @@ EXAMPLES = {
     "logsumexp": ([f32(3, 4)], {"axes": [1]}),
     "layer_norm": ([f32(3, 4), f32(4), f32(4)], {"eps": 1e-5}),
     "rms_norm": ([f32(3, 4), f32(4)], {"eps": 1e-6}),
+    "pad": ([f32(3, 4)], {"widths": [[1, 2], [0, 1]]}),
     "one_hot": ([ints(4, 5)], {"num_classes": 4}),
     "cross_entropy": ([f32(3, 4), ints(4, 3)], {}),
     "round": ([f32(3, 4) * 3], {}),

@@ -16,7 +16,7 @@ from ..ir import TensorType, is_static, numpy_dtype
 from ..ir.types import is_float
 from .reduce import expand_reduced, reduced_type
 from .registry import OpDef, REQUIRED, register
-from .shape_util import check_integer_ids, fmt_shape, norm_axes, same_dim
+from .shape_util import SLICE_END, check_integer_ids, dim_to_attr, fmt_shape, norm_axes, same_dim
 
 
 def _float_operand(t, opname):
@@ -216,6 +216,48 @@ register(OpDef("rms_norm", "composite", _rms_norm_infer, _rms_norm_ref,
                num_operands=2, attrs={"eps": 1e-6, "kernel": "generic"},
                decompose=_rms_norm_decompose, lower=_rms_norm_lower,
                doc="x / sqrt(mean(x^2) + eps) * weight over the last dim"))
+
+
+# -- pad -------------------------------------------------------------------------------------
+def _pad_widths(t, a):
+    """The (before, after) pairs of pad's `widths`, one per axis, checked."""
+    w = a["widths"]
+    ok = isinstance(w, (list, tuple)) and len(w) == t.rank and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and
+        all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in p)
+        for p in w)
+    if not ok:
+        raise TraceError(f"pad: widths must be {t.rank} pairs (before, after) of non-negative "
+                         f"ints for a tensor of shape {fmt_shape(t.shape)}, got {w!r}")
+    for ax, (d, p) in enumerate(zip(t.shape, w)):
+        if not is_static(d) and tuple(p) != (0, 0):
+            raise TraceError(f"pad: axis {ax} of {fmt_shape(t.shape)} has the symbolic size {d} "
+                             f"and cannot be padded (got {tuple(p)})")
+    return [(int(b), int(e)) for b, e in w]
+
+
+def _pad_infer(types, a):
+    (t,) = types
+    w = _pad_widths(t, a)
+    return [t.with_shape(tuple(d + b + e if is_static(d) else d for d, (b, e) in zip(t.shape, w)))]
+
+
+def _pad_decompose(b, operands, a):
+    """pad is `unslice` (zeros of the padded shape with x at [before, before + n)); its
+    gradient is therefore unslice's, the slice of the cotangent."""
+    (x,) = operands
+    w = _pad_widths(x.type, a)
+    shape = [dim_to_attr(d + lo + hi) if is_static(d) else dim_to_attr(d)
+             for d, (lo, hi) in zip(x.type.shape, w)]
+    stops = [lo + d if is_static(d) else SLICE_END for d, (lo, _) in zip(x.type.shape, w)]
+    return [b.unslice(x, shape=shape, starts=[lo for lo, _ in w], stops=stops,
+                      steps=[1] * x.type.rank)]
+
+
+register(OpDef("pad", "composite", _pad_infer,
+               lambda xs, a: [np.pad(xs[0], [tuple(p) for p in a["widths"]])],
+               attrs={"widths": REQUIRED}, decompose=_pad_decompose,
+               doc="zero padding: (before, after) elements on each axis (np.pad, constant 0)"))
 
 
 # -- one_hot / cross_entropy ---------------------------------------------------------------

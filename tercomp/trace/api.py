@@ -167,6 +167,19 @@ def broadcast_to(x, shape):
     return apply("broadcast_to", x, shape=[_dim_attr(d) for d in shape])
 
 
+def pad(x, pad_width, mode="constant", constant_values=0):
+    """np.pad with zeros (tern.pad): `pad_width` is an int, a (before, after) pair for
+    every axis, or one pair per axis."""
+    if mode != "constant" or constant_values != 0:
+        raise TraceError(f"tc.pad pads with zeros only, got mode={mode!r}, "
+                         f"constant_values={constant_values!r}", loc=user_location(),
+                         hint="add the constant afterwards: tc.pad(x - c, w) + c")
+    r = _rank(x)
+    w = np.broadcast_to(np.asarray(pad_width, dtype=object), (r, 2)).tolist() \
+        if np.ndim(pad_width) <= 1 or np.shape(pad_width) == (1, 2) else pad_width
+    return apply("pad", x, widths=[[p for p in pair] for pair in w])
+
+
 def expand_dims(x, axis):
     r = _rank(x) + 1
     return apply("expand_dims", x, axis=axis % r)
