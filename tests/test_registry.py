@@ -150,3 +150,19 @@ def test_op_matches_reference(name, compiled_all):
             h = h.astype(bool)
         assert h.shape == w.shape, f"{name}: shape {h.shape} != reference {w.shape}"
         np.testing.assert_allclose(h, w, rtol=1e-5, atol=1e-6, err_msg=f"tern.{name} vs its reference")
+
+
+def test_elementwise_ops_have_their_tc_function():
+    # generated from the registry (trace/api.py): a new elementwise op needs no API edit
+    import tercomp as tc
+    from tercomp.ops.registry import REQUIRED
+    from tercomp.trace.api import NUMPY_NAMES
+    for name, d in REGISTRY.items():
+        if d.family == "elementwise" and d.num_operands in (1, 2) and \
+                not any(v is REQUIRED for v in d.attrs.values()):
+            for alias in NUMPY_NAMES.get(name, (name,)):
+                fn = getattr(tc, alias)
+                x = np.full((2,), 0.5, np.float32)
+                got = fn(*[x] * d.num_operands)
+                want = d.reference([x] * d.num_operands, dict(d.attrs))[0]
+                np.testing.assert_array_equal(got, want, err_msg=alias)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TraceError
+from ..ops.registry import REGISTRY, REQUIRED
 from .tracer import NUMPY_API, Tracer, apply, user_location
 
 
@@ -33,33 +34,40 @@ def _axis(x, axis):
 
 
 # -- elementwise -------------------------------------------------------------------------
-def _unary(opname):
-    def f(x):
-        return apply(opname, x)
-    f.__name__ = opname
-    f.__doc__ = f"Elementwise {opname} (tern.{opname})."
+#: NumPy's names for the elementwise ops whose names differ from NumPy's (every other
+#: elementwise registry op of one or two operands and no required attribute is tc.<op>)
+NUMPY_NAMES = {"neg": ("negative",), "abs": ("abs", "absolute"), "sub": ("subtract",),
+               "mul": ("multiply",), "div": ("divide",), "lt": ("less",), "le": ("less_equal",),
+               "gt": ("greater",), "ge": ("greater_equal",), "eq": ("equal",),
+               "ne": ("not_equal",)}
+
+
+def _elementwise(opname, arity):
+    def f(*xs):
+        return apply(opname, *xs)
+    f.__doc__ = f"Elementwise {opname} (tern.{opname}) of {arity} operand{'s' * (arity > 1)}."
     return f
 
 
-exp, log, sqrt, rsqrt, tanh, sigmoid = (_unary(n) for n in ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid"))
-sin, cos, exp2, log2 = (_unary(n) for n in ("sin", "cos", "exp2", "log2"))
-relu, silu, gelu, negative, sign = (_unary(n) for n in ("relu", "silu", "gelu", "neg", "sign"))
-abs = absolute = _unary("abs")
-stop_gradient = _unary("stop_gradient")
+def _define_elementwise():
+    """tc.exp, tc.add, ...: one function per elementwise op of the registry, generated so
+    that adding such an op to ops/elementwise.py adds its function too."""
+    for name, d in REGISTRY.items():
+        if d.family != "elementwise" or d.num_operands not in (1, 2) or \
+                any(v is REQUIRED for v in d.attrs.values()):
+            continue            # pow and cast take attributes; where has its own below
+        for alias in NUMPY_NAMES.get(name, (name,)):
+            f = _elementwise(name, d.num_operands)
+            f.__name__ = f.__qualname__ = alias
+            f.__module__ = __name__
+            globals()[alias] = f
 
 
-def add(a, b): return apply("add", a, b)
-def subtract(a, b): return apply("sub", a, b)
-def multiply(a, b): return apply("mul", a, b)
-def divide(a, b): return apply("div", a, b)
-def maximum(a, b): return apply("maximum", a, b)
-def minimum(a, b): return apply("minimum", a, b)
-def less(a, b): return apply("lt", a, b)
-def less_equal(a, b): return apply("le", a, b)
-def greater(a, b): return apply("gt", a, b)
-def greater_equal(a, b): return apply("ge", a, b)
-def equal(a, b): return apply("eq", a, b)
-def not_equal(a, b): return apply("ne", a, b)
+_define_elementwise()
+stop_gradient = _elementwise("stop_gradient", 1)
+stop_gradient.__name__ = "stop_gradient"
+
+
 def where(cond, a, b): return apply("where", cond, a, b)
 
 
