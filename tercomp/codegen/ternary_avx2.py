@@ -319,5 +319,5 @@ def emit(kern) -> ir.Value:
     # the scale is an operand, not a constant of the executable: every layer of a shape
     # shares one executable
     wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))
-    return dispatch(name, name, [m], [kern.pad_k(kern.x), kern.pin_weights(), wscale, m],
+    return dispatch(name, name, [m], [kern.pad_k(kern.x), kern.weights(), wscale, m],
                     dims, kern.ttype([kern.n], kern.f32), dims)
