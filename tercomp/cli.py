@@ -286,7 +286,8 @@ def cmd_opt(args) -> int:
     import tercomp as tc
     if not hasattr(tc, "passes"):
         raise TercompError("tercomp opt needs iree-base-compiler", hint="pip install iree-base-compiler")
-    from .ir import parse, print_graph
+    from .ir import print_graph
+    from .ops import parse
     from .passes import run_pipeline
     if args.file == "-":
         text, filename = sys.stdin.read(), "<stdin>"

@@ -8,7 +8,7 @@ import pytest
 
 import tercomp as tc
 from tercomp import nn
-from tercomp.ir import parse
+from tercomp.ops import parse
 from tercomp.passes import run_pipeline
 from tests.conftest import ROOT, run_filecheck
 
@@ -180,12 +180,35 @@ def test_wrong_inputs_to_a_compiled_module_are_caught_before_iree(mlp):
 
 
 def test_verifier_names_op_rule_and_location():
-    from tercomp.ir.verifier import verify
+    from tercomp.ops import verify
     g = tc.trace(lambda x: tc.exp(x), np.ones(3, np.float32))
     op = g.ops[0]
     op.results[0].type = op.results[0].type.with_shape((4,))
     with pytest.raises(tc.VerifyError, match=r"tern.exp.*shape rule.*result types"):
         verify(g, "a test")
+
+
+def test_ir_layer_takes_the_op_rules_explicitly():
+    """tercomp.ir knows no ops: its parser and verifier check op types only with the
+    registry's rules passed in (tercomp.ops.parse / verify do), and importing it does not
+    import the registry (no hidden ir <-> ops cycle)."""
+    import subprocess
+    import sys
+    from tercomp import ir, ops
+    from tercomp.ir.verifier import verify as bare_verify
+    code = "import sys, tercomp.ir.parser, tercomp.ir.verifier; print('tercomp.ops' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    wrong = """func.func @forward(%x: tensor<3xf32>) -> (tensor<4xf32>) {
+  %e = "tern.exp"(%x) : (tensor<3xf32>) -> tensor<4xf32>
+  "func.return"(%e) : (tensor<4xf32>) -> ()
+}"""                                                                # exp's result retyped
+    g = ir.parse(wrong)                                             # syntax and names only
+    bare_verify(g)
+    with pytest.raises(tc.ParseError):
+        ops.parse(wrong)
+    with pytest.raises(tc.VerifyError):
+        ops.verify(g)
 
 
 def test_dump_dir_writes_numbered_stages(tmp_path):

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tercomp as tc
 from tercomp import dimexpr
-from tercomp.ir import parse
+from tercomp.ops import parse
 
 PKG = pathlib.Path(tc.__file__).parent
 
@@ -80,7 +80,7 @@ def _run_parse(text, tmp_path):
     """Parse `text` in a fresh interpreter with a 60 s limit; returns its output."""
     src = tmp_path / "case.tern.mlir"
     src.write_text(text)
-    code = ("import sys, tercomp\nfrom tercomp.ir import parse\n"
+    code = ("import sys, tercomp\nfrom tercomp.ops import parse\n"
             "try:\n    parse(open(sys.argv[1]).read())\n    print('PARSED')\n"
             "except tercomp.TercompError as e:\n    print('ERROR', type(e).__name__, e)\n")
     r = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True,

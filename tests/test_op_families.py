@@ -21,7 +21,8 @@ import tercomp.ops.linalg  # noqa: F401
 import tercomp.ops.reduce  # noqa: F401
 import tercomp.ops.shape  # noqa: F401
 from tercomp.errors import TraceError
-from tercomp.ir import Graph, TensorType, as_dim, parse
+from tercomp.ir import Graph, TensorType, as_dim
+from tercomp.ops import parse
 from tercomp.ops.interpret import interpret
 from tercomp.ops.registry import REGISTRY, GraphBuilder
 from tercomp.ops.shape import unbroadcast

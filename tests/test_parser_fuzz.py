@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tercomp as tc
-from tercomp.ir import parse
+from tercomp.ops import parse
 
 
 def _sample(x, w):

@@ -8,9 +8,9 @@ import tercomp as tc
 from tercomp import pytree
 from conftest import run_filecheck
 from tercomp.errors import ParseError, TercompError, VerifyError
-from tercomp.ir import parse
+from tercomp.ops import parse
 from tercomp.ir.printer import print_graph
-from tercomp.ir.verifier import verify
+from tercomp.ops import verify
 
 EPS = 1e-6
 rng = np.random.default_rng(0)

@@ -1,14 +1,16 @@
 """Parse tern IR text (as printed by printer.py, or written by hand) back into a Graph.
 
-Errors are ParseErrors naming the line and column. Result types of ops are recomputed
-by the op registry's shape rules (installed with `set_type_inference` when tercomp.ops
-is imported) and checked against the printed types, so symbolic dims come back as the
-same sympy expressions they were traced with.
+Errors are ParseErrors naming the line and column. Given the op registry's `OpRules`
+(tercomp.ops.RULES; `tercomp.ops.parse` passes them), result types of ops are recomputed
+by the registry's shape rules and checked against the printed types, so symbolic dims
+come back as the same sympy expressions they were traced with. Without rules only the
+syntax, the types and the names are checked, and op bodies cannot be read.
 """
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -36,17 +38,14 @@ _TOKEN = re.compile(r"""
   | (?P<punct>[(){}\[\],:=<>?])
 """, re.VERBOSE)
 
-_infer: Optional[Callable] = None
-_region_args: Optional[Callable] = None
-
-
-def set_type_inference(fn: Callable, region_args: Optional[Callable] = None):
-    """fn(opname, operand_types, attrs) -> list[TensorType]; raises on a bad op.
+@dataclass(frozen=True)
+class OpRules:
+    """What the IR layer needs to know of ops, given by the op registry (tercomp.ops.RULES):
+    infer(opname, operand_types, attrs) -> list[TensorType], raising on a bad op; and
     region_args(opname, operand_types, attrs) -> [(attr name, [input TensorType])], one
     pair per body region of the op (a body's input types follow from its op's operands)."""
-    global _infer, _region_args
-    _infer = fn
-    _region_args = region_args
+    infer: Callable
+    region_args: Callable
 
 
 class _Tok:
@@ -80,8 +79,9 @@ _MLIR_TO_DTYPE = {v[1]: k for k, v in DTYPES.items()}
 
 
 class _Parser:
-    def __init__(self, text: str, filename: str):
+    def __init__(self, text: str, filename: str, rules: Optional[OpRules] = None):
         self.filename = filename
+        self.rules = rules
         self.toks = _tokenize(text, filename)
         self.i = 0
         self.depth = 0          # region nesting of the op being parsed
@@ -358,9 +358,9 @@ class _Parser:
             self.i = region_start
             attrs.update(self.parse_regions(g, opname, operands, attrs, name_tok))
             self.i = end
-        if _infer is not None:
+        if self.rules is not None:
             try:
-                types = _infer(opname, [v.type for v in operands], attrs)
+                types = self.rules.infer(opname, [v.type for v in operands], attrs)
             except ParseError:
                 raise
             except Exception as e:
@@ -404,10 +404,11 @@ class _Parser:
     def parse_regions(self, g, opname, operands, attrs, name_tok) -> dict:
         if self.depth >= MAX_REGION_DEPTH:
             raise self.error(f"regions nested deeper than {MAX_REGION_DEPTH}", name_tok)
-        if _region_args is None:
-            raise self.error("op bodies need the op registry (import tercomp.ops)", name_tok)
+        if self.rules is None:
+            raise self.error("op bodies need the op registry's rules: parse with "
+                             "tercomp.ops.parse", name_tok)
         try:
-            sigs = _region_args(opname, [v.type for v in operands], attrs)
+            sigs = self.rules.region_args(opname, [v.type for v in operands], attrs)
         except ParseError:
             raise
         except Exception as e:
@@ -512,18 +513,11 @@ def _bad_dim(n):
     raise ValueError(f"{n!r} is not a dimension")
 
 
-def _ensure_registry() -> None:
-    """The op registry installs its shape rules here when tercomp.ops is imported; with
-    tercomp's compiler side loaded lazily, `from tercomp.ir import parse` alone has not
-    imported it yet, and ops would go unchecked."""
-    if _infer is None:
-        import tercomp.ops  # noqa: F401,PLC0415  (tercomp.ops imports this module)
-
-
-def parse(text: str, filename: str = "<string>") -> Graph:
-    """Parse tern IR text into a Graph. Raises ParseError with line and column."""
-    _ensure_registry()
-    p = _Parser(text, filename)
+def parse(text: str, filename: str = "<string>", rules: Optional[OpRules] = None) -> Graph:
+    """Parse tern IR text into a Graph, checking each op by `rules` (see the module
+    docstring; `tercomp.ops.parse(text)` is this with the registry's rules). Raises
+    ParseError with line and column."""
+    p = _Parser(text, filename, rules)
     try:
         return p.parse()
     except ParseError:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import VerifyError
 from .graph import Graph, regions
-from . import parser as _parser
+from .parser import OpRules
 from .types import is_static
 
 
@@ -23,11 +23,13 @@ def _same_type(a, b) -> bool:
 MAX_DEPTH = 8
 
 
-def verify(graph: Graph, stage: str = "") -> None:
-    _verify(graph, f" after {stage}" if stage else "", set(), 0)
+def verify(graph: Graph, stage: str = "", rules: OpRules | None = None) -> None:
+    """Check the graph's structure (names defined once and before use, bodies isolated)
+    and, with the op registry's `rules` (tercomp.ops.RULES), each op's result types."""
+    _verify(graph, f" after {stage}" if stage else "", set(), 0, rules)
 
 
-def _verify(graph: Graph, where: str, names: set, depth: int) -> None:
+def _verify(graph: Graph, where: str, names: set, depth: int, rules: OpRules | None) -> None:
     """`names` is shared with the enclosing functions: value names are unique across a
     function and its op bodies. A body sees only its own inputs (bodies are isolated)."""
     if depth > MAX_DEPTH:
@@ -38,8 +40,7 @@ def _verify(graph: Graph, where: str, names: set, depth: int) -> None:
             raise VerifyError(f"input %{v.name} is defined twice{where}")
         names.add(v.name)
         defined.add(id(v))
-    _parser._ensure_registry()
-    infer = _parser._infer
+    infer = rules.infer if rules is not None else None
     for op in graph.ops:
         for i, v in enumerate(op.operands):
             if id(v) not in defined:
@@ -47,7 +48,7 @@ def _verify(graph: Graph, where: str, names: set, depth: int) -> None:
                                   f"defined (rule: operands dominate their uses){where}", loc=op.loc)
         for body in regions(op):
             try:
-                _verify(body, where, names, depth + 1)
+                _verify(body, where, names, depth + 1, rules)
             except VerifyError as e:
                 raise VerifyError(f"in the body of tern.{op.opname}: {e.message}",
                                   loc=e.loc or op.loc) from None

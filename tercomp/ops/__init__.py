@@ -1,5 +1,5 @@
 """The op registry and its families. Importing this package registers every op."""
-from .registry import REGISTRY, OpDef, GraphBuilder, get, register, infer_types
+from .registry import REGISTRY, RULES, OpDef, GraphBuilder, get, register, infer_types, parse, verify
 from . import control, elementwise
 
 from . import shape, index, reduce, linalg, composite, ternary, cache  # noqa: F401,E402
@@ -7,4 +7,5 @@ from . import shape, index, reduce, linalg, composite, ternary, cache  # noqa: F
 from .interpret import interpret  # noqa: E402
 from . import loops  # noqa: F401,E402  (op bodies are run by the interpreter)
 
-__all__ = ["REGISTRY", "OpDef", "GraphBuilder", "get", "register", "infer_types", "interpret"]
+__all__ = ["REGISTRY", "RULES", "OpDef", "GraphBuilder", "get", "register", "infer_types",
+           "interpret", "parse", "verify"]

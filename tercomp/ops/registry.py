@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from ..errors import TraceError
 from ..ir import Graph, SourceLoc, UNKNOWN_LOC, Value
 from ..ir import parser as _parser
+from ..ir import verifier as _verifier
 
 
 @dataclass
@@ -87,7 +88,18 @@ def region_args(opname: str, types: list, attrs: dict) -> list:
     return opdef.region_args(types, attrs)
 
 
-_parser.set_type_inference(infer_types, region_args)
+#: the registry's rules for the IR layer (tercomp.ir.parser.OpRules)
+RULES = _parser.OpRules(infer_types, region_args)
+
+
+def parse(text: str, filename: str = "<string>"):
+    """Parse tern IR text into a Graph, every op checked by the registry's shape rules."""
+    return _parser.parse(text, filename, RULES)
+
+
+def verify(graph, stage: str = "") -> None:
+    """The IR verifier (tercomp.ir.verifier) with the registry's shape rules."""
+    _verifier.verify(graph, stage, RULES)
 
 
 class GraphBuilder:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..errors import TercompError
 from ..ir import Graph
-from ..ir.verifier import verify
+from ..ops import verify
 
 PASSES: dict[str, Callable] = {}
 
