@@ -143,6 +143,7 @@ CASES: dict[str, list] = {
     "logsumexp": unary(shape=(3, 5), axes=[1]) + unary(shape=(3, 5)),
     "layer_norm": [Case([A((3, 5)), A((5,)), A((5,))])],
     "rms_norm": [Case([A((3, 5)), A((5,))])],
+    "pad": [Case([A((3, 4))], {"widths": [[1, 0], [2, 1]]})],
     "cross_entropy": [Case([A((4, 5)), A((4,), "int", hi=5)])],
     # ternary (fake quantization; straight-through gradients, so FD does not apply)
     "ternarize": [Case([A((3, 4))], straight_through=True)],
