@@ -9,7 +9,6 @@ syntax, the types and the names are checked, and op bodies cannot be read.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from ..errors import ParseError
 from .graph import Graph, SourceLoc, UNKNOWN_LOC
+from .lexer import tokenize
 from .literals import LiteralError, read_dense, unescape
 from .types import DTYPES, MAX_DIM, TensorType, as_dim, is_static, numpy_dtype
 
@@ -24,19 +24,6 @@ from .types import DTYPES, MAX_DIM, TensorType, as_dim, is_static, numpy_dtype
 MAX_ATTR_DEPTH = 32        # nesting of [...] in attributes
 MAX_REGION_DEPTH = 8       # nesting of op bodies (a scan in a scan in ...)
 
-_TOKEN = re.compile(r"""
-    (?P<ws>\s+|//[^\n]*)
-  | (?P<tensor>tensor<[^>]*>)
-  | (?P<dense>dense<"[^"]*">|dense<[^<>]*>|dense_resource<[^>]*>)
-  | (?P<value>%[A-Za-z0-9_.$\-]+)
-  | (?P<symbol>@[A-Za-z0-9_.$\-]+)
-  | (?P<label>\^[A-Za-z0-9_]+)
-  | (?P<string>"(?:[^"\\]|\\.)*")
-  | (?P<number>-?0x[0-9A-Fa-f]+|-?\d+\.\d*(?:[eE][-+]?\d+)?|-?\d+(?:[eE][-+]?\d+)?|-?inf|nan)
-  | (?P<arrow>->)
-  | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
-  | (?P<punct>[(){}\[\],:=<>?])
-""", re.VERBOSE)
 
 @dataclass(frozen=True)
 class OpRules:
@@ -48,33 +35,6 @@ class OpRules:
     region_args: Callable
 
 
-class _Tok:
-    __slots__ = ("kind", "text", "line", "col")
-
-    def __init__(self, kind, text, line, col):
-        self.kind, self.text, self.line, self.col = kind, text, line, col
-
-
-def _tokenize(text: str, filename: str):
-    toks = []
-    pos, line, line_start = 0, 1, 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if not m:
-            raise ParseError(f"unexpected character {text[pos]!r}",
-                             loc=SourceLoc(filename, line, pos - line_start + 1))
-        kind = m.lastgroup
-        if kind != "ws":
-            toks.append(_Tok(kind, m.group(), line, pos - line_start + 1))
-        nl = m.group().count("\n")
-        if nl:
-            line += nl
-            line_start = pos + m.group().rfind("\n") + 1
-        pos = m.end()
-    toks.append(_Tok("eof", "", line, pos - line_start + 1))
-    return toks
-
-
 _MLIR_TO_DTYPE = {v[1]: k for k, v in DTYPES.items()}
 
 
@@ -82,7 +42,7 @@ class _Parser:
     def __init__(self, text: str, filename: str, rules: Optional[OpRules] = None):
         self.filename = filename
         self.rules = rules
-        self.toks = _tokenize(text, filename)
+        self.toks = tokenize(text, filename)
         self.i = 0
         self.depth = 0          # region nesting of the op being parsed
 
