@@ -63,3 +63,21 @@ class DeviceUnavailable(TercompError):
 class NumericsError(TercompError):
     """A NaN or Inf appeared in a module compiled with check_numerics; the message names
     the first op that produced it and the user's source line."""
+
+
+def check_number(owner: str, name: str, value, lo=None, hi=None, lo_open=False, hi_open=False) -> float:
+    """`value` as a float when it is a finite real number within [lo, hi] (an open end
+    with lo_open / hi_open); else a TercompError naming `owner` and `name`."""
+    import math
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise TercompError(f"{owner}: {name} must be a finite number, got {value!r} "
+                           f"({type(value).__name__})",
+                           hint=f"pass {name} as a Python float, e.g. {name}=0.9")
+    bad_lo = lo is not None and (value <= lo if lo_open else value < lo)
+    bad_hi = hi is not None and (value >= hi if hi_open else value > hi)
+    if bad_lo or bad_hi:
+        lb = "" if lo is None else f"{'(' if lo_open else '['}{lo}"
+        hb = "" if hi is None else f"{hi}{')' if hi_open else ']'}"
+        raise TercompError(f"{owner}: {name} = {value} is out of range {lb or '(-inf'}, {hb or 'inf)'}")
+    return float(value)

@@ -21,9 +21,10 @@ import numbers
 
 import numpy as np
 
-from .errors import TercompError
+from .errors import TercompError, check_number
 from .trace import api as _t
 from . import pytree
+from .pytree import tree_map
 from .trace.tracer import Tracer
 
 __all__ = ["SGD", "AdamW", "Optimizer", "constant", "cosine", "Schedule",
@@ -39,17 +40,6 @@ def _leaves(tree):
     return leaves, treedef
 
 
-def _map(fn, *trees):
-    """fn over the leaves of trees of the same structure; returns a tree like trees[0]."""
-    first, treedef = _leaves(trees[0])
-    others = [_leaves(t)[0] for t in trees[1:]]
-    for o in others:
-        if len(o) != len(first):
-            raise TercompError(f"pytrees do not match: {len(first)} leaves and {len(o)} leaves",
-                               hint="grads, params and optimizer state must have the same structure")
-    return pytree.unflatten(treedef, [fn(*xs) for xs in zip(first, *others)])
-
-
 def _scalar(x):
     """A number as an f32 scalar usable next to traced values (a 0-d array, never a
     Python float, so that ops whose first operand is a bool keep it f32)."""
@@ -60,20 +50,6 @@ def _zeros_like(x):
     if isinstance(x, Tracer):
         return x * 0.0
     return np.zeros(np.shape(x), dtype=np.asarray(x).dtype)
-
-
-def _check_number(owner: str, name: str, value, lo=None, hi=None, lo_open=False, hi_open=False):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise TercompError(f"{owner}: {name} must be a finite number, got {value!r} "
-                           f"({type(value).__name__})",
-                           hint=f"pass {name} as a Python float, e.g. {name}=0.9")
-    bad_lo = lo is not None and (value <= lo if lo_open else value < lo)
-    bad_hi = hi is not None and (value >= hi if hi_open else value > hi)
-    if bad_lo or bad_hi:
-        lb = "" if lo is None else f"{'(' if lo_open else '['}{lo}"
-        hb = "" if hi is None else f"{hi}{')' if hi_open else ']'}"
-        raise TercompError(f"{owner}: {name} = {value} is out of range {lb or '(-inf'}, {hb or 'inf)'}")
-    return float(value)
 
 
 # -- learning-rate schedules -----------------------------------------------------------
@@ -92,7 +68,7 @@ class constant(Schedule):
     """
 
     def __init__(self, lr):
-        self.lr = _check_number("optim.constant", "lr", lr, lo=0.0)
+        self.lr = check_number("optim.constant", "lr", lr, lo=0.0)
 
     def __call__(self, step):
         return self.lr
@@ -113,10 +89,10 @@ class cosine(Schedule):
     """
 
     def __init__(self, peak_lr, total_steps, warmup_steps=0, final_lr=0.0):
-        self.peak_lr = _check_number("optim.cosine", "peak_lr", peak_lr, lo=0.0)
-        self.final_lr = _check_number("optim.cosine", "final_lr", final_lr, lo=0.0)
-        self.total_steps = _check_number("optim.cosine", "total_steps", total_steps, lo=0.0, lo_open=True)
-        self.warmup_steps = _check_number("optim.cosine", "warmup_steps", warmup_steps, lo=0.0)
+        self.peak_lr = check_number("optim.cosine", "peak_lr", peak_lr, lo=0.0)
+        self.final_lr = check_number("optim.cosine", "final_lr", final_lr, lo=0.0)
+        self.total_steps = check_number("optim.cosine", "total_steps", total_steps, lo=0.0, lo_open=True)
+        self.warmup_steps = check_number("optim.cosine", "warmup_steps", warmup_steps, lo=0.0)
         if self.warmup_steps >= self.total_steps:
             raise TercompError(f"optim.cosine: warmup_steps ({warmup_steps}) must be less than "
                                f"total_steps ({total_steps})")
@@ -178,10 +154,10 @@ def clip_by_global_norm(grads, max_norm):
 
     >>> grads, norm = tc.optim.clip_by_global_norm(grads, 1.0)
     """
-    max_norm = _check_number("clip_by_global_norm", "max_norm", max_norm, lo=0.0, lo_open=True)
+    max_norm = check_number("clip_by_global_norm", "max_norm", max_norm, lo=0.0, lo_open=True)
     norm = global_norm(grads)
     scale = max_norm / _t.maximum(norm, _scalar(max_norm))
-    return _map(lambda g: g * scale, grads), norm
+    return tree_map(lambda g: g * scale, grads), norm
 
 
 def accumulate_gradients(value_and_grad_fn, micro_batches: int):
@@ -221,10 +197,10 @@ def accumulate_gradients(value_and_grad_fn, micro_batches: int):
         for j in range(k):
             micro = pytree.unflatten(treedef, [s[j] for s in slices])
             v, g = value_and_grad_fn(params, *micro)
-            value = v if value is None else _map(lambda a, b: a + b, value, v)
-            grads = g if grads is None else _map(lambda a, b: a + b, grads, g)
+            value = v if value is None else tree_map(lambda a, b: a + b, value, v)
+            grads = g if grads is None else tree_map(lambda a, b: a + b, grads, g)
         inv = 1.0 / k
-        return _map(lambda a: a * inv, value), _map(lambda a: a * inv, grads)
+        return tree_map(lambda a: a * inv, value), tree_map(lambda a: a * inv, grads)
     return fn
 
 
@@ -263,8 +239,8 @@ class SGD(Optimizer):
 
     def __init__(self, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
         self.lr = _as_schedule("SGD", lr)
-        self.momentum = _check_number("SGD", "momentum", momentum, lo=0.0, hi=1.0, hi_open=True)
-        self.weight_decay = _check_number("SGD", "weight_decay", weight_decay, lo=0.0)
+        self.momentum = check_number("SGD", "momentum", momentum, lo=0.0, hi=1.0, hi_open=True)
+        self.weight_decay = check_number("SGD", "weight_decay", weight_decay, lo=0.0)
         if not isinstance(nesterov, bool):
             raise TercompError(f"SGD: nesterov must be True or False, got {nesterov!r}")
         if nesterov and self.momentum == 0.0:
@@ -274,7 +250,7 @@ class SGD(Optimizer):
     def init(self, params) -> dict:
         state = {"step": _scalar(0.0)}
         if self.momentum:
-            state["momentum"] = _map(_zeros_like, params)
+            state["momentum"] = tree_map(_zeros_like, params)
         return state
 
     def update(self, grads, state, params):
@@ -282,16 +258,16 @@ class SGD(Optimizer):
         lr = self.lr(step)
         wd, mom = self.weight_decay, self.momentum
         if wd:
-            grads = _map(lambda g, p: g + wd * p, grads, params)
+            grads = tree_map(lambda g, p: g + wd * p, grads, params)
         new_state = {"step": step + 1.0}
         if mom:
-            bufs = _map(lambda b, g: mom * b + g, state["momentum"], grads)
+            bufs = tree_map(lambda b, g: mom * b + g, state["momentum"], grads)
             new_state["momentum"] = bufs
             if self.nesterov:
-                grads = _map(lambda g, b: g + mom * b, grads, bufs)
+                grads = tree_map(lambda g, b: g + mom * b, grads, bufs)
             else:
                 grads = bufs
-        new_params = _map(lambda p, g: p - lr * g, params, grads)
+        new_params = tree_map(lambda p, g: p - lr * g, params, grads)
         return new_params, new_state
 
     def __repr__(self):
@@ -317,14 +293,14 @@ class AdamW(Optimizer):
         self.lr = _as_schedule("AdamW", lr)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise TercompError(f"AdamW: betas must be a pair of numbers, got {betas!r}")
-        self.b1 = _check_number("AdamW", "betas[0]", betas[0], lo=0.0, hi=1.0, hi_open=True)
-        self.b2 = _check_number("AdamW", "betas[1]", betas[1], lo=0.0, hi=1.0, hi_open=True)
-        self.eps = _check_number("AdamW", "eps", eps, lo=0.0, lo_open=True)
-        self.weight_decay = _check_number("AdamW", "weight_decay", weight_decay, lo=0.0)
+        self.b1 = check_number("AdamW", "betas[0]", betas[0], lo=0.0, hi=1.0, hi_open=True)
+        self.b2 = check_number("AdamW", "betas[1]", betas[1], lo=0.0, hi=1.0, hi_open=True)
+        self.eps = check_number("AdamW", "eps", eps, lo=0.0, lo_open=True)
+        self.weight_decay = check_number("AdamW", "weight_decay", weight_decay, lo=0.0)
 
     def init(self, params) -> dict:
         return {"step": _scalar(0.0), "corr1": _scalar(0.0), "corr2": _scalar(0.0),
-                "mu": _map(_zeros_like, params), "nu": _map(_zeros_like, params)}
+                "mu": tree_map(_zeros_like, params), "nu": tree_map(_zeros_like, params)}
 
     def update(self, grads, state, params):
         step = self._step(state)
@@ -332,14 +308,14 @@ class AdamW(Optimizer):
         b1, b2, eps, wd = self.b1, self.b2, self.eps, self.weight_decay
         c1 = (1.0 - b1) + b1 * state["corr1"]
         c2 = (1.0 - b2) + b2 * state["corr2"]
-        mu = _map(lambda m, g: b1 * m + (1.0 - b1) * g, state["mu"], grads)
-        nu = _map(lambda v, g: b2 * v + (1.0 - b2) * (g * g), state["nu"], grads)
+        mu = tree_map(lambda m, g: b1 * m + (1.0 - b1) * g, state["mu"], grads)
+        nu = tree_map(lambda v, g: b2 * v + (1.0 - b2) * (g * g), state["nu"], grads)
 
         def upd(p, m, v):
             if wd:
                 p = p - (lr * wd) * p
             return p - lr * (m / c1) / (_t.sqrt(v / c2) + eps)
-        new_params = _map(upd, params, mu, nu)
+        new_params = tree_map(upd, params, mu, nu)
         return new_params, {"step": step + 1.0, "corr1": c1, "corr2": c2, "mu": mu, "nu": nu}
 
     def __repr__(self):

@@ -1,4 +1,4 @@
-"""Pytrees (a leaf module: no tercomp imports, shared by tracing and the runtime): nested tuples, lists and dicts (and nn.Modules) whose leaves are arrays.
+"""Pytrees (a leaf module: imports only tercomp.errors, shared by tracing and the runtime): nested tuples, lists and dicts (and nn.Modules) whose leaves are arrays.
 
 A treedef is plain JSON-able data so that saved artifacts can rebuild result trees:
 `None` (a leaf), `["tuple", [..]]`, `["list", [..]]`, `["dict", [keys], [..]]`,
@@ -7,6 +7,7 @@ which is not JSON-able: modules are never artifact outputs).
 """
 from __future__ import annotations
 
+from .errors import TercompError
 
 _MODULE_TYPES: dict = {}
 
@@ -75,12 +76,12 @@ def unflatten(treedef, leaves, on_module=None):
         if kind == "module":
             vals = {n: next(it) for n in t[1]}
             return on_module(t[2], vals) if on_module else vals
-        raise ValueError(f"bad treedef {t!r}")
+        raise TercompError(f"bad treedef {t!r}")
 
     out = rec(treedef)
     rest = list(it)
     if rest:
-        raise ValueError(f"{len(rest)} leaves left over when unflattening")
+        raise TercompError(f"{len(rest)} leaves left over when unflattening")
     return out
 
 
@@ -107,3 +108,15 @@ def jsonable(treedef):
     if treedef[0] in ("tuple", "list"):
         return [treedef[0], [jsonable(c) for c in treedef[1]]]
     return treedef
+
+
+def tree_map(fn, *trees):
+    """fn over the leaves of trees of one structure, as a tree like trees[0] (JAX's
+    tree_map); trees with different leaf counts are a TercompError."""
+    first, _, treedef = flatten(trees[0])
+    others = [flatten(t)[0] for t in trees[1:]]
+    for o in others:
+        if len(o) != len(first):
+            raise TercompError(f"pytrees do not match: {len(first)} leaves and {len(o)} leaves",
+                               hint="grads, params and optimizer state must have the same structure")
+    return unflatten(treedef, [fn(*xs) for xs in zip(first, *others)])

@@ -28,11 +28,12 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as safetensors_save
 
 from . import optim
-from .errors import InputError, TercompError
+from .errors import InputError, TercompError, check_number
 from .runtime.files import check_regular, write_atomic
 from .runtime.signature import Signature
 from .trace import api as _t
 from . import pytree
+from .pytree import tree_map
 from .trace.tracer import Tracer
 
 __all__ = ["compile_train_step", "TrainStep", "save_checkpoint", "load_checkpoint"]
@@ -93,7 +94,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         raise TercompError(f"compile_train_step: accumulate_calls must be a positive integer, "
                            f"got {accumulate_calls!r}")
     if clip_norm is not None:
-        clip_norm = optim._check_number("compile_train_step", "clip_norm", clip_norm,
+        clip_norm = check_number("compile_train_step", "clip_norm", clip_norm,
                                         lo=0.0, lo_open=True)
     if has_aux not in (None, True, False):
         raise TercompError(f"compile_train_step: has_aux must be None, True or False, got {has_aux!r}")
@@ -145,40 +146,40 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
             model._load_params(saved)
         if accumulate_calls > 1:
             return _accumulating_update(params, opt_state, loss, aux, grads)
-        norm = optim.global_norm(grads)
-        if clip_norm is not None:
-            scale = clip_norm / _t.maximum(norm, optim._scalar(clip_norm))
-            grads = optim._map(lambda g: g * scale, grads)
+        grads, norm = _clipped(grads)
         new_params, new_state = optimizer.update(grads, opt_state, params)
         if pytree.jsonable(pytree.flatten(new_state)[2]) != state_treedef:
             raise TercompError(f"{type(optimizer).__name__}.update returned a state whose structure "
                                "differs from init(params)'s; the compiled step feeds it back in")
         # NaN or Inf anywhere in loss or grads: keep the old values (checked on the host).
         ok = _t.abs(loss + norm) <= optim.F32_MAX
-        new_params = optim._map(lambda n, o: _t.where(ok, n, o), new_params, params)
-        new_state = optim._map(lambda n, o: _t.where(ok, n, o), new_state, opt_state)
+        new_params = tree_map(lambda n, o: _t.where(ok, n, o), new_params, params)
+        new_state = tree_map(lambda n, o: _t.where(ok, n, o), new_state, opt_state)
         return new_params, new_state, loss, norm, aux
+
+    def _clipped(grads):
+        """(grads clipped to the global norm clip_norm when one is set, their norm)."""
+        if clip_norm is None:
+            return grads, optim.global_norm(grads)
+        return optim.clip_by_global_norm(grads, clip_norm)
 
     def _accumulating_update(params, state, loss, aux, grads):
         """Add this call's grads to the accumulator; on the k-th call update the weights
         with the clipped mean and reset it. A NaN or Inf leaves everything unchanged."""
         acc = state["accum"]
-        summed = optim._map(lambda a, g: a + g, acc["grads"], grads)
+        summed = tree_map(lambda a, g: a + g, acc["grads"], grads)
         calls = acc["calls"] + 1.0
-        mean = optim._map(lambda g: g * (1.0 / accumulate_calls), summed)
-        norm = optim.global_norm(mean)
-        if clip_norm is not None:
-            scale = clip_norm / _t.maximum(norm, optim._scalar(clip_norm))
-            mean = optim._map(lambda g: g * scale, mean)
+        mean = tree_map(lambda g: g * (1.0 / accumulate_calls), summed)
+        mean, norm = _clipped(mean)
         new_params, new_opt = optimizer.update(mean, state["opt"], params)
         if pytree.jsonable(pytree.flatten(new_opt)[2]) != state_treedef:
             raise TercompError(f"{type(optimizer).__name__}.update returned a state whose structure "
                                "differs from init(params)'s; the compiled step feeds it back in")
         ok = _t.abs(loss + norm) <= optim.F32_MAX
         reset = calls >= accumulate_calls - 0.5          # the k-th call: update, then reset
-        new_params = optim._map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_params, params)
-        new_opt = optim._map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_opt, state["opt"])
-        acc_grads = optim._map(lambda s, a: _t.where(ok, _t.where(reset, s * 0.0, s), a), summed, acc["grads"])
+        new_params = tree_map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_params, params)
+        new_opt = tree_map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_opt, state["opt"])
+        acc_grads = tree_map(lambda s, a: _t.where(ok, _t.where(reset, s * 0.0, s), a), summed, acc["grads"])
         acc_calls = _t.where(ok, _t.where(reset, calls * 0.0, calls), acc["calls"])
         new_state = {"opt": new_opt, "accum": {"grads": acc_grads, "calls": acc_calls}}
         return new_params, new_state, loss, norm, aux
