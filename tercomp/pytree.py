@@ -9,17 +9,24 @@ from __future__ import annotations
 
 from .errors import TercompError
 
-_MODULE_TYPES: dict = {}
+_MODULE_BASES: list = []        # classes registered with register_module_class
+_MODULE_TYPES: dict = {}        # type -> whether it is one of them (a cache)
+
+
+def register_module_class(cls) -> None:
+    """Flatten instances of `cls` and its subclasses as modules (to their parameters),
+    like JAX's register_pytree_node for a family of classes. tercomp.nn registers its
+    Module when it is imported: this module never imports nn (the runtime uses it
+    without the compiler)."""
+    _MODULE_BASES.append(cls)
+    _MODULE_TYPES.clear()
 
 
 def _is_module(x):
-    # by class identity, without importing tercomp.nn (which imports the compiler):
-    # this module is shared by the runtime, which must load with iree-runtime alone
     t = type(x)
     hit = _MODULE_TYPES.get(t)
     if hit is None:
-        hit = _MODULE_TYPES[t] = any(c.__name__ == "Module" and c.__module__ == "tercomp.nn.module"
-                                     for c in t.__mro__)
+        hit = _MODULE_TYPES[t] = bool(_MODULE_BASES) and issubclass(t, tuple(_MODULE_BASES))
     return hit
 
 

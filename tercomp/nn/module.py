@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import pytree
 from ..errors import TercompError
 
 
@@ -81,3 +82,6 @@ class Module:
     def __repr__(self):
         params = ", ".join(f"{k}{tuple(np.shape(v))}" for k, v in self.parameters().items())
         return f"{type(self).__name__}({params})"
+
+
+pytree.register_module_class(Module)     # flattened to its parameters
