@@ -5,6 +5,9 @@ what to do about it.
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 
 class TercompError(Exception):
     """Base class of all tercomp errors.
@@ -68,8 +71,6 @@ class NumericsError(TercompError):
 def check_number(owner: str, name: str, value, lo=None, hi=None, lo_open=False, hi_open=False) -> float:
     """`value` as a float when it is a finite real number within [lo, hi] (an open end
     with lo_open / hi_open); else a TercompError naming `owner` and `name`."""
-    import math
-    import numbers
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise TercompError(f"{owner}: {name} must be a finite number, got {value!r} "
                            f"({type(value).__name__})",
