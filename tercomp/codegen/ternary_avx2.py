@@ -153,6 +153,18 @@ def _stores(pairs, ot: str, acc: str) -> list[str]:
     return out
 
 
+def _dot_chunk(tag: str, codes: str, x: str, acc: str) -> list[str]:
+    """%n{tag} = acc + the i16 pair sums of one chunk: vpmaddubsw of the codes %{codes}_j
+    with the quantized x %{x}_j for the 4 planes j, added together."""
+    return [f"%e{tag}_{j} = {_MAD}(%{codes}_{j}, %{x}_{j}) : ({_V8}, {_V8}) -> {_V16}"
+            for j in range(4)] + [
+        f"%f{tag}a = arith.addi %e{tag}_0, %e{tag}_1 : {_V16}",
+        f"%f{tag}b = arith.addi %e{tag}_2, %e{tag}_3 : {_V16}",
+        f"%g{tag} = arith.addi %f{tag}a, %f{tag}b : {_V16}",
+        f"%n{tag} = arith.addi {acc}, %g{tag} : {_V16}",
+    ]
+
+
 def _gemv_loop(kb: int, wt: str, bt: str, ot: str) -> str:
     """One quantized row of x (%buf[0]) against ROWS weight rows per step, 64 packed bytes
     (two chunks, one prefetch per row and cache line) per step when KB allows. As in the
@@ -170,14 +182,7 @@ def _gemv_loop(kb: int, wt: str, bt: str, ot: str) -> str:
         for i in range(ROWS):
             t = f"{i}_{u}"
             body += _codes(t, wt, col, prefetch=u == 0)
-            body += [f"%e{t}_{j} = {_MAD}(%q{t}_{j}, %x0_{u}_{j}) : ({_V8}, {_V8}) -> {_V16}"
-                     for j in range(4)]
-            body += [
-                f"%f{t}a = arith.addi %e{t}_0, %e{t}_1 : {_V16}",
-                f"%f{t}b = arith.addi %e{t}_2, %e{t}_3 : {_V16}",
-                f"%g{t} = arith.addi %f{t}a, %f{t}b : {_V16}",
-                f"%n{t} = arith.addi {sums[i]}, %g{t} : {_V16}",
-            ]
+            body += _dot_chunk(t, f"q{t}", f"x0_{u}", sums[i])
             sums[i] = f"%n{t}"
     s_iter = ", ".join(f"%ps{i} = %z16" for i in range(ROWS))
     a_iter = ", ".join(f"%a{i} = %z32" for i in range(ROWS))
@@ -215,14 +220,7 @@ def _gemm_loop(kb: int, wt: str, bt: str, ot: str) -> str:
     for b in range(MB):
         body += _x_planes(b, kb, bt)
     for i, b in pairs:
-        body += [f"%e{i}_{b}_{j} = {_MAD}(%q{i}_{j}, %x{b}_{j}) : ({_V8}, {_V8}) -> {_V16}"
-                 for j in range(4)]
-        body += [
-            f"%f{i}_{b}a = arith.addi %e{i}_{b}_0, %e{i}_{b}_1 : {_V16}",
-            f"%f{i}_{b}b = arith.addi %e{i}_{b}_2, %e{i}_{b}_3 : {_V16}",
-            f"%g{i}_{b} = arith.addi %f{i}_{b}a, %f{i}_{b}b : {_V16}",
-            f"%n{i}_{b} = arith.addi %s{i}_{b}, %g{i}_{b} : {_V16}",
-        ]
+        body += _dot_chunk(f"{i}_{b}", f"q{i}", f"x{b}", f"%s{i}_{b}")
     s_iter = ", ".join(f"%s{i}_{b} = %z16" for i, b in pairs)
     a_iter = ", ".join(f"%a{i}_{b} = %z32" for i, b in pairs)
     t16, t32 = ", ".join([_V16] * len(pairs)), ", ".join([_V32] * len(pairs))
