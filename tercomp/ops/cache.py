@@ -30,7 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from iree.compiler import ir
+from iree.compiler.dialects import arith, linalg, math, scf, tensor
+
 from ..codegen import attention_cpu, rows_cpu
+from ..codegen.builders import PARALLEL, REDUCTION, elem_type, index_const, scalar_const
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
@@ -51,16 +55,11 @@ def _check_start(t: TensorType, opname: str):
 
 def _start_index(start):
     """The i32 rank-0 tensor `start` as an MLIR `index` value."""
-    from iree.compiler import ir
-    from iree.compiler.dialects import arith, tensor
     v = tensor.ExtractOp(start, []).result
     return arith.IndexCastOp(ir.IndexType.get(), v).result
 
 
 def _dim(x, axis: int):
-    from iree.compiler import ir
-    from iree.compiler.dialects import tensor
-    from ..codegen.builders import index_const
     t = ir.RankedTensorType(x.type)
     if not t.is_dynamic_dim(axis):
         return index_const(t.get_dim_size(axis))
@@ -70,7 +69,6 @@ def _dim(x, axis: int):
 def _slice_args(offsets, sizes):
     """(dynamic offsets, dynamic sizes, dynamic strides, static ...) for tensor slice ops:
     ints are static, MLIR values dynamic."""
-    from iree.compiler import ir
     dyn = ir.ShapedType.get_dynamic_size()
     static_off = [o if isinstance(o, int) else dyn for o in offsets]
     static_size = [s if isinstance(s, int) else dyn for s in sizes]
@@ -94,9 +92,6 @@ def _arange_ref(xs, a):
 
 
 def _arange_lower(ctx, op, xs):
-    from iree.compiler import ir
-    from iree.compiler.dialects import arith, linalg
-    from ..codegen.builders import PARALLEL
     i32 = ir.IntegerType.get_signless(32)
     start = xs[1]
     out_t = op.results[0].type
@@ -110,8 +105,6 @@ def _arange_lower(ctx, op, xs):
 
 
 def _empty_like_dim(ctx, like, out_t):
-    from iree.compiler.dialects import tensor
-    from ..codegen.builders import elem_type
     if is_static(out_t.shape[0]):
         return tensor.EmptyOp([out_t.shape[0]], elem_type(out_t.dtype)).result
     return tensor.EmptyOp([_dim(like, 0)], elem_type(out_t.dtype)).result
@@ -148,7 +141,6 @@ def _cache_write_ref(xs, a):
 
 
 def _cache_write_lower(ctx, op, xs):
-    from iree.compiler.dialects import tensor
     cache, rows, start = xs
     rank = op.operands[0].type.rank
     offsets = [_start_index(start)] + [0] * (rank - 1)
@@ -209,9 +201,6 @@ DECODE_MAX_T = 4
 
 
 def _attn_lower(ctx, op, xs):
-    from iree.compiler import ir
-    from iree.compiler.dialects import arith, linalg, math, scf, tensor
-    from ..codegen.builders import PARALLEL, REDUCTION, elem_type, scalar_const
     q, k, v, start = xs
     qt, kt = op.operands[0].type, op.operands[1].type
     heads, kvh, hd = int(qt.shape[1]), int(kt.shape[1]), int(qt.shape[2])
@@ -220,7 +209,7 @@ def _attn_lower(ctx, op, xs):
     kel = elem_type(kt.dtype)
     t = qt.shape[0] if is_static(qt.shape[0]) else _dim(q, 0)
     p = _start_index(start)
-    n = arith.AddIOp(p, _index(t) if isinstance(t, int) else t).result
+    n = arith.AddIOp(p, index_const(t) if isinstance(t, int) else t).result
     # read only the rows 0..start+T-1 of the cache
     rows = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size(), kvh, hd], kel)
     kk = tensor.ExtractSliceOp(rows, k, *_slice_args([0, 0, 0], [n, kvh, hd])).result
@@ -299,11 +288,11 @@ def _attn_lower(ctx, op, xs):
     if op.attrs["kernel"] == "cpu" and attention_cpu.fits(hd, kt.dtype):
         # every T: an scf.if on T splits the step's command buffer at every layer (~0.17
         # ms a layer of a decode step), and the kernel is also the faster prefill at 128
-        return [attention_cpu.emit(q, k, v, p, _index(t) if isinstance(t, int) else t,
+        return [attention_cpu.emit(q, k, v, p, index_const(t) if isinstance(t, int) else t,
                                    float(op.attrs["scale"]))]
     if isinstance(t, int):
         return [attend(decode=t <= DECODE_MAX_T)]
-    few = arith.CmpIOp(arith.CmpIPredicate.ule, t, _index(DECODE_MAX_T)).result
+    few = arith.CmpIOp(arith.CmpIPredicate.ule, t, index_const(DECODE_MAX_T)).result
     branch = scf.IfOp(few, [ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size(), heads, hd],
                                                     f32)], has_else=True)
     with ir.InsertionPoint(branch.then_block):
@@ -311,11 +300,6 @@ def _attn_lower(ctx, op, xs):
     with ir.InsertionPoint(branch.else_block):
         scf.YieldOp([attend(decode=False)])
     return [branch.results[0]]
-
-
-def _index(v: int):
-    from ..codegen.builders import index_const
-    return index_const(v)
 
 
 register(OpDef("cached_attention", "cache", _attn_infer, _attn_ref, num_operands=4,
