@@ -565,5 +565,7 @@ def test_tc_pad_takes_numpys_pad_widths_and_refuses_the_rest():
         tc.trace(lambda v: tc.pad(v, 1, mode="edge"), tc.spec((2, 3)))
     with pytest.raises(tc.TercompError, match="symbolic size B and cannot be padded"):
         tc.trace(lambda v: tc.pad(v, 1), tc.spec(("B", 3)))
+    with pytest.raises(tc.TercompError, match="is not an int, a \\(before, after\\) pair or 2"):
+        tc.trace(lambda v: tc.pad(v, [1, 2, 3]), tc.spec((2, 3)))
     with pytest.raises(tc.TercompError, match="pairs \\(before, after\\) of non-negative ints"):
         tc.trace(lambda v: tc.pad(v, [(0, 0), (-1, 2)]), tc.spec((2, 3)))

@@ -100,6 +100,14 @@ def dispatch():
     return _compile("dispatch")
 
 
+def _agrees_with_f32_at_every_batch(exe):
+    """The module against the f32 strategy at batch sizes on both sides of the GEMV limit."""
+    x = np.random.default_rng(1).standard_normal((9, K)).astype(np.float32)
+    ref = _compile("f32")
+    for b in (1, 4, 5, 9):
+        np.testing.assert_allclose(exe(x[:b]), ref(x[:b]), rtol=1e-6, atol=1e-6)
+
+
 def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
     """On an AVX2 host, "auto" with a symbolic batch is the avx2 kernel: one flow.dispatch
     reading the one 2-bit constant, whatever the batch size, no branch on it, and no
@@ -121,10 +129,7 @@ def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
 # CHECK-NOT:   scf.if
 # CHECK:       return
 """)
-    x = np.random.default_rng(1).standard_normal((9, K)).astype(np.float32)
-    ref = _compile("f32")
-    for b in (1, 4, 5, 9):
-        np.testing.assert_allclose(auto(x[:b]), ref(x[:b]), rtol=1e-6, atol=1e-6)
+    _agrees_with_f32_at_every_batch(auto)
 
 
 def test_symbolic_batch_dispatches_at_run_time(dispatch):
@@ -159,10 +164,7 @@ def test_symbolic_batch_dispatches_at_run_time(dispatch):
 # CHECK-NEXT:  }
 # CHECK-NEXT:  return %[[Y]]
 """)
-    x = np.random.default_rng(1).standard_normal((9, K)).astype(np.float32)
-    ref = _compile("f32")
-    for b in (1, 4, 5, 9):
-        np.testing.assert_allclose(auto(x[:b]), ref(x[:b]), rtol=1e-6, atol=1e-6)
+    _agrees_with_f32_at_every_batch(auto)
 
 
 def test_both_strategies_compute_the_same(addsub, int8):

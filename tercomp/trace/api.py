@@ -183,9 +183,14 @@ def pad(x, pad_width, mode="constant", constant_values=0):
                          f"constant_values={constant_values!r}", loc=user_location(),
                          hint="add the constant afterwards: tc.pad(x - c, w) + c")
     r = _rank(x)
-    w = np.broadcast_to(np.asarray(pad_width, dtype=object), (r, 2)).tolist() \
-        if np.ndim(pad_width) <= 1 or np.shape(pad_width) == (1, 2) else pad_width
-    return apply("pad", x, widths=[[p for p in pair] for pair in w])
+    try:
+        w = np.broadcast_to(np.asarray(pad_width, dtype=object), (r, 2)).tolist() \
+            if np.ndim(pad_width) <= 1 or np.shape(pad_width) == (1, 2) else pad_width
+        w = [list(pair) for pair in w]
+    except (ValueError, TypeError):
+        raise TraceError(f"tc.pad: pad_width {pad_width!r} is not an int, a (before, after) "
+                         f"pair or {r} such pairs", loc=user_location()) from None
+    return apply("pad", x, widths=w)
 
 
 def expand_dims(x, axis):
