@@ -16,6 +16,12 @@ so plane ``j`` covers the contiguous slice ``x[:, j*KB:(j+1)*KB]`` of the activa
 every bit test in a kernel uses a constant mask (the interleaved layout, where a byte
 holds four neighbouring k, was 8x slower).
 
+These are the "signed" codes, the format of every packed weight tercomp stores and
+reads. A kernel that multiplies the codes as unsigned bytes (the avx2 kernel's
+``vpmaddubsw``) wants the "offset" codes ``w + 1`` (0b00 -> -1, 0b01 -> 0, 0b10 -> +1, as
+llama.cpp's TQ2_0 stores them) and gets a constant re-coded at compile time
+(`to_offset_codes`), which saves it the per-byte remap at run time.
+
 Padding rule (`padded_k`)
 -------------------------
 The kernels split ``KB = KO * KI`` with ``KI`` a parallel (vectorized) dimension and
@@ -61,6 +67,23 @@ SCALE_EPS = 1e-5
 _CODE_POS = 0b01
 _CODE_NEG = 0b10
 _CODE_BAD = 0b11
+#: The 2-bit code formats (module docstring): "signed" (0, +1, -1 -> 0b00, 0b01, 0b10)
+#: and "offset" (w + 1).
+CODES = ("signed", "offset")
+
+
+def _recode_table(mapping) -> np.ndarray:
+    """The byte table that applies `mapping` (2-bit code -> 2-bit code) to all 4 fields."""
+    b = np.arange(256, dtype=np.uint8)
+    out = np.zeros(256, np.uint8)
+    for j in range(4):
+        out |= mapping[(b >> (2 * j)) & 3] << (2 * j)
+    return out
+
+
+# signed -> offset: 0 -> 0b01, +1 -> 0b10, -1 -> 0b00 (0b11 stays invalid); and back
+_TO_OFFSET = _recode_table(np.array([1, 2, 0, 3], np.uint8))
+_FROM_OFFSET = _recode_table(np.array([2, 0, 1, 3], np.uint8))
 
 
 # --------------------------------------------------------------------------- layout
@@ -258,6 +281,20 @@ def unpack_ternary(packed: np.ndarray, k: int) -> np.ndarray:
     return t
 
 
+def to_offset_codes(packed: np.ndarray) -> np.ndarray:
+    """The "offset" codes (w + 1) of a signed-code packed matrix, same shape and layout.
+
+    >>> to_offset_codes(pack_ternary(np.array([[1, -1, 0, 1]], dtype=np.int8))).tolist()
+    [[146]]
+    """
+    return _TO_OFFSET[_check_packed(packed)]
+
+
+def from_offset_codes(packed: np.ndarray) -> np.ndarray:
+    """Inverse of `to_offset_codes`: the signed codes of an offset-code packed matrix."""
+    return _FROM_OFFSET[_check_packed(packed)]
+
+
 def _check_packed(packed) -> np.ndarray:
     packed = np.asarray(packed)
     if packed.ndim != 2:
@@ -273,10 +310,11 @@ def _check_packed(packed) -> np.ndarray:
 
 # ---------------------------------------------------------------------- reference
 def ternary_matmul_reference(x: np.ndarray, packed: np.ndarray, k: int, scale: float,
-                             act_quant: bool) -> np.ndarray:
+                             act_quant: bool, codes: str = "signed") -> np.ndarray:
     """The exact NumPy semantics of the compiled ternary matmul kernels.
 
-    ``T = unpack_ternary(packed, k)``; for x[..., K]:
+    ``T = unpack_ternary(packed, k)`` (of `from_offset_codes(packed)` for "offset"
+    `codes`); for x[..., K]:
 
     * ``act_quant=True``:  ``xq, s = act_quant(x)``; ``y = (xq @ T.T) * scale / s``
     * ``act_quant=False``: ``y = (x @ T.T) * scale``
@@ -293,6 +331,10 @@ def ternary_matmul_reference(x: np.ndarray, packed: np.ndarray, k: int, scale: f
         raise TercompError(f"ternary matmul expects float activations, got {x.dtype}")
     if x.ndim < 1 or x.shape[-1] != k:
         raise TercompError(f"ternary matmul expects activations [..., {k}], got {x.shape}")
+    if codes not in CODES:
+        raise TercompError(f"unknown ternary code format {codes!r}; expected one of {CODES}")
+    if codes == "offset":
+        packed = from_offset_codes(packed)
     t = unpack_ternary(packed, k).astype(np.float64)
     if act_quant:
         xq, s = _act_quant(x)

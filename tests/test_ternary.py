@@ -6,6 +6,7 @@ import tercomp as tc
 from tercomp import nn
 from tercomp.errors import TercompError
 from tercomp import ternary_pack as tp
+from tercomp.ops.interpret import interpret
 from tests.conftest import run_filecheck
 
 
@@ -86,6 +87,28 @@ def test_no_f32_weight_constant_remains():
     packed = [c for c in consts if c.dtype == np.int8]
     assert sorted(c.shape for c in packed) == [(5, tp.padded_k(16) // 4), (16, tp.padded_k(12) // 4)]
     assert [op.attrs["act_quant"] for op in g.ops if op.opname == "ternary_matmul"] == [True, False]
+
+
+@pytest.mark.parametrize("strategy,codes", [("avx2", "offset"), ("addsub", None)])
+def test_pass_stores_the_codes_its_kernel_reads(strategy, codes):
+    """The pass re-codes a constant weight to the format its kernel reads fastest (the
+    avx2 kernel multiplies the offset codes w + 1 as unsigned bytes) and says so in the
+    op's `codes`; the tern interpreter gives the traced model's result either way."""
+    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    if strategy == "avx2" and AVX2 not in host_cpu_features():
+        pytest.skip("host CPU lacks AVX2")
+    nn.manual_seed(3)
+    layer = nn.BitLinear(256, 8)
+    x = np.random.default_rng(2).standard_normal((3, 256)).astype(np.float32)
+    traced = tc.trace(layer, x)
+    g = tc.passes.run_pipeline(traced, [("ternary", {"strategy": strategy})])
+    (op,) = [op for op in g.ops if op.opname == "ternary_matmul"]
+    assert op.attrs.get("codes") == codes
+    packed = op.operands[1].producer.attrs["value"].view(np.uint8)
+    signed = tp.pack_ternary(tp.absmean_ternarize(layer.weight)[0])
+    np.testing.assert_array_equal(packed, tp.to_offset_codes(signed) if codes else signed)
+    np.testing.assert_allclose(interpret(g, x)[0], interpret(traced, x)[0], rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_straight_through_gradients():

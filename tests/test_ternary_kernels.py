@@ -12,7 +12,7 @@ from conftest import run_filecheck
 from tercomp.errors import TercompError
 from tercomp.ternary_pack import (KO_MAX, absmean_ternarize, act_quant, k_split,
                                       pack_ternary, padded_k, ternary_matmul_reference,
-                                      unpack_ternary)
+                                      from_offset_codes, to_offset_codes, unpack_ternary)
 
 iree_rt = pytest.importorskip("iree.runtime")
 from iree.compiler import ir  # noqa: E402
@@ -151,6 +151,27 @@ def test_act_quant_range_and_scale():
     np.testing.assert_array_equal(np.abs(xq).max(axis=1), [127, 127, 0, 127, 127])
     assert s[2, 0] == np.float32(127 / 1e-5)
     np.testing.assert_allclose(xq / s, x, atol=np.abs(x).max() / 127)
+
+
+def test_offset_codes_are_w_plus_one_in_the_same_layout():
+    """to_offset_codes stores w + 1 (TQ2_0's codes) in the planar layout, the padding
+    columns as 0b01 (a zero weight); from_offset_codes undoes it; the reference reads
+    either format."""
+    rng = np.random.default_rng(5)
+    t = random_ternary(rng, 7, 301)
+    packed = pack_ternary(t)
+    off = to_offset_codes(packed)
+    kb = packed.shape[1]
+    codes = np.stack([(off >> (2 * j)) & 3 for j in range(4)], axis=1).reshape(7, 4 * kb)
+    np.testing.assert_array_equal(codes[:, :301].astype(np.int8) - 1, t)
+    assert (codes[:, 301:] == 1).all()
+    np.testing.assert_array_equal(from_offset_codes(off), packed)
+    x = rng.standard_normal((3, 301))
+    np.testing.assert_array_equal(
+        ternary_matmul_reference(x, off, 301, 0.5, True, codes="offset"),
+        ternary_matmul_reference(x, packed, 301, 0.5, True))
+    with pytest.raises(TercompError, match="code format 'tq2'"):
+        ternary_matmul_reference(x, packed, 301, 0.5, True, codes="tq2")
 
 
 def test_reference_is_dense_matmul():
@@ -300,20 +321,24 @@ needs_avx2 = pytest.mark.skipif(AVX2 not in host_cpu_features(), reason="host CP
 
 
 @needs_avx2
-@pytest.mark.parametrize("strategy,m,k,n", [("avx2", 1, 128, 4), ("avx2", 3, 4093, 12),
-                                            ("avx2", 8, 2048, 8), ("avx2", DYN, 8192, 40)])
-def test_avx2_gemv_matches_reference(strategy, m, k, n):
+@pytest.mark.parametrize("m,k,n,codes", [(1, 128, 4, "signed"), (3, 4093, 12, "offset"),
+                                         (8, 2048, 8, "signed"), (DYN, 8192, 40, "offset")])
+def test_avx2_gemv_matches_reference(m, k, n, codes):
     """The hand-scheduled kernel where it applies (K/4 a multiple of 32, N of 4, K not
-    always a multiple of 4): rows of all +1 / all -1 (the largest |sum|, which the i16
-    pair sums must hold: 16 chunks of 128 weights summed in i16 at K = 8192), an outlier
-    that leaves most of x small, and M in whole blocks of 4 rows of x (the GEMM loop), a
-    remainder (the GEMV loop) and both, against the reference, exactly."""
+    always a multiple of 4), on signed codes (remapped in registers) and on the offset
+    codes the ternary pass stores for it: rows of all +1 / all -1 (the largest |sum|,
+    which the i16 pair sums must hold: 16 chunks of 128 weights summed in i16 at
+    K = 8192), an outlier that leaves most of x small, and M in whole blocks of 4 rows of
+    x (the GEMM loop), a remainder (the GEMV loop) and both, against the reference,
+    exactly."""
     rng = np.random.default_rng(k + n)
     t = random_ternary(rng, n, k)
     t[0], t[1] = 1, -1
     packed = pack_ternary(t)
+    coded = to_offset_codes(packed) if codes == "offset" else packed
     mod = compile_functions({"main": (m, k, lambda x: emit_ternary_matmul(
-        x, packed, k, n, 0.75, strategy=strategy, act_quant=True))}, strategy_flags(strategy))
+        x, coded, k, n, 0.75, strategy="avx2", act_quant=True, codes=codes))},
+        strategy_flags("avx2"))
     for batch in ([m] if m is not None else [1, 4, 7, 13]):
         x = (rng.standard_normal((batch, k)) * 3).astype(np.float32)
         x[:, 0] = 100.0
@@ -465,14 +490,14 @@ def test_cpu_only_kernels_are_refused_for_gpus(strategy):
     assert check_strategy(strategy, ["llvm-cpu"]) == strategy
 
 
-def _emit_with(x_type, packed, k, n, strategy="addsub"):
+def _emit_with(x_type, packed, k, n, strategy="addsub", codes="signed"):
     session, ctx = new_session()
     with ctx, ir.Location.unknown():
         module = ir.Module.create()
         with ir.InsertionPoint(module.body):
             def body(x):
                 return emit_ternary_matmul(x, packed, k, n, 1.0, strategy=strategy,
-                                           act_quant=True)
+                                           act_quant=True, codes=codes)
             func.FuncOp.from_py_func(ir.Type.parse(x_type))(body)
 
 
@@ -487,6 +512,15 @@ def _emit_with(x_type, packed, k, n, strategy="addsub"):
 def test_emit_rejects_bad_arguments(x_type, shape, k, n, strategy):
     with pytest.raises(TercompError):
         _emit_with(x_type, np.zeros(shape, np.uint8), k, n, strategy)
+
+
+@pytest.mark.parametrize("strategy,k", [("addsub", 128), ("avx2", 8)])
+def test_emit_refuses_offset_codes_that_the_kernel_does_not_read(strategy, k):
+    """Only a kernel whose `weight_codes` are "offset" (avx2, where its shape fits) takes
+    them; anything else would read w + 1 as w."""
+    with pytest.raises(TercompError, match="does not read 'offset' 2-bit codes"):
+        _emit_with(f"tensor<1x{k}xf32>", np.zeros((4, k // 4), np.uint8), k, 4, strategy,
+                   codes="offset")
 
 
 def test_emit_rejects_a_mistyped_runtime_packed_value():

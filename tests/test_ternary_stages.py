@@ -111,13 +111,14 @@ def _agrees_with_f32_at_every_batch(exe):
 def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
     """On an AVX2 host, "auto" with a symbolic batch is the avx2 kernel: one flow.dispatch
     reading the one 2-bit constant, whatever the batch size, no branch on it, and no
-    optimization barrier (a host-side op that would split the command buffer)."""
+    optimization barrier (a host-side op that would split the command buffer). The
+    constant holds the offset codes w + 1 that the kernel multiplies directly."""
     from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
     if AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
     auto = _compile("auto")
     run_filecheck(auto.ir("ternary"), r"""
-# CHECK: "tern.ternary_matmul"(%x, %{{.*}}) {{{.*}}strategy = "avx2"}
+# CHECK: "tern.ternary_matmul"(%x, %{{.*}}) {act_quant = true, codes = "offset", {{.*}}strategy = "avx2"}
 """)
     run_filecheck(auto.ir("mlir"), r"""
 # CHECK-LABEL: func.func @forward(%arg0: tensor<?x256xf32>) -> tensor<?x128xf32>
@@ -125,7 +126,7 @@ def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
 # CHECK-NOT:   arith.constant dense_resource
 # CHECK-NOT:   scf.if
 # CHECK-NOT:   util.optimization_barrier
-# CHECK:       flow.dispatch @tern_avx2_gemv_128x64::@tern_avx2_gemv_128x64[%{{.*}}](%{{.*}}, %[[W]], %{{.*}}, %{{.*}})
+# CHECK:       flow.dispatch @tern_avx2_gemv_128x64_offset::@tern_avx2_gemv_128x64_offset[%{{.*}}](%{{.*}}, %[[W]], %{{.*}}, %{{.*}})
 # CHECK-NOT:   scf.if
 # CHECK:       return
 """)

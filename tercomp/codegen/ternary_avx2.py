@@ -108,24 +108,30 @@ _MAD = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"'
 _MADW = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"'
 
 
-def _codes(i, wt: str, col: str = "%c", prefetch: bool = True) -> list[str]:
+def _codes(i, wt: str, offset: bool, col: str = "%c", prefetch: bool = True) -> list[str]:
     """Load 32 packed bytes of weight row %r + i at column `col` (prefetching the row
     PREFETCH_ROWS ahead) and define %q{i}_{j}, its u = w + 1 codes of plane j (`i` may
-    carry a suffix naming the chunk)."""
+    carry a suffix naming the chunk). The bytes hold u already when `offset`, else the
+    signed codes, remapped here."""
     v8, row = _V8, int(str(i).split("_")[0])
     raw = f"%raw{i}_{row}"
-    lines = load_row(f"raw{i}_", row, "%r", col, "%w", wt, v8, PREFETCH_ROWS, prefetch) + [
-        f"%lo{i} = arith.andi {raw}, %m55 : {v8}",
-        f"%hs{i} = arith.shrui {raw}, %s1 : {v8}",
-        f"%hi{i} = arith.andi %hs{i}, %m55 : {v8}",
-        f"%lp{i} = arith.addi %lo{i}, %m55 : {v8}",
-        f"%u{i} = arith.subi %lp{i}, %hi{i} : {v8}",
-        f"%q{i}_0 = arith.andi %u{i}, %three : {v8}",
-        f"%t{i}_1 = arith.shrui %u{i}, %s2 : {v8}",
+    lines = load_row(f"raw{i}_", row, "%r", col, "%w", wt, v8, PREFETCH_ROWS, prefetch)
+    u = raw if offset else f"%u{i}"
+    if not offset:
+        lines += [
+            f"%lo{i} = arith.andi {raw}, %m55 : {v8}",
+            f"%hs{i} = arith.shrui {raw}, %s1 : {v8}",
+            f"%hi{i} = arith.andi %hs{i}, %m55 : {v8}",
+            f"%lp{i} = arith.addi %lo{i}, %m55 : {v8}",
+            f"%u{i} = arith.subi %lp{i}, %hi{i} : {v8}",
+        ]
+    return lines + [
+        f"%q{i}_0 = arith.andi {u}, %three : {v8}",
+        f"%t{i}_1 = arith.shrui {u}, %s2 : {v8}",
         f"%q{i}_1 = arith.andi %t{i}_1, %three : {v8}",
-        f"%t{i}_2 = arith.shrui %u{i}, %s4 : {v8}",
+        f"%t{i}_2 = arith.shrui {u}, %s4 : {v8}",
         f"%q{i}_2 = arith.andi %t{i}_2, %three : {v8}",
-        f"%q{i}_3 = arith.shrui %u{i}, %s6 : {v8}",
+        f"%q{i}_3 = arith.shrui {u}, %s6 : {v8}",
     ]
     return lines
 
@@ -165,7 +171,7 @@ def _dot_chunk(tag: str, codes: str, x: str, acc: str) -> list[str]:
     ]
 
 
-def _gemv_loop(kb: int, wt: str, bt: str, ot: str) -> str:
+def _gemv_loop(kb: int, wt: str, bt: str, ot: str, offset: bool) -> str:
     """One quantized row of x (%buf[0]) against ROWS weight rows per step, 64 packed bytes
     (two chunks, one prefetch per row and cache line) per step when KB allows. As in the
     GEMM loop the i16 pair sums run over up to I16_CHUNKS chunks before one vpmaddwd."""
@@ -181,7 +187,7 @@ def _gemv_loop(kb: int, wt: str, bt: str, ot: str) -> str:
         col = "%c" if u == 0 else f"%cu{u}"
         for i in range(ROWS):
             t = f"{i}_{u}"
-            body += _codes(t, wt, col, prefetch=u == 0)
+            body += _codes(t, wt, offset, col, prefetch=u == 0)
             body += _dot_chunk(t, f"q{t}", f"x0_{u}", sums[i])
             sums[i] = f"%n{t}"
     s_iter = ", ".join(f"%ps{i} = %z16" for i in range(ROWS))
@@ -208,7 +214,7 @@ def _gemv_loop(kb: int, wt: str, bt: str, ot: str) -> str:
         }}"""
 
 
-def _gemm_loop(kb: int, wt: str, bt: str, ot: str) -> str:
+def _gemm_loop(kb: int, wt: str, bt: str, ot: str, offset: bool) -> str:
     """MB quantized rows of x against GEMM_ROWS weight rows per step: each weight chunk
     is decoded once for MB rows of x. The i16 pair sums of a (row, x row) pair run over
     up to I16_CHUNKS chunks (|sum| <= 4 planes * 2 * 2 * 127 a chunk, so 16 chunks stay
@@ -216,7 +222,7 @@ def _gemm_loop(kb: int, wt: str, bt: str, ot: str) -> str:
     pairs = [(i, b) for i in range(GEMM_ROWS) for b in range(MB)]
     body = []
     for i in range(GEMM_ROWS):
-        body += _codes(i, wt)
+        body += _codes(i, wt, offset)
     for b in range(MB):
         body += _x_planes(b, kb, bt)
     for i, b in pairs:
@@ -245,9 +251,10 @@ def _gemm_loop(kb: int, wt: str, bt: str, ot: str) -> str:
         }}"""
 
 
-def executable_text(name: str, n: int, kb: int) -> str:
+def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
     """The `stream.executable @name` whose export `@name` computes, for x [M, 4 KB] f32
-    (K zero-padded to 4 KB), w [N, KB] i8 packed and `wscale` (the ternary scale / 127),
+    (K zero-padded to 4 KB), w [N, KB] i8 packed (the offset codes w + 1 when `offset`,
+    else the signed codes) and `wscale` (the ternary scale / 127),
     out [M, N] f32 = dequant(act_quant(x) @ T^T), T the ternary matrix of w: MB rows of x
     at a time through the GEMM loop, the remaining rows one by one through the GEMV loop.
     Each workgroup quantizes x itself (a few microseconds a row) rather than leaving it
@@ -300,9 +307,9 @@ def executable_text(name: str, n: int, kb: int) -> str:
       %mblocks = arith.divui %m, %cmb : index
       %mfull = arith.muli %mblocks, %cmb : index
       scf.for %mrow = %c0 to %mfull step %cmb {{
-{xrows}{quant_block}{_gemm_loop(kb, wt, bt, ot)}
+{xrows}{quant_block}{_gemm_loop(kb, wt, bt, ot, offset)}
       }}
-      scf.for %mrow = %mfull to %m step %c1 {{{_quantize_row(kp, 0, "%mrow")}{_gemv_loop(kb, wt, bt, ot)}
+      scf.for %mrow = %mfull to %m step %c1 {{{_quantize_row(kp, 0, "%mrow")}{_gemv_loop(kb, wt, bt, ot, offset)}
       }}"""
     return wrap_executable(name, groups, "%bx: !stream.binding, %bw: !stream.binding, "
                            "%bo: !stream.binding, %wscale: f32, %m: index", body)
@@ -310,8 +317,9 @@ def executable_text(name: str, n: int, kb: int) -> str:
 
 def emit(kern) -> ir.Value:
     """y [M, N] f32 for the `_Kernel` `kern` (activation quantization always on)."""
-    name = f"tern_avx2_gemv_{kern.n}x{kern.kb}"
-    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb))
+    offset = kern.codes == "offset"
+    name = f"tern_avx2_gemv_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
+    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset))
     m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
     # the scale is an operand, not a constant of the executable: every layer of a shape

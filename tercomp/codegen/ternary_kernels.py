@@ -124,9 +124,9 @@ class _Kernel:
     """Shared state of one emitted kernel: x, its (possibly dynamic) M, the weights."""
 
     def __init__(self, x: ir.Value, m: int | None, k: int, n: int,
-                 packed: np.ndarray | ir.Value, scale: float):
+                 packed: np.ndarray | ir.Value, scale: float, codes: str = "signed"):
         self.x, self.m, self.k, self.n, self.scale = x, m, k, n, scale
-        self.packed = packed
+        self.packed, self.codes = packed, codes
         self.kb = (ir.RankedTensorType(packed.type).get_dim_size(1)
                    if isinstance(packed, ir.Value) else packed.shape[1])
         self.kp = 4 * self.kb

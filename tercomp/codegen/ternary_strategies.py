@@ -100,6 +100,9 @@ class Strategy:
     auto: Callable[[int | None, int, int], bool]     # (M or None: symbolic, K, N) -> picked?
     summary: str
     needs_feature: bool = False                      # does not compile without `feature`
+    # (K, N) -> the 2-bit code format (ternary_pack.CODES) the kernel reads fastest; the
+    # ternary pass re-codes a constant weight to it. Every kernel also reads "signed".
+    codes: Callable[[int, int], str] = lambda k, n: "signed"
 
 
 def _f32(kern: _Kernel, act_quant: bool) -> ir.Value:
@@ -158,7 +161,8 @@ TABLE = (
                                         f"{ternary_avx2.STACK_LIMIT}",), ("llvm-cpu",), AVX2,
              lambda m, k, n: _avx2_fits(k, n),
              "hand-scheduled vpmaddubsw kernel on the 2-bit codes for every M (a GEMV "
-             "for single rows, 2 weight rows x 4 x rows a step above)", needs_feature=True),
+             "for single rows, 2 weight rows x 4 x rows a step above)", needs_feature=True,
+             codes=lambda k, n: "offset" if _avx2_fits(k, n) else "signed"),
     Strategy("dispatch-vnni", _dispatch("vnni", "blocked"), _DATA_TILING, CPU_TARGETS, VNNI,
              _symbolic, f"scf.if on M: vnni for M <= {GEMV_MAX_M}, blocked above"),
     Strategy("dispatch", _dispatch("addsub", "blocked"), _DATA_TILING, CPU_TARGETS, None,
@@ -270,15 +274,25 @@ def flags_for(strategies, targets: Sequence[str]) -> list[str]:
     return out
 
 
+def weight_codes(strategy: str, k: int, n: int) -> str:
+    """The 2-bit code format a settled `strategy` reads fastest for a [N, K] weight.
+
+    >>> weight_codes("avx2", 4096, 4096), weight_codes("addsub", 4096, 4096)
+    ('offset', 'signed')
+    """
+    return STRATEGIES[strategy].codes(k, n)
+
+
 def emit_ternary_matmul(x: ir.Value, packed, k: int, n: int, scale: float, *,
-                        strategy: str, act_quant: bool,
+                        strategy: str, act_quant: bool, codes: str = "signed",
                         targets: Sequence[str] = ("llvm-cpu",)) -> ir.Value:
     """Emit `y = scale * x @ T^T` at the current insertion point; returns y.
 
     `x` is a `tensor<M x K x f32>` value (M static or dynamic), `packed` the uint8
     [N, KB] output of `pack_ternary` (KB * 4 >= K; columns past K are zero-padded in the
     kernel too), embedded as a constant, or a `tensor<N x KB x i8>` value holding the
-    same bytes at run time; `scale` the absmean scale. With `act_quant`, x is quantized
+    same bytes at run time, in `codes` (ternary_pack.CODES: "offset" only for a strategy
+    whose `weight_codes` it is); `scale` the absmean scale. With `act_quant`, x is quantized
     per row to int8 first (`act_quant` in ternary_pack). `strategy` is a name of TABLE
     or "auto" (`choose_strategy(M or None, K, N, targets)`); compile with
     `strategy_flags` of the strategy used. Returns a `tensor<M x N x f32>` value.
@@ -293,4 +307,9 @@ def emit_ternary_matmul(x: ir.Value, packed, k: int, n: int, scale: float, *,
     m = None if x_type.is_dynamic_dim(0) else x_type.get_dim_size(0)
     if strategy == "auto":
         strategy = choose_strategy(m, k, n, targets)
-    return STRATEGIES[strategy].emit(_Kernel(x, m, k, n, packed, float(scale)), act_quant)
+    if codes != "signed" and (codes != weight_codes(strategy, k, n) or not act_quant):
+        raise TercompError(f"the {strategy!r} ternary kernel for {n}x{k} weights does not "
+                           f"read {codes!r} 2-bit codes",
+                           hint="pass the weights in the signed codes of pack_ternary")
+    return STRATEGIES[strategy].emit(_Kernel(x, m, k, n, packed, float(scale), codes),
+                                     act_quant)

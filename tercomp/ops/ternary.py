@@ -10,8 +10,10 @@
   i8 [N, KB] ternary matrix: how a stored ternary weight (`nn.BitLinear.from_ternary`)
   enters the IR, so that no f32 copy of it is made while tracing; the `ternary` pass
   hands its packed bytes to ternary_matmul unchanged. Not differentiable (frozen).
-* ``ternary_matmul(x, packed)``: ``y[M, N] = scale * x @ T^T`` with T ternary, packed
-  2-bit planar as an i8 tensor [N, KB] (see ternary_pack); emitted by
+* ``ternary_matmul(x, packed) {k, n, scale, strategy, act_quant, codes}``:
+  ``y[M, N] = scale * x @ T^T`` with T ternary, packed 2-bit planar as an i8 tensor
+  [N, KB] (see ternary_pack) in the "signed" codes, or, with ``codes = "offset"``, the
+  codes w + 1 that the ternary pass stores for a kernel that reads them; emitted by
   codegen.ternary_kernels. Produced by the `ternary` pass; inference only.
 """
 from __future__ import annotations
@@ -157,6 +159,9 @@ def _tm_infer(types, a):
     if p.rank != 2 or p.dtype not in ("i8", "u8") or p.shape[0] != n or 4 * p.shape[1] < k:
         raise TraceError(f"ternary_matmul expects packed weights [{n}, KB] i8 with 4*KB >= {k}, "
                          f"got {p.mlir()}")
+    if a.get("codes", "signed") not in tp.CODES:
+        raise TraceError(f"unknown ternary code format {a['codes']!r}; expected one of "
+                         f"{', '.join(map(repr, tp.CODES))}")
     if a["strategy"] not in STRATEGIES:
         raise TraceError(f"unknown ternary matmul strategy {a['strategy']!r}; expected one of "
                          f"{', '.join(map(repr, STRATEGIES))}")
@@ -166,7 +171,8 @@ def _tm_infer(types, a):
 def _tm_reference(xs, a):
     x, p = xs
     return [tp.ternary_matmul_reference(x, np.asarray(p).view(np.uint8), int(a["k"]),
-                                        float(a["scale"]), bool(a["act_quant"]))]
+                                        float(a["scale"]), bool(a["act_quant"]),
+                                        a.get("codes", "signed"))]
 
 
 def _tm_lower(ctx, op, operands):
@@ -174,13 +180,14 @@ def _tm_lower(ctx, op, operands):
     # at compile time, a util.global.load when they are .irpa parameters, or a function
     # argument. The kernels read any of them.
     x, p = operands
-    return [emit_ternary_matmul(x, p, int(op.attrs["k"]), int(op.attrs["n"]),
-                                float(op.attrs["scale"]), strategy=op.attrs["strategy"],
-                                act_quant=bool(op.attrs["act_quant"]))]
+    a = op.attrs
+    return [emit_ternary_matmul(x, p, int(a["k"]), int(a["n"]), float(a["scale"]),
+                                strategy=a["strategy"], act_quant=bool(a["act_quant"]),
+                                codes=a.get("codes", "signed"))]
 
 
 register(OpDef("ternary_matmul", "ternary", _tm_infer, _tm_reference, num_operands=2,
                attrs={"k": REQUIRED, "n": REQUIRED, "scale": REQUIRED, "strategy": "auto",
-                      "act_quant": True},
+                      "act_quant": True, "codes": None},
                lower=_tm_lower, vjp=None, differentiable=False, nondiff_operands=(0, 1),
                doc="y = scale * x @ T^T with T ternary, packed 2-bit planar"))

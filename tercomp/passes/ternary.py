@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph
-from ..codegen.ternary_strategies import check_strategy, choose_strategy
+from ..codegen.ternary_strategies import check_strategy, choose_strategy, weight_codes
 from .. import ternary_pack as tp
 from ..ops.shape_util import same_dim
 from .manager import register_pass
@@ -50,6 +50,18 @@ def _packed_weight(b, w):
     return b.constant(tp.pack_ternary(t).view(np.int8), name="packed"), n, k, float(scale)
 
 
+def _coded(b, packed, strategy, k, n):
+    """(packed, attrs): a constant weight re-coded to the 2-bit format that `strategy`
+    reads fastest (`weight_codes`), with the `codes` attribute that says so; any other
+    weight as it is (every kernel reads the signed codes)."""
+    codes = weight_codes(strategy, k, n)
+    value = const_value(packed)
+    if codes == "signed" or value is None:
+        return packed, {}
+    recoded = tp.to_offset_codes(value.view(np.uint8)).view(np.int8)
+    return b.constant(recoded, name=packed.name), {"codes": codes}
+
+
 def _pattern(strategy, targets):
     def pat(b, op, xs):
         if not op.attrs.get("transpose_b"):
@@ -71,8 +83,12 @@ def _pattern(strategy, targets):
         # "auto" is settled here, per shape, so the module only gets the flags it uses
         chosen = choose_strategy(m if isinstance(m, int) else None, int(k), int(n), targets) \
             if strategy == "auto" else strategy
+        if aq:
+            packed, coded = _coded(b, packed, chosen, int(k), int(n))
+        else:
+            coded = {}
         y = b.ternary_matmul(x2, packed, k=int(k), n=int(n), scale=float(scale),
-                             strategy=chosen, act_quant=aq, name=op.results[0].name)
+                             strategy=chosen, act_quant=aq, name=op.results[0].name, **coded)
         if x.type.rank != 2:
             y = b.reshape(y, shape=[_dim(d) for d in lead] + [int(n)])
         return y
@@ -90,7 +106,10 @@ def _settle_auto(strategy, targets):
         k, n = int(op.attrs["k"]), int(op.attrs["n"])
         chosen = choose_strategy(m if isinstance(m, int) else None, k, n, targets) \
             if strategy == "auto" else strategy
-        return b.ternary_matmul(x, p, **{**op.attrs, "strategy": chosen},
+        coded = {}
+        if op.attrs["act_quant"] and op.attrs.get("codes", "signed") == "signed":
+            p, coded = _coded(b, p, chosen, k, n)
+        return b.ternary_matmul(x, p, **{**op.attrs, "strategy": chosen, **coded},
                                 name=op.results[0].name)
     return pat
 
