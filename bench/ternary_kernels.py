@@ -29,12 +29,15 @@ from iree.compiler.dialects import arith, func, linalg, tensor  # noqa: E402
 from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session  # noqa: E402
 from tercomp.codegen.ternary_strategies import (STRATEGIES, choose_strategy,  # noqa: E402
                                                 emit_ternary_matmul, host_cpu_features,
-                                                strategy_flags)
-from tercomp.ternary_pack import absmean_ternarize, pack_ternary  # noqa: E402
+                                                strategy_flags, weight_codes)
+from tercomp.ternary_pack import absmean_ternarize, pack_ternary, to_offset_codes  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 2048, 2048)]
-VARIANTS = [("avx2", True), ("addsub", True), ("vnni", True), ("int8", True), ("f32", True),
-            ("f32", False)]
+# (strategy, act_quant, 2-bit codes): avx2 on the offset codes the ternary pass stores for
+# it, and on the signed codes (remapped in registers, as for a weight passed at run time)
+VARIANTS = [("avx2", True, "offset"), ("avx2", True, "signed"), ("addsub", True, "signed"),
+            ("vnni", True, "signed"), ("int8", True, "signed"), ("f32", True, "signed"),
+            ("f32", False, "signed")]
 DENSE_FLAGS = ["--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all",
                "--iree-opt-const-expr-max-size-increase-threshold=4294967296",
                "--iree-opt-const-eval=false"]
@@ -107,7 +110,7 @@ def emit_dense(x, layer):
     return linalg.matmul(x, wc, outs=[out], indexing_maps=maps)
 
 
-def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng) -> list:
+def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng, only=None) -> list:
     """(label, median, min seconds per layer) for NumPy, IREE f32 and each variant."""
     layers = make_layers(n_layers, k, n, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -120,13 +123,19 @@ def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng) -> list:
         return y
 
     variants = [("IREE f32 linalg.matmul (data tiling)", emit_dense, DENSE_FLAGS)]
-    for strategy, aq in VARIANTS:
+    for strategy, aq, codes in VARIANTS:
+        if only and strategy not in only:
+            continue
         row = STRATEGIES[strategy]
         if row.needs_feature and row.feature not in host_cpu_features():
             continue            # e.g. avx2 on a host without AVX2
-        variants.append((strategy + ("" if aq else " noquant"),
-                         lambda v, layer, s=strategy, a=aq: emit_ternary_matmul(
-                             v, layer[2], k, n, layer[1], strategy=s, act_quant=a),
+        if codes != weight_codes(strategy, k, n) and codes != "signed":
+            continue            # the shape does not fit the kernel that reads them
+        recode = to_offset_codes if codes == "offset" else (lambda p: p)
+        variants.append((strategy + ("" if aq else " noquant") + f" ({codes} codes)",
+                         lambda v, layer, s=strategy, a=aq, c=codes, r=recode:
+                         emit_ternary_matmul(v, r(layer[2]), k, n, layer[1], strategy=s,
+                                             act_quant=a, codes=c),
                          strategy_flags(strategy)))
     fns = {"numpy f32 x @ W.T": numpy_chain}
     for name, emit_one, flags in variants:
@@ -156,7 +165,10 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=16, help="layer count for --cold")
     ap.add_argument("--rounds", type=int, default=20,
                     help="turns each kernel gets (5 timed calls per turn)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated strategies to time (default: all)")
     args = ap.parse_args(argv)
+    only = set(filter(None, args.only.split(",")))
     rng = np.random.default_rng(0)
     shapes = [(1, 4096, 4096)] if args.cold else SHAPES
     n_layers = args.layers if args.cold else 1
@@ -164,7 +176,7 @@ def main(argv=None):
         print(f"\n{m}x{k}x{n}" + (f"  cold: {n_layers} distinct layers, time per layer"
                                   if args.cold else "")
               + f"   (choose_strategy -> {choose_strategy(m, k, n)})")
-        print_rows(run(m, k, n, n_layers, args.rounds, rng))
+        print_rows(run(m, k, n, n_layers, args.rounds, rng, only))
 
 
 if __name__ == "__main__":

@@ -47,8 +47,12 @@ PREFETCH_ROWS = 8
 
 #: Rows of x quantized and multiplied together in the GEMM loop (M >= MB).
 MB = 4
-#: Weight rows decoded per GEMM step (GEMM_ROWS x MB i16 and i32 accumulators).
-GEMM_ROWS = 2
+#: Weight rows decoded per GEMM step (GEMM_ROWS x MB i16 and i32 accumulators). One row
+#: keeps its 4 code planes and the MB i16 sums in registers; two rows (8 + 8 vectors of
+#: AVX2's 16) spilled: at 128x4096x4096, 0.20x NumPy's median with one row against 0.29x
+#: with two, at 128x2048x2048 0.20x against 0.27x (2026-11-24, 2-core Zen 3 under load;
+#: 8 rows of x with one weight row measured 0.17x-0.27x, within the noise of 4).
+GEMM_ROWS = 1
 #: Chunks summed in i16 before widening (16 * 4 planes * 508 < 32767).
 I16_CHUNKS = 16
 #: The largest 4 KB: MB quantized rows live on the dispatch's stack (MB * MAX_KP bytes;

@@ -161,7 +161,7 @@ TABLE = (
                                         f"{ternary_avx2.STACK_LIMIT}",), ("llvm-cpu",), AVX2,
              lambda m, k, n: _avx2_fits(k, n),
              "hand-scheduled vpmaddubsw kernel on the 2-bit codes for every M (a GEMV "
-             "for single rows, 2 weight rows x 4 x rows a step above)", needs_feature=True,
+             "for single rows, 1 weight row x 4 x rows a step above)", needs_feature=True,
              codes=lambda k, n: "offset" if _avx2_fits(k, n) else "signed"),
     Strategy("dispatch-vnni", _dispatch("vnni", "blocked"), _DATA_TILING, CPU_TARGETS, VNNI,
              _symbolic, f"scf.if on M: vnni for M <= {GEMV_MAX_M}, blocked above"),
