@@ -39,9 +39,8 @@ def _load_compiler_side() -> None:
     from .trace.api import sum, max, min, abs  # noqa: F401,A004  (shadow builtins, as numpy does)
     from . import nn  # noqa: F401
     from .compiler import compile  # noqa: F401
-    from .transforms import grad, value_and_grad, vjp, jvp, custom_vjp  # noqa: F401
+    from .autodiff import grad, value_and_grad, vjp, jvp, custom_vjp  # noqa: F401
     from .trace.loops import scan, checkpoint, associative_scan  # noqa: F401
-    from .passes import autodiff as _autodiff  # noqa: F401  registers the autodiff pass
     from . import optim  # noqa: F401
     from .train import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
     from .generate import compile_lm  # noqa: F401

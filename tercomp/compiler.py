@@ -141,7 +141,7 @@ def _trace_stages(fn, example_args, name, dumper: Dumper) -> Graph:
     """Trace `fn`. For a gradient transform (tc.grad / tc.value_and_grad) the stages are
     `tern`, the traced function itself, and `autodiff`, the joint forward + backward
     graph that the transform's reverse walk (passes.autodiff.backward) built from it."""
-    from .transforms import GradFn
+    from .autodiff import GradFn
     if isinstance(fn, Graph):
         return fn
     if isinstance(fn, GradFn):

@@ -75,7 +75,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     """
     from .compiler import compile as tc_compile
     from .nn.module import Module
-    from .transforms import value_and_grad
+    from .autodiff import value_and_grad
 
     if not isinstance(model, Module):
         raise TercompError(f"compile_train_step: model must be an nn.Module, got {type(model).__name__}")

@@ -3,6 +3,11 @@ NumPy formulas and finite differences; error cases; a FileCheck of the backward 
 and, where PyTorch is installed, a comparison with torch autograd."""
 from __future__ import annotations
 
+import ast
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -295,6 +300,35 @@ CHECK: "func.return"(%[[WG]])
         key = (op.opname, tuple(id(v) for v in op.operands), repr(sorted(op.attrs.items(), key=lambda kv: kv[0])))
         assert key not in seen, f"duplicated {op.opname} in\n{text}"
         seen.add(key)
+
+
+# -- layering ----------------------------------------------------------------------------------
+def test_layers_below_autodiff_never_import_it():
+    """tercomp.autodiff sits above ops, trace and passes: it installs the VJP rules that
+    need the reverse walk or the tracer (tern.custom_vjp, tern.scan, tern.checkpoint), so
+    nothing below imports it, not even inside a function (ops/control.py once imported
+    the transforms to run custom_vjp's bwd)."""
+    pkg = pathlib.Path(tc.__file__).parent
+    for layer in ("ir", "ops", "trace", "passes", "codegen"):
+        for path in sorted((pkg / layer).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""] + [a.name for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                bad = [n for n in names if n.split(".")[-1] in ("autodiff", "transforms")
+                       or n.startswith("tercomp.autodiff")]
+                assert not bad, f"{path.relative_to(pkg)}:{node.lineno} imports {bad}"
+    code = ("import sys, tercomp.ops, tercomp.trace, tercomp.passes\n"
+            "print(sorted(m for m in sys.modules if m.startswith('tercomp.autodiff')))\n"
+            "import tercomp.autodiff\n"
+            "from tercomp.ops import get\n"
+            "print([n for n in ('custom_vjp', 'scan', 'checkpoint') if get(n).vjp is None])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["[]", "[]"], r.stdout
 
 
 # -- PyTorch -------------------------------------------------------------------------------------

@@ -421,7 +421,7 @@ class Derivatives:
     product). W and V are random inputs of the graph, so symbolic shapes work."""
 
     def __init__(self, op, types, attrs, diff, seed_ones=False):
-        from tercomp.passes.autodiff import backward
+        from tercomp.autodiff import backward
         g = Graph()
         b = GraphBuilder(g)
         ins = [g.add_input(f"x{i}", t) for i, t in enumerate(types)]

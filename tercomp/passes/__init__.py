@@ -3,6 +3,5 @@ from .manager import PASSES, register_pass, get_pass, run_pipeline, Dumper
 from . import simplify  # noqa: F401
 from . import ternary  # noqa: F401
 from . import numerics  # noqa: F401
-from . import loop_autodiff  # noqa: F401  installs the VJPs of tern.scan and tern.checkpoint
 
 __all__ = ["PASSES", "register_pass", "get_pass", "run_pipeline", "Dumper"]

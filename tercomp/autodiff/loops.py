@@ -1,7 +1,7 @@
 """VJPs of the ops with a body: tern.scan (a reverse scan) and tern.checkpoint (recompute).
 
-They need the reverse walk itself (`autodiff.backward`) to differentiate a body, so they
-are installed into the registry from here, the layer that has it.
+They need the reverse walk itself (`ad.backward`) to differentiate a body, so they are
+installed into the registry from here, beside it; ops never import autodiff.
 
 scan. The backward of a body step is built once, as a graph G: a copy of the forward
 body followed by its reverse walk. Values of the copy that G's backward part reads and
@@ -21,8 +21,8 @@ from ..ir import Graph, TensorType, Value
 from ..ir.types import is_float
 from ..ops import GraphBuilder, get
 from ..ops.loops import scan_length
-from .autodiff import backward, zeros_like
-from .rewrite import dce
+from ..passes.rewrite import dce
+from .ad import backward, zeros_like
 
 
 def _is_zero(v: Value) -> bool:

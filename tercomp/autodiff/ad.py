@@ -1,9 +1,20 @@
-"""Function transforms: grad, value_and_grad, vjp, jvp, custom_vjp.
+"""Reverse-mode autodiff over tern IR, and the function transforms built on it.
 
-They compose with each other and with tc.trace / tc.compile. Called on traced values
-they record the forward ops into the current trace and append the backward built by
-`passes.autodiff.backward`; called on NumPy arrays they trace themselves and run the
-reference interpreter, returning NumPy arrays (handy for checks and finite differences).
+The core is `backward`: it walks a region of ops in reverse and asks each op's registry
+entry for its VJP, written in tern ops, so the backward graph is ordinary IR: it is
+simplified, lowered and compiled like any other code, and can be differentiated again.
+Composite ops without a VJP rule are differentiated through their decomposition.
+Backward values are named after their primals (`%fc1.weight.grad`).
+
+The transforms (grad, value_and_grad, vjp, jvp, custom_vjp) compose with each other and
+with tc.trace / tc.compile. Called on traced values they record the forward ops into the
+current trace and append the backward (`_cotangents`: seeds -> backward -> zeros for
+unreachable inputs -> the primals' pytrees); called on NumPy arrays they trace
+themselves and run the reference interpreter, returning NumPy arrays (handy for checks
+and finite differences).
+
+tern.custom_vjp's VJP calls the user's bwd on traced values, so it is installed into
+the registry from here, where the tracer is at hand; ops never import autodiff.
 """
 from __future__ import annotations
 
@@ -13,21 +24,129 @@ import json
 
 import numpy as np
 
-from .errors import TercompError
-from .passes.autodiff import backward, check_differentiable, saved_for_backward, seed_for
-from . import pytree
-from .trace.tracer import Trace, Tracer, current_trace, user_location
+from .. import pytree
+from ..errors import TercompError
+from ..ir import Graph, Value, numpy_dtype
+from ..ir.types import is_float
+from ..ops import GraphBuilder, get, interpret
+from ..trace import trace
+from ..trace.api import multiply
+from ..trace.tracer import Trace, Tracer, apply, current_trace, user_location
 
 
-def _tracers(tree):
-    leaves, _, _ = pytree.flatten(tree)
-    return [x for x in leaves if isinstance(x, Tracer)]
+# -- the reverse walk ------------------------------------------------------------------------
+def zeros_like(b: GraphBuilder, v: Value) -> Value:
+    z = b.scalar(0.0, v.dtype)
+    if v.type.rank == 0:
+        return z
+    return b.emit("broadcast_to", z, shape=[d if isinstance(d, int) else str(d) for d in v.shape])
 
 
+def _propagates(op, active) -> bool:
+    """Whether gradients flow from an active operand of `op` to its results. Not through
+    operands the op declares non-differentiable (`size`'s, `stop_gradient`'s), so ops
+    downstream of them need no gradient rule and get no backward code."""
+    opdef = get(op.opname)
+    if not opdef.differentiable:
+        return False
+    return any(id(v) in active for i, v in enumerate(op.operands) if i not in opdef.nondiff_operands)
+
+
+def backward(b: GraphBuilder, ops: list, seeds: dict, wrt: list) -> list:
+    """Cotangents of `wrt` given `seeds` {output Value: cotangent Value}, through `ops`
+    (in topological order). Returns one Value (or None if unreachable) per `wrt`."""
+    graph = b.graph
+    start = len(graph.ops)
+    active = {id(v) for v in wrt}
+    region = []
+    for op in ops:
+        if _propagates(op, active):
+            region.append(op)
+            for r in op.results:
+                if is_float(r.dtype):
+                    active.add(id(r))
+    ct: dict = {}
+    for v, g in seeds.items():
+        if id(v) in active:
+            ct[id(v)] = g
+    finalized = []
+    for op in reversed(region):
+        cts = [ct.get(id(r)) for r in op.results]
+        if all(c is None for c in cts):
+            continue
+        for r, c in zip(op.results, cts):
+            if c is not None:
+                finalized.append((c, r.name))
+        opdef = get(op.opname)
+        b.loc = op.loc
+        cts = [c if c is not None else zeros_like(b, r) for r, c in zip(op.results, cts)]
+        if opdef.vjp is not None:
+            grads = opdef.vjp(b, op, cts)
+        elif opdef.decompose is not None:
+            sub_start = len(graph.ops)
+            outs = opdef.decompose(b, list(op.operands), op.attrs)
+            outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+            grads = backward(b, graph.ops[sub_start:], dict(zip(outs, cts)), list(op.operands))
+        else:
+            raise TercompError(f"tern.{op.opname} has no gradient rule", loc=op.loc,
+                               hint="wrap the computation in tc.stop_gradient(...) or define a "
+                                    "rule with tc.custom_vjp")
+        for i, (v, g) in enumerate(zip(op.operands, grads)):
+            if g is None or id(v) not in active or i in opdef.nondiff_operands:
+                continue
+            if g.type.shape != v.type.shape and g.type != v.type:
+                raise TercompError(f"internal: the VJP of tern.{op.opname} gave operand {i} a cotangent of "
+                                   f"type {g.type}, expected {v.type}", loc=op.loc)
+            ct[id(v)] = g if id(v) not in ct else b.add(ct[id(v)], g)
+    results = [ct.get(id(v)) for v in wrt]
+    _name_cotangents(graph, start, [(g, v.name) for g, v in zip(results, wrt) if g is not None] + finalized)
+    return results
+
+
+def _name_cotangents(graph: Graph, start: int, pairs):
+    created = {id(r) for op in graph.ops[start:] for r in op.results}
+    done = set()
+    for g, primal in pairs:
+        if id(g) in created and id(g) not in done:
+            g.name = graph.fresh_name(f"{primal}.grad")
+            done.add(id(g))
+
+
+def saved_for_backward(fwd_ops, bwd_ops) -> list:
+    """The values a backward reads from its forward (activations, stacked scan residuals),
+    constants aside: [[name, shape with symbolic dims as text, dtype]], JSON-able so a
+    compiled module can report them (CompiledModule.memory_report)."""
+    made = {id(r) for op in fwd_ops if op.opname != "constant" for r in op.results}
+    out, seen = [], set()
+    for op in bwd_ops:
+        for v in op.operands:
+            if id(v) in made and id(v) not in seen:
+                seen.add(id(v))
+                out.append([v.name, [d if isinstance(d, int) else str(d) for d in v.shape], v.dtype])
+    return out
+
+
+def seed_for(b: GraphBuilder, out: Value, what: str, loc=None) -> Value:
+    if out.type.rank != 0:
+        raise TercompError(f"{what} needs a scalar output, but the function returns "
+                           f"%{out.name} of shape {out.type}", loc=loc,
+                           hint="reduce it first (tc.sum / tc.mean), or use tc.vjp with a cotangent")
+    if not is_float(out.dtype):
+        raise TercompError(f"{what}: the output %{out.name} is {out.dtype}, not floating point", loc=loc)
+    return b.scalar(1.0, out.dtype)
+
+
+def check_differentiable(values, what, loc=None):
+    for v in values:
+        if not is_float(v.dtype):
+            raise TercompError(f"{what}: input %{v.name} is {v.dtype}; only floating-point inputs "
+                               "can be differentiated", loc=loc,
+                               hint="leave integer inputs (labels, ids) out of argnums")
+
+
+# -- the glue between traced functions and the reverse walk ---------------------------------
 def _eager(fn, *args):
     """Run `fn(*args)` by tracing it and interpreting the graph (no tracer among args)."""
-    from .ops import interpret
-    from .trace import trace
     g = trace(fn, *args, name="eager")
     leaves, _, _ = pytree.flatten(tuple(args))
     outs = interpret(g, *[np.asarray(x) for x in leaves])
@@ -35,7 +154,8 @@ def _eager(fn, *args):
 
 
 def _active_trace(args):
-    ts = _tracers(args)
+    leaves, _, _ = pytree.flatten(args)
+    ts = [x for x in leaves if isinstance(x, Tracer)]
     if not ts:
         return None
     # inside an op body (a scan step) the body's trace records, capturing outer values
@@ -53,6 +173,18 @@ def _as_tracers(tr, tree):
     return pytree.unflatten(treedef, conv, on_module=lambda m, vals: (m._load_params(vals), m)[1])
 
 
+def _cotangents(tr, fwd_ops, seeds: dict, trees: list) -> list:
+    """Append the backward of `fwd_ops` from `seeds` {output Value: cotangent Value} to
+    trace `tr`. `trees` are the flattened primals (pytree.flatten results); returns their
+    cotangents as pytrees of the same structure, zeros where no gradient reaches."""
+    b = tr.builder
+    wrt = [t for leaves, _, _ in trees for t in leaves]
+    grads = backward(b, fwd_ops, seeds, [t.value for t in wrt])
+    it = iter([Tracer(g if g is not None else zeros_like(b, t.value), tr) for g, t in zip(grads, wrt)])
+    return [pytree.unflatten(treedef, [next(it) for _ in leaves]) for leaves, _, treedef in trees]
+
+
+# -- grad, value_and_grad, vjp, jvp ----------------------------------------------------------
 class _Transform:
     def __init__(self, fn):
         self.fn = fn
@@ -83,8 +215,7 @@ class GradFn(_Transform):
         for i in nums:
             args[i] = _as_tracers(tr, args[i])
         wrt_trees = [pytree.flatten(args[i]) for i in nums]
-        wrt = [t for leaves, _, _ in wrt_trees for t in leaves]
-        check_differentiable([t.value for t in wrt], what, loc)
+        check_differentiable([t.value for leaves, _, _ in wrt_trees for t in leaves], what, loc)
         start = len(tr.graph.ops)
         result = self.fn(*args)
         if self.has_aux:
@@ -95,17 +226,12 @@ class GradFn(_Transform):
             out, aux = result, None
         if not isinstance(out, Tracer):
             raise TercompError(f"{what}: the function's output does not depend on its inputs", loc=loc)
-        b = tr.builder
-        b.loc = loc
-        seed = seed_for(b, out.value, what, loc)
+        tr.builder.loc = loc
+        seed = seed_for(tr.builder, out.value, what, loc)
         mid = len(tr.graph.ops)
-        grads = backward(b, tr.graph.ops[start:], {out.value: seed}, [t.value for t in wrt])
+        trees = _cotangents(tr, tr.graph.ops[start:], {out.value: seed}, wrt_trees)
         tr.graph.meta.setdefault("saved_for_backward", []).extend(
             saved_for_backward(tr.graph.ops[start:mid], tr.graph.ops[mid:]))
-        from .passes.autodiff import zeros_like
-        grads = [Tracer(g if g is not None else zeros_like(b, t.value), tr) for g, t in zip(grads, wrt)]
-        it = iter(grads)
-        trees = [pytree.unflatten(treedef, [next(it) for _ in leaves]) for leaves, _, treedef in wrt_trees]
         g = trees[0] if isinstance(self.argnums, int) else tuple(trees)
         if self.return_value:
             return ((out, aux) if self.has_aux else out), g
@@ -156,13 +282,8 @@ def vjp(fn, *primals):
                 raise TercompError(f"vjp: cotangent shape {list(c.shape)} does not match output shape "
                                    f"{list(o.shape)}", loc=loc)
         tr.builder.loc = loc
-        wrt = [t for leaves, _, _ in trees for t in leaves]
         seeds = {o.value: c.value for o, c in zip(out_leaves, cts) if isinstance(o, Tracer)}
-        gs = backward(tr.builder, fwd_ops, seeds, [t.value for t in wrt])
-        from .passes.autodiff import zeros_like
-        gs = [Tracer(g if g is not None else zeros_like(tr.builder, t.value), tr) for g, t in zip(gs, wrt)]
-        it = iter(gs)
-        return tuple(pytree.unflatten(treedef, [next(it) for _ in leaves]) for leaves, _, treedef in trees)
+        return tuple(_cotangents(tr, fwd_ops, seeds, trees))
     return out, vjp_fn
 
 
@@ -175,13 +296,13 @@ def jvp(fn, primals, tangents):
         return _eager(lambda p, t: jvp(fn, p, t), primals, tangents)
     out, f_vjp = vjp(fn, *primals)
     leaves, _, tree = pytree.flatten(out)
-    from .trace.api import multiply
     dummy = pytree.unflatten(tree, [multiply(x, 0.0) for x in leaves])
     _, g_vjp = vjp(lambda u: f_vjp(u), dummy)
     (t_out,) = g_vjp(tangents)
     return out, t_out
 
 
+# -- custom_vjp ------------------------------------------------------------------------------
 _CUSTOM_RULES: dict = {}
 _rule_ids = itertools.count()
 
@@ -219,7 +340,6 @@ class custom_vjp(_Transform):
         res_leaves = [r if isinstance(r, Tracer) else Tracer(tr.const(np.asarray(r), name="res"), tr)
                       for r in pytree.flatten(res)[0]]
         out_leaves, _, out_tree = pytree.flatten(out)
-        from .trace.tracer import apply
         results = apply("custom_vjp", *out_leaves, *arg_leaves, *res_leaves, rule=self.rule,
                         n_outputs=len(out_leaves), n_inputs=len(arg_leaves),
                         res_tree=json.dumps(pytree.jsonable(pytree.flatten(res)[2])))
@@ -227,7 +347,7 @@ class custom_vjp(_Transform):
         return pytree.unflatten(out_tree, list(results))
 
 
-def run_custom_bwd(b, op, cts):
+def _custom_vjp_rule(b, op, cts):
     """VJP of tern.custom_vjp: call the user's bwd on traced values."""
     rule = _CUSTOM_RULES.get(op.attrs["rule"])
     if rule is None:
@@ -257,10 +377,12 @@ def run_custom_bwd(b, op, cts):
         elif isinstance(gr, Tracer):
             out.append(gr.value)
         else:
-            from .ir import numpy_dtype
             if not x.type.is_static:
                 raise TercompError(f"custom_vjp {rule.rule}: bwd must return traced values for inputs "
                                    "with symbolic shapes", loc=op.loc)
             out.append(b.constant(np.broadcast_to(np.asarray(gr, dtype=numpy_dtype(x.dtype)),
                                                   [int(d) for d in x.shape]).copy()))
     return out + [None] * len(res)
+
+
+get("custom_vjp").vjp = _custom_vjp_rule
