@@ -289,6 +289,7 @@ def cmd_opt(args) -> int:
     from .ir import print_graph
     from .ops import parse
     from .passes import run_pipeline
+    from . import autodiff  # noqa: F401  registers the autodiff pass
     if args.file == "-":
         text, filename = sys.stdin.read(), "<stdin>"
     else:

@@ -187,6 +187,22 @@ def test_opt_runs_passes(tmp_path):
     assert tercomp("opt", path).stdout == text                    # no passes: round trip
 
 
+def test_opt_autodiff_appends_the_backward(tmp_path):
+    """`--pass autodiff`: the gradient of output 0 with respect to every float input, as
+    IR that the reference interpreter runs (2 x cos(x) for sum(2 sin(x)))."""
+    import tercomp as tc
+    from tercomp.ops import interpret, parse
+    text = str(tc.trace(lambda x: tc.sum(tc.sin(x) * 2.0), tc.spec((3,))))
+    out = tercomp("opt", "-", "--pass", "autodiff", stdin=text).stdout
+    run_filecheck(out, """
+    # CHECK-LABEL: func.func @forward(%x: tensor<3xf32>
+    # CHECK:         "tern.cos"(%x)
+    # CHECK:         "func.return"(%[[G:.*]]) : (tensor<3xf32>)
+    """)
+    x = np.array([0.0, 0.5, 2.0], np.float32)
+    np.testing.assert_allclose(interpret(parse(out, "<stdin>"), x)[0], 2 * np.cos(x), rtol=1e-6)
+
+
 def test_bench(mlp_artifact):
     r = tercomp("bench", mlp_artifact, "--dim", "B=4", "--runs", "3", "--threads", "1")
     assert "x[4, 8]" in r.stdout and "median" in r.stdout and "over 3 runs" in r.stdout

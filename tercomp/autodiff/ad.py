@@ -29,6 +29,7 @@ from ..errors import TercompError
 from ..ir import Graph, Value, numpy_dtype
 from ..ir.types import is_float
 from ..ops import GraphBuilder, get, interpret
+from ..passes.manager import register_pass
 from ..trace import trace
 from ..trace.api import multiply
 from ..trace.tracer import Trace, Tracer, apply, current_trace, user_location
@@ -182,6 +183,26 @@ def _cotangents(tr, fwd_ops, seeds: dict, trees: list) -> list:
     grads = backward(b, fwd_ops, seeds, [t.value for t in wrt])
     it = iter([Tracer(g if g is not None else zeros_like(b, t.value), tr) for g, t in zip(grads, wrt)])
     return [pytree.unflatten(treedef, [next(it) for _ in leaves]) for leaves, _, treedef in trees]
+
+
+@register_pass("autodiff")
+def autodiff(graph: Graph, wrt: list | None = None, return_value: bool = False,
+             has_aux: bool = False) -> Graph:
+    """The pass form of tc.grad over IR (`tercomp opt --pass autodiff`): append the
+    backward of output 0 (a float scalar) with respect to the inputs at indices `wrt`
+    (default: every float input). Outputs become [value?, aux?, *grads]."""
+    wrt = [i for i, v in enumerate(graph.inputs) if is_float(v.dtype)] if wrt is None else wrt
+    out = graph.outputs[0]
+    loc = out.producer.loc if out.producer is not None else None
+    primals = [graph.inputs[i] for i in wrt]
+    check_differentiable(primals, "grad", loc)
+    b = GraphBuilder(graph, loc) if loc is not None else GraphBuilder(graph)
+    grads = backward(b, list(graph.ops), {out: seed_for(b, out, "grad", loc)}, primals)
+    grads = [g if g is not None else zeros_like(b, v) for g, v in zip(grads, primals)]
+    keep = ([0] if return_value else []) + (list(range(1, len(graph.outputs))) if has_aux else [])
+    graph.set_outputs([graph.outputs[i] for i in keep] + grads,
+                      [graph.output_names[i] for i in keep] + [f"{v.name}.grad" for v in primals])
+    return graph
 
 
 # -- grad, value_and_grad, vjp, jvp ----------------------------------------------------------
