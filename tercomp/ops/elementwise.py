@@ -20,7 +20,7 @@ from ..codegen.sympy_mlir import ArithBackend
 from ..errors import TraceError
 from ..ir import TensorType, numpy_dtype
 from ..ir.types import is_float
-from ..sympy_walk import SympyWalker
+from ..sympy_walk import FUNCTIONS, SympyWalker
 from .registry import OpDef, REQUIRED, register
 from .sympy_tern import TernBackend
 
@@ -63,11 +63,10 @@ def _derivative(expr, sym, subs_key):
     d = sympy.diff(e, sym)
     if d.count_ops() >= 40:
         return d
-    # keep the simplified form only if it stays within the functions tern has ops for
-    # (simplify likes to turn 1 - tanh(x)**2 into cosh(x)**-2)
+    # keep the simplified form only if it stays within the functions the sympy walker
+    # emits as tern ops (simplify likes to turn 1 - tanh(x)**2 into cosh(x)**-2)
     s = sympy.simplify(d)
-    known = (sympy.exp, sympy.log, sympy.tanh, sympy.Abs, sympy.sign, sympy.Piecewise)
-    ok = all(isinstance(f, known) for f in s.atoms(sympy.Function))
+    ok = all(f.func in FUNCTIONS or isinstance(f, sympy.Piecewise) for f in s.atoms(sympy.Function))
     return s if ok and s.count_ops() <= d.count_ops() else d
 
 
