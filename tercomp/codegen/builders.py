@@ -17,6 +17,7 @@ from iree.compiler.dialects import arith, linalg, tensor
 
 from ..ir import TensorType, is_static
 from ..dtypes import mlir_element
+from ..sympy_walk import Backend, SympyWalker
 
 PARALLEL = "parallel"
 REDUCTION = "reduction"
@@ -65,6 +66,45 @@ def affine_map(n_dims: int, exprs: Sequence) -> ir.AffineMap:
     return ir.AffineMap.get(n_dims, 0, out)
 
 
+class _DimBackend(Backend):
+    """A symbolic dim as `index` arithmetic: a symbol is `tensor.dim` of the function
+    argument that carries it (`symbol_sources`: Symbol -> (ir.Value, axis)), a quotient
+    an unsigned division."""
+
+    negates = False
+
+    def __init__(self, symbol_sources: dict):
+        self.symbol_sources = symbol_sources
+
+    def number(self, n):
+        if not n.is_Integer:
+            raise ValueError(f"non-integer dimension {n}")
+        return index_const(int(n))
+
+    def symbol(self, s):
+        src, axis = self.symbol_sources[s]
+        return tensor.DimOp(src, index_const(axis)).result
+
+    def add(self, a, b):
+        return arith.AddIOp(a, b).result
+
+    def mul(self, a, b):
+        return arith.MulIOp(a, b).result
+
+    def div(self, a, b):
+        return arith.DivUIOp(a, b).result
+
+    def multiplies(self, n):
+        return False        # a power of a dim is not materialized (Unsupported)
+
+    def fraction(self, e):
+        num, den = sympy.fraction(e)
+        return list(sympy.Mul.make_args(num)), ([] if den == 1 else [den])
+
+    def unsupported(self, e):
+        return ValueError(f"cannot materialize dimension {e}")
+
+
 class LowerCtx:
     """State of the tern -> MLIR lowering of one function."""
 
@@ -96,32 +136,8 @@ class LowerCtx:
             return index_const(d)
         key = sympy.srepr(d)
         if key not in self._dim_cache:
-            self._dim_cache[key] = self._emit_dim(d)
+            self._dim_cache[key] = SympyWalker(_DimBackend(self.symbol_sources), memo=False).emit(d)
         return self._dim_cache[key]
-
-    def _emit_dim(self, e) -> ir.Value:
-        if isinstance(e, (int, sympy.Integer)):
-            return index_const(int(e))
-        if isinstance(e, sympy.Symbol):
-            src, axis = self.symbol_sources[e]
-            return tensor.DimOp(src, index_const(axis)).result
-        if isinstance(e, sympy.Add):
-            acc = self._emit_dim(e.args[0])
-            for a in e.args[1:]:
-                acc = arith.AddIOp(acc, self._emit_dim(a)).result
-            return acc
-        if isinstance(e, sympy.Mul):
-            num, den = sympy.fraction(e)
-            acc = None
-            for a in sympy.Mul.make_args(num):
-                v = self._emit_dim(a)
-                acc = v if acc is None else arith.MulIOp(acc, v).result
-            if den != 1:
-                acc = arith.DivUIOp(acc, self._emit_dim(den)).result
-            return acc
-        if isinstance(e, sympy.Rational):
-            raise ValueError(f"non-integer dimension {e}")
-        raise ValueError(f"cannot materialize dimension {e}")
 
     def dyn_sizes(self, t: TensorType) -> list:
         return [self.dim(d) for d in t.shape if not is_static(d)]

@@ -2,7 +2,7 @@
 
 From the expression come the NumPy reference (sympy.lambdify), the derivative
 (sympy.diff, simplified, emitted as tern ops) and the MLIR lowering (the body of a
-linalg.generic, printed by codegen.sympy_mlir). Binary ops broadcast as NumPy does.
+linalg.generic, emitted by codegen.sympy_mlir). Binary ops broadcast as NumPy does.
 
 Expressions are chosen so that both they and their derivatives are numerically stable:
 sigmoid is (tanh(x/2) + 1) / 2 (its derivative (1 - tanh(x/2)^2) / 4 never forms
@@ -16,10 +16,13 @@ import functools
 import numpy as np
 import sympy
 
+from ..codegen.sympy_mlir import ArithBackend
 from ..errors import TraceError
 from ..ir import TensorType, numpy_dtype
 from ..ir.types import is_float
+from ..sympy_walk import FUNCTIONS, SympyWalker
 from .registry import OpDef, REQUIRED, register
+from .sympy_tern import TernBackend
 
 X, Y = sympy.symbols("x y", real=True)
 P = sympy.Symbol("p", real=True)
@@ -60,11 +63,10 @@ def _derivative(expr, sym, subs_key):
     d = sympy.diff(e, sym)
     if d.count_ops() >= 40:
         return d
-    # keep the simplified form only if it stays within the functions tern has ops for
-    # (simplify likes to turn 1 - tanh(x)**2 into cosh(x)**-2)
+    # keep the simplified form only if it stays within the functions the sympy walker
+    # emits as tern ops (simplify likes to turn 1 - tanh(x)**2 into cosh(x)**-2)
     s = sympy.simplify(d)
-    known = (sympy.exp, sympy.log, sympy.tanh, sympy.Abs, sympy.sign, sympy.Piecewise)
-    ok = all(isinstance(f, known) for f in s.atoms(sympy.Function))
+    ok = all(f.func in FUNCTIONS or isinstance(f, sympy.Piecewise) for f in s.atoms(sympy.Function))
     return s if ok and s.count_ops() <= d.count_ops() else d
 
 
@@ -98,23 +100,20 @@ def elementwise(name, expr, arity, *, attrs=None, result_dtype=None, differentia
         return [np.broadcast_to(np.asarray(out), shape).astype(odt)]
 
     def lower(ctx, op, operands):
-        from ..codegen.sympy_mlir import SympyToArith
         e = _bound(expr, op.attrs)
         types = [v.type for v in op.operands]
         dt = types[0].dtype
 
         def body(*args):
-            p = SympyToArith(dict(zip(syms, args)), dt)
-            return p.emit_cond(e) if result_dtype == "i1" else p.emit(e)
+            return SympyWalker(ArithBackend(dict(zip(syms, args)), dt)).emit(e)
         return [ctx.elementwise(operands, types, op.results[0].type, body)]
 
     def vjp(b, op, cts):
-        from .sympy_tern import SympyToTern
         from .shape import unbroadcast
         g = cts[0]
         key = tuple(sorted(((P, sympy.nsimplify(op.attrs["exponent"])),))) if "exponent" in op.attrs else ()
         out = []
-        em = SympyToTern(b, dict(zip(syms, op.operands)), op.operands[0].dtype)
+        em = SympyWalker(TernBackend(b, dict(zip(syms, op.operands)), op.operands[0].dtype))
         for v, s in zip(op.operands, syms):
             d = _derivative(expr, s, key)
             if d == 0:
