@@ -21,7 +21,7 @@ import types
 from .errors import (TercompError, TraceError, ParseError, VerifyError, CompileError,
                      InputError, ArtifactError, DeviceUnavailable, NumericsError)
 from .runtime.module import CompiledModule, DeviceArray
-from .runtime.artifact import load
+from .runtime.loader import load
 from .runtime.generator import LMGenerator
 
 class CompilerMissing(TercompError, AttributeError):

@@ -26,7 +26,8 @@ from .ir import Graph
 from .passes import Dumper, run_pipeline
 from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
-from .runtime.module import CompiledModule, check_threads, pick_device
+from .runtime.devices import check_threads, pick_device
+from .runtime.module import CompiledModule
 from .runtime.signature import Signature
 from .trace import trace
 

@@ -53,9 +53,10 @@ from .models.bitnet import BitNetLM, rope_tables
 from .passes import Dumper, run_pipeline
 from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
-from .runtime.artifact import from_parts
+from .runtime.loader import from_parts
 from .runtime.generator import KV_DTYPES, STEP, LMGenerator
-from .runtime.module import CompiledModule, check_threads, pick_device
+from .runtime.devices import check_threads, pick_device
+from .runtime.module import CompiledModule
 from .runtime.signature import Signature
 from .trace import api as _t
 from .trace import spec, trace

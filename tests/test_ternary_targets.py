@@ -9,7 +9,7 @@ import tercomp as tc
 from conftest import run_filecheck
 from tercomp import nn
 from tercomp import ternary_pack as tp
-from tercomp.runtime.module import driver_present
+from tercomp.runtime.devices import driver_present
 
 K, N = 256, 96
 needs_vulkan = pytest.mark.skipif(not driver_present("vulkan"),
