@@ -43,7 +43,7 @@ def _load_compiler_side() -> None:
     from .trace.loops import scan, checkpoint, associative_scan  # noqa: F401
     from .passes import autodiff as _autodiff  # noqa: F401  registers the autodiff pass
     from . import optim  # noqa: F401
-    from .train import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
+    from .training import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
     from .generate import compile_lm  # noqa: F401
     names = {k: v for k, v in locals().items() if not k.startswith("_") and k != "trace"}
     names["_trace_function"] = trace
