@@ -18,7 +18,6 @@ from .codegen.iree_session import compile_module, new_session
 from .codegen.lower import to_mlir
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
 from .codegen.ternary_strategies import check_strategy
-from .codegen.ternary_strategies import flags_for as ternary_flags
 from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
                               target_flags)
 from .errors import TercompError
@@ -94,18 +93,16 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     table = ParamTable()
     swap = parameterized([graph], table) if weights_mode == "irpa" else contextlib.nullcontext()
     with swap:
-        module = to_mlir(graph, ctx, params=table)
+        module, kernel_flags, kernels = to_mlir(graph, ctx, params=table, targets=target_names)
     irpa = table.archive()
     with ctx:
         dumper.add("mlir", module.operation.get_asm(large_elements_limit=16), ext="mlir")
-    # the flags of the ternary kernels the module uses, each checked for the targets
-    used = {op.attrs["strategy"] for op in graph.ops if op.opname == "ternary_matmul"}
     all_flags = target_args + user_flags
-    all_flags += [f for f in ternary_flags(used, target_names) if f not in all_flags]
+    all_flags += [f for f in kernel_flags if f not in all_flags]
     meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],
             "numerics": graph.meta.get("numerics"),
             "iree_version": IREE_VERSION, "cache_hit": False, "weights": weights_mode,
-            "parameters": sorted(table.arrays), "ternary": sorted(used),
+            "parameters": sorted(table.arrays), "ternary": kernels,
             "saved_for_backward": graph.meta.get("saved_for_backward", [])}
     key = hit = None
     if cache:
