@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import subprocess
+import sys
 from functools import partial
 
 from iree.compiler.version import VERSION as IREE_VERSION
@@ -29,6 +31,7 @@ from .runtime.devices import check_threads, pick_device
 from .runtime.module import CompiledModule
 from .runtime.signature import Signature
 from .trace import trace
+from .transforms import GradFn
 
 DEFAULT_PASSES = ["simplify"]
 
@@ -139,7 +142,6 @@ def _trace_stages(fn, example_args, name, dumper: Dumper) -> Graph:
     """Trace `fn`. For a gradient transform (tc.grad / tc.value_and_grad) the stages are
     `tern`, the traced function itself, and `autodiff`, the joint forward + backward
     graph that the transform's reverse walk (passes.autodiff.backward) built from it."""
-    from .transforms import GradFn
     if isinstance(fn, Graph):
         return fn
     if isinstance(fn, GradFn):
@@ -155,8 +157,6 @@ def _dump_phases(dumper: Dumper, flags, module_text: str):
     flow, stream, executable-sources, ...): `--dump-compilation-phases-to` is an option
     of the iree-compile tool, not of the in-process session, so the tool runs once more
     on the dumped MLIR."""
-    import subprocess
-    import sys
     path = os.path.join(dumper.dump_dir, "iree")
     os.makedirs(path, exist_ok=True)
     # a fixed source name, so the phases are iree_module.1.input.mlir, iree_module.2.abi.mlir, ...
