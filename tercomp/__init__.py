@@ -21,7 +21,7 @@ import types
 from .errors import (TercompError, TraceError, ParseError, VerifyError, CompileError,
                      InputError, ArtifactError, DeviceUnavailable, NumericsError)
 from .runtime.module import CompiledModule, DeviceArray
-from .runtime.artifact import load
+from .runtime.loader import load
 from .runtime.generator import LMGenerator
 
 class CompilerMissing(TercompError, AttributeError):
@@ -42,7 +42,7 @@ def _load_compiler_side() -> None:
     from .autodiff import grad, value_and_grad, vjp, jvp, custom_vjp  # noqa: F401
     from .trace.loops import scan, checkpoint, associative_scan  # noqa: F401
     from . import optim  # noqa: F401
-    from .train import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
+    from .training import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
     from .generate import compile_lm  # noqa: F401
     names = {k: v for k, v in locals().items() if not k.startswith("_") and k != "trace"}
     names["_trace_function"] = trace

@@ -238,7 +238,7 @@ def _print_result(name: str, value) -> None:
 
 
 def cmd_run(args) -> int:
-    from .runtime.artifact import load
+    from .runtime.loader import load
     from .pytree import flatten
     exe = load(args.artifact, device=args.device, threads=args.threads)
     inputs = [parse_input(t) for t in args.input]
@@ -332,7 +332,7 @@ def _random_inputs(sig, dims: dict, rng) -> list:
 
 
 def cmd_bench(args) -> int:
-    from .runtime.artifact import load
+    from .runtime.loader import load
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be at least 1 and --warmup at least 0")
     dims = {}

@@ -58,7 +58,7 @@ def _int_list(text: str, what: str, usage_error) -> list:
 
 def _open(args, spinner):
     """An LMGenerator for args.model: a .tcm is loaded, anything else compiled."""
-    from .runtime.artifact import load
+    from .runtime.loader import load
     if os.path.isfile(args.model) and not args.model.endswith(".gguf"):
         gen = load(args.model, device=args.device, threads=args.threads)
         if not hasattr(gen, "generate"):

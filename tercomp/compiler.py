@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import subprocess
+import sys
 from functools import partial
 
 from iree.compiler.version import VERSION as IREE_VERSION
@@ -18,7 +20,6 @@ from .codegen.iree_session import compile_module, new_session
 from .codegen.lower import to_mlir
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
 from .codegen.ternary_strategies import check_strategy
-from .codegen.ternary_strategies import flags_for as ternary_flags
 from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
                               target_flags)
 from .errors import TercompError
@@ -26,9 +27,11 @@ from .ir import Graph
 from .passes import Dumper, run_pipeline
 from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
-from .runtime.module import CompiledModule, check_threads, pick_device
+from .runtime.devices import check_threads, pick_device
+from .runtime.module import CompiledModule
 from .runtime.signature import Signature
 from .trace import trace
+from .autodiff import GradFn
 
 DEFAULT_PASSES = ["simplify"]
 
@@ -93,18 +96,16 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     table = ParamTable()
     swap = parameterized([graph], table) if weights_mode == "irpa" else contextlib.nullcontext()
     with swap:
-        module = to_mlir(graph, ctx, params=table)
+        module, kernel_flags, kernels = to_mlir(graph, ctx, params=table, targets=target_names)
     irpa = table.archive()
     with ctx:
         dumper.add("mlir", module.operation.get_asm(large_elements_limit=16), ext="mlir")
-    # the flags of the ternary kernels the module uses, each checked for the targets
-    used = {op.attrs["strategy"] for op in graph.ops if op.opname == "ternary_matmul"}
     all_flags = target_args + user_flags
-    all_flags += [f for f in ternary_flags(used, target_names) if f not in all_flags]
+    all_flags += [f for f in kernel_flags if f not in all_flags]
     meta = {"flags": all_flags, "drivers": [d for t in targets for d in t.drivers],
             "numerics": graph.meta.get("numerics"),
             "iree_version": IREE_VERSION, "cache_hit": False, "weights": weights_mode,
-            "parameters": sorted(table.arrays), "ternary": sorted(used),
+            "parameters": sorted(table.arrays), "ternary": kernels,
             "saved_for_backward": graph.meta.get("saved_for_backward", [])}
     key = hit = None
     if cache:
@@ -140,8 +141,7 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
 def _trace_stages(fn, example_args, name, dumper: Dumper) -> Graph:
     """Trace `fn`. For a gradient transform (tc.grad / tc.value_and_grad) the stages are
     `tern`, the traced function itself, and `autodiff`, the joint forward + backward
-    graph that the transform's reverse walk (passes.autodiff.backward) built from it."""
-    from .autodiff import GradFn
+    graph that the transform's reverse walk (autodiff.backward) built from it."""
     if isinstance(fn, Graph):
         return fn
     if isinstance(fn, GradFn):
@@ -157,8 +157,6 @@ def _dump_phases(dumper: Dumper, flags, module_text: str):
     flow, stream, executable-sources, ...): `--dump-compilation-phases-to` is an option
     of the iree-compile tool, not of the in-process session, so the tool runs once more
     on the dumped MLIR."""
-    import subprocess
-    import sys
     path = os.path.join(dumper.dump_dir, "iree")
     os.makedirs(path, exist_ok=True)
     # a fixed source name, so the phases are iree_module.1.input.mlir, iree_module.2.abi.mlir, ...

@@ -46,16 +46,17 @@ from .codegen.params import ParamTable, parameterized
 from .codegen.state import Entry, StateVar, to_stateful_mlir
 from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
                               target_flags)
-from .codegen.ternary_strategies import AVX2, check_strategy, flags_for, target_features
+from .codegen.ternary_strategies import AVX2, check_strategy, target_features
 from .errors import TercompError
 from .ir import TensorType
 from .models.bitnet import BitNetLM, rope_tables
 from .passes import Dumper, run_pipeline
 from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
-from .runtime.artifact import from_parts
+from .runtime.loader import from_parts
 from .runtime.generator import KV_DTYPES, STEP, LMGenerator
-from .runtime.module import CompiledModule, check_threads, pick_device
+from .runtime.devices import check_threads, pick_device
+from .runtime.module import CompiledModule
 from .runtime.signature import Signature
 from .trace import api as _t
 from .trace import spec, trace
@@ -267,13 +268,12 @@ def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta,
     session, ctx = new_session()
     table = ParamTable()
     with parameterized([g], table):
-        module = to_stateful_mlir(entries, state, ctx, params=table)
+        module, kernel_flags, _ = to_stateful_mlir(entries, state, ctx, params=table, targets=names)
     irpa = table.archive()
     with ctx:
         stages["mlir"] = module.operation.get_asm(large_elements_limit=16)
-    used = {op.attrs["strategy"] for op in g.ops if op.opname == "ternary_matmul"}
     all_flags = target_flags(names) + user_flags
-    all_flags += [f for f in flags_for(used, names) if f not in all_flags]
+    all_flags += [f for f in kernel_flags if f not in all_flags]
     in_subprocess = isolate or user_flags or needs_tool(all_flags)   # as in tc.compile
     build = compile_with_tool if in_subprocess else partial(compile_module, session)
     vmfb = build(module, all_flags, stage=f"the IREE compile of the LM for {', '.join(names)}")

@@ -268,6 +268,26 @@ def test_running_an_artifact_does_not_load_the_compiler(saved, x, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_the_runtime_imports_only_the_runtime_and_leaf_modules():
+    """Every module of tercomp.runtime imports with iree.compiler and sympy blocked, and
+    loads nothing of tercomp beyond the runtime and the leaf modules (DESIGN.md)."""
+    script = (
+        "import importlib, pkgutil, sys\n"
+        "sys.modules['iree.compiler'] = None\n"
+        "sys.modules['sympy'] = None\n"
+        "import tercomp.runtime\n"
+        "names = [m.name for m in pkgutil.iter_modules(tercomp.runtime.__path__, 'tercomp.runtime.')]\n"
+        "assert {'tercomp.runtime.devices', 'tercomp.runtime.loader'} <= set(names), names\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "leaves = {'tercomp', 'tercomp.errors', 'tercomp.dtypes', 'tercomp.pytree', 'tercomp.dimexpr'}\n"
+        "bad = [m for m in sys.modules if m.startswith('tercomp') and m not in leaves\n"
+        "       and not m.startswith('tercomp.runtime')]\n"
+        "assert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.parametrize("module", ["tercomp.codegen.ternary_strategies", "tercomp.ir",
                                     "tercomp.ops", "tercomp.passes", "tercomp.models",
                                     "tercomp.generate"])

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_filecheck
 import tercomp as tc
 from tercomp.cli import main, parse_input, parse_spec
-from tercomp.runtime.module import driver_present
+from tercomp.runtime.devices import driver_present
 
 MODEL = textwrap.dedent("""
     import tercomp as tc

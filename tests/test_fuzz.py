@@ -112,7 +112,7 @@ def _check_artifact(data, want, mutations):
             del data[i:]
     try:
         meta, vmfb, weights = tc.runtime.artifact.read_bytes(bytes(data), "fuzz.tcm")
-        exe = tc.runtime.artifact.from_parts(meta, vmfb, weights)
+        exe = tc.runtime.loader.from_parts(meta, vmfb, weights)
         got = exe(_X)
     except tc.TercompError:
         return

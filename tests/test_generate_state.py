@@ -54,7 +54,7 @@ def toy():
     session, ctx = new_session()
     module = to_stateful_mlir([Entry("prefill", gp, bind_in, bind_out),
                                Entry("decode", gd, bind_in, bind_out),
-                               Entry("step", gp, bind_in, bind_out)], state, ctx)   # gp again
+                               Entry("step", gp, bind_in, bind_out)], state, ctx).module  # gp again
     vmfb = compile_module(session, module, HOST_CPU_FLAGS)
     exe = CompiledModule(vmfb, dataclasses.replace(Signature.from_graph(gp), function="prefill"))
     return exe, gp

@@ -535,7 +535,7 @@ def compiled():
     graphs = [graph_of(c.op, types_of(c.inputs, sym), c.attrs, name=_compile_id(c, sym))
               for c, sym in COMPILED]
     session, ctx = new_session()
-    module = to_mlir(graphs, ctx)
+    module = to_mlir(graphs, ctx).module
     vmfb = compile_module(session, module, HOST_CPU_FLAGS)
     return rt.load_vm_flatbuffer(vmfb, driver="local-task")
 

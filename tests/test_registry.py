@@ -127,7 +127,7 @@ def compiled_all():
     names = sorted(n for n in EXAMPLES if n in REGISTRY)
     graphs = {n: _graph(n) for n in names}
     session, ctx = new_session()
-    module = to_mlir([g for g, _ in graphs.values()], ctx)
+    module = to_mlir([g for g, _ in graphs.values()], ctx).module
     vmfb = compile_module(session, module, HOST_CPU_FLAGS)
     config = rt.Config("local-task")
     sysctx = rt.SystemContext(config=config)

@@ -16,7 +16,7 @@ import tercomp as tc
 import mlp as mlp_sample  # samples/ is on sys.path (tests/conftest.py)
 from tercomp import nn
 from tercomp.codegen import targets as T
-from tercomp.runtime.module import driver_present
+from tercomp.runtime.devices import driver_present
 
 HAS_VULKAN = driver_present("vulkan")
 HAS_CUDA = driver_present("cuda")

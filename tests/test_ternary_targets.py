@@ -9,7 +9,7 @@ import tercomp as tc
 from conftest import run_filecheck
 from tercomp import nn
 from tercomp import ternary_pack as tp
-from tercomp.runtime.module import driver_present
+from tercomp.runtime.devices import driver_present
 
 K, N = 256, 96
 needs_vulkan = pytest.mark.skipif(not driver_present("vulkan"),
@@ -90,3 +90,43 @@ def test_vulkan_ternary_runs_on_lavapipe(batch):
     for b in ([1] if batch == "static" else [1, 7]):
         x = rng.standard_normal((b, K)).astype(np.float32)
         np.testing.assert_allclose(exe(x), _reference(layer, x), rtol=1e-5, atol=1e-6)
+
+
+def test_the_lowering_reports_the_flags_of_its_kernels():
+    """tc.compile takes the IREE flags of the ternary kernels from the lowering: each
+    kernel's flags, in the strategy table's order (not the ops'), each kernel checked
+    against the targets before IREE runs."""
+    from tercomp.codegen.iree_session import new_session
+    from tercomp.codegen.lower import to_mlir
+    from tercomp.codegen.ternary_strategies import flags_for, strategy_flags
+    from tercomp.passes import run_pipeline
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            nn.manual_seed(3)
+            self.a, self.b = nn.BitLinear(K, K), nn.BitLinear(K, N)
+
+        def __call__(self, x):
+            return self.b(self.a(x))
+
+    g = run_pipeline(tc.trace(Two(), SPECS["symbolic"]),
+                     [("ternary", {"strategy": "addsub", "targets": ["llvm-cpu"]})])
+    first, second = [op for op in g.ops if op.opname == "ternary_matmul"]
+    first.attrs["strategy"], second.attrs["strategy"] = "dispatch", "avx2"
+    lowered = to_mlir(g, new_session()[1], targets=["llvm-cpu"])
+    assert lowered.kernels == ["avx2", "dispatch"]
+    assert lowered.flags == strategy_flags("avx2") + strategy_flags("dispatch") \
+        == flags_for({"dispatch", "avx2"}, ["llvm-cpu"])
+    with pytest.raises(tc.TercompError, match="'avx2' does not compile for vulkan"):
+        to_mlir(g, new_session()[1], targets=["vulkan"])
+    first.attrs["strategy"] = second.attrs["strategy"] = "addsub"
+    assert to_mlir(g, new_session()[1], targets=["vulkan"]).flags == []
+
+
+def test_compile_passes_the_kernels_flags_on():
+    from tercomp.codegen.targets import target_flags
+    from tercomp.codegen.ternary_strategies import strategy_flags
+    exe = tc.compile(_layer(), SPECS["symbolic"], ternary="int8", weights="inline", cache=False)
+    assert exe.meta["ternary"] == ["int8"]
+    assert exe.meta["flags"] == target_flags("llvm-cpu") + strategy_flags("int8")

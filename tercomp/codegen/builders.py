@@ -3,8 +3,10 @@
 LowerCtx is what every op's `lower` rule receives: it maps tern Values to MLIR values,
 turns tern types into MLIR types, materializes symbolic dims as `index` values (from
 `tensor.dim` of the function arguments that carry them), builds the common
-`linalg.generic` / `tensor.empty` / `linalg.fill` shapes, and holds the ParamTable
-that large constants are read from as parameters (`ctx.params`, see codegen.params).
+`linalg.generic` / `tensor.empty` / `linalg.fill` shapes, holds the ParamTable
+that large constants are read from as parameters (`ctx.params`, see codegen.params),
+and collects the ternary kernels a lowering emits (`ctx.kernels`), whose IREE flags
+the module needs.
 """
 from __future__ import annotations
 
@@ -114,6 +116,9 @@ class LowerCtx:
         self.params = params            # codegen.params.ParamTable, or None (all inline)
         self._dim_cache: dict = {}
         self.lower_op: Callable | None = None   # (ctx, tern op) -> None; set by codegen.lower
+        # The ternary strategies the lowered ops emitted (names of ternary_strategies.TABLE,
+        # shared with op bodies): codegen.lower reports their IREE flags with the module.
+        self.kernels: set = set()
 
     def child(self) -> "LowerCtx":
         """A context for an op body (a loop's): the body's values and the dims it
@@ -122,6 +127,7 @@ class LowerCtx:
         sub = LowerCtx(self.symbol_sources, self.params)
         sub._dim_cache = dict(self._dim_cache)
         sub.lower_op = self.lower_op
+        sub.kernels = self.kernels
         return sub
 
     def lower_ops(self, ops) -> None:

@@ -8,8 +8,17 @@ argument that introduced each symbol. After lowering, a legality check makes sur
 op outside the dialects IREE accepts is left (an unknown op reaching IREE in-process
 can crash the interpreter). With a `ParamTable` (codegen.params), constants whose
 value is a `Parameter` become `util.global`s of `#flow.parameter.named` values.
+
+The lowering reports, with the module, the IREE flags its kernels need on top of the
+target's (the ternary strategies' flags, ternary_strategies.TABLE): the drivers
+(tc.compile, tc.compile_lm) pass them on to IREE.
+
+    >>> lowered = to_mlir(graph, ctx, targets=["llvm-cpu"])
+    >>> lowered.module, lowered.flags            # e.g. ['--iree-opt-data-tiling=true', ...]
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from iree.compiler import ir
 from iree.compiler.dialects import func
@@ -18,11 +27,19 @@ from ..errors import CompileError, TercompError
 from ..ir import Graph, Op
 from ..ops import GraphBuilder, get
 from .builders import LowerCtx, tensor_type
+from .ternary_strategies import flags_for
 
 LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "scf", "flow", "util", "hal")
 #: Hand-written executables (codegen/executables.py): IREE compiles their bodies as they
 #: are, so the check does not look inside.
 OPAQUE_OPS = ("stream.executable",)
+
+
+class Lowered(NamedTuple):
+    """A lowered MLIR module and what IREE needs to compile it as lowered."""
+    module: ir.Module
+    flags: list          # IREE flags the module's kernels need on top of the target's
+    kernels: list        # the ternary strategies its ops emitted, sorted
 
 
 def _location(op: Op) -> ir.Location:
@@ -54,9 +71,10 @@ def _lower_decomposition(ctx: LowerCtx, op: Op, opdef) -> list:
     return [ctx.values[v] for v in outs]
 
 
-def lower_graph(graph: Graph, module: ir.Module, params=None) -> None:
-    """Append `func.func @<graph.name>` to `module` (inside an active context).
-    `params`: the ParamTable that parameter constants are declared in."""
+def lower_graph(graph: Graph, module: ir.Module, params=None) -> set:
+    """Append `func.func @<graph.name>` to `module` (inside an active context); returns
+    the ternary strategies its ops emitted (see `lowered`). `params`: the ParamTable
+    that parameter constants are declared in."""
     arg_types = [tensor_type(v.type) for v in graph.inputs]
     res_types = [tensor_type(v.type) for v in graph.outputs]
     with ir.InsertionPoint(module.body), ir.Location.unknown():
@@ -82,6 +100,14 @@ def lower_graph(graph: Graph, module: ir.Module, params=None) -> None:
             except Exception as e:
                 raise CompileError(f"lowering tern.{op.opname} to MLIR failed: {e}", loc=op.loc) from None
         func.ReturnOp([ctx.values[v] for v in graph.outputs])
+    return ctx.kernels
+
+
+def lowered(module: ir.Module, kernels: set, targets=("llvm-cpu",)) -> Lowered:
+    """`module` with the IREE flags of the ternary `kernels` it uses, each checked to
+    compile for `targets` (a CPU-only kernel for a GPU fails here, by name, instead of
+    inside IREE's GPU pipeline)."""
+    return Lowered(module, flags_for(kernels, targets), sorted(kernels))
 
 
 def check_legal(module: ir.Module) -> None:
@@ -104,14 +130,16 @@ def check_legal(module: ir.Module) -> None:
         raise CompileError("the lowered MLIR module does not verify")
 
 
-def to_mlir(graphs, ctx: ir.Context, params=None) -> ir.Module:
-    """Lower one or more graphs into one MLIR module in `ctx`. Constants swapped for
-    `Parameter`s (codegen.params.parameterized) are declared in `params`."""
+def to_mlir(graphs, ctx: ir.Context, params=None, targets=("llvm-cpu",)) -> Lowered:
+    """Lower one or more graphs into one MLIR module in `ctx`, compiled for `targets`.
+    Constants swapped for `Parameter`s (codegen.params.parameterized) are declared in
+    `params`."""
     if isinstance(graphs, Graph):
         graphs = [graphs]
+    kernels = set()
     with ctx, ir.Location.unknown():
         module = ir.Module.create()
         for g in graphs:
-            lower_graph(g, module, params)
+            kernels |= lower_graph(g, module, params)
         check_legal(module)
-    return module
+    return lowered(module, kernels, targets)

@@ -26,7 +26,7 @@ How tc.compile uses it:
     table = ParamTable()
     if resolve_mode([graph], "auto") == "irpa":  # else lower without `parameterized`
         with parameterized([graph], table):      # large constants -> Parameters
-            module = to_mlir(graph, ctx, params=table)
+            module = to_mlir(graph, ctx, params=table).module
     irpa_bytes = table.archive()                 # None when no constant was large
 """
 from __future__ import annotations

@@ -32,7 +32,7 @@ from iree.compiler.dialects import func, util
 from ..errors import CompileError
 from ..ir import Graph, TensorType, is_static
 from .builders import tensor_type
-from .lower import check_legal, lower_graph
+from .lower import Lowered, check_legal, lower_graph, lowered
 
 
 @dataclass
@@ -80,9 +80,11 @@ def _splat(t: TensorType, value: int) -> ir.Attribute:
     return ir.DenseElementsAttr.get_splat(mt, v)
 
 
-def to_stateful_mlir(entries, state, ctx: ir.Context, params=None) -> ir.Module:
+def to_stateful_mlir(entries, state, ctx: ir.Context, params=None,
+                     targets=("llvm-cpu",)) -> Lowered:
     """One MLIR module with a mutable global per StateVar of `state` and a public
-    function per Entry of `entries` (see the module doc). `params`: the ParamTable of
+    function per Entry of `entries` (see the module doc), compiled for `targets`, with
+    the IREE flags its kernels need (codegen.lower.Lowered). `params`: the ParamTable of
     the weights (codegen.params), shared by every entry."""
     state = {s.name: s for s in state}
     for e in entries:
@@ -98,16 +100,16 @@ def to_stateful_mlir(entries, state, ctx: ir.Context, params=None) -> ir.Module:
             for i, s in enumerate(state.values()):
                 util.GlobalOp(s.name, tensor_type(s.type), sym_visibility="private",
                               is_mutable=True, initial_value=_splat(s.type, i))
-        lowered = set()              # entries may share a graph: lower it once
+        done, kernels = set(), set()     # entries may share a graph: lower it once
         for e in entries:
-            if id(e.graph) not in lowered:
-                lower_graph(e.graph, module, params)
+            if id(e.graph) not in done:
+                kernels |= lower_graph(e.graph, module, params)
                 inner = module.body.operations[len(module.body.operations) - 1]
                 inner.attributes["sym_visibility"] = ir.StringAttr.get("private")
-                lowered.add(id(e.graph))
+                done.add(id(e.graph))
             _entry(module, e)
         check_legal(module)
-    return module
+    return lowered(module, kernels, targets)
 
 
 def _entry(module: ir.Module, e: Entry):

@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ..errors import CompileError, TercompError
-from ..runtime.module import TARGET_DRIVERS
+from ..runtime.devices import TARGET_DRIVERS
 
 DEFAULT_VULKAN_TARGET = "vp_android_baseline_2022"   # SPIR-V 1.3, Vulkan 1.1: most devices
 DEFAULT_CUDA_TARGET = "sm_80"                        # PTX; the driver JITs it for newer GPUs

@@ -1,6 +1,6 @@
 """The ternary matmul strategies: ONE table, read by the `ternary` pass (which settles
-"auto" per target and per shape), `tc.compile` (the IREE flags of the strategies a
-module uses) and the CLI (`--ternary` choices).
+"auto" per target and per shape), the lowering (which reports the IREE flags of the
+strategies a module uses, codegen.lower) and the CLI (`--ternary` choices).
 
 Each row: the name, the emitter (`ternary_kernels`, `ternary_vnni`, `ternary_blocked`),
 the IREE flags it needs on top of the target's, the targets it compiles for, the CPU

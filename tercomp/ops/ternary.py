@@ -176,6 +176,7 @@ def _tm_reference(xs, a):
 
 
 def _tm_lower(ctx, op, operands):
+    ctx.kernels.add(op.attrs["strategy"])       # the module needs its IREE flags
     # The packed weights arrive as an MLIR value: an arith.constant when they were frozen
     # at compile time, a util.global.load when they are .irpa parameters, or a function
     # argument. The kernels read any of them.

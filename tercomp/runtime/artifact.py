@@ -22,14 +22,14 @@ uncompressed:
       LMGenerator (tercomp.runtime.generator)
 - `weights.irpa` (optional): the parameters the module reads, in IREE's archive format.
 
-Loading checks the zip, the members, the digests and that the installed iree.runtime
+Reading checks the zip, the members, the digests and that the installed iree.runtime
 has the major.minor version of the compiler that built the vmfb (IREE's bytecode is
-not stable across releases); any failure is an ArtifactError. Loading imports only
-iree.runtime, never the compiler.
+not stable across releases); any failure is an ArtifactError. Reading imports only
+iree.runtime, never the compiler. This module is the file format; tc.load, which turns
+a file into a CompiledModule or an LMGenerator, is tercomp.runtime.loader.
 
-    >>> exe.save("mlp.tcm")
-    >>> exe = tc.load("mlp.tcm")                      # first device the artifact runs on
-    >>> exe = tc.load("mlp.tcm", device="local-task", threads=4)
+    >>> exe.save("mlp.tcm")                           # artifact.save(exe, "mlp.tcm")
+    >>> meta, vmfb, weights = artifact.read("mlp.tcm")
 """
 from __future__ import annotations
 
@@ -41,9 +41,11 @@ import struct
 import zipfile
 import zlib
 
+from iree.runtime.version import VERSION as RUNTIME_VERSION
+
+from .. import __version__     # set by tercomp/__init__ before it imports the runtime
 from ..errors import ArtifactError, InputError
 from .files import read_regular, write_atomic
-from .generator import LMGenerator
 from .signature import Signature
 
 FORMAT = "tercomp-artifact"
@@ -54,19 +56,6 @@ _FIXED_DATE = (1980, 1, 1, 0, 0, 0)   # identical modules give identical files
 # compression method (NotImplementedError) or an encrypted member (RuntimeError)
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError,
                RuntimeError, struct.error)
-
-
-def _tercomp_version() -> str:
-    from .. import __version__
-    return __version__
-
-
-def runtime_version() -> str:
-    try:
-        from iree.runtime.version import VERSION
-    except ImportError:
-        return "unknown"
-    return VERSION
 
 
 def _major_minor(version: str) -> tuple:
@@ -95,8 +84,8 @@ def to_bytes(exe) -> bytes:
         "targets": list(exe.targets),
         "drivers": list(exe.meta.get("drivers", [])),
         "flags": list(exe.meta.get("flags", [])),
-        "tercomp_version": _tercomp_version(),
-        "iree_version": exe.meta.get("iree_version") or runtime_version(),
+        "tercomp_version": __version__,
+        "iree_version": exe.meta.get("iree_version") or RUNTIME_VERSION,
         "sha256": digests,
         "content_hash": content_hash(digests),
     }
@@ -151,7 +140,7 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
                             f"{meta.get('format')!r})")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{name} has artifact format version {meta.get('format_version')!r}; "
-                            f"this tercomp ({_tercomp_version()}) reads version {FORMAT_VERSION}",
+                            f"this tercomp ({__version__}) reads version {FORMAT_VERSION}",
                             hint="recompile the model with this tercomp")
     digests = meta.get("sha256")
     if not isinstance(digests, dict) or VMFB not in digests:
@@ -164,7 +153,7 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
             raise ArtifactError(f"{name}: the sha256 of {member} does not match its signature "
                                 "(the file was modified or damaged)",
                                 hint="save or compile the artifact again")
-    built, have = str(meta.get("iree_version", "unknown")), runtime_version()
+    built, have = str(meta.get("iree_version", "unknown")), RUNTIME_VERSION
     if _major_minor(built) != _major_minor(have):
         raise ArtifactError(f"{name} was compiled by IREE {built}, but iree.runtime here is {have}; "
                             "IREE bytecode only loads on the same major.minor release",
@@ -182,35 +171,3 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
 def read(path: str) -> tuple:
     """read_bytes() of the file at `path` (a regular file within the size limit)."""
     return read_bytes(read_regular(path, "artifact", ArtifactError), os.fspath(path))
-
-
-def from_parts(meta: dict, vmfb: bytes, weights, device=None, threads=None, **extra):
-    """A CompiledModule from read_bytes() parts."""
-    from .module import CompiledModule
-    info = {k: meta.get(k) for k in ("flags", "drivers", "tercomp_version", "iree_version",
-                                     "content_hash", "lm", "numerics", "ternary")}
-    info.update(extra)
-    return CompiledModule(vmfb, Signature.from_json(meta["signature"]), device=device,
-                          targets=meta.get("targets") or ["llvm-cpu"], meta=info,
-                          weights=weights, weights_scope=meta.get("weights_scope", "model"),
-                          threads=threads)
-
-
-def load(path: str, device: str | None = None, threads: int | None = None):
-    """Load an artifact written by `exe.save(path)`.
-
-    An artifact is executable code (compiled machine code runs when it is called): load
-    only files you trust. Its sha256 digests catch damage, not tampering. Only regular
-    files up to $TERCOMP_MAX_FILE_BYTES (16 GiB) are read.
-
-    With device=None, the first device present that the artifact supports (llvm-cpu: local-task, vulkan: vulkan, cuda:
-    cuda, in the artifact's target order); `threads` sizes the local-task pool.
-
-    >>> exe = tc.load("mlp.tcm")
-    >>> y = exe(x)
-    """
-    meta, vmfb, weights = read(path)
-    exe = from_parts(meta, vmfb, weights, device=device, threads=threads, path=os.fspath(path))
-    if meta.get("lm") is not None:
-        return LMGenerator(exe)
-    return exe

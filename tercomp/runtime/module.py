@@ -1,160 +1,25 @@
 """CompiledModule: a .vmfb loaded into iree-runtime, called with NumPy arrays.
 
-This package imports only iree.runtime, NumPy and tercomp.ir's type table, never the
-compiler (tercomp.codegen, iree.compiler), so a saved artifact runs where only
-iree-base-runtime is installed.
-
-Devices are HAL driver names or IREE device URIs: "local-task" (a thread pool),
-"local-sync" (the calling thread), "vulkan", "cuda"; "vulkan://<path>" picks one of
-several (paths as `iree-run-module --list_devices` prints them). The local-task pool
-size is `threads=N` or "local-task?threads=N".
+This package imports only iree.runtime, NumPy and tercomp's leaf modules (errors,
+dtypes, pytree, dimexpr), never the compiler (tercomp.codegen, iree.compiler) nor sympy,
+so a saved artifact runs where only iree-base-runtime is installed. Which device a
+module runs on, and opening it, is tercomp.runtime.devices; the artifact file format
+is tercomp.runtime.artifact, and tc.load is tercomp.runtime.loader.
 """
 from __future__ import annotations
 
 import mmap
-import warnings
 
+import iree.runtime as rt
 import numpy as np
 
-from ..errors import DeviceUnavailable, InputError, TercompError
-from .numerics import report as report_numerics
 from .. import dimexpr, pytree
+from ..errors import DeviceUnavailable, TercompError
+from . import artifact
+from .devices import (TARGET_DRIVERS, available_drivers, check_threads, open_device, pick_device,
+                      warn_if_lavapipe_mismatch)
+from .numerics import report as report_numerics
 from .signature import Signature
-
-# Which HAL drivers run the code of each tercomp target, preferred first.
-TARGET_DRIVERS = {
-    "llvm-cpu": ("local-task", "local-sync"),
-    "llvm-cpu-generic": ("local-task", "local-sync"),
-    "vulkan": ("vulkan",),
-    "cuda": ("cuda",),
-}
-KNOWN_DRIVERS = ("local-task", "local-sync", "vulkan", "cuda")
-
-_present: dict = {}          # driver -> whether a device of it exists (probed once)
-_task_threads: list = []     # [n] once the local-task pool exists (n None: IREE's default)
-
-
-def driver_present(driver: str) -> bool:
-    """Whether this process can open a device of `driver` (the driver is compiled into
-    iree.runtime AND a device exists: the CUDA driver is built in everywhere, but needs
-    libcuda and a GPU)."""
-    if driver not in _present:
-        import iree.runtime as rt
-        ok = driver in rt.query_available_drivers()
-        if ok and driver not in ("local-task", "local-sync"):
-            try:
-                ok = bool(rt.get_driver(driver).query_available_devices())
-            except Exception:
-                ok = False
-        _present[driver] = ok
-    return _present[driver]
-
-
-def available_drivers() -> list:
-    """The drivers of KNOWN_DRIVERS with a device present, e.g. ['local-sync', 'local-task']."""
-    return [d for d in KNOWN_DRIVERS if driver_present(d)]
-
-
-def parse_device(device: str, threads: int | None = None) -> tuple:
-    """'local-task?threads=2' -> ('local-task', 'local-task', 2): (driver, IREE URI,
-    thread count). `threads=` and a ?threads= in the name must agree."""
-    if not isinstance(device, str) or not device:
-        raise DeviceUnavailable(f"device must be a driver name such as 'local-task', got {device!r}")
-    uri, _, query = device.partition("?")
-    driver = uri.split("://")[0]
-    if driver not in KNOWN_DRIVERS:
-        raise DeviceUnavailable(f"unknown device {device!r}",
-                                hint=f"use one of {', '.join(KNOWN_DRIVERS)}; present here: "
-                                     f"{', '.join(available_drivers())}")
-    for item in filter(None, query.split("&")):
-        key, _, value = item.partition("=")
-        if key != "threads" or not value.isdigit():
-            raise DeviceUnavailable(f"device {device!r}: unknown option {item!r}",
-                                    hint="the only device option is ?threads=N (local-task)")
-        if threads is not None and threads != int(value):
-            raise DeviceUnavailable(f"device {device!r} and threads={threads} disagree")
-        threads = int(value)
-    if threads is not None:
-        if not isinstance(threads, int) or isinstance(threads, bool):
-            raise DeviceUnavailable(f"threads must be an int, got {threads!r}")
-        if driver != "local-task":
-            raise DeviceUnavailable(f"threads= applies to the local-task device, not {driver}")
-        if threads < 1:
-            raise DeviceUnavailable(f"threads must be at least 1, got {threads}")
-    return driver, uri, threads
-
-
-def _configure_task_threads(threads: int | None):
-    # IREE sizes the local-task pool from process-wide flags once, when the driver is
-    # first created (iree_task_executors_create_from_flags); later flags have no effect.
-    import iree.runtime as rt
-    import iree.runtime.flags  # noqa: F401
-    from iree.runtime import system_setup
-    if not _task_threads and threads is not None and any(
-            uri.startswith("local-task") for uri in getattr(system_setup, "_GLOBAL_DEVICES_BY_URI", {})):
-        _task_threads.append(None)         # someone else's iree.runtime code made the pool
-    if not _task_threads:
-        rt.flags.parse_flags(f"--task_topology_group_count={threads or 0}")
-        _task_threads.append(threads)
-    elif threads is not None and _task_threads[0] != threads:
-        have = _task_threads[0] or "IREE's default number of"
-        raise TercompError(f"the local-task thread pool of this process already has {have} "
-                           f"threads; IREE sizes it once per process, so threads={threads} "
-                           "cannot take effect",
-                           hint="pass threads= to the first compile or load of the process")
-
-
-def open_device(device: str, threads: int | None = None):
-    """The iree.runtime HalDevice for `device` (shared per URI within the process)."""
-    import iree.runtime as rt
-    driver, uri, threads = parse_device(device, threads)
-    if not driver_present(driver):
-        raise DeviceUnavailable(f"device {device!r} is not available on this machine",
-                                hint=f"available drivers: {', '.join(available_drivers())}")
-    if driver == "local-task":
-        _configure_task_threads(threads)
-    try:
-        return rt.get_device(uri)
-    except Exception as e:
-        raise DeviceUnavailable(f"device {device!r} could not be opened: {e}",
-                                hint=f"available drivers: {', '.join(available_drivers())}") from None
-
-
-def pick_device(targets, device: str | None = None) -> str | None:
-    """Check that `device` runs code built for `targets`, or, with device=None, pick the
-    first present driver that does (None when none is present: calls will fail)."""
-    drivers = [d for t in targets for d in TARGET_DRIVERS.get(t, ())]
-    if device is not None:
-        driver = parse_device(device)[0]
-        if driver not in drivers:
-            raise DeviceUnavailable(f"the module was compiled for {', '.join(targets)}, which "
-                                    f"does not run on {driver}",
-                                    hint=f"use device= one of {', '.join(dict.fromkeys(drivers))}, "
-                                         "or compile for a target that runs there")
-        return device
-    return next((d for d in drivers if driver_present(d)), None)
-
-
-def check_threads(targets, device: str | None, threads: int | None) -> None:
-    """threads= needs the local-task device (given, or the first for `targets`)."""
-    if threads is not None:
-        driver = parse_device(device)[0] if device else TARGET_DRIVERS.get(targets[0], ("?",))[0]
-        parse_device(driver, threads)
-
-
-def _warn_if_lavapipe_mismatch(device: str, flags) -> None:
-    # Measured with Mesa 22.3 lavapipe: code built for GPU targets (ampere, rdna3,
-    # valhall) runs there but returns wrong numbers, silently; the baseline profile's
-    # code is exact. IREE does not check a module's target against the device.
-    target = next((f.split("=", 1)[1] for f in flags if f.startswith("--iree-vulkan-target=")), None)
-    if parse_device(device)[0] != "vulkan" or target in (None, "vp_android_baseline_2022"):
-        return
-    import iree.runtime as rt
-    names = [d.get("name", "") for d in rt.get_driver("vulkan").query_available_devices()]
-    if any("llvmpipe" in n for n in names):
-        warnings.warn(f"this module was compiled for the Vulkan target {target!r}, but the device "
-                      "is Mesa's lavapipe (a CPU), which computes wrong results for GPU targets; "
-                      "compile with the default vulkan_target", stacklevel=4)
 
 
 def _flat(in_tree) -> bool:
@@ -185,7 +50,6 @@ def _to_host(arr, host_memory: bool = False) -> np.ndarray:
     """Copy an iree.runtime DeviceArray to a NumPy array (`host_memory`: the caller
     knows it is mappable, as every buffer of a local-task/local-sync device is; asking
     the buffer costs microseconds a call)."""
-    import iree.runtime as rt
     if host_memory or arr._is_mappable():
         return np.array(arr.to_host())
     # DeviceArray.to_host() imports an unaligned np.empty into Vulkan, which drivers
@@ -268,7 +132,6 @@ class CompiledModule:
 
     def _load(self):
         if self._fn is None:
-            import iree.runtime as rt
             if self.device is None:
                 wanted = [d for t in self.targets for d in TARGET_DRIVERS.get(t, ())]
                 raise DeviceUnavailable(
@@ -276,7 +139,7 @@ class CompiledModule:
                     f"which needs {' or '.join(dict.fromkeys(wanted))})",
                     hint=f"available drivers: {', '.join(available_drivers())}")
             hal_device = open_device(self.device, self.threads)
-            _warn_if_lavapipe_mismatch(self.device, self.meta.get("flags", ()))
+            warn_if_lavapipe_mismatch(self.device, self.meta.get("flags", ()))
             config = rt.Config(device=hal_device)
             ctx = rt.SystemContext(config=config)
             try:
@@ -378,8 +241,7 @@ class CompiledModule:
         >>> exe.save("mlp.tcm")
         >>> tc.load("mlp.tcm", device="local-task")(x)
         """
-        from .artifact import save
-        save(self, path)
+        artifact.save(self, path)
 
     def ir(self, stage: str) -> str:
         """The text of one compile stage: 'tern', a pass name ('simplify', 'autodiff',

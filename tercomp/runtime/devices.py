@@ -1,0 +1,151 @@
+"""Devices: which IREE HAL drivers and devices this process has, and opening them.
+
+Devices are HAL driver names or IREE device URIs: "local-task" (a thread pool),
+"local-sync" (the calling thread), "vulkan", "cuda"; "vulkan://<path>" picks one of
+several (paths as `iree-run-module --list_devices` prints them). The local-task pool
+size is `threads=N` or "local-task?threads=N". A device that is not present is a
+DeviceUnavailable naming the drivers that are.
+
+    >>> available_drivers()                     # e.g. ['local-task', 'local-sync', 'vulkan']
+    >>> pick_device(["llvm-cpu"])               # the first present driver for a target
+    'local-task'
+    >>> open_device("local-task?threads=4")     # the iree.runtime HalDevice, shared per URI
+"""
+from __future__ import annotations
+
+import warnings
+
+import iree.runtime as rt
+from iree.runtime import flags as rt_flags
+from iree.runtime import system_setup
+
+from ..errors import DeviceUnavailable, TercompError
+
+# Which HAL drivers run the code of each tercomp target, preferred first.
+TARGET_DRIVERS = {
+    "llvm-cpu": ("local-task", "local-sync"),
+    "llvm-cpu-generic": ("local-task", "local-sync"),
+    "vulkan": ("vulkan",),
+    "cuda": ("cuda",),
+}
+KNOWN_DRIVERS = ("local-task", "local-sync", "vulkan", "cuda")
+
+_present: dict = {}          # driver -> whether a device of it exists (probed once)
+_task_threads: list = []     # [n] once the local-task pool exists (n None: IREE's default)
+
+
+def driver_present(driver: str) -> bool:
+    """Whether this process can open a device of `driver` (the driver is compiled into
+    iree.runtime AND a device exists: the CUDA driver is built in everywhere, but needs
+    libcuda and a GPU)."""
+    if driver not in _present:
+        ok = driver in rt.query_available_drivers()
+        if ok and driver not in ("local-task", "local-sync"):
+            try:
+                ok = bool(rt.get_driver(driver).query_available_devices())
+            except Exception:
+                ok = False
+        _present[driver] = ok
+    return _present[driver]
+
+
+def available_drivers() -> list:
+    """The drivers of KNOWN_DRIVERS with a device present, e.g. ['local-task', 'local-sync']."""
+    return [d for d in KNOWN_DRIVERS if driver_present(d)]
+
+
+def parse_device(device: str, threads: int | None = None) -> tuple:
+    """'local-task?threads=2' -> ('local-task', 'local-task', 2): (driver, IREE URI,
+    thread count). `threads=` and a ?threads= in the name must agree."""
+    if not isinstance(device, str) or not device:
+        raise DeviceUnavailable(f"device must be a driver name such as 'local-task', got {device!r}")
+    uri, _, query = device.partition("?")
+    driver = uri.split("://")[0]
+    if driver not in KNOWN_DRIVERS:
+        raise DeviceUnavailable(f"unknown device {device!r}",
+                                hint=f"use one of {', '.join(KNOWN_DRIVERS)}; present here: "
+                                     f"{', '.join(available_drivers())}")
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        if key != "threads" or not value.isdigit():
+            raise DeviceUnavailable(f"device {device!r}: unknown option {item!r}",
+                                    hint="the only device option is ?threads=N (local-task)")
+        if threads is not None and threads != int(value):
+            raise DeviceUnavailable(f"device {device!r} and threads={threads} disagree")
+        threads = int(value)
+    if threads is not None:
+        if not isinstance(threads, int) or isinstance(threads, bool):
+            raise DeviceUnavailable(f"threads must be an int, got {threads!r}")
+        if driver != "local-task":
+            raise DeviceUnavailable(f"threads= applies to the local-task device, not {driver}")
+        if threads < 1:
+            raise DeviceUnavailable(f"threads must be at least 1, got {threads}")
+    return driver, uri, threads
+
+
+def _configure_task_threads(threads: int | None):
+    # IREE sizes the local-task pool from process-wide flags once, when the driver is
+    # first created (iree_task_executors_create_from_flags); later flags have no effect.
+    if not _task_threads and threads is not None and any(
+            uri.startswith("local-task") for uri in getattr(system_setup, "_GLOBAL_DEVICES_BY_URI", {})):
+        _task_threads.append(None)         # someone else's iree.runtime code made the pool
+    if not _task_threads:
+        rt_flags.parse_flags(f"--task_topology_group_count={threads or 0}")
+        _task_threads.append(threads)
+    elif threads is not None and _task_threads[0] != threads:
+        have = _task_threads[0] or "IREE's default number of"
+        raise TercompError(f"the local-task thread pool of this process already has {have} "
+                           f"threads; IREE sizes it once per process, so threads={threads} "
+                           "cannot take effect",
+                           hint="pass threads= to the first compile or load of the process")
+
+
+def open_device(device: str, threads: int | None = None):
+    """The iree.runtime HalDevice for `device` (shared per URI within the process)."""
+    driver, uri, threads = parse_device(device, threads)
+    if not driver_present(driver):
+        raise DeviceUnavailable(f"device {device!r} is not available on this machine",
+                                hint=f"available drivers: {', '.join(available_drivers())}")
+    if driver == "local-task":
+        _configure_task_threads(threads)
+    try:
+        return rt.get_device(uri)
+    except Exception as e:
+        raise DeviceUnavailable(f"device {device!r} could not be opened: {e}",
+                                hint=f"available drivers: {', '.join(available_drivers())}") from None
+
+
+def pick_device(targets, device: str | None = None) -> str | None:
+    """Check that `device` runs code built for `targets`, or, with device=None, pick the
+    first present driver that does (None when none is present: calls will fail)."""
+    drivers = [d for t in targets for d in TARGET_DRIVERS.get(t, ())]
+    if device is not None:
+        driver = parse_device(device)[0]
+        if driver not in drivers:
+            raise DeviceUnavailable(f"the module was compiled for {', '.join(targets)}, which "
+                                    f"does not run on {driver}",
+                                    hint=f"use device= one of {', '.join(dict.fromkeys(drivers))}, "
+                                         "or compile for a target that runs there")
+        return device
+    return next((d for d in drivers if driver_present(d)), None)
+
+
+def check_threads(targets, device: str | None, threads: int | None) -> None:
+    """threads= needs the local-task device (given, or the first for `targets`)."""
+    if threads is not None:
+        driver = parse_device(device)[0] if device else TARGET_DRIVERS.get(targets[0], ("?",))[0]
+        parse_device(driver, threads)
+
+
+def warn_if_lavapipe_mismatch(device: str, flags) -> None:
+    # Measured with Mesa 22.3 lavapipe: code built for GPU targets (ampere, rdna3,
+    # valhall) runs there but returns wrong numbers, silently; the baseline profile's
+    # code is exact. IREE does not check a module's target against the device.
+    target = next((f.split("=", 1)[1] for f in flags if f.startswith("--iree-vulkan-target=")), None)
+    if parse_device(device)[0] != "vulkan" or target in (None, "vp_android_baseline_2022"):
+        return
+    names = [d.get("name", "") for d in rt.get_driver("vulkan").query_available_devices()]
+    if any("llvmpipe" in n for n in names):
+        warnings.warn(f"this module was compiled for the Vulkan target {target!r}, but the device "
+                      "is Mesa's lavapipe (a CPU), which computes wrong results for GPU targets; "
+                      "compile with the default vulkan_target", stacklevel=4)

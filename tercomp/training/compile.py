@@ -1,0 +1,173 @@
+"""compile_train_step: forward, backward, clipping and the optimizer update of a model,
+traced into ONE compiled function
+
+    (params, opt_state, *batch) -> (new_params, new_opt_state, loss, grad_norm, metrics)
+
+that tercomp.training.step.TrainStep runs with the weights kept on the device.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import optim, pytree
+from ..compiler import compile as tc_compile
+from ..errors import TercompError, check_number
+from ..nn.module import Module
+from ..pytree import tree_map
+from ..trace import api as _t
+from ..trace.tracer import Tracer
+from ..autodiff import value_and_grad
+from .step import TrainStep
+
+ON_NAN = ("raise", "stop")
+
+
+def _host_leaf(x):
+    return np.array(x) if not isinstance(x, Tracer) else x
+
+
+def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: int = 1,
+                       accumulate_calls: int = 1, clip_norm=None, on_nan: str = "raise", has_aux=None, opt_state=None,
+                       target="llvm-cpu", device=None, threads=None, dump_dir=None,
+                       cache: bool = True, isolate: bool = False,
+                       check_numerics: bool | None = None) -> TrainStep:
+    """Compile forward + backward + update of `model` into one IREE function.
+
+    `loss_fn(model, *batch)` returns a scalar loss, or `(loss, metrics)` with a dict of
+    scalar metrics (`has_aux=None` detects which; True/False insists). `example_batch`
+    are arrays or `tc.spec(...)` giving the shapes and dtypes of every later batch (a
+    symbolic batch dim serves any size, except with `accumulate`). `accumulate=k` splits
+    each batch into k micro-batches along axis 0 and averages their gradients (and
+    losses): one call, one update. `accumulate_calls=k` sums the gradients of k
+    successive calls on the device and applies their mean on the k-th call (the calls
+    before it leave the weights unchanged; `step.steps` counts updates); the
+    accumulator is part of the optimizer state (`{"opt": ..., "accum": ...}`), so
+    checkpoints keep a partial accumulation. `clip_norm` clips the (accumulated)
+    gradients to that global norm before the update. On a NaN or Inf loss or gradient the update is skipped inside the
+    compiled step (params keep their last finite values) and then, with
+    on_nan="raise", a TercompError is raised, with on_nan="stop" a warning is issued,
+    `step.stopped` becomes True and later calls return NaN without running.
+
+    >>> def loss_fn(m, x, y): return tc.cross_entropy(m(x), y)
+    >>> step = tc.compile_train_step(loss_fn, model, tc.optim.SGD(0.1, momentum=0.9),
+    ...                              tc.spec(("B", 64)), tc.spec(("B",), "int32"))
+    >>> loss = step(x, y)
+    """
+    if not isinstance(model, Module):
+        raise TercompError(f"compile_train_step: model must be an nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TercompError("compile_train_step: loss_fn must be a function loss_fn(model, *batch)")
+    if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):
+        raise TercompError(f"compile_train_step: optimizer must have init(params) and "
+                           f"update(grads, state, params), got {type(optimizer).__name__}",
+                           hint="use tc.optim.SGD(...) or tc.optim.AdamW(...)")
+    if on_nan not in ON_NAN:
+        raise TercompError(f"compile_train_step: on_nan must be 'raise' or 'stop', got {on_nan!r}")
+    if isinstance(accumulate, bool) or not isinstance(accumulate, numbers.Integral) or accumulate < 1:
+        raise TercompError(f"compile_train_step: accumulate must be a positive integer, got {accumulate!r}")
+    if isinstance(accumulate_calls, bool) or not isinstance(accumulate_calls, numbers.Integral) \
+            or accumulate_calls < 1:
+        raise TercompError(f"compile_train_step: accumulate_calls must be a positive integer, "
+                           f"got {accumulate_calls!r}")
+    if clip_norm is not None:
+        clip_norm = check_number("compile_train_step", "clip_norm", clip_norm,
+                                        lo=0.0, lo_open=True)
+    if has_aux not in (None, True, False):
+        raise TercompError(f"compile_train_step: has_aux must be None, True or False, got {has_aux!r}")
+    if not example_batch:
+        raise TercompError("compile_train_step: give an example batch (arrays or tc.spec) after "
+                           "the optimizer", hint="compile_train_step(loss_fn, model, opt, x, y)")
+    params = model.state_dict()
+    if not params:
+        raise TercompError(f"compile_train_step: {type(model).__name__} has no parameters to train")
+    state = optimizer.init(params) if opt_state is None else opt_state
+    state = pytree.unflatten(pytree.flatten(state)[2], [_host_leaf(x) for x in pytree.flatten(state)[0]])
+    if accumulate_calls > 1 and not (isinstance(state, dict) and set(state) == {"opt", "accum"}):
+        state = {"opt": state, "accum": {"grads": {k: np.zeros_like(v) for k, v in params.items()},
+                                         "calls": np.zeros((), np.float32)}}
+    state_treedef = pytree.jsonable(pytree.flatten(state["opt"] if accumulate_calls > 1 else state)[2])
+    detected = {}
+
+    def loss_of(p, *batch):
+        model._load_params(p)
+        out = loss_fn(model, *batch)
+        aux_given = isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[1], dict)
+        if has_aux is True and not aux_given:
+            raise TercompError("compile_train_step(has_aux=True): loss_fn must return (loss, metrics_dict)")
+        if has_aux is False and aux_given:
+            raise TercompError("compile_train_step(has_aux=False): loss_fn returned a tuple",
+                               hint="return the scalar loss only, or pass has_aux=True")
+        loss, aux = (out[0], dict(out[1])) if aux_given else (out, {})
+        if not isinstance(loss, Tracer) or tuple(loss.shape) != ():
+            shape = tuple(getattr(loss, "shape", np.shape(loss)))
+            raise TercompError(f"compile_train_step: loss_fn must return a scalar that depends "
+                               f"on the model, got {type(loss).__name__} of shape {shape}",
+                               hint="reduce the loss, e.g. tc.mean(...) or "
+                                    "tc.cross_entropy(logits, labels)")
+        for k, v in aux.items():
+            if tuple(getattr(v, "shape", np.shape(v))) != ():
+                raise TercompError(f"compile_train_step: metric {k!r} must be a scalar, got shape "
+                                   f"{tuple(getattr(v, 'shape', np.shape(v)))}")
+        detected["has_aux"] = aux_given
+        # Metrics are reported, not differentiated.
+        aux = {k: _t.stop_gradient(v) if isinstance(v, Tracer) else np.float32(v) for k, v in aux.items()}
+        return loss, aux
+
+    def train_step(params, opt_state, *batch):
+        saved = model.parameters()
+        try:
+            vg = optim.accumulate_gradients(value_and_grad(loss_of, has_aux=True), accumulate)
+            (loss, aux), grads = vg(params, *batch)
+        finally:
+            model._load_params(saved)
+        if accumulate_calls > 1:
+            return _accumulating_update(params, opt_state, loss, aux, grads)
+        grads, norm = _clipped(grads)
+        new_params, new_state = optimizer.update(grads, opt_state, params)
+        if pytree.jsonable(pytree.flatten(new_state)[2]) != state_treedef:
+            raise TercompError(f"{type(optimizer).__name__}.update returned a state whose structure "
+                               "differs from init(params)'s; the compiled step feeds it back in")
+        # NaN or Inf anywhere in loss or grads: keep the old values (checked on the host).
+        ok = _t.abs(loss + norm) <= optim.F32_MAX
+        new_params = tree_map(lambda n, o: _t.where(ok, n, o), new_params, params)
+        new_state = tree_map(lambda n, o: _t.where(ok, n, o), new_state, opt_state)
+        return new_params, new_state, loss, norm, aux
+
+    def _clipped(grads):
+        """(grads clipped to the global norm clip_norm when one is set, their norm)."""
+        if clip_norm is None:
+            return grads, optim.global_norm(grads)
+        return optim.clip_by_global_norm(grads, clip_norm)
+
+    def _accumulating_update(params, state, loss, aux, grads):
+        """Add this call's grads to the accumulator; on the k-th call update the weights
+        with the clipped mean and reset it. A NaN or Inf leaves everything unchanged."""
+        acc = state["accum"]
+        summed = tree_map(lambda a, g: a + g, acc["grads"], grads)
+        calls = acc["calls"] + 1.0
+        mean = tree_map(lambda g: g * (1.0 / accumulate_calls), summed)
+        mean, norm = _clipped(mean)
+        new_params, new_opt = optimizer.update(mean, state["opt"], params)
+        if pytree.jsonable(pytree.flatten(new_opt)[2]) != state_treedef:
+            raise TercompError(f"{type(optimizer).__name__}.update returned a state whose structure "
+                               "differs from init(params)'s; the compiled step feeds it back in")
+        ok = _t.abs(loss + norm) <= optim.F32_MAX
+        reset = calls >= accumulate_calls - 0.5          # the k-th call: update, then reset
+        new_params = tree_map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_params, params)
+        new_opt = tree_map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_opt, state["opt"])
+        acc_grads = tree_map(lambda s, a: _t.where(ok, _t.where(reset, s * 0.0, s), a), summed, acc["grads"])
+        acc_calls = _t.where(ok, _t.where(reset, calls * 0.0, calls), acc["calls"])
+        new_state = {"opt": new_opt, "accum": {"grads": acc_grads, "calls": acc_calls}}
+        return new_params, new_state, loss, norm, aux
+
+    exe = tc_compile(train_step, params, state, *example_batch,
+                     target=target, device=device, threads=threads, dump_dir=dump_dir,
+                     cache=cache, ternary="off", name="train_step", isolate=isolate,
+                     check_numerics=check_numerics)
+    step = TrainStep(exe, model, optimizer, params, state, len(example_batch),
+                     detected.get("has_aux", False), on_nan, accumulate, clip_norm)
+    step.accumulate_calls = int(accumulate_calls)
+    step._name_batch(loss_fn)
+    return step
