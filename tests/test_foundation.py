@@ -211,6 +211,31 @@ def test_ir_layer_takes_the_op_rules_explicitly():
         ops.verify(g)
 
 
+def test_trace_does_not_import_nn():
+    """nn sits above trace (its layers call the traced API); tc.trace recognises modules
+    through the pytree registration, so tracing loads no nn module."""
+    code = ("import sys, numpy; from tercomp.trace import trace; trace(lambda x: x * 2, numpy.ones(2)); "
+            "print(sorted(m for m in sys.modules if m.startswith('tercomp.nn')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_output_names_follow_the_result_structure():
+    x = np.ones(3, np.float32)
+
+    def names(fn, *args):
+        return tc.trace(fn, *args).output_names
+    assert names(lambda x: x * 2, x) == ["out"]
+    assert names(lambda x: (x * 2, {"a": x, "b": [x]}), x) == ["out0", "out1_a", "out1_b_0"]
+    # keys name results, even keys that begin with "out" (once mistaken for positions)
+    assert names(lambda x: {"loss": x * 2, "outer.w": x + 1}, x) == ["loss", "outer.w"]
+    # positional gradients keep the name autodiff gives them, keyed ones their key
+    loss = lambda w, b: tc.sum(w * b)  # noqa: E731
+    assert names(tc.grad(loss, argnums=(0, 1)), x, x) == ["w.grad", "b.grad"]
+    assert names(tc.value_and_grad(loss), x, x) == ["out0", "w.grad"]
+    assert names(lambda w: {"g": tc.grad(lambda v: tc.sum(v * v))(w)}, x) == ["g"]
+
+
 def test_dump_dir_writes_numbered_stages(tmp_path):
     exe = tc.compile(lambda x: tc.tanh(x) * 2.0, tc.spec(("B", 4)), dump_dir=str(tmp_path))
     files = sorted(os.listdir(tmp_path))
