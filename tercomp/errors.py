@@ -38,8 +38,6 @@ class ParseError(TercompError):
     def __init__(self, message: str, *, loc=None, hint: str | None = None):
         if loc is not None and f"line {loc.line}" not in message:
             message = f"{message} (line {loc.line}, column {loc.col})"
-        if hint and hint.startswith("at line"):
-            hint = None
         super().__init__(message, loc=loc, hint=hint)
 
 

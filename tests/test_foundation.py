@@ -163,6 +163,22 @@ def test_malformed_ir_gives_line_and_column():
         parse("func.func @f(%x: tensor<3xq7>) -> () {}")
 
 
+def test_parse_errors_keep_their_hint_and_location():
+    # an op rule's hint (here exp's: cast to float) reaches the ParseError, at the op's line
+    text = 'func.func @f(%x: tensor<3xi32>) -> (tensor<3xi32>) {\n  %y = "tern.exp"(%x) : (tensor<3xi32>) -> tensor<3xi32>\n  "func.return"(%y) : (tensor<3xi32>) -> ()\n}'
+    with pytest.raises(tc.ParseError) as e:
+        parse(text, "m.tern.mlir")
+    assert (e.value.loc.file, e.value.loc.line, e.value.loc.col) == ("m.tern.mlir", 2, 8)
+    assert e.value.hint == "cast the operand to float32 first"
+    assert "hint" not in e.value.message
+    assert str(e.value).splitlines() == [
+        "m.tern.mlir:2: tern.exp: exp needs a floating-point operand, got i32 (line 2, column 8)",
+        "  hint: cast the operand to float32 first"]
+    with pytest.raises(tc.ParseError) as e:
+        parse("func.func @f(%x: tensor<3xq7>) -> () {}")
+    assert e.value.hint.startswith("use one of ['f16', 'f32'") and "\n  hint: use one of" in str(e.value)
+
+
 def test_parsed_ir_with_wrong_types_is_rejected():
     text = 'func.func @f(%x: tensor<3xf32>) -> (tensor<4xf32>) {\n  %y = "tern.exp"(%x) : (tensor<3xf32>) -> tensor<4xf32>\n  "func.return"(%y) : (tensor<4xf32>) -> ()\n}'
     with pytest.raises(tc.ParseError, match="tensor<3xf32>"):
