@@ -41,6 +41,14 @@ class ParseError(TercompError):
         super().__init__(message, loc=loc, hint=hint)
 
 
+class TypeSpecError(TercompError, ValueError):
+    """A shape or dtype tercomp cannot represent: a dim outside 0..2**40, more than 2**48
+    elements, an unsupported dtype. Also a ValueError, as NumPy's errors for bad shapes
+    and dtypes are: the places that build types from what a user gave (tc.spec, argument
+    checks, the IR parser, a compiled module's signature) catch ValueError to add where
+    the bad shape or dtype came from, and so does user code written against NumPy."""
+
+
 class VerifyError(TercompError):
     """The IR broke a rule of an op; the message names op, rule and location."""
 

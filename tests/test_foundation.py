@@ -179,6 +179,25 @@ def test_parse_errors_keep_their_hint_and_location():
     assert e.value.hint.startswith("use one of ['f16', 'f32'") and "\n  hint: use one of" in str(e.value)
 
 
+def test_bad_shapes_and_dtypes_are_tercomp_errors_at_the_user_line():
+    from tercomp.errors import TypeSpecError
+    x = np.ones((2, 3), np.float32)
+    for fn, what in [(lambda x: x.astype("float99"), "unsupported dtype 'float99'"),
+                     (lambda x: tc.broadcast_to(x, (2 ** 41, 2, 3)), "a dim must be from 0 to 2..40")]:
+        with pytest.raises(TypeSpecError, match=what) as e:
+            tc.trace(fn, x)
+        # a TercompError with the user's line, and still the ValueError NumPy would raise
+        assert isinstance(e.value, tc.TercompError) and isinstance(e.value, ValueError)
+        assert e.value.loc.file.endswith("test_foundation.py")
+
+
+def test_an_op_defined_twice_is_a_tercomp_error():
+    from tercomp.ops import REGISTRY, register
+    with pytest.raises(tc.TercompError, match="'exp' registered twice") as e:
+        register(REGISTRY["exp"])
+    assert "family file" in e.value.hint
+
+
 def test_parsed_ir_with_wrong_types_is_rejected():
     text = 'func.func @f(%x: tensor<3xf32>) -> (tensor<4xf32>) {\n  %y = "tern.exp"(%x) : (tensor<3xf32>) -> tensor<4xf32>\n  "func.return"(%y) : (tensor<4xf32>) -> ()\n}'
     with pytest.raises(tc.ParseError, match="tensor<3xf32>"):

@@ -201,9 +201,11 @@ class _Parser:
                 if names is not None:
                     if len(names) != len(dims):
                         raise self.error("tern.dims has a different rank than the type", ttok)
+                    bad = [n for n in names if not isinstance(n, (str, int)) or isinstance(n, bool)]
+                    if bad:
+                        raise self.error(f"bad tern.dims: {bad[0]!r} is not a dimension", ttok)
                     try:
-                        dims = [as_dim(n) if isinstance(n, (str, int)) and not isinstance(n, bool)
-                                else _bad_dim(n) for n in names]
+                        dims = [as_dim(n) for n in names]
                     except (ParseError, ValueError) as e:
                         raise self.error(f"bad tern.dims: {getattr(e, 'message', e)}", ttok) from None
                 elif any(d is None for d in dims):
@@ -469,10 +471,6 @@ class _DenseLiteral:
         except LiteralError as e:
             raise ParseError(f"malformed dense literal: {e}",
                              loc=SourceLoc(p.filename, self.tok.line, self.tok.col)) from None
-
-
-def _bad_dim(n):
-    raise ValueError(f"{n!r} is not a dimension")
 
 
 def parse(text: str, filename: str = "<string>", rules: Optional[OpRules] = None) -> Graph:

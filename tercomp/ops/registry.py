@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import TercompError, TraceError, TypeSpecError
 from ..ir import Graph, SourceLoc, UNKNOWN_LOC, Value, numpy_dtype
 from ..ir import parser as _parser
 from ..ir import verifier as _verifier
@@ -47,7 +47,8 @@ REGISTRY: dict[str, OpDef] = {}
 
 def register(opdef: OpDef) -> OpDef:
     if opdef.name in REGISTRY:
-        raise ValueError(f"op {opdef.name!r} registered twice")
+        raise TercompError(f"op {opdef.name!r} registered twice",
+                           hint="define each op once, in its family file in tercomp/ops/")
     REGISTRY[opdef.name] = opdef
     return opdef
 
@@ -120,7 +121,7 @@ class GraphBuilder:
         try:
             attrs = normalize_attrs(opdef, attrs)
             types = infer_types(opname, [v.type for v in operands], attrs)
-        except TraceError as e:
+        except (TraceError, TypeSpecError) as e:    # a shape rule's; the op's line is known here
             if e.loc is None and self.loc is not UNKNOWN_LOC:
                 raise type(e)(e.message, loc=self.loc, hint=e.hint) from None
             raise

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import TraceError, TypeSpecError
 from ..ir.types import dtype_name as _dtype_name
 from ..ops.registry import REGISTRY, REQUIRED
 from .indexing import getitem as _getitem
@@ -95,7 +95,11 @@ def clip(x, lo, hi):
 
 
 def astype(x, dtype):
-    return apply("cast", x, dtype=_dtype_name(dtype))
+    try:
+        dtype = _dtype_name(dtype)
+    except TypeSpecError as e:
+        raise TypeSpecError(e.message, loc=user_location()) from None
+    return apply("cast", x, dtype=dtype)
 
 
 cast = astype
