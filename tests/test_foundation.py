@@ -271,6 +271,41 @@ def test_output_names_follow_the_result_structure():
     assert names(lambda w: {"g": tc.grad(lambda v: tc.sum(v * v))(w)}, x) == ["g"]
 
 
+_EDITABLE_INSTALL = """
+import importlib.util, sys
+from importlib.machinery import PathFinder
+PKG = {pkg!r}
+class Editable:     # what setuptools' editable install puts after the path search
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "tercomp":
+            return importlib.util.spec_from_file_location(name, PKG + "/__init__.py")
+        if name.startswith("tercomp.") and name.count(".") == 1:
+            return PathFinder.find_spec(name, [PKG])
+        return None
+sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, Editable)
+sys.path.insert(0, {here!r})     # the script's folder, first, as `python script.py` does
+"""
+
+
+def test_a_tercomp_folder_beside_the_script_is_named(tmp_path):
+    """An empty `tercomp/` folder next to a script shadows an editable install (the path
+    search finds the folder as a namespace package before setuptools' finder runs); the
+    first tercomp module that loads says so. A plain `import tercomp` runs no tercomp
+    code at all: nothing can detect it there."""
+    (tmp_path / "tercomp").mkdir()
+    boot = _EDITABLE_INSTALL.format(pkg=os.path.join(ROOT, "tercomp"), here=str(tmp_path))
+    (tmp_path / "script.py").write_text(boot + "from tercomp import nn\nprint('imported')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert f"ImportError: 'tercomp' was imported from the folder {tmp_path / 'tercomp'}, " in out.stderr
+    assert "Rename or remove that folder" in out.stderr
+    (tmp_path / "tercomp").rmdir()                  # without the folder the same script runs
+    out = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "imported", out.stderr[-2000:]
+
+
 def test_dump_dir_writes_numbered_stages(tmp_path):
     exe = tc.compile(lambda x: tc.tanh(x) * 2.0, tc.spec(("B", 4)), dump_dir=str(tmp_path))
     files = sorted(os.listdir(tmp_path))
