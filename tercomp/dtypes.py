@@ -1,4 +1,4 @@
-"""The dtype table (a leaf module: NumPy only, shared by the IR, codegen, the runtime and
+"""The dtype table (a leaf module: NumPy and tercomp.errors only, shared by the IR, codegen, the runtime and
 the CLI): tern dtype names, their NumPy dtypes and MLIR element types, and the spellings
 accepted for them.
 
@@ -8,6 +8,8 @@ accepted for them.
 from __future__ import annotations
 
 import numpy as np
+
+from .errors import TypeSpecError
 
 # dtype name -> (numpy dtype, MLIR element type)
 DTYPES = {
@@ -35,7 +37,7 @@ def dtype_name(dt) -> str:
     try:
         return _FROM_NUMPY[np.dtype(dt).name]
     except (TypeError, KeyError):
-        raise ValueError(f"unsupported dtype {dt!r}; supported: {sorted(DTYPES)}") from None
+        raise TypeSpecError(f"unsupported dtype {dt!r}; supported: {sorted(DTYPES)}") from None
 
 
 def numpy_dtype(name: str) -> np.dtype:

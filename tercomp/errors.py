@@ -7,6 +7,25 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
+
+
+def _check_not_shadowed() -> None:
+    """A folder named `tercomp` (without __init__.py) beside a user's script makes
+    `import tercomp` give an empty namespace package instead of this one when tercomp is
+    installed in editable mode (setuptools' finder runs after the path search). None of
+    tercomp's code runs then, so `tc.trace` is a bare AttributeError that nothing here can
+    catch; but a submodule (`from tercomp import nn`) still loads, and they all import this
+    module first: say what happened instead of failing further on."""
+    pkg = sys.modules.get(__package__ or "")
+    if pkg is not None and getattr(pkg, "__file__", None) is None:
+        where = ", ".join(dict.fromkeys(str(p) for p in getattr(pkg, "__path__", [])))
+        raise ImportError(f"'{__package__}' was imported from the folder {where}, which is not the "
+                          f"tercomp package (it has no __init__.py): it shadows the installed one. "
+                          f"Rename or remove that folder, or run from another directory.")
+
+
+_check_not_shadowed()
 
 
 class TercompError(Exception):
@@ -38,9 +57,15 @@ class ParseError(TercompError):
     def __init__(self, message: str, *, loc=None, hint: str | None = None):
         if loc is not None and f"line {loc.line}" not in message:
             message = f"{message} (line {loc.line}, column {loc.col})"
-        if hint and hint.startswith("at line"):
-            hint = None
         super().__init__(message, loc=loc, hint=hint)
+
+
+class TypeSpecError(TercompError, ValueError):
+    """A shape or dtype tercomp cannot represent: a dim outside 0..2**40, more than 2**48
+    elements, an unsupported dtype. Also a ValueError, as NumPy's errors for bad shapes
+    and dtypes are: the places that build types from what a user gave (tc.spec, argument
+    checks, the IR parser, a compiled module's signature) catch ValueError to add where
+    the bad shape or dtype came from, and so does user code written against NumPy."""
 
 
 class VerifyError(TercompError):

@@ -22,7 +22,8 @@ def register_module_class(cls) -> None:
     _MODULE_TYPES.clear()
 
 
-def _is_module(x):
+def is_module(x) -> bool:
+    """Whether `x` is an instance of a class registered with register_module_class."""
     t = type(x)
     hit = _MODULE_TYPES.get(t)
     if hit is None:
@@ -48,7 +49,7 @@ def flatten(tree, path="", is_leaf=None):
         if isinstance(x, dict):
             keys = sorted(x, key=str)
             return ["dict", [str(k) for k in keys], [rec(x[k], f"{p}.{k}" if p else str(k)) for k in keys]]
-        if _is_module(x):
+        if is_module(x):
             params = x.parameters()
             names = list(params)
             for n in names:

@@ -163,6 +163,41 @@ def test_malformed_ir_gives_line_and_column():
         parse("func.func @f(%x: tensor<3xq7>) -> () {}")
 
 
+def test_parse_errors_keep_their_hint_and_location():
+    # an op rule's hint (here exp's: cast to float) reaches the ParseError, at the op's line
+    text = 'func.func @f(%x: tensor<3xi32>) -> (tensor<3xi32>) {\n  %y = "tern.exp"(%x) : (tensor<3xi32>) -> tensor<3xi32>\n  "func.return"(%y) : (tensor<3xi32>) -> ()\n}'
+    with pytest.raises(tc.ParseError) as e:
+        parse(text, "m.tern.mlir")
+    assert (e.value.loc.file, e.value.loc.line, e.value.loc.col) == ("m.tern.mlir", 2, 8)
+    assert e.value.hint == "cast the operand to float32 first"
+    assert "hint" not in e.value.message
+    assert str(e.value).splitlines() == [
+        "m.tern.mlir:2: tern.exp: exp needs a floating-point operand, got i32 (line 2, column 8)",
+        "  hint: cast the operand to float32 first"]
+    with pytest.raises(tc.ParseError) as e:
+        parse("func.func @f(%x: tensor<3xq7>) -> () {}")
+    assert e.value.hint.startswith("use one of ['f16', 'f32'") and "\n  hint: use one of" in str(e.value)
+
+
+def test_bad_shapes_and_dtypes_are_tercomp_errors_at_the_user_line():
+    from tercomp.errors import TypeSpecError
+    x = np.ones((2, 3), np.float32)
+    for fn, what in [(lambda x: x.astype("float99"), "unsupported dtype 'float99'"),
+                     (lambda x: tc.broadcast_to(x, (2 ** 41, 2, 3)), "a dim must be from 0 to 2..40")]:
+        with pytest.raises(TypeSpecError, match=what) as e:
+            tc.trace(fn, x)
+        # a TercompError with the user's line, and still the ValueError NumPy would raise
+        assert isinstance(e.value, tc.TercompError) and isinstance(e.value, ValueError)
+        assert e.value.loc.file.endswith("test_foundation.py")
+
+
+def test_an_op_defined_twice_is_a_tercomp_error():
+    from tercomp.ops import REGISTRY, register
+    with pytest.raises(tc.TercompError, match="'exp' registered twice") as e:
+        register(REGISTRY["exp"])
+    assert "family file" in e.value.hint
+
+
 def test_parsed_ir_with_wrong_types_is_rejected():
     text = 'func.func @f(%x: tensor<3xf32>) -> (tensor<4xf32>) {\n  %y = "tern.exp"(%x) : (tensor<3xf32>) -> tensor<4xf32>\n  "func.return"(%y) : (tensor<4xf32>) -> ()\n}'
     with pytest.raises(tc.ParseError, match="tensor<3xf32>"):
@@ -209,6 +244,66 @@ def test_ir_layer_takes_the_op_rules_explicitly():
         ops.parse(wrong)
     with pytest.raises(tc.VerifyError):
         ops.verify(g)
+
+
+def test_trace_does_not_import_nn():
+    """nn sits above trace (its layers call the traced API); tc.trace recognises modules
+    through the pytree registration, so tracing loads no nn module."""
+    code = ("import sys, numpy; from tercomp.trace import trace; trace(lambda x: x * 2, numpy.ones(2)); "
+            "print(sorted(m for m in sys.modules if m.startswith('tercomp.nn')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_output_names_follow_the_result_structure():
+    x = np.ones(3, np.float32)
+
+    def names(fn, *args):
+        return tc.trace(fn, *args).output_names
+    assert names(lambda x: x * 2, x) == ["out"]
+    assert names(lambda x: (x * 2, {"a": x, "b": [x]}), x) == ["out0", "out1_a", "out1_b_0"]
+    # keys name results, even keys that begin with "out" (once mistaken for positions)
+    assert names(lambda x: {"loss": x * 2, "outer.w": x + 1}, x) == ["loss", "outer.w"]
+    # positional gradients keep the name autodiff gives them, keyed ones their key
+    loss = lambda w, b: tc.sum(w * b)  # noqa: E731
+    assert names(tc.grad(loss, argnums=(0, 1)), x, x) == ["w.grad", "b.grad"]
+    assert names(tc.value_and_grad(loss), x, x) == ["out0", "w.grad"]
+    assert names(lambda w: {"g": tc.grad(lambda v: tc.sum(v * v))(w)}, x) == ["g"]
+
+
+_EDITABLE_INSTALL = """
+import importlib.util, sys
+from importlib.machinery import PathFinder
+PKG = {pkg!r}
+class Editable:     # what setuptools' editable install puts after the path search
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "tercomp":
+            return importlib.util.spec_from_file_location(name, PKG + "/__init__.py")
+        if name.startswith("tercomp.") and name.count(".") == 1:
+            return PathFinder.find_spec(name, [PKG])
+        return None
+sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, Editable)
+sys.path.insert(0, {here!r})     # the script's folder, first, as `python script.py` does
+"""
+
+
+def test_a_tercomp_folder_beside_the_script_is_named(tmp_path):
+    """An empty `tercomp/` folder next to a script shadows an editable install (the path
+    search finds the folder as a namespace package before setuptools' finder runs); the
+    first tercomp module that loads says so. A plain `import tercomp` runs no tercomp
+    code at all: nothing can detect it there."""
+    (tmp_path / "tercomp").mkdir()
+    boot = _EDITABLE_INSTALL.format(pkg=os.path.join(ROOT, "tercomp"), here=str(tmp_path))
+    (tmp_path / "script.py").write_text(boot + "from tercomp import nn\nprint('imported')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert f"ImportError: 'tercomp' was imported from the folder {tmp_path / 'tercomp'}, " in out.stderr
+    assert "Rename or remove that folder" in out.stderr
+    (tmp_path / "tercomp").rmdir()                  # without the folder the same script runs
+    out = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "imported", out.stderr[-2000:]
 
 
 def test_dump_dir_writes_numbered_stages(tmp_path):

@@ -124,6 +124,14 @@ def test_hf_missing_and_misshapen_tensors(tmp_path):
         models.load(tmp_path / "b")
 
 
+def test_hf_packed_code_3_is_a_checkpoint_error():
+    from tercomp.models.hf_io import unpack_hf_ternary
+    packed = np.full((1, 4), 0b01_11_01_01, np.uint8)       # row 2 holds code 3
+    with pytest.raises(models.CheckpointError, match=r"^m.safetensors: tensor 'w' holds the invalid 2-bit code 3"):
+        unpack_hf_ternary(packed, 4, "m.safetensors: tensor 'w'")
+    assert unpack_hf_ternary(np.full((1, 2), 0b10_10_01_00, np.uint8), 3).tolist() == [[-1, -1], [0, 0], [1, 1]]
+
+
 # ------------------------------------------------------------------------ GGUF inputs
 @pytest.fixture(scope="module")
 def weights():

@@ -166,3 +166,17 @@ def test_elementwise_ops_have_their_tc_function():
                 got = fn(*[x] * d.num_operands)
                 want = d.reference([x] * d.num_operands, dict(d.attrs))[0]
                 np.testing.assert_array_equal(got, want, err_msg=alias)
+
+
+def test_registry_ops_with_a_method_form_have_their_method():
+    # generated from OpDef.method (trace/api.py): an op's method needs no API edit
+    import tercomp as tc
+    from tercomp.trace.tracer import METHODS
+    methods = {d.method: name for name, d in REGISTRY.items() if d.method is not None}
+    assert {"sum", "mean", "reshape", "transpose", "astype", "exp"} <= set(methods)
+    args = {"reshape": (6,), "astype": ("int32",)}
+    for method, opname in methods.items():
+        assert method in METHODS, f"tern.{opname} declares the method .{method}(), which traced tensors lack"
+        g = tc.trace(lambda x: getattr(x, method)(*args.get(method, ())),
+                     np.full((2, 1, 3), 0.5, np.float32))
+        assert [op.opname for op in g.ops] == [opname], f"x.{method}() traced to {[op.opname for op in g.ops]}"

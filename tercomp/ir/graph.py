@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .printer import print_graph
 from .types import TensorType
 
 
@@ -61,6 +62,10 @@ class Op:
         self.results = list(results)
         self.loc = loc
 
+    def region_attrs(self) -> list:
+        """The names of the Graph-valued attributes (body regions), in name order."""
+        return [k for k in sorted(self.attrs) if isinstance(self.attrs[k], Graph)]
+
     def __repr__(self):
         ins = ", ".join("%" + v.name for v in self.operands)
         outs = ", ".join("%" + v.name for v in self.results)
@@ -80,12 +85,7 @@ def sanitize_name(name: str) -> str:
 def regions(op: Op) -> list:
     """The nested graphs (body regions) of `op`, in attribute-name order: a loop such as
     tern.scan keeps its body as a Graph-valued attribute."""
-    return [op.attrs[k] for k in sorted(op.attrs) if isinstance(op.attrs[k], Graph)]
-
-
-def region_attrs(op: Op) -> list:
-    """The names of `op`'s Graph-valued attributes, in the order `regions` gives them."""
-    return [k for k in sorted(op.attrs) if isinstance(op.attrs[k], Graph)]
+    return [op.attrs[k] for k in op.region_attrs()]
 
 
 @dataclass
@@ -159,10 +159,8 @@ class Graph:
         return out
 
     def __str__(self):
-        from .printer import print_graph
         return print_graph(self)
 
     def structurally_equal(self, other: "Graph") -> bool:
         """Same text, constants included (names, types, attrs, locations)."""
-        from .printer import print_graph
         return print_graph(self, elide=False) == print_graph(other, elide=False)

@@ -51,11 +51,10 @@ class _Parser:
     def tok(self):
         return self.toks[self.i]
 
-    def error(self, msg, tok=None):
+    def error(self, msg, tok=None, hint=None):
         tok = tok or self.tok
         return ParseError(f"{msg} (found {tok.text or 'end of input'!r})",
-                          loc=SourceLoc(self.filename, tok.line, tok.col),
-                          hint=f"at line {tok.line}, column {tok.col}")
+                          loc=SourceLoc(self.filename, tok.line, tok.col), hint=hint)
 
     def accept(self, text):
         if self.tok.text == text:
@@ -202,9 +201,11 @@ class _Parser:
                 if names is not None:
                     if len(names) != len(dims):
                         raise self.error("tern.dims has a different rank than the type", ttok)
+                    bad = [n for n in names if not isinstance(n, (str, int)) or isinstance(n, bool)]
+                    if bad:
+                        raise self.error(f"bad tern.dims: {bad[0]!r} is not a dimension", ttok)
                     try:
-                        dims = [as_dim(n) if isinstance(n, (str, int)) and not isinstance(n, bool)
-                                else _bad_dim(n) for n in names]
+                        dims = [as_dim(n) for n in names]
                     except (ParseError, ValueError) as e:
                         raise self.error(f"bad tern.dims: {getattr(e, 'message', e)}", ttok) from None
                 elif any(d is None for d in dims):
@@ -324,8 +325,7 @@ class _Parser:
             except ParseError:
                 raise
             except Exception as e:
-                raise ParseError(f"{full}: {e}", loc=SourceLoc(self.filename, name_tok.line, name_tok.col),
-                                 hint=f"at line {name_tok.line}, column {name_tok.col}") from None
+                raise _rule_error(full, e, SourceLoc(self.filename, name_tok.line, name_tok.col)) from None
             if len(types) != len(results):
                 raise self.error(f"{full} produces {len(types)} results, not {len(results)}", name_tok)
         else:
@@ -365,15 +365,14 @@ class _Parser:
         if self.depth >= MAX_REGION_DEPTH:
             raise self.error(f"regions nested deeper than {MAX_REGION_DEPTH}", name_tok)
         if self.rules is None:
-            raise self.error("op bodies need the op registry's rules: parse with "
-                             "tercomp.ops.parse", name_tok)
+            raise self.error("op bodies need the op registry's rules", name_tok,
+                             hint="parse with tercomp.ops.parse")
         try:
             sigs = self.rules.region_args(opname, [v.type for v in operands], attrs)
         except ParseError:
             raise
         except Exception as e:
-            raise ParseError(f"tern.{opname}: {e}", loc=SourceLoc(self.filename, name_tok.line, name_tok.col),
-                             hint=f"at line {name_tok.line}, column {name_tok.col}") from None
+            raise _rule_error(f"tern.{opname}", e, SourceLoc(self.filename, name_tok.line, name_tok.col)) from None
         self.expect("(")
         out = {}
         for k, (name, types) in enumerate(sigs):
@@ -438,8 +437,13 @@ class _Parser:
             (d is None and not is_static(e)) or d == e for d, e in zip(dims, t.shape))
         if not ok:
             raise ParseError(f"{what} has type {t.mlir()} but the text says {tok.text}",
-                             loc=SourceLoc(self.filename, tok.line, tok.col),
-                             hint=f"at line {tok.line}, column {tok.col}")
+                             loc=SourceLoc(self.filename, tok.line, tok.col))
+
+
+def _rule_error(op: str, e: Exception, loc: SourceLoc) -> ParseError:
+    """An op rule (shape inference, region signature) rejected the op: its message and
+    hint (a TercompError's) at the op's position in the text."""
+    return ParseError(f"{op}: {getattr(e, 'message', e)}", loc=loc, hint=getattr(e, "hint", None))
 
 
 class ElidedConstant:
@@ -465,12 +469,8 @@ class _DenseLiteral:
         try:
             return read_dense(text[len("dense<"):-1], shape, numpy_dtype(self.dtype))
         except LiteralError as e:
-            raise ParseError(f"malformed dense literal: {e}", loc=SourceLoc(p.filename, self.tok.line, self.tok.col),
-                             hint=f"at line {self.tok.line}, column {self.tok.col}") from None
-
-
-def _bad_dim(n):
-    raise ValueError(f"{n!r} is not a dimension")
+            raise ParseError(f"malformed dense literal: {e}",
+                             loc=SourceLoc(p.filename, self.tok.line, self.tok.col)) from None
 
 
 def parse(text: str, filename: str = "<string>", rules: Optional[OpRules] = None) -> Graph:

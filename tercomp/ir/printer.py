@@ -11,11 +11,14 @@ Constants larger than ELIDE_LIMIT elements print as `dense_resource<__elided__>`
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .graph import Graph, Op, region_attrs
 from .types import TensorType, is_static
+
+if TYPE_CHECKING:       # graph.py imports this module to print itself
+    from .graph import Graph, Op
 
 ELIDE_LIMIT = 16
 
@@ -94,7 +97,7 @@ def print_op(op: Op, elide: bool = True, indent: str = "  ") -> str:
     outs = ", ".join("%" + r.name for r in op.results)
     ins = ", ".join("%" + v.name for v in op.operands)
     attrs = []
-    bodies = region_attrs(op)
+    bodies = op.region_attrs()
     for k in sorted(op.attrs):
         v = op.attrs[k]
         if k in bodies:

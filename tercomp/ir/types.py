@@ -15,6 +15,7 @@ import numpy as np
 import sympy
 
 from .. import dimexpr
+from ..errors import TypeSpecError
 from ..dtypes import DTYPES, dtype_name, numpy_dtype  # noqa: F401  (re-exported)
 
 Dim = Union[int, sympy.Expr]
@@ -45,7 +46,7 @@ def as_dim(d) -> Dim:
         return int(d)
     if isinstance(d, sympy.Expr):
         return _simplified(d)
-    raise ValueError(f"a dimension must be an int or a name, got {d!r}")
+    raise TypeSpecError(f"a dimension must be an int or a name (\"B\"), got {d!r}")
 
 
 @functools.lru_cache(maxsize=8192)
@@ -70,10 +71,10 @@ class TensorType:
         object.__setattr__(self, "dtype", dtype_name(self.dtype))
         for k, d in enumerate(self.shape):
             if is_static(d) and not 0 <= d <= MAX_DIM:
-                raise ValueError(f"dim {k} of shape ({', '.join(map(str, self.shape))}) is {d}: a dim "
+                raise TypeSpecError(f"dim {k} of shape ({', '.join(map(str, self.shape))}) is {d}: a dim "
                                  f"must be from 0 to 2**40 (a symbolic size is a name, e.g. \"B\")")
         if math.prod(d for d in self.shape if is_static(d)) > MAX_ELEMENTS:
-            raise ValueError(f"shape ({', '.join(map(str, self.shape))}) has more than 2**48 elements")
+            raise TypeSpecError(f"shape ({', '.join(map(str, self.shape))}) has more than 2**48 elements")
 
     @property
     def rank(self) -> int:

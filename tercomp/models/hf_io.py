@@ -62,11 +62,13 @@ def _read_tensors(path) -> dict:
     return out
 
 
-def unpack_hf_ternary(packed: np.ndarray, out_features: int) -> np.ndarray:
-    """T int8 [out, in] from transformers' 2B4T packing (uint8 [ceil(out/4), in])."""
+def unpack_hf_ternary(packed: np.ndarray, out_features: int, what: str = "the packed tensor") -> np.ndarray:
+    """T int8 [out, in] from transformers' 2B4T packing (uint8 [ceil(out/4), in]); a
+    CheckpointError naming `what` if a code is not one of -1, 0, +1."""
     codes = np.concatenate([(packed >> (2 * j)) & 3 for j in range(4)], axis=0)[:out_features]
     if (codes == 3).any():
-        raise ValueError("holds the invalid 2-bit code 3")
+        raise CheckpointError(f"{what} holds the invalid 2-bit code 3",
+                              hint="the file is damaged, or not packed the way transformers packs BitNet")
     return codes.astype(np.int8) - 1
 
 
@@ -135,10 +137,7 @@ class _Tensors:
             if ws is None:
                 raise CheckpointError(f"{path}: packed tensor {prefix + '.weight'!r} has no "
                                       f"'{prefix}.weight_scale'")
-            try:
-                t = unpack_hf_ternary(w, out_f)
-            except ValueError as e:
-                raise CheckpointError(f"{path}: tensor {prefix + '.weight'!r} {e}") from None
+            t = unpack_hf_ternary(w, out_f, f"{path}: tensor {prefix + '.weight'!r}")
             return nn.BitLinear.from_ternary(t, np.float32(1.0 / ws[0]))
         w = self.float(prefix + ".weight", (out_f, in_f))
         if ws is not None:          # offline AutoBitLinear: y = (x @ W^T) * weight_scale

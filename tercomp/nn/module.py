@@ -10,10 +10,10 @@ import numpy as np
 
 from .. import pytree
 from ..errors import TercompError
+from ..trace.tracer import Tracer
 
 
 def _is_param(v):
-    from ..trace.tracer import Tracer
     return isinstance(v, (np.ndarray, Tracer))
 
 

@@ -15,13 +15,17 @@ import functools
 
 import numpy as np
 import sympy
+from iree.compiler import ir
+from iree.compiler.dialects import arith
 
+from ..codegen.builders import elem_type, scalar_const
 from ..codegen.sympy_mlir import ArithBackend
 from ..errors import TraceError
 from ..ir import TensorType, numpy_dtype
 from ..ir.types import is_float
 from ..sympy_walk import FUNCTIONS, SympyWalker
 from .registry import OpDef, REQUIRED, register
+from .shape import unbroadcast
 from .sympy_tern import TernBackend
 
 X, Y = sympy.symbols("x y", real=True)
@@ -77,7 +81,9 @@ def _bound(expr, attrs):
 
 
 def elementwise(name, expr, arity, *, attrs=None, result_dtype=None, differentiable=True,
-                float_only=False, doc=""):
+                float_only=False, method=False, doc=""):
+    """Register the elementwise op `name` defined by the sympy `expr` of X (and Y); with
+    method=True traced tensors have it as a method too (x.exp())."""
     syms = _symbols(arity)
 
     def infer(types, a):
@@ -109,7 +115,6 @@ def elementwise(name, expr, arity, *, attrs=None, result_dtype=None, differentia
         return [ctx.elementwise(operands, types, op.results[0].type, body)]
 
     def vjp(b, op, cts):
-        from .shape import unbroadcast
         g = cts[0]
         key = tuple(sorted(((P, sympy.nsimplify(op.attrs["exponent"])),))) if "exponent" in op.attrs else ()
         out = []
@@ -125,16 +130,17 @@ def elementwise(name, expr, arity, *, attrs=None, result_dtype=None, differentia
 
     return register(OpDef(name, "elementwise", infer, reference, num_operands=arity,
                           attrs=attrs or {}, lower=lower, vjp=vjp if differentiable else None,
-                          differentiable=differentiable, expr=expr, doc=doc))
+                          differentiable=differentiable, expr=expr, method=name if method else None,
+                          doc=doc))
 
 
 # -- unary -----------------------------------------------------------------------------
 elementwise("neg", -X, 1)
-elementwise("exp", sympy.exp(X), 1, float_only=True)
-elementwise("log", sympy.log(X), 1, float_only=True)
-elementwise("sqrt", sympy.sqrt(X), 1, float_only=True)
+elementwise("exp", sympy.exp(X), 1, float_only=True, method=True)
+elementwise("log", sympy.log(X), 1, float_only=True, method=True)
+elementwise("sqrt", sympy.sqrt(X), 1, float_only=True, method=True)
 elementwise("rsqrt", 1 / sympy.sqrt(X), 1, float_only=True)
-elementwise("tanh", sympy.tanh(X), 1, float_only=True)
+elementwise("tanh", sympy.tanh(X), 1, float_only=True, method=True)
 elementwise("sin", sympy.sin(X), 1, float_only=True)
 elementwise("cos", sympy.cos(X), 1, float_only=True)
 elementwise("exp2", 2 ** X, 1, float_only=True, doc="2 ** x")
@@ -174,13 +180,11 @@ def _where_infer(types, a):
 
 
 def _where_lower(ctx, op, operands):
-    from iree.compiler.dialects import arith
     return [ctx.elementwise(operands, [v.type for v in op.operands], op.results[0].type,
                             lambda c, x, y: arith.SelectOp(c, x, y).result)]
 
 
 def _where_vjp(b, op, cts):
-    from .shape import unbroadcast
     c, x, y = op.operands
     g = cts[0]
     zero = b.scalar(0.0, g.dtype)
@@ -193,8 +197,6 @@ register(OpDef("where", "elementwise", _where_infer,
 
 
 def _cast_lower(ctx, op, operands):
-    from iree.compiler.dialects import arith
-    from ..codegen.builders import elem_type
     src, dst = op.operands[0].dtype, op.results[0].dtype
     et = elem_type(dst)
 
@@ -206,7 +208,6 @@ def _cast_lower(ctx, op, operands):
             return (arith.ExtFOp if wider else arith.TruncFOp)(et, x).result
         if is_float(src):
             if dst == "i1":
-                from ..codegen.builders import scalar_const
                 return arith.CmpFOp(ir_pred(13), x, scalar_const(0.0, src)).result
             return arith.FPToSIOp(et, x).result
         if is_float(dst):
@@ -219,7 +220,6 @@ def _cast_lower(ctx, op, operands):
 
 
 def ir_pred(code):
-    from iree.compiler import ir
     return ir.IntegerAttr.get(ir.IntegerType.get_signless(64), code)
 
 
@@ -233,4 +233,4 @@ def _cast_vjp(b, op, cts):
 register(OpDef("cast", "elementwise",
                lambda ts, a: [ts[0].with_dtype(a["dtype"])],
                lambda xs, a: [(xs[0] != 0) if a["dtype"] == "i1" else xs[0].astype(numpy_dtype(a["dtype"]))],
-               attrs={"dtype": REQUIRED}, lower=_cast_lower, vjp=_cast_vjp))
+               attrs={"dtype": REQUIRED}, lower=_cast_lower, vjp=_cast_vjp, method="astype"))

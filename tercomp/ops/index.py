@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from iree.compiler import ir
+from iree.compiler.dialects import arith, linalg, tensor
+
+from ..codegen.builders import PARALLEL, REDUCTION, affine_map, index_const, scalar_const, tensor_type
 from ..errors import TraceError
 from ..ir import is_static
 from ..ir.types import is_float
@@ -48,8 +52,6 @@ def _slice_index(a):
 
 
 def _slice_lower(ctx, op, xs):
-    from iree.compiler.dialects import tensor
-    from ..codegen.builders import tensor_type
     dims = _slice_dims(op.operands[0].type.shape, op.attrs, "slice")
     parts = _slice_parts(ctx, *zip(*dims)) if dims else ([], [], [], [], [], [])
     return [tensor.ExtractSliceOp(tensor_type(op.results[0].type), xs[0], *parts).result]
@@ -87,7 +89,6 @@ def _unslice_ref(xs, a):
 
 
 def _unslice_lower(ctx, op, xs):
-    from iree.compiler.dialects import tensor
     out = op.results[0].type
     dims = _slice_dims(out.shape, op.attrs, "unslice")
     parts = _slice_parts(ctx, *zip(*dims)) if dims else ([], [], [], [], [], [])
@@ -129,9 +130,6 @@ def _take_ref(xs, a):
 
 def _clamp_index_value(idx_scalar, n):
     """MLIR twin of _clamp_indices on one index scalar (n: an index value)."""
-    from iree.compiler import ir
-    from iree.compiler.dialects import arith
-    from ..codegen.builders import index_const
     i = arith.IndexCastOp(ir.IndexType.get(), idx_scalar).result
     zero, one = index_const(0), index_const(1)
     neg = arith.CmpIOp(arith.CmpIPredicate.slt, i, zero).result
@@ -141,9 +139,6 @@ def _clamp_index_value(idx_scalar, n):
 
 
 def _take_lower(ctx, op, xs):
-    from iree.compiler import ir
-    from iree.compiler.dialects import linalg, tensor
-    from ..codegen.builders import affine_map, PARALLEL
     x_t, idx_t = op.operands[0].type, op.operands[1].type
     out = op.results[0].type
     ax, k = op.attrs["axis"] % x_t.rank, idx_t.rank
@@ -200,8 +195,6 @@ def _scatter_ref(xs, a):
 def _scatter_lower(ctx, op, xs):
     # out[pre, v, post] = sum_i (clamp(idx[i]) == v) * g[pre, i, post]: a reduction over
     # the index dims, so every output element is written by one thread (no atomics).
-    from iree.compiler.dialects import arith, linalg
-    from ..codegen.builders import affine_map, scalar_const, PARALLEL, REDUCTION
     idx_t = op.operands[1].type
     out = op.results[0].type
     ax, k = op.attrs["axis"], idx_t.rank

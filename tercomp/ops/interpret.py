@@ -6,13 +6,13 @@ import numpy as np
 from ..errors import InputError, TercompError
 from ..ir import Graph
 from .registry import get
+from .shape_util import bind_symbols
 
 
 def interpret(graph: Graph, *inputs, return_env: bool = False):
     """Evaluate `graph` on NumPy arrays; returns the list of outputs."""
     if len(inputs) != len(graph.inputs):
         raise InputError(f"{graph.name} takes {len(graph.inputs)} inputs, got {len(inputs)}")
-    from .shape_util import bind_symbols
     env = {}
     bindings = {}
     for v, x in zip(graph.inputs, inputs):

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from iree.compiler import ir
+from iree.compiler.dialects import arith, linalg
+
+from ..codegen.builders import PARALLEL, REDUCTION, affine_map, elem_type, iterator_attr, maps_attr, tensor_type
 from ..errors import TraceError
 from ..ir import TensorType, numpy_dtype
 from ..ir.types import is_float
@@ -67,7 +71,7 @@ def _reduction(name, np_fn, init, combine, vjp, doc):
         return [reshape_value(ctx, out, flat, op.results[0].type)]
 
     return register(OpDef(name, "reduce", infer, reference, attrs={"axes": None, "keepdims": False},
-                          lower=lower, vjp=vjp, doc=doc))
+                          lower=lower, vjp=vjp, method=name, doc=doc))
 
 
 def emit_reduction(ctx, x, t: TensorType, axes, init_value, combine):
@@ -94,7 +98,6 @@ def emit_reduction(ctx, x, t: TensorType, axes, init_value, combine):
 def reduction_maps(rank: int, axes):
     """(input map, output map, iterators) of a reduction in canonical loop order: the
     kept axes first (parallel), then the reduced axes (reduction)."""
-    from ..codegen.builders import affine_map, PARALLEL, REDUCTION
     kept = [i for i in range(rank) if i not in axes]
     loop_of = {a: k for k, a in enumerate(kept + sorted(axes))}
     return (affine_map(rank, [loop_of[a] for a in range(rank)]),
@@ -110,18 +113,15 @@ def _extreme(dtype, sign):
 
 
 def _add(dtype):
-    from iree.compiler.dialects import arith
     return lambda x, acc: (arith.AddFOp if is_float(dtype) else arith.AddIOp)(x, acc).result
 
 
 def _max(dtype):
     # maximumf propagates NaN, as np.max does.
-    from iree.compiler.dialects import arith
     return lambda x, acc: (arith.MaximumFOp if is_float(dtype) else arith.MaxSIOp)(x, acc).result
 
 
 def _min(dtype):
-    from iree.compiler.dialects import arith
     return lambda x, acc: (arith.MinimumFOp if is_float(dtype) else arith.MinSIOp)(x, acc).result
 
 
@@ -165,9 +165,6 @@ def _argmax_ref(xs, a):
 def _argmax_lower(ctx, op, xs):
     # One generic with two outputs, (running max, its index); a strictly greater value
     # (or the first NaN, as NumPy) replaces the running pair, so ties keep the first index.
-    from iree.compiler import ir
-    from iree.compiler.dialects import arith, linalg
-    from ..codegen.builders import iterator_attr, maps_attr, elem_type, tensor_type
     t = op.operands[0].type
     (ax,) = norm_axes([op.attrs["axis"]], t.rank, "argmax", t.shape)
     val_t = reduced_type(t, [ax], False)
@@ -194,7 +191,7 @@ def _argmax_lower(ctx, op, xs):
 
 register(OpDef("argmax", "reduce", _argmax_infer, _argmax_ref,
                attrs={"axis": REQUIRED, "keepdims": False}, lower=_argmax_lower,
-               differentiable=False, doc="index (i32) of the first maximum along axis"))
+               differentiable=False, method="argmax", doc="index (i32) of the first maximum along axis"))
 
 
 # -- mean (composite) ------------------------------------------------------------------
@@ -226,4 +223,5 @@ def _mean_vjp(b, op, cts):
 
 
 register(OpDef("mean", "reduce", _mean_infer, _mean_ref, attrs={"axes": None, "keepdims": False},
-               decompose=_mean_decompose, vjp=_mean_vjp, doc="mean over axes (default all): sum / size"))
+               decompose=_mean_decompose, vjp=_mean_vjp, method="mean",
+               doc="mean over axes (default all): sum / size"))

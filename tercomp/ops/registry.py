@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from ..errors import TraceError
-from ..ir import Graph, SourceLoc, UNKNOWN_LOC, Value
+import numpy as np
+
+from ..errors import TercompError, TraceError, TypeSpecError
+from ..ir import Graph, SourceLoc, UNKNOWN_LOC, Value, numpy_dtype
 from ..ir import parser as _parser
 from ..ir import verifier as _verifier
 
@@ -35,6 +37,7 @@ class OpDef:
     expr: Any = None                               # sympy expression (elementwise family)
     region_args: Optional[Callable] = None         # operand types, attrs -> [(body attr, input types)]
     foldable: bool = True                          # False: simplify never evaluates it on constants
+    method: Optional[str] = None                   # the traced tensors' method of it (x.sum()), if any
     doc: str = ""
 
 
@@ -44,7 +47,8 @@ REGISTRY: dict[str, OpDef] = {}
 
 def register(opdef: OpDef) -> OpDef:
     if opdef.name in REGISTRY:
-        raise ValueError(f"op {opdef.name!r} registered twice")
+        raise TercompError(f"op {opdef.name!r} registered twice",
+                           hint="define each op once, in its family file in tercomp/ops/")
     REGISTRY[opdef.name] = opdef
     return opdef
 
@@ -117,7 +121,7 @@ class GraphBuilder:
         try:
             attrs = normalize_attrs(opdef, attrs)
             types = infer_types(opname, [v.type for v in operands], attrs)
-        except TraceError as e:
+        except (TraceError, TypeSpecError) as e:    # a shape rule's; the op's line is known here
             if e.loc is None and self.loc is not UNKNOWN_LOC:
                 raise type(e)(e.message, loc=self.loc, hint=e.hint) from None
             raise
@@ -128,13 +132,10 @@ class GraphBuilder:
 
     def constant(self, value, name: str = "cst"):
         """A constant from a NumPy array (its dtype is kept)."""
-        import numpy as np
         return self.emit("constant", name=name, value=np.asarray(value))
 
     def scalar(self, value, dtype: str):
         """A rank-0 constant of `dtype` ('f32', ...); broadcasts in elementwise ops."""
-        import numpy as np
-        from ..ir import numpy_dtype
         return self.constant(np.asarray(value, dtype=numpy_dtype(dtype)))
 
     def __getattr__(self, opname):

@@ -12,6 +12,10 @@ import math
 import numpy as np
 import sympy
 
+from iree.compiler import ir
+from iree.compiler.dialects import arith, tensor
+
+from ..codegen.builders import PARALLEL, affine_map, broadcast_map, elem_type, index_const, tensor_type
 from ..errors import TraceError
 from ..ir import TensorType, as_dim, is_static
 from ..ir.types import is_float
@@ -61,7 +65,7 @@ def _reshape_vjp(b, op, cts):
 
 register(OpDef("reshape", "shape", _reshape_infer, _reshape_ref, attrs={"shape": REQUIRED},
                lower=lambda ctx, op, xs: [reshape_value(ctx, xs[0], op.operands[0].type, op.results[0].type)],
-               vjp=_reshape_vjp, doc="NumPy reshape; one dim may be -1"))
+               vjp=_reshape_vjp, method="reshape", doc="NumPy reshape; one dim may be -1"))
 
 
 # -- transpose --------------------------------------------------------------------------
@@ -81,7 +85,6 @@ def _transpose_infer(types, a):
 def _transpose_lower(ctx, op, xs):
     # A generic, not linalg.transpose: that builder returns the op (not its value) and
     # leaves the region empty.
-    from ..codegen.builders import PARALLEL, affine_map
     out = op.results[0].type
     perm = list(op.attrs["perm"])
     r = out.rank
@@ -97,7 +100,7 @@ def _transpose_vjp(b, op, cts):
 
 register(OpDef("transpose", "shape", _transpose_infer,
                lambda xs, a: [np.transpose(xs[0], a["perm"]).copy()],
-               attrs={"perm": REQUIRED}, lower=_transpose_lower, vjp=_transpose_vjp))
+               attrs={"perm": REQUIRED}, lower=_transpose_lower, vjp=_transpose_vjp, method="transpose"))
 
 
 # -- broadcast_to and its transpose -----------------------------------------------------
@@ -128,8 +131,6 @@ def _broadcast_ref(xs, a):
 
 
 def _broadcast_lower(ctx, op, xs):
-    from ..codegen.builders import broadcast_map, PARALLEL
-    from iree.compiler import ir
     t, out = op.operands[0].type, op.results[0].type
     return [ctx.generic(xs, [broadcast_map(t, out)], out, ir.AffineMap.get_identity(out.rank),
                         [PARALLEL] * out.rank, lambda x, _acc: x)]
@@ -217,7 +218,8 @@ def _squeeze_vjp(b, op, cts):
 
 
 register(OpDef("squeeze", "shape", _squeeze_infer, _squeeze_ref, attrs={"axes": None},
-               lower=_reshape_lower, vjp=_squeeze_vjp, doc="remove size-1 axes (default: all of them)"))
+               lower=_reshape_lower, vjp=_squeeze_vjp, method="squeeze",
+               doc="remove size-1 axes (default: all of them)"))
 
 
 # -- concatenate / split ---------------------------------------------------------------
@@ -242,8 +244,6 @@ def _concat_infer(types, a):
 
 
 def _concat_lower(ctx, op, xs):
-    from iree.compiler.dialects import tensor
-    from ..codegen.builders import tensor_type
     if len(xs) == 1:
         return [xs[0]]
     ax = op.attrs["axis"] % op.results[0].type.rank
@@ -285,8 +285,6 @@ def _split_ref(xs, a):
 
 
 def _split_lower(ctx, op, xs):
-    from iree.compiler.dialects import tensor
-    from ..codegen.builders import tensor_type
     t = op.operands[0].type
     ax = op.attrs["axis"] % t.rank
     outs, offset = [], sympy.Integer(0)
@@ -334,9 +332,6 @@ def _size_ref(xs, a):
 
 
 def _size_lower(ctx, op, xs):
-    from iree.compiler import ir
-    from iree.compiler.dialects import arith, tensor
-    from ..codegen.builders import elem_type, index_const, tensor_type
     t = op.operands[0].type
     n = index_const(1)
     for ax in norm_axes(op.attrs.get("axes"), t.rank, "size", t.shape):

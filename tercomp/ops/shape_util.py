@@ -19,8 +19,13 @@ import contextvars
 import numpy as np
 import sympy
 
+from iree.compiler import ir
+from iree.compiler.dialects import tensor
+
+from ..codegen.builders import tensor_type
 from ..errors import TercompError, TraceError
 from ..ir import TensorType, as_dim, is_static
+from ..ir.types import is_int
 
 # `stop` of a slice that runs to the end of its axis. A symbolic axis can only be taken
 # whole: start 0, step 1, and stop SLICE_END or the dim itself as a string ("B").
@@ -148,8 +153,6 @@ def _reassociation(long, short):
 def reshape_value(ctx, v, src: TensorType, dst: TensorType):
     """Emit a reshape of `v` from src to dst (same element count) as
     tensor.collapse_shape / tensor.expand_shape, which IREE folds into neighbours."""
-    from iree.compiler.dialects import tensor
-    from ..codegen.builders import tensor_type
     if len(src.shape) == len(dst.shape) and all(same_dim(a, b) for a, b in zip(src.shape, dst.shape)):
         return v
     if len(dst.shape) < len(src.shape):
@@ -168,9 +171,6 @@ def reshape_value(ctx, v, src: TensorType, dst: TensorType):
 
 
 def _expand(ctx, v, dst: TensorType, groups):
-    from iree.compiler import ir
-    from iree.compiler.dialects import tensor
-    from ..codegen.builders import tensor_type
     dyn = ir.ShapedType.get_dynamic_size()
     static = [d if is_static(d) else dyn for d in dst.shape]
     sizes = [ctx.dim(d) for d in dst.shape if not is_static(d)]
@@ -179,7 +179,6 @@ def _expand(ctx, v, dst: TensorType, groups):
 
 def _static_or_value(ctx, d):
     """(static int or kDynamic, list of the dynamic index values) for a slice operand."""
-    from iree.compiler import ir
     if is_static(d):
         return d, []
     return ir.ShapedType.get_dynamic_size(), [ctx.dim(d)]
@@ -198,7 +197,6 @@ def _slice_parts(ctx, offsets, sizes, strides):
 
 def check_integer_ids(t: TensorType, opname: str, what: str = "indices"):
     """Class ids and gather indices must be i32 or i64 (not bool, not float)."""
-    from ..ir.types import is_int
     if not is_int(t.dtype) or t.dtype == "i1":
         raise TraceError(f"{opname}: {what} must be integers (i32 or i64), got {t.dtype}",
                          hint=f"cast the {what} with x.astype('int32')")

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import TraceError, TypeSpecError
+from ..ir.types import dtype_name as _dtype_name
 from ..ops.registry import REGISTRY, REQUIRED
-from .tracer import NUMPY_API, Tracer, apply, user_location
+from .indexing import getitem as _getitem
+from .tracer import METHODS, NUMPY_API, Tracer, apply, user_location
+from .tracer import OPERATORS as _OPERATORS
 
 
 def _rank(x):
@@ -92,8 +95,11 @@ def clip(x, lo, hi):
 
 
 def astype(x, dtype):
-    from ..ir.types import dtype_name
-    return apply("cast", x, dtype=dtype_name(dtype))
+    try:
+        dtype = _dtype_name(dtype)
+    except TypeSpecError as e:
+        raise TypeSpecError(e.message, loc=user_location()) from None
+    return apply("cast", x, dtype=dtype)
 
 
 cast = astype
@@ -257,11 +263,18 @@ def cross_entropy(logits, labels, reduction="mean"):
                      hint="use 'mean', 'sum' or 'none'")
 
 
-METHODS = {
-    "reshape": reshape, "transpose": transpose, "sum": sum, "mean": mean, "max": max,
-    "min": min, "argmax": argmax, "astype": astype, "exp": exp, "log": log, "sqrt": sqrt,
-    "tanh": tanh, "squeeze": squeeze, "swapaxes": swapaxes, "var": var, "clip": clip,
-}
+def _define_methods():
+    """x.sum(), x.reshape(...), x.astype(...): the registry ops that declare a method
+    (OpDef.method) have it, as the tc function of that name; then the methods that are
+    not one op. Adding an op with a method form touches only its family file."""
+    for d in REGISTRY.values():
+        if d.method is not None:
+            METHODS[d.method] = globals()[d.method]
+    METHODS.update(swapaxes=swapaxes, var=var, clip=clip)
+
+
+_define_methods()
+_OPERATORS.update(pow=power, matmul=matmul, transpose=transpose, getitem=_getitem)
 
 # np.<name>(traced) dispatches to these (see tracer.NUMPY_API)
 NUMPY_API.update({k: v for k, v in list(globals().items())

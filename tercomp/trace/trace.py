@@ -87,11 +87,10 @@ def trace(fn, *example_args, name: str = "forward") -> Graph:
     is an nn.Module, its parameters become named constants (weights); if an argument is
     a Module, its parameters become inputs named after it (`model.fc1.weight`).
     """
-    from ..nn.module import Module
     graph = Graph(name=name)
     captured = None
     call = fn
-    if isinstance(fn, Module):
+    if pytree.is_module(fn):
         captured = fn
         call = fn.__call__
         names = _arg_names(fn.forward, len(example_args))
@@ -138,12 +137,26 @@ def trace(fn, *example_args, name: str = "forward") -> Graph:
             else:
                 leaf_type(x, f"result {p}")
                 outs.append(tr.const(np.asarray(x), name=p or "out"))
-    out_names = [("out" + p if p[:1].isdigit() else p) if p else "out" for p in out_paths]
-    # gradients keep their primal's name when the result tree gives none
-    out_names = [v.name if (n == "out" or n.startswith("out")) and v.name.endswith(".grad") else n
-                 for n, v in zip(out_names, outs)]
-    graph.set_outputs(outs, [n.replace(".", "_") if n.startswith("out") else n for n in out_names])
+    graph.set_outputs(outs, output_names(graph, out_tree, out_paths, outs))
     graph.meta["in_tree"] = in_tree
     graph.meta["out_tree"] = out_tree
     graph.meta["input_paths"] = paths
     return graph
+
+
+def output_names(graph: Graph, out_tree, out_paths: list, outs: list) -> list:
+    """The names of a traced function's results, by one rule:
+
+    - a result the returned structure names (under a dict key, or a parameter of a
+      returned module) is named by its path: `loss`, `grads.fc1.weight`;
+    - a positional result (the lone result, or one inside a returned tuple or list) is
+      `out`, `out0`, `out1_w`, ..., unless it is the gradient of a value of this graph,
+      which keeps the name autodiff gave it (`x.grad`, `model.fc1.weight.grad`), so that
+      `tc.grad`'s results are named after their primals.
+    """
+    positional = out_tree is None or out_tree[0] in ("tuple", "list")
+    if not positional:
+        return list(out_paths)
+    gradients = {f"{n}.grad" for n in graph.all_names()}
+    return [v.name if v.name in gradients else "out" + p.replace(".", "_")
+            for p, v in zip(out_paths, outs)]

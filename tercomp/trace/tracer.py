@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import TraceError
 from ..ir import Graph, SourceLoc, UNKNOWN_LOC, Value, numpy_dtype
 from ..ops import GraphBuilder, get
+from ..ops.registry import normalize_attrs
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _state = threading.local()
@@ -131,8 +132,13 @@ def current_trace():
 
 
 # NumPy functions called on traced values (np.sum(x), np.exp(x), np.maximum(x, 0)) run
-# tercomp's function of the same name, as JAX arrays do; trace/api.py fills the table.
+# tercomp's function of the same name, as JAX arrays do. The Tracer methods (x.sum(),
+# x.reshape(2, -1)) and the operators made of more than one op (x ** p, x @ y, x.T, x[i])
+# are functions of trace/api.py and trace/indexing.py too. Those modules sit above this
+# one (they build on apply), so trace/api.py fills these tables when it is imported.
 NUMPY_API: dict = {}
+METHODS: dict = {}        # method name -> function(tracer, *args, **kwargs)
+OPERATORS: dict = {}      # "pow", "matmul", "transpose", "getitem" -> function
 
 
 def _numpy_dispatch(name: str, args, kwargs):
@@ -242,34 +248,21 @@ class Tracer:
     def __eq__(self, o): return apply("eq", self, o)
     def __ne__(self, o): return apply("ne", self, o)
 
-    def __pow__(self, p):
-        from . import api
-        return api.power(self, p)
-
-    def __matmul__(self, o):
-        from . import api
-        return api.matmul(self, o)
-
-    def __rmatmul__(self, o):
-        from . import api
-        return api.matmul(o, self)
-
-    def __getitem__(self, idx):
-        from .indexing import getitem
-        return getitem(self, idx)
-
-    # -- methods (NumPy names) ------------------------------------------------------------
-    def __getattr__(self, name):
-        from . import api
-        fn = api.METHODS.get(name)
-        if fn is None:
-            raise AttributeError(f"traced tensors have no attribute {name!r}")
-        return lambda *a, **k: fn(self, *a, **k)
+    def __pow__(self, p): return OPERATORS["pow"](self, p)
+    def __matmul__(self, o): return OPERATORS["matmul"](self, o)
+    def __rmatmul__(self, o): return OPERATORS["matmul"](o, self)
+    def __getitem__(self, idx): return OPERATORS["getitem"](self, idx)
 
     @property
     def T(self):
-        from . import api
-        return api.transpose(self)
+        return OPERATORS["transpose"](self)
+
+    # -- methods (NumPy names) ------------------------------------------------------------
+    def __getattr__(self, name):
+        fn = METHODS.get(name)
+        if fn is None:
+            raise AttributeError(f"traced tensors have no attribute {name!r}")
+        return lambda *a, **k: fn(self, *a, **k)
 
 
 def _is_traced(x):
@@ -286,7 +279,7 @@ def apply(opname: str, *args, name: str | None = None, **attrs):
     if not tracers:
         arrs = [np.asarray(a, dtype=np.float32) if type(a) is float else np.asarray(a) for a in args]
         opdef = get(opname)
-        outs = opdef.reference(arrs, _normalize(opdef, attrs))
+        outs = opdef.reference(arrs, normalize_attrs(opdef, attrs))
         return outs[0] if len(outs) == 1 else tuple(outs)
     trace = tracers[-1].trace
     stack = _trace_stack()
@@ -311,8 +304,3 @@ def apply(opname: str, *args, name: str | None = None, **attrs):
         else:
             operands.append(trace.const(a, like_dtype=like, loc=loc))
     return trace.emit(opname, operands, attrs, name=name, loc=loc)
-
-
-def _normalize(opdef, attrs):
-    from ..ops.registry import normalize_attrs
-    return normalize_attrs(opdef, attrs)
