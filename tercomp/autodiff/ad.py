@@ -110,6 +110,7 @@ def _name_cotangents(graph: Graph, start: int, pairs):
     for g, primal in pairs:
         if id(g) in created and id(g) not in done:
             g.name = graph.fresh_name(f"{primal}.grad")
+            g.grad_of = primal
             done.add(id(g))
 
 

@@ -37,6 +37,7 @@ import re
 import tempfile
 
 import numpy as np
+import iree.runtime as rt
 from iree.compiler import ir
 from iree.compiler.dialects import util
 
@@ -138,7 +139,6 @@ class ParamTable:
         """The `.irpa` archive of every parameter, or None when there are none."""
         if not self.arrays:
             return None
-        import iree.runtime as rt
         index = rt.ParameterIndex()
         # byte views of the arrays, kept alive until the archive is written
         views = [np.ascontiguousarray(a).view(np.uint8).reshape(-1) for a in self.arrays.values()]

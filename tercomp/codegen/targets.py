@@ -28,6 +28,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from iree.compiler.tools.binaries import find_tool
+
 from ..errors import CompileError, TercompError
 from ..runtime.devices import TARGET_DRIVERS
 
@@ -182,7 +184,6 @@ def needs_tool(flags) -> bool:
 
 def compile_with_tool(module, flags, stage: str = "iree-compile") -> bytes:
     """Compile MLIR `module` with the iree-compile tool in a subprocess; the .vmfb bytes."""
-    from iree.compiler.tools.binaries import find_tool
     with tempfile.TemporaryDirectory(prefix="tercomp-") as tmp:
         src, out = os.path.join(tmp, "module.mlirbc"), os.path.join(tmp, "module.vmfb")
         with module.context, open(src, "wb") as f:

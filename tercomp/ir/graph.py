@@ -28,15 +28,17 @@ UNKNOWN_LOC = SourceLoc("<unknown>", 0, 0)
 
 
 class Value:
-    """An SSA value: a name, a type, and the op that produced it (None for inputs)."""
+    """An SSA value: a name, a type, and the op that produced it (None for inputs).
+    `grad_of` names the primal when autodiff made this value its gradient."""
 
-    __slots__ = ("name", "type", "producer", "index")
+    __slots__ = ("name", "type", "producer", "index", "grad_of")
 
     def __init__(self, name: str, type: TensorType, producer: Optional["Op"] = None, index: int = 0):
         self.name = name
         self.type = type
         self.producer = producer
         self.index = index
+        self.grad_of: str | None = None
 
     @property
     def shape(self):

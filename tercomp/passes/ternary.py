@@ -6,7 +6,10 @@
 
 W [N, K] is ternarized (absmean, or the ternarize op's `scale`) and packed 2-bit planar
 at compile time, so no f32 copy of the weights remains; a stored ternary weight
-(`nn.BitLinear.from_ternary`, `ternary_weight`) is already packed and is used as it is. `strategy` is "auto", a kernel of the strategy table
+(`nn.BitLinear.from_ternary`, `ternary_weight`) is already packed and is used as it is,
+except that a kernel that reads other 2-bit codes (`weight_codes`: the avx2 kernel's w + 1)
+gets its constant re-coded here, under the same name. `strategy` is "auto", a kernel of
+the strategy table
 (`tercomp.codegen.ternary_strategies`), or "off" (the pass does nothing). `targets` are
 the compile's target names: "auto" is settled here per target and per shape (a symbolic
 batch gets a kernel that dispatches on the batch size at run time), so the module only
@@ -30,10 +33,11 @@ def _dim(d):
     return int(d) if isinstance(d, (int, np.integer)) else str(d)
 
 
-def _packed_weight(b, w):
-    """(packed i8 value, N, K, scale) of a matmul's ternary rhs, or None: a stored weight
-    (`ternary_weight` of packed constant bytes, used as they are), or `ternarize` of an f32
-    constant, ternarized and packed here (absmean, or the op's fixed `scale`)."""
+def _packed_weight(w):
+    """(packed, N, K, scale) of a matmul's ternary rhs, or None. `packed` is the i8
+    constant Value of a stored weight (`ternary_weight` of packed constant bytes), or the
+    signed-code uint8 array of `ternarize` of an f32 constant, ternarized and packed here
+    (absmean, or the op's fixed `scale`)."""
     if w is None:
         return None
     if w.opname == "ternary_weight" and const_value(w.operands[0]) is not None:
@@ -47,22 +51,41 @@ def _packed_weight(b, w):
     fixed = w.attrs.get("scale")
     t, scale = tp.absmean_ternarize(c) if fixed is None else tp.ternarize_with_scale(c, fixed)
     n, k = c.shape
-    return b.constant(tp.pack_ternary(t).view(np.int8), name="packed"), n, k, float(scale)
+    return tp.pack_ternary(t), n, k, float(scale)
 
 
-def _coded(b, packed, strategy, k, n):
-    """(packed, attrs): a constant weight re-coded to the 2-bit format that `strategy`
-    reads fastest (`weight_codes`), with the `codes` attribute that says so; any other
-    weight as it is (every kernel reads the signed codes)."""
-    codes = weight_codes(strategy, k, n)
+def _coded(b, packed, codes: str, recoded: list):
+    """(packed i8 Value, attrs) in the 2-bit `codes` (ternary_pack.CODES) that the kernel
+    reads fastest (`weight_codes`), with the `codes` attribute when not "signed".
+    `packed` is a signed-code array (packed here) or Value; a constant Value is re-coded
+    into a new constant, which goes to `recoded` with the name it should take over from
+    the signed one; any other Value stays as it is (every kernel reads signed codes)."""
+    attrs = {} if codes == "signed" else {"codes": codes}
+    if isinstance(packed, np.ndarray):
+        data = tp.to_offset_codes(packed) if codes == "offset" else packed
+        return b.constant(data.view(np.int8), name="packed"), attrs
     value = const_value(packed)
     if codes == "signed" or value is None:
         return packed, {}
-    recoded = tp.to_offset_codes(value.view(np.uint8)).view(np.int8)
-    return b.constant(recoded, name=packed.name), {"codes": codes}
+    new = b.constant(tp.to_offset_codes(value.view(np.uint8)).view(np.int8), name=packed.name)
+    recoded.append((new, packed.name))
+    return new, attrs
 
 
-def _pattern(strategy, targets):
+def _take_names(graph: Graph, recoded) -> Graph:
+    """Give each re-coded constant its signed original's name where that one is gone
+    (the usual case), so parameter names (`fc1.weight`, `packed`) do not depend on the
+    kernel."""
+    taken = set(graph.all_names())
+    for v, name in recoded:
+        if name not in taken:
+            taken.discard(v.name)
+            v.name = name
+            taken.add(name)
+    return graph
+
+
+def _pattern(strategy, targets, recoded):
     def pat(b, op, xs):
         if not op.attrs.get("transpose_b"):
             return None
@@ -70,7 +93,7 @@ def _pattern(strategy, targets):
         if x.dtype != "f32" or x.type.rank < 2 or wv.type.rank != 2 or \
                 not same_dim(x.type.shape[-1], wv.type.shape[1]):
             return None
-        found = _packed_weight(b, wv.producer)
+        found = _packed_weight(wv.producer)
         if found is None:
             return None
         packed, n, k, scale = found
@@ -83,10 +106,8 @@ def _pattern(strategy, targets):
         # "auto" is settled here, per shape, so the module only gets the flags it uses
         chosen = choose_strategy(m if isinstance(m, int) else None, int(k), int(n), targets) \
             if strategy == "auto" else strategy
-        if aq:
-            packed, coded = _coded(b, packed, chosen, int(k), int(n))
-        else:
-            coded = {}
+        codes = weight_codes(chosen, int(k), int(n)) if aq else "signed"
+        packed, coded = _coded(b, packed, codes, recoded)
         y = b.ternary_matmul(x2, packed, k=int(k), n=int(n), scale=float(scale),
                              strategy=chosen, act_quant=aq, name=op.results[0].name, **coded)
         if x.type.rank != 2:
@@ -95,7 +116,7 @@ def _pattern(strategy, targets):
     return pat
 
 
-def _settle_auto(strategy, targets):
+def _settle_auto(strategy, targets, recoded):
     """A ternary_matmul already in the IR (parsed, or built by a model) with strategy
     "auto" gets the kernel for `targets` too; an explicit strategy argument wins."""
     def pat(b, op, xs):
@@ -108,7 +129,7 @@ def _settle_auto(strategy, targets):
             if strategy == "auto" else strategy
         coded = {}
         if op.attrs["act_quant"] and op.attrs.get("codes", "signed") == "signed":
-            p, coded = _coded(b, p, chosen, k, n)
+            p, coded = _coded(b, p, weight_codes(chosen, k, n), recoded)
         return b.ternary_matmul(x, p, **{**op.attrs, "strategy": chosen, **coded},
                                 name=op.results[0].name)
     return pat
@@ -121,5 +142,7 @@ def ternary(graph: Graph, strategy: str = "auto", targets=("llvm-cpu",)) -> Grap
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     if check_strategy(strategy, targets) == "off":
         return graph
-    return dce(rewrite(graph, {"matmul": [_pattern(strategy, targets)],
-                               "ternary_matmul": [_settle_auto(strategy, targets)]}))
+    recoded = []
+    out = dce(rewrite(graph, {"matmul": [_pattern(strategy, targets, recoded)],
+                              "ternary_matmul": [_settle_auto(strategy, targets, recoded)]}))
+    return _take_names(out, recoded)

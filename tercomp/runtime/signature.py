@@ -9,6 +9,7 @@ import numpy as np
 from .. import dimexpr
 from ..dtypes import DTYPES, dtype_name
 from ..errors import InputError, ParseError
+from ..pytree import jsonable
 
 _NP_DTYPES = {k: np.dtype(v[0]) for k, v in DTYPES.items()}
 
@@ -57,7 +58,6 @@ class Signature:
 
     @staticmethod
     def from_graph(graph) -> "Signature":
-        from ..pytree import jsonable
 
         def sig(name, t):
             return TensorSig(name, [d if isinstance(d, int) else str(d) for d in t.shape], t.dtype)

@@ -137,26 +137,25 @@ def trace(fn, *example_args, name: str = "forward") -> Graph:
             else:
                 leaf_type(x, f"result {p}")
                 outs.append(tr.const(np.asarray(x), name=p or "out"))
-    graph.set_outputs(outs, output_names(graph, out_tree, out_paths, outs))
+    graph.set_outputs(outs, output_names(out_tree, out_paths, outs))
     graph.meta["in_tree"] = in_tree
     graph.meta["out_tree"] = out_tree
     graph.meta["input_paths"] = paths
     return graph
 
 
-def output_names(graph: Graph, out_tree, out_paths: list, outs: list) -> list:
+def output_names(out_tree, out_paths: list, outs: list) -> list:
     """The names of a traced function's results, by one rule:
 
     - a result the returned structure names (under a dict key, or a parameter of a
       returned module) is named by its path: `loss`, `grads.fc1.weight`;
     - a positional result (the lone result, or one inside a returned tuple or list) is
-      `out`, `out0`, `out1_w`, ..., unless it is the gradient of a value of this graph,
+      `out`, `out0`, `out1_w`, ..., unless autodiff made it a gradient (`Value.grad_of`),
       which keeps the name autodiff gave it (`x.grad`, `model.fc1.weight.grad`), so that
       `tc.grad`'s results are named after their primals.
     """
     positional = out_tree is None or out_tree[0] in ("tuple", "list")
     if not positional:
         return list(out_paths)
-    gradients = {f"{n}.grad" for n in graph.all_names()}
-    return [v.name if v.name in gradients else "out" + p.replace(".", "_")
+    return [v.name if v.grad_of is not None else "out" + p.replace(".", "_")
             for p, v in zip(out_paths, outs)]
