@@ -45,6 +45,11 @@ def scalar_const(value, dtype: str) -> ir.Value:
     return arith.ConstantOp(et, ir.IntegerAttr.get(et, int(value))).result
 
 
+def const(value, type_: ir.Type) -> ir.Value:
+    """arith.constant `value` of the MLIR type `type_` (a scalar or vector type)."""
+    return arith.constant(type_, value)
+
+
 def index_const(v: int) -> ir.Value:
     return arith.ConstantOp(ir.IndexType.get(), v).result
 
@@ -66,6 +71,19 @@ def affine_map(n_dims: int, exprs: Sequence) -> ir.AffineMap:
         else:
             out.append(ir.AffineDimExpr.get(e))
     return ir.AffineMap.get(n_dims, 0, out)
+
+
+def generic(result_type: ir.Type, ins: Sequence[ir.Value], out: ir.Value,
+            maps: Sequence[ir.AffineMap], iterators: Sequence[str], body: Callable) -> ir.Value:
+    """One-result linalg.generic over `ins` into `out` (`iterators`: PARALLEL /
+    REDUCTION) whose body is `body(*scalar args, out's scalar) -> the yielded value`."""
+    op = linalg.GenericOp([result_type], list(ins), [out], maps_attr(maps),
+                          iterator_attr(iterators))
+    elem_types = [ir.RankedTensorType(v.type).element_type for v in (*ins, out)]
+    block = op.regions[0].blocks.append(*elem_types)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([body(*block.arguments)])
+    return op.results[0]
 
 
 class _DimBackend(Backend):
@@ -164,13 +182,8 @@ class LowerCtx:
         yielded scalar; `init` defaults to tensor.empty (for all-parallel generics)."""
         if init is None:
             init = self.empty(out_type)
-        op = linalg.GenericOp([tensor_type(out_type)], list(inputs), [init],
-                              maps_attr(list(input_maps) + [out_map]), iterator_attr(iterators))
-        arg_types = [ir.RankedTensorType(v.type).element_type for v in inputs]
-        block = op.regions[0].blocks.append(*arg_types, elem_type(out_type.dtype))
-        with ir.InsertionPoint(block):
-            linalg.YieldOp([body(*block.arguments)])
-        return op.result
+        return generic(tensor_type(out_type), inputs, init, [*input_maps, out_map], iterators,
+                       body)
 
     def elementwise(self, operands: Sequence[ir.Value], operand_types: Sequence[TensorType],
                     out_type: TensorType, body: Callable) -> ir.Value:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from iree.compiler import ir
 from iree.compiler.dialects import linalg, scf, tensor
 
-from .ternary_kernels import _amap, _const, _Kernel
+from .builders import affine_map, const
+from .ternary_kernels import _Kernel
 
 #: int8 bytes of one unpacked block of weights (NT * KP).
 BLOCK_BYTES = 2 << 20
@@ -47,7 +48,7 @@ def blocked(kern: _Kernel) -> ir.Value:
     # constant expression and evaluate it at compile time into an unpacked copy.
     w = kern.pin_weights()
     acc_t = kern.ttype([kern.n], i32)
-    loop = scf.ForOp(_const(0, index), _const(kern.n, index), _const(nt, index),
+    loop = scf.ForOp(const(0, index), const(kern.n, index), const(nt, index),
                      [kern.empty([kern.n], i32)])
     with ir.InsertionPoint(loop.body):
         n0 = loop.induction_variable
@@ -57,9 +58,9 @@ def blocked(kern: _Kernel) -> ir.Value:
                                   [nt, kern.kb], [1, 1])
         wt = kern.unpack(i8, ws, nt)
         block_t = kern.ttype([nt], i32)
-        zero = linalg.fill(_const(0, i32), outs=[kern.empty([nt], i32)])
+        zero = linalg.fill(const(0, i32), outs=[kern.empty([nt], i32)])
         yb = linalg.matmul(xq, wt, outs=[zero],
-                           indexing_maps=[_amap(3, [0, 2]), _amap(3, [1, 2]), _amap(3, [0, 1])])
+                           indexing_maps=[affine_map(3, [0, 2]), affine_map(3, [1, 2]), affine_map(3, [0, 1])])
         assert ir.RankedTensorType(yb.type) == block_t
         dyn = ir.ShapedType.get_dynamic_stride_or_offset()
         upd = tensor.insert_slice(yb, acc, [n0], kern.m_values, [], [0, dyn],

@@ -41,7 +41,7 @@ Every kernel computes `ternary_matmul_reference` (up to float rounding):
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 from iree.compiler import ir
@@ -49,9 +49,7 @@ from iree.compiler.dialects import arith, linalg, math, tensor, util
 
 from ..errors import TercompError
 from ..ternary_pack import ACT_EPS, ACT_MAX, k_split
-
-_PAR = "#linalg.iterator_type<parallel>"
-_RED = "#linalg.iterator_type<reduction>"
+from .builders import PARALLEL, REDUCTION, affine_map, const, generic
 
 
 # ---------------------------------------------------------------------- validation
@@ -79,35 +77,11 @@ def check_packed(packed, k: int, n: int) -> np.ndarray | ir.Value:
     return np.ascontiguousarray(packed)
 
 
-# ------------------------------------------------------------------- IR helpers
-def _amap(ndim: int, results: Sequence[int]) -> ir.AffineMap:
-    """affine_map<(d0..d{ndim-1}) -> (d{results[0]}, ...)>"""
-    return ir.AffineMap.get(ndim, 0, [ir.AffineDimExpr.get(d) for d in results])
-
-
-def _generic(result_type: ir.Type, ins: Sequence[ir.Value], out: ir.Value,
-             maps: Sequence[ir.AffineMap], iters: Sequence[str],
-             body: Callable[..., ir.Value]) -> ir.Value:
-    """One-result linalg.generic whose body is `body(*scalar_args) -> yielded value`."""
-    op = linalg.GenericOp([result_type], list(ins), [out],
-                          ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
-                          ir.ArrayAttr.get([ir.Attribute.parse(it) for it in iters]))
-    elem_types = [ir.RankedTensorType(v.type).element_type for v in (*ins, out)]
-    block = op.regions[0].blocks.append(*elem_types)
-    with ir.InsertionPoint(block):
-        linalg.YieldOp([body(*block.arguments)])
-    return op.results[0]
-
-
-def _const(value, type_: ir.Type) -> ir.Value:
-    return arith.constant(type_, value)
-
-
 def unpack_codes(w: ir.Value, n: int, kb: int, elem: ir.Type) -> ir.Value:
     """The ternary values of packed weights `w` (tensor<n x KB x i8>, planar 2-bit codes)
     as tensor<n x 4*KB x elem>: code c of plane j at (p >> 2j) & 3, value (c & 1) - (c >> 1)."""
     i8 = ir.IntegerType.get_signless(8)
-    one, three = _const(1, i8), _const(3, i8)
+    one, three = const(1, i8), const(3, i8)
 
     def body(p, _out):
         j = arith.index_cast(i8, linalg.IndexOp(1).result)
@@ -115,8 +89,8 @@ def unpack_codes(w: ir.Value, n: int, kb: int, elem: ir.Type) -> ir.Value:
         v = arith.subi(arith.andi(c, one), arith.shrui(c, one))
         return v if elem == i8 else arith.sitofp(elem, v)
 
-    wu = _generic(ir.RankedTensorType.get([n, 4, kb], elem), [w], tensor.empty([n, 4, kb], elem),
-                  [_amap(3, [0, 2]), _amap(3, [0, 1, 2])], [_PAR, _PAR, _PAR], body)
+    wu = generic(ir.RankedTensorType.get([n, 4, kb], elem), [w], tensor.empty([n, 4, kb], elem),
+                  [affine_map(3, [0, 2]), affine_map(3, [0, 1, 2])], [PARALLEL, PARALLEL, PARALLEL], body)
     return tensor.collapse_shape(ir.RankedTensorType.get([n, 4 * kb], elem), wu, [[0], [1, 2]])
 
 
@@ -138,7 +112,7 @@ class _Kernel:
         dyn = ir.ShapedType.get_dynamic_size()
         self.m_static = dyn if m is None else m
         # The dynamic sizes that tensor ops need when M is dynamic: [tensor.dim(x, 0)].
-        self.m_values = [tensor.dim(x, _const(0, self.index))] if m is None else []
+        self.m_values = [tensor.dim(x, const(0, self.index))] if m is None else []
 
     # -- shapes with the leading M dimension
     def ttype(self, shape_after_m: Sequence[int], elem: ir.Type) -> ir.RankedTensorType:
@@ -149,7 +123,7 @@ class _Kernel:
         return tensor.empty([m, *shape_after_m], elem)
 
     def zeros(self, shape_after_m: Sequence[int], elem: ir.Type) -> ir.Value:
-        zero = _const(0.0 if elem == self.f32 else 0, elem)
+        zero = const(0.0 if elem == self.f32 else 0, elem)
         return linalg.fill(zero, outs=[self.empty(shape_after_m, elem)])
 
     # -- weights
@@ -176,8 +150,8 @@ class _Kernel:
     # -- activations
     def row_absmax(self) -> ir.Value:
         """max |x[m, :]| as tensor<M x f32>."""
-        return _generic(self.ttype([], self.f32), [self.x], self.zeros([], self.f32),
-                        [_amap(2, [0, 1]), _amap(2, [0])], [_PAR, _RED],
+        return generic(self.ttype([], self.f32), [self.x], self.zeros([], self.f32),
+                        [affine_map(2, [0, 1]), affine_map(2, [0])], [PARALLEL, REDUCTION],
                         lambda v, acc: arith.maximumf(acc, math.absf(v)))
 
     def quantize(self, amax: ir.Value, elem: ir.Type) -> ir.Value:
@@ -187,16 +161,16 @@ class _Kernel:
         f32 = self.f32
 
         def body(v, am, _out):
-            amc = arith.maximumf(am, _const(ACT_EPS, f32))
-            s = arith.divf(_const(float(ACT_MAX), f32), amc)
+            amc = arith.maximumf(am, const(ACT_EPS, f32))
+            s = arith.divf(const(float(ACT_MAX), f32), amc)
             r = math.roundeven(arith.mulf(v, s))
-            r = arith.minimumf(arith.maximumf(r, _const(-float(ACT_MAX), f32)),
-                               _const(float(ACT_MAX), f32))
+            r = arith.minimumf(arith.maximumf(r, const(-float(ACT_MAX), f32)),
+                               const(float(ACT_MAX), f32))
             return r if elem == f32 else arith.fptosi(elem, r)
 
-        return _generic(self.ttype([self.k], elem), [self.x, amax],
+        return generic(self.ttype([self.k], elem), [self.x, amax],
                         self.empty([self.k], elem),
-                        [_amap(2, [0, 1]), _amap(2, [0]), _amap(2, [0, 1])], [_PAR, _PAR],
+                        [affine_map(2, [0, 1]), affine_map(2, [0]), affine_map(2, [0, 1])], [PARALLEL, PARALLEL],
                         body)
 
     def pad_k(self, v: ir.Value) -> ir.Value:
@@ -207,7 +181,7 @@ class _Kernel:
         op = tensor.PadOp(self.ttype([self.kp], elem), v, [], [], [0, 0], [0, self.kp - self.k])
         block = op.regions[0].blocks.append(self.index, self.index)
         with ir.InsertionPoint(block):
-            tensor.YieldOp(_const(0.0 if elem == self.f32 else 0, elem))
+            tensor.YieldOp(const(0.0 if elem == self.f32 else 0, elem))
         return op.result
 
     def planes(self, v: ir.Value, ko: int, ki: int) -> list[ir.Value]:
@@ -241,8 +215,8 @@ class _Kernel:
         xs = self.planes(self.pad_k(xv), ko, ki)
         w = tensor.expand_shape(ir.RankedTensorType.get([self.n, ko, ki], i8), self.weights(),
                                 [[0], [1, 2]], [], [self.n, ko, ki])
-        masks = [(_const(1 << (2 * j), i8), _const(_to_i8(2 << (2 * j)), i8)) for j in range(4)]
-        z8, zero = _const(0, i8), _const(0 if integer else 0.0, elem)
+        masks = [(const(1 << (2 * j), i8), const(_to_i8(2 << (2 * j)), i8)) for j in range(4)]
+        z8, zero = const(0, i8), const(0 if integer else 0.0, elem)
         add = arith.addi if integer else arith.addf
 
         def body(a0, a1, a2, a3, p, acc):
@@ -256,16 +230,16 @@ class _Kernel:
             # the vectorizer recognizes as a reduction (pitfall 2: 9.5 ms -> 0.6 ms).
             return add(acc, add(add(terms[0], terms[1]), add(terms[2], terms[3])))
 
-        xmap, wmap, pmap = _amap(4, [0, 2, 3]), _amap(4, [1, 2, 3]), _amap(4, [0, 1, 3])
-        part = _generic(self.ttype([self.n, ki], part_t), [*xs, w],
+        xmap, wmap, pmap = affine_map(4, [0, 2, 3]), affine_map(4, [1, 2, 3]), affine_map(4, [0, 1, 3])
+        part = generic(self.ttype([self.n, ki], part_t), [*xs, w],
                         self.zeros([self.n, ki], part_t),
-                        [xmap, xmap, xmap, xmap, wmap, pmap], [_PAR, _PAR, _RED, _PAR], body)
+                        [xmap, xmap, xmap, xmap, wmap, pmap], [PARALLEL, PARALLEL, REDUCTION, PARALLEL], body)
 
         def reduce_ki(v, acc):
             return arith.addi(acc, arith.extsi(sum_t, v)) if integer else arith.addf(acc, v)
 
-        total = _generic(self.ttype([self.n], sum_t), [part], self.zeros([self.n], sum_t),
-                         [_amap(3, [0, 1, 2]), _amap(3, [0, 1])], [_PAR, _PAR, _RED],
+        total = generic(self.ttype([self.n], sum_t), [part], self.zeros([self.n], sum_t),
+                         [affine_map(3, [0, 1, 2]), affine_map(3, [0, 1])], [PARALLEL, PARALLEL, REDUCTION],
                          reduce_ki)
         return self.dequant(total, amax)
 
@@ -278,8 +252,8 @@ class _Kernel:
             amax, xv, elem, acc_t = None, self.pad_k(self.x), self.f32, self.f32
         wt = self.unpack(elem)
         acc = linalg.matmul(xv, wt, outs=[self.zeros([self.n], acc_t)],
-                            indexing_maps=[_amap(3, [0, 2]), _amap(3, [1, 2]),
-                                           _amap(3, [0, 1])])
+                            indexing_maps=[affine_map(3, [0, 2]), affine_map(3, [1, 2]),
+                                           affine_map(3, [0, 1])])
         return self.dequant(acc, amax)
 
     def unpack(self, elem: ir.Type, w: ir.Value | None = None, n: int | None = None) -> ir.Value:
@@ -305,20 +279,20 @@ class _Kernel:
             return arith.sitofp(f32, a) if is_int else a
 
         out_t, out = self.ttype([self.n], f32), self.empty([self.n], f32)
-        scalar = _amap(2, [])
+        scalar = affine_map(2, [])
         if amax is None:
-            return _generic(out_t, [acc, self.scale_value(self.scale)], out,
-                            [_amap(2, [0, 1]), scalar, _amap(2, [0, 1])], [_PAR, _PAR],
+            return generic(out_t, [acc, self.scale_value(self.scale)], out,
+                            [affine_map(2, [0, 1]), scalar, affine_map(2, [0, 1])], [PARALLEL, PARALLEL],
                             lambda a, sc, _o: arith.mulf(to_f32(a), sc))
 
         def body(a, am, sc, _o):
-            inv_s = arith.mulf(arith.maximumf(am, _const(ACT_EPS, f32)), sc)
+            inv_s = arith.mulf(arith.maximumf(am, const(ACT_EPS, f32)), sc)
             return arith.mulf(to_f32(a), inv_s)
 
         wscale = float(np.float32(self.scale / ACT_MAX))
-        return _generic(out_t, [acc, amax, self.scale_value(wscale)], out,
-                        [_amap(2, [0, 1]), _amap(2, [0]), scalar, _amap(2, [0, 1])],
-                        [_PAR, _PAR], body)
+        return generic(out_t, [acc, amax, self.scale_value(wscale)], out,
+                        [affine_map(2, [0, 1]), affine_map(2, [0]), scalar, affine_map(2, [0, 1])],
+                        [PARALLEL, PARALLEL], body)
 
 
 def _to_i8(v: int) -> int:

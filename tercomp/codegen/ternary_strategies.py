@@ -72,7 +72,8 @@ from iree.compiler.dialects import arith, scf
 from ..errors import TercompError
 from . import ternary_avx2
 from .ternary_blocked import blocked
-from .ternary_kernels import _const, _Kernel, check_packed
+from .builders import const
+from .ternary_kernels import _Kernel, check_packed
 from .ternary_vnni import vnni
 
 CPU_TARGETS = ("llvm-cpu", "llvm-cpu-generic")
@@ -123,7 +124,7 @@ def _dispatch(small: str, large: str):
             return STRATEGIES[small if kern.m <= GEMV_MAX_M else large].emit(kern, aq)
         kern.pin_weights()      # else IREE folds each branch's view into its own constant
         is_small = arith.cmpi(arith.CmpIPredicate.ule, kern.m_values[0],
-                              _const(GEMV_MAX_M, kern.index))
+                              const(GEMV_MAX_M, kern.index))
         branch = scf.IfOp(is_small, [kern.ttype([kern.n], kern.f32)], has_else=True)
         with ir.InsertionPoint(branch.then_block):
             scf.YieldOp([STRATEGIES[small].emit(kern, aq)])

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
-from .ternary_kernels import _PAR, _RED, _amap, _const, _generic, _Kernel
+from .builders import PARALLEL, REDUCTION, affine_map, const, generic
+from .ternary_kernels import _Kernel
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,11 @@ def vnni(kern: _Kernel) -> ir.Value:
     xe = tensor.expand_shape(kern.ttype([4, kb], i8), xq, [[0], [1, 2]],
                              kern.m_values, [kern.m_static, 4, kb])
     part = _products(kern, xe, kern.weights(), GEMV)
-    rowsum = _generic(kern.ttype([], i32), [xq], kern.zeros([], i32),
-                      [_amap(2, [0, 1]), _amap(2, [0])], [_PAR, _RED],
+    rowsum = generic(kern.ttype([], i32), [xq], kern.zeros([], i32),
+                      [affine_map(2, [0, 1]), affine_map(2, [0])], [PARALLEL, REDUCTION],
                       lambda v, acc: arith.addi(acc, arith.extsi(i32, v)))
-    total = _generic(kern.ttype([kern.n], i32), [part, rowsum], kern.empty([kern.n], i32),
-                     [_amap(2, [0, 1]), _amap(2, [0]), _amap(2, [0, 1])], [_PAR, _PAR],
+    total = generic(kern.ttype([kern.n], i32), [part, rowsum], kern.empty([kern.n], i32),
+                     [affine_map(2, [0, 1]), affine_map(2, [0]), affine_map(2, [0, 1])], [PARALLEL, PARALLEL],
                      lambda v, rs, _o: arith.subi(v, rs))
     return kern.dequant(total, amax)
 
@@ -74,18 +75,18 @@ def _products(kern: _Kernel, xe: ir.Value, w: ir.Value, tiles: Tiles) -> ir.Valu
         # No unit M dimension: IREE would fold it away and drop the compilation_info.
         xe = tensor.collapse_shape(ir.RankedTensorType.get([4, kern.kb], i8), xe,
                                    [[0, 1], [2]])
-        maps = [_amap(3, [1, 2]), _amap(3, [0, 2]), _amap(3, [0])]
-        iters, jdim = [_PAR, _RED, _RED], 1
+        maps = [affine_map(3, [1, 2]), affine_map(3, [0, 2]), affine_map(3, [0])]
+        iters, jdim = [PARALLEL, REDUCTION, REDUCTION], 1
         part_t = ir.RankedTensorType.get([kern.n], i32)
-        init = linalg.fill(_const(0, i32), outs=[tensor.empty([kern.n], i32)])
+        init = linalg.fill(const(0, i32), outs=[tensor.empty([kern.n], i32)])
         tiles_ = ([dn, 0, 0], [vn, 0, 0], [0, 1, red])
     else:
-        maps = [_amap(4, [0, 2, 3]), _amap(4, [1, 3]), _amap(4, [0, 1])]
-        iters, jdim = [_PAR, _PAR, _RED, _RED], 2
+        maps = [affine_map(4, [0, 2, 3]), affine_map(4, [1, 3]), affine_map(4, [0, 1])]
+        iters, jdim = [PARALLEL, PARALLEL, REDUCTION, REDUCTION], 2
         part_t = kern.ttype([kern.n], i32)
         init = kern.zeros([kern.n], i32)
         tiles_ = ([dm, dn, 0, 0], [vm, vn, 0, 0], [0, 0, 1, red])
-    zero, one, two, three = (_const(v, i8) for v in (0, 1, 2, 3))
+    zero, one, two, three = (const(v, i8) for v in (0, 1, 2, 3))
 
     def body(a, p, acc):
         j = arith.index_cast(i8, linalg.IndexOp(jdim).result)
@@ -94,7 +95,7 @@ def _products(kern: _Kernel, xe: ir.Value, w: ir.Value, tiles: Tiles) -> ir.Valu
         c = arith.select(arith.cmpi(arith.CmpIPredicate.eq, f, two), zero, arith.addi(f, one))
         return arith.addi(acc, arith.muli(arith.extui(i32, c), arith.extsi(i32, a)))
 
-    part = _generic(part_t, [xe, w], init, maps, iters, body)
+    part = generic(part_t, [xe, w], init, maps, iters, body)
     dist, par, redt = (", ".join(map(str, t)) for t in tiles_)
     part.owner.attributes["compilation_info"] = ir.Attribute.parse(
         "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
