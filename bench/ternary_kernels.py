@@ -32,7 +32,7 @@ from tercomp.codegen.ternary_strategies import (STRATEGIES, choose_strategy,  # 
                                                 strategy_flags, weight_codes)
 from tercomp.ternary_pack import absmean_ternarize, pack_ternary, to_offset_codes  # noqa: E402
 
-SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 2048, 2048)]
+SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 4096, 4096)]
 # (strategy, act_quant, 2-bit codes): avx2 on the offset codes the ternary pass stores for
 # it, and on the signed codes (remapped in registers, as for a weight passed at run time)
 VARIANTS = [("avx2", True, "offset"), ("avx2", True, "signed"), ("addsub", True, "signed"),

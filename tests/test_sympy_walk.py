@@ -133,3 +133,16 @@ def test_walker_is_a_leaf_module():
             f"tercomp/sympy_walk.py line {n.lineno} imports from tercomp"
         assert not (isinstance(n, ast.Import) and any(a.name.startswith("tercomp") for a in n.names)), \
             f"tercomp/sympy_walk.py line {n.lineno} imports tercomp"
+
+
+@pytest.mark.parametrize("dim", ["floor(T/2)", "B**2"])
+def test_a_dim_the_lowering_cannot_compute_is_a_compile_error_at_the_users_line(dim):
+    """The dims backend's refusal reaches the user as a CompileError at the line that
+    compiled, with what to do, not as a bare ValueError."""
+    import tercomp as tc
+    from tercomp.errors import CompileError
+    with pytest.raises(CompileError, match=r"cannot compute the dimension") as e:
+        tc.compile(lambda s, x: (tc.exp(x), s * 2), tc.spec(("B", "T", "C")),
+                   tc.spec((dim, 3)), cache=False)
+    assert "test_sympy_walk.py" in str(e.value.loc)
+    assert "divided by an integer" in e.value.hint

@@ -19,6 +19,7 @@ from iree.compiler.dialects import arith, linalg, tensor
 
 from ..ir import TensorType, is_static
 from ..dtypes import mlir_element
+from ..errors import CompileError
 from ..sympy_walk import Backend, SympyWalker
 
 PARALLEL = "parallel"
@@ -86,6 +87,11 @@ def generic(result_type: ir.Type, ins: Sequence[ir.Value], out: ir.Value,
     return op.results[0]
 
 
+_DIM_HINT = ("a compiled dimension must be a sum or product of the inputs' symbolic "
+             "dims, or one divided by an integer (B + 1, 2*T, B*T/2); give that input "
+             "such a size, or a static one")
+
+
 class _DimBackend(Backend):
     """A symbolic dim as `index` arithmetic: a symbol is `tensor.dim` of the function
     argument that carries it (`symbol_sources`: Symbol -> (ir.Value, axis)), a quotient
@@ -98,7 +104,8 @@ class _DimBackend(Backend):
 
     def number(self, n):
         if not n.is_Integer:
-            raise ValueError(f"non-integer dimension {n}")
+            raise CompileError(f"a tensor dimension comes out as the non-integer {n}",
+                               hint=_DIM_HINT)
         return index_const(int(n))
 
     def symbol(self, s):
@@ -122,7 +129,7 @@ class _DimBackend(Backend):
         return list(sympy.Mul.make_args(num)), ([] if den == 1 else [den])
 
     def unsupported(self, e):
-        return ValueError(f"cannot materialize dimension {e}")
+        return CompileError(f"cannot compute the dimension {e} at run time", hint=_DIM_HINT)
 
 
 class LowerCtx:

@@ -95,6 +95,10 @@ def lower_graph(graph: Graph, module: ir.Module, params=None) -> set:
         for op in graph.ops:
             try:
                 lower_op(ctx, op)
+            except CompileError as e:
+                if e.loc is None and op.loc is not None:   # name the user's line
+                    raise CompileError(e.message, loc=op.loc, hint=e.hint) from None
+                raise
             except TercompError:
                 raise
             except Exception as e:
