@@ -5,6 +5,7 @@
                                               # with weights streaming from memory)
     python bench/ternary_matmul.py --memory   # resident memory of a fresh process that
                                               # loads the saved artifact and calls it
+    python bench/ternary_matmul.py --overhead # tercomp's per-call cost over IREE's invoke
 
 Each row is `tc.compile(model, tc.spec(("B", K)), ternary=strategy)` of an nn.BitLinear
 stack (one module for every batch size), timed as a user calls it (`exe(x)`: NumPy in,
@@ -94,6 +95,32 @@ def run(m, k, n, count, rounds, rng, weights):
             for name, (med, best) in interleaved_medians(fns, rounds).items()]
 
 
+def overhead(rounds: int, calls: int = 200) -> None:
+    """Microseconds a call of a compiled module adds over IREE's own invoke (+ to_host),
+    on a module small enough that the kernel is negligible: exe(x) against the same
+    loaded function called bare, in turns."""
+    nn.manual_seed(0)
+    exe = tc.compile(nn.BitLinear(128, 128), tc.spec(("B", 128), "float32"), cache=False)
+    x = np.random.default_rng(0).standard_normal((1, 128)).astype(np.float32)
+    fn, xd = exe._load(), np.ascontiguousarray(x)
+    fns = {"exe(x)": lambda: exe(x), "bare IREE invoke + to_host": lambda: fn(xd).to_host()}
+    per = {name: [] for name in fns}
+    for f in fns.values():
+        f()
+    for _ in range(rounds):
+        for name, f in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            per[name].append((time.perf_counter() - t0) / calls)
+    (a, b) = (np.array(per[n]) * 1e6 for n in fns)
+    print(f"\nper-call time, BitLinear(128, 128), B=1, {rounds} rounds of {calls} calls each")
+    for name, t in zip(fns, (a, b)):
+        print(f"  {name:28s} median {np.median(t):7.1f} us   min {np.min(t):7.1f} us")
+    print(f"  tercomp's overhead           median {np.median(a - b):7.1f} us   "
+          f"min {np.min(a) - np.min(b):7.1f} us")
+
+
 # Run in a fresh process: RSS (VmRSS, MiB) before and after tc.load and after each call.
 _MEASURE = r"""
 import sys, numpy as np
@@ -136,8 +163,13 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=20, help="turns each variant gets")
     ap.add_argument("--memory", action="store_true",
                     help="RSS growth of a fresh process loading a saved 16-layer artifact")
+    ap.add_argument("--overhead", action="store_true",
+                    help="tercomp's per-call cost over IREE's invoke, on a tiny module")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
+    if args.overhead:
+        overhead(args.rounds)
+        return
     if args.memory:
         memory(16, 4096, ["auto", "int8"], rng)
         return

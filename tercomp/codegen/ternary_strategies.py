@@ -54,6 +54,20 @@ interleaved run, median / min:
   the K loop; vnni on AVX2, vpmovzxbd + vpmaddwd on 8 products at a time. The blocked
   kernel's cost at M = 8 is the per-call unpack and IREE's pack of each block (about
   5x int8's time there); unpacking straight into the mmt4d tile layout is the next step.
+- 2026-11-24 03:35-04:15 UTC, the same 2-core Zen 3 VM, `top` showing ~50% steal time
+  (the host busy), avx2 on its offset codes with 8 workgroups, median / min:
+  through `exe(x)` 1x4096x4096 0.13x / 0.15x (bare invoke 0.10x / 0.13x), 8x4096x4096
+  0.17x / 0.18x, 128x4096x4096 0.46x / 0.45x with 4 workgroups (0.44x / 0.48x with 8 in
+  the bare-kernel run that chose them, against 0.60x / 0.64x with 4); cold, 16 distinct
+  layers, bare kernels: offset codes 0.16x / 0.14x, signed codes 0.13x / 0.13x (the
+  same within the noise: decode is bound by memory and the shared core, not by the
+  remap); the same layer 16 times (cache-resident): 0.08x at the minimum. Per call,
+  exe(x) costs 12 us more than IREE's invoke (median of paired rounds,
+  `bench/ternary_matmul.py --overhead`). Inner loops (`--iree-hal-dump-executable-
+  files-to`): GEMV, per 64 packed bytes of 4 rows, 32 vpmaddubsw, 32 vpaddw, 32 vpand,
+  24 vpsrlw, 8 loads, 4 prefetchnta (~18 instructions per 32 bytes of a row, from ~22
+  with the in-register remap); GEMM, per 32 packed bytes of one row against 4 rows of
+  x, 16 vpmaddubsw (x as memory operands), 16 vpaddw, 4 vpand, 3 vpsrlw, 1 load.
 
 >>> choose_strategy(None, 4096, 4096, features=()), choose_strategy(1, 4096, 4096, features=())
 ('dispatch', 'addsub')
@@ -235,7 +249,7 @@ def choose_strategy(m: int | None, k: int, n: int, targets: Sequence[str] = ("ll
     target, whose feature is in `features` (default: `target_features(targets)`), and
     whose rule accepts m.
 
-    >>> choose_strategy(128, 2048, 2048), choose_strategy(1, 64, 64, ["llvm-cpu", "cuda"])
+    >>> choose_strategy(128, 2048, 2048, features=()), choose_strategy(1, 64, 64, ["llvm-cpu", "cuda"])
     ('blocked', 'addsub')
     """
     features = target_features(targets) if features is None else frozenset(features)

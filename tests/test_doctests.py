@@ -1,0 +1,19 @@
+"""The docstring examples that are complete programs run as written (doctest), so the
+documentation cannot drift from the code. Examples elsewhere are sketches (they use a
+`model` or files they do not create) and are not collected."""
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["tercomp.ternary_pack", "tercomp.dimexpr", "tercomp.dtypes", "tercomp.ir.literals",
+           "tercomp.codegen.ternary_strategies", "tercomp.codegen.ternary_kernels",
+           "tercomp.codegen.ternary_blocked", "tercomp.codegen.targets",
+           "tercomp.models.config", "tercomp.runtime.sampling"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name):
+    result = doctest.testmod(importlib.import_module(name))    # prints what failed
+    assert result.attempted > 0, f"{name} has no doctest examples left"
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples of {name} fail"
