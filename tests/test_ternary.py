@@ -111,6 +111,30 @@ def test_pass_stores_the_codes_its_kernel_reads(strategy, codes):
                                atol=1e-6)
 
 
+def test_a_weight_read_twice_is_recoded_once():
+    """Two kernels reading one stored weight (one constant after cse) share one re-coded
+    constant, which keeps the weight's name: one 2-bit copy at run time, whatever the
+    codes."""
+    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    if AVX2 not in host_cpu_features():
+        pytest.skip("host CPU lacks AVX2")
+    t = np.random.default_rng(4).choice([-1, 0, 1], size=(8, 256)).astype(np.int8)
+    layer = nn.BitLinear.from_ternary(t, 0.5)
+    x = np.random.default_rng(5).standard_normal((2, 256)).astype(np.float32)
+    traced = tc.passes.run_pipeline(tc.trace(lambda x: layer(x) + layer(x * 2.0), x), ["cse"])
+    (signed,) = [op.results[0].name for op in traced.ops
+                 if op.opname == "constant" and op.results[0].type.dtype == "i8"]
+    g = tc.passes.run_pipeline(traced, [("ternary", {"strategy": "avx2"})])
+    consts = [op.results[0] for op in g.ops
+              if op.opname == "constant" and op.results[0].type.dtype == "i8"]
+    mms = [op for op in g.ops if op.opname == "ternary_matmul"]
+    assert len(consts) == 1 and consts[0].name == signed
+    assert [op.operands[1] for op in mms] == consts * 2
+    assert all(op.attrs["codes"] == "offset" for op in mms)
+    np.testing.assert_allclose(interpret(g, x)[0], interpret(traced, x)[0], rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_straight_through_gradients():
     m = MLP()
     x = X[0]

@@ -54,12 +54,13 @@ def _packed_weight(w):
     return tp.pack_ternary(t), n, k, float(scale)
 
 
-def _coded(b, packed, codes: str, recoded: list):
+def _coded(b, packed, codes: str, recoded: dict):
     """(packed i8 Value, attrs) in the 2-bit `codes` (ternary_pack.CODES) that the kernel
     reads fastest (`weight_codes`), with the `codes` attribute when not "signed".
     `packed` is a signed-code array (packed here) or Value; a constant Value is re-coded
-    into a new constant, which goes to `recoded` with the name it should take over from
-    the signed one; any other Value stays as it is (every kernel reads signed codes)."""
+    once into a new constant (`recoded`: id of the signed Value -> (new Value, the name
+    it should take over)), shared by every kernel that reads it; any other Value stays as
+    it is (every kernel reads signed codes)."""
     attrs = {} if codes == "signed" else {"codes": codes}
     if isinstance(packed, np.ndarray):
         data = tp.to_offset_codes(packed) if codes == "offset" else packed
@@ -67,9 +68,13 @@ def _coded(b, packed, codes: str, recoded: list):
     value = const_value(packed)
     if codes == "signed" or value is None:
         return packed, {}
-    new = b.constant(tp.to_offset_codes(value.view(np.uint8)).view(np.int8), name=packed.name)
-    recoded.append((new, packed.name))
-    return new, attrs
+    if id(packed) not in recoded:
+        # a name of its own until `_take_names`: taking `packed_1` here would rename the
+        # signed constant copied next
+        new = b.constant(tp.to_offset_codes(value.view(np.uint8)).view(np.int8),
+                         name=f"{packed.name}.offset")
+        recoded[id(packed)] = (new, packed.name)
+    return recoded[id(packed)][0], attrs
 
 
 def _take_names(graph: Graph, recoded) -> Graph:
@@ -77,7 +82,7 @@ def _take_names(graph: Graph, recoded) -> Graph:
     (the usual case), so parameter names (`fc1.weight`, `packed`) do not depend on the
     kernel."""
     taken = set(graph.all_names())
-    for v, name in recoded:
+    for v, name in recoded.values():
         if name not in taken:
             taken.discard(v.name)
             v.name = name
@@ -142,7 +147,7 @@ def ternary(graph: Graph, strategy: str = "auto", targets=("llvm-cpu",)) -> Grap
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     if check_strategy(strategy, targets) == "off":
         return graph
-    recoded = []
+    recoded = {}
     out = dce(rewrite(graph, {"matmul": [_pattern(strategy, targets, recoded)],
                               "ternary_matmul": [_settle_auto(strategy, targets, recoded)]}))
     return _take_names(out, recoded)
