@@ -65,14 +65,23 @@ def load_row(dst: str, i: int, base: str, col: str, mem: str, mem_type: str, vec
     return lines
 
 
-def executable_text(name: str, groups: int | None, params: str, body: str,
+def executable_text(name: str, groups, params: str, body: str,
                     per_group: int | None = None) -> str:
     """`stream.executable @name` with one export `@name` over `groups` workgroups (along
-    x; None: ceil(m / per_group) of them) whose function takes `params` (stream bindings
-    and scalars, the last `%m: index`, the workload) and runs `body` (the statements
-    before `return`)."""
-    count = f"%g = arith.constant {groups} : index" if groups is not None else \
-        f"%g = affine.apply affine_map<()[s0] -> (s0 ceildiv {per_group})>()[%m]"
+    x; None: ceil(m / per_group) of them; (few, many, m_min): `many` when m >= m_min, else
+    `few`) whose function takes `params` (stream bindings and scalars, the last
+    `%m: index`, the workload) and runs `body` (the statements before `return`)."""
+    if isinstance(groups, tuple):
+        few, many, m_min = groups
+        count = (f"%few = arith.constant {few} : index\n    "
+                 f"%many = arith.constant {many} : index\n    "
+                 f"%mmin = arith.constant {m_min} : index\n    "
+                 f"%big = arith.cmpi uge, %m, %mmin : index\n    "
+                 f"%g = arith.select %big, %many, %few : index")
+    elif groups is not None:
+        count = f"%g = arith.constant {groups} : index"
+    else:
+        count = f"%g = affine.apply affine_map<()[s0] -> (s0 ceildiv {per_group})>()[%m]"
     return f"""
 stream.executable private @{name} {{
   stream.executable.export public @{name} workgroups(%m: index) -> (index, index, index) {{

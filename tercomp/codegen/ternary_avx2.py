@@ -32,7 +32,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith
 
 from ..ternary_pack import ACT_EPS, ACT_MAX
-from .executables import dispatch, ensure_executable, load_row, split_rows
+from .executables import dispatch, ensure_executable, load_row
 from .executables import executable_text as wrap_executable
 
 #: Output rows that share one pass over x.
@@ -60,10 +60,12 @@ I16_CHUNKS = 16
 MAX_KP = 8192
 STACK_LIMIT = 65536
 #: Workgroups per dispatch: each quantizes x itself, so few, but enough for both cores
-#: and to even out a core that the host takes away: at 128x4096x4096, 8 gave 0.44x
-#: NumPy's median against 0.60x with 4 (2026-11-24, 2-core Zen 3 VM with ~50% steal
-#: time); decode (M = 1) measured the same with either.
+#: and, for a block of rows (M >= MB), to even out a core that the host takes away: at
+#: 128x4096x4096, 8 gave 0.44x NumPy's median against 0.60x with 4 (2026-11-24, 2-core
+#: Zen 3 VM with ~50% steal time). Decode (M = 1) measured the same with either at
+#: 4096x4096, and every extra workgroup quantizes x once more, so M < MB gets 4.
 WORKGROUPS = 8
+DECODE_WORKGROUPS = 4
 
 
 def fits(k_bytes: int, n: int) -> bool:
@@ -267,7 +269,6 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
     Each workgroup quantizes x itself (a few microseconds a row) rather than leaving it
     to four dispatches of their own, each a task-system round trip."""
     kp = 4 * kb
-    rpw, groups = split_rows(n, WORKGROUPS, ROWS)
     bt, wt, ot = f"memref<{MB}x{kp}xi8>", f"memref<{n}x{kb}xi8>", f"memref<?x{n}xf32>"
     v8 = _V8
     consts = "\n".join(f"      %c{b} = arith.constant {b} : index" for b in range(2, MB))
@@ -287,7 +288,6 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
       %ckb = arith.constant {kb} : index
       %ckp = arith.constant {kp} : index
       %cn = arith.constant {n} : index
-      %rpw = arith.constant {rpw} : index
       %eps = arith.constant {_f(ACT_EPS)} : f32
       %c127 = arith.constant {_f(ACT_MAX)} : f32
       %lov = arith.constant dense<{_f(-ACT_MAX)}> : vector<8xf32>
@@ -299,6 +299,10 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
       %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {ot}{{%m}}
       %buf = memref.alloca() : {bt}
       %wg = stream.dispatch.workgroup.id[0] : index
+      %ng = stream.dispatch.workgroup.count[0] : index
+      %rpg = arith.ceildivui %cn, %ng : index
+      %rpr = arith.ceildivui %rpg, %cr : index
+      %rpw = arith.muli %rpr, %cr : index
       %r0 = arith.muli %wg, %rpw : index
       %r1u = arith.addi %r0, %rpw : index
       %r1 = arith.minui %r1u, %cn : index
@@ -318,7 +322,8 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
       }}
       scf.for %mrow = %mfull to %m step %c1 {{{_quantize_row(kp, 0, "%mrow")}{_gemv_loop(kb, wt, bt, ot, offset)}
       }}"""
-    return wrap_executable(name, groups, "%bx: !stream.binding, %bw: !stream.binding, "
+    return wrap_executable(name, (DECODE_WORKGROUPS, WORKGROUPS, MB),
+                           "%bx: !stream.binding, %bw: !stream.binding, "
                            "%bo: !stream.binding, %wscale: f32, %m: index", body)
 
 
