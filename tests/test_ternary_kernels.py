@@ -412,18 +412,20 @@ def test_avx2_is_auto_only_where_its_shape_fits(k, n, fits):
 def test_widening_matmul_matches_numpy(kernel):
     """tern.widening_matmul (an LM's output layer: f32 x, f16 or int8 weights widened in
     the kernel) through tc.compile at a symbolic batch, against NumPy: the hand-written
-    GEMVs (f16, and int8 with a per-row scale) with an N that leaves tail rows (37 = 9
-    groups of 4 + 1), and the generic contraction for f16 and int8, with and without a
-    scale."""
+    GEMVs (f16, and int8 with a per-row scale) with an N that leaves tail rows (389: 25
+    workgroups of 16 rows, each read as 4 streams of 4 rows, the last one of 5 rows, a
+    stream step and a tail row), and the generic contraction for f16 and int8, with and
+    without a scale."""
     import tercomp as tc
     from tercomp.trace.tracer import apply
     if kernel == "avx2" and AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
     rng = np.random.default_rng(2)
-    scale = rng.uniform(0.5, 2, 37).astype(np.float32)
-    cases = [(rng.standard_normal((37, 48)).astype(np.float16), None),
-             (rng.integers(-127, 128, (37, 48)).astype(np.int8), scale),
-             (rng.integers(-127, 128, (37, 48)).astype(np.int8), None)]
+    n = 389
+    scale = rng.uniform(0.5, 2, n).astype(np.float32)
+    cases = [(rng.standard_normal((n, 48)).astype(np.float16), None),
+             (rng.integers(-127, 128, (n, 48)).astype(np.int8), scale),
+             (rng.integers(-127, 128, (n, 48)).astype(np.int8), None)]
     for w, sc in cases:
         if kernel == "avx2" and (w.dtype == np.int8) != (sc is not None):
             continue            # the avx2 kernels: f16 alone, int8 with a scale
@@ -433,8 +435,8 @@ def test_widening_matmul_matches_numpy(kernel):
         if kernel == "avx2":
             el = "f16" if sc is None else "i8"
             run_filecheck(exe.ir("mlir"), rf"""
-# CHECK: stream.executable private @tern_avx2_{el}_gemv_37x48
-# CHECK: flow.dispatch @tern_avx2_{el}_gemv_37x48::@tern_avx2_{el}_gemv_37x48[%{{{{.*}}}}](%arg0, %{{{{.*}}}}) : (tensor<?x48xf32>{{%{{{{.*}}}}}}, tensor<37x48x{el}>, {"tensor<37xf32>, " if sc is not None else ""}index) -> tensor<?x37xf32>
+# CHECK: stream.executable private @tern_avx2_{el}_gemv_{n}x48
+# CHECK: flow.dispatch @tern_avx2_{el}_gemv_{n}x48::@tern_avx2_{el}_gemv_{n}x48[%{{{{.*}}}}](%arg0, %{{{{.*}}}}) : (tensor<?x48xf32>{{%{{{{.*}}}}}}, tensor<{n}x48x{el}>, {f"tensor<{n}xf32>, " if sc is not None else ""}index) -> tensor<?x{n}xf32>
 """)
         for b in (1, 3, 9):
             x = rng.standard_normal((b, 48)).astype(np.float32)

@@ -5,10 +5,11 @@ reads 2 bytes per weight; or stored in int8 with a per-row f32 scale (y[m, r] = 
 IREE's data tiling re-lays out a widening matmul's weights on every call, 146 ms a
 token at the 700M shape, and without data tiling its generic GEMV ran at ~5 GB/s):
 
-    for 4 rows at a time (then the remaining rows one by one):
+    for 4 rows at a time, one from each quarter of the workgroup's rows (then the
+    remaining rows one by one):
         for each row m of x:
             acc_r += f32(W[r, k:k+16]) * x[m, k:k+16]      16 lanes, 2 FMA chains a row
-            (each row's bytes prefetched two row groups ahead)
+            (each row's bytes prefetched two rows of its quarter ahead)
         y[m, r] = sum(acc_r)
 
 The rows are split into about 32 workgroups. M may be anything (a prefill that wants
@@ -24,6 +25,10 @@ from .executables import executable_text as wrap_executable
 ROWS = 4
 LANES = 16
 PREFETCH_ROWS = 8
+#: The 4 rows of a step come from 4 streams, a quarter of the workgroup's rows each,
+#: prefetched into L1 this many rows ahead: far-apart streams keep more DRAM reads in
+#: flight than adjacent rows (see `ternary_avx2.STREAM_AHEAD`).
+STREAM_AHEAD = 2
 WORKGROUPS = 32
 
 
@@ -35,13 +40,17 @@ def fits(k: int) -> bool:
 WIDEN = {"f16": "arith.extf", "i8": "arith.sitofp"}
 
 
-def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str, el: str) -> str:
-    """The loop nest for `rows` rows starting at %r{tag}."""
+def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str, el: str,
+               bases=None) -> str:
+    """The loop nest for `rows` rows starting at %r{tag}, or for the rows `bases` (one
+    per stream, each prefetched STREAM_AHEAD rows ahead into L1)."""
     vf, vh = f"vector<{LANES}xf32>", f"vector<{LANES}x{el}>"
     r = f"%r{tag}"
     loads = [f"%xv = vector.load %x[%mi, %c] : {xt}, {vf}"]
     for i in range(rows):
-        loads += load_row("wh", i, r, "%c", "%w", wt, vh, PREFETCH_ROWS) + [
+        loads += (load_row("wh", i, r, "%c", "%w", wt, vh, PREFETCH_ROWS) if bases is None else
+                  load_row("wh", i, bases[i], "%c", "%w", wt, vh, STREAM_AHEAD, locality=3,
+                           offset=0)) + [
             f"%wf{i} = {WIDEN[el]} %wh{i} : {vh} to {vf}",
             f"%n{i} = vector.fma %wf{i}, %xv, %a{i} : {vf}",
         ]
@@ -51,7 +60,8 @@ def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str, el: str) 
     for i in range(rows):
         stores += [
             f"%y{i} = vector.reduction <add>, %acc#{i} : {vf} into f32",
-            f"%orow{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({r})",
+            f"%orow{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({r})" if bases is None
+            else f"%orow{i} = affine.apply affine_map<(d0) -> (d0)>({bases[i]})",
         ]
         if el == "i8":
             stores += [f"%s{i} = memref.load %sc[%orow{i}] : memref<?xf32>",
@@ -74,6 +84,10 @@ def executable_text(name: str, n: int, k: int, el: str = "f16") -> str:
     """`stream.executable @name` whose export `@name` maps x [M, K] f32 and w [N, K] `el`
     (and for i8, scale [N] f32) to x @ f32(w)^T (* scale) [M, N] f32."""
     rpw, groups = split_rows(n, WORKGROUPS, ROWS)
+    # stream i reads rows r0 + i * groups + j, j = 0 .. groups - 1
+    streams = "\n        ".join(
+        f"%rs{i} = affine.apply affine_map<(d0)[s0] -> (d0 + s0 * {i})>(%rb)[%groups]"
+        for i in range(ROWS))
     xt, wt, ot = f"memref<?x{k}xf32>", f"memref<{n}x{k}x{el}>", f"memref<?x{n}xf32>"
     scale = f"""
       %sc = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xf32>{{%cn}}""" \
@@ -97,7 +111,9 @@ def executable_text(name: str, n: int, k: int, el: str = "f16") -> str:
       %groups = arith.divui %span, %cr : index
       %whole = arith.muli %groups, %cr : index
       %rg = arith.addi %r0, %whole : index
-      scf.for %rb = %r0 to %rg step %cr {{{_row_block(ROWS, k, xt, wt, ot, "b", el)}
+      %rq = arith.addi %r0, %groups : index
+      scf.for %rb = %r0 to %rq step %c1 {{
+        {streams}{_row_block(ROWS, k, xt, wt, ot, "b", el, [f"%rs{i}" for i in range(ROWS)])}
       }}
       scf.for %rt = %rg to %r1 step %c1 {{{_row_block(1, k, xt, wt, ot, "t", el)}
       }}"""

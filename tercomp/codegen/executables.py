@@ -49,18 +49,21 @@ def split_rows(n: int, workgroups: int, align: int) -> tuple[int, int]:
 
 
 def load_row(dst: str, i: int, base: str, col: str, mem: str, mem_type: str, vec_type: str,
-             ahead: int, prefetch: bool = True) -> list[str]:
-    """MLIR lines loading `vec_type` from row `base` + i of `mem` at column `col` into
-    %{dst}{i}, and (with `prefetch`) prefetching the same column `ahead` rows further on
-    (past the last row that address is in no row: x86 prefetches never fault)."""
+             ahead: int, prefetch: bool = True, locality: int = 0,
+             offset: int | None = None) -> list[str]:
+    """MLIR lines loading `vec_type` from row `base` + `offset` (default i) of `mem` at
+    column `col` into %{dst}{i}, and (with `prefetch`) prefetching the same column
+    `ahead` rows further on (past the last row that address is in no row: x86 prefetches
+    never fault), with `locality` 0 (prefetchnta) to 3 (prefetcht0)."""
     lines = [
-        f"%row{dst}{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({base})",
+        f"%row{dst}{i} = affine.apply affine_map<(d0) -> (d0 + {i if offset is None else offset})>({base})",
         f"%{dst}{i} = vector.load {mem}[%row{dst}{i}, {col}] : {mem_type}, {vec_type}",
     ]
     if prefetch:
         lines += [
             f"%pre{dst}{i} = affine.apply affine_map<(d0) -> (d0 + {ahead})>(%row{dst}{i})",
-            f"memref.prefetch {mem}[%pre{dst}{i}, {col}], read, locality<0>, data : {mem_type}",
+            f"memref.prefetch {mem}[%pre{dst}{i}, {col}], read, locality<{locality}>, data : "
+            f"{mem_type}",
         ]
     return lines
 

@@ -45,6 +45,15 @@ CHUNK = 32
 PREFETCH_ROWS = 8
 
 
+#: The GEMV loop reads its ROWS rows from ROWS streams, one per quarter of the
+#: workgroup's rows, each prefetched into L1 this many rows ahead. Far-apart streams keep
+#: more DRAM reads in flight than adjacent rows do: on the 2-core Zen 3 VM a plain read
+#: went from ~24 GB/s with one or two streams per core to ~37-41 GB/s with four to
+#: eight, and a C model of this loop over 16 cold 4096x4096 layers from ~210 us a layer
+#: (adjacent rows, prefetchnta 8 rows ahead) to ~105-125 us (2026-11-24).
+STREAM_AHEAD = 2
+
+
 #: Rows of x quantized and multiplied together in the GEMM loop (M >= MB).
 MB = 4
 #: Weight rows decoded per GEMM step (GEMM_ROWS x MB i16 and i32 accumulators). One row
@@ -53,8 +62,11 @@ MB = 4
 #: with two, at 128x2048x2048 0.20x against 0.27x (2026-11-24, 2-core Zen 3 under load;
 #: 8 rows of x with one weight row measured 0.17x-0.27x, within the noise of 4).
 GEMM_ROWS = 1
-#: Chunks summed in i16 before widening (16 * 4 planes * 508 < 32767).
+#: Chunks summed in i16 before widening in the GEMM loop (16 * 4 planes * 508 < 32767).
 I16_CHUNKS = 16
+#: The same for the GEMV loop's sums of planes 1 and 3, which are 4 times their codes
+#: (8 chunks * 2 planes * 2 * 8 * 127 = 32512 <= 32767).
+GEMV_I16_CHUNKS = 8
 #: The largest 4 KB: MB quantized rows live on the dispatch's stack (MB * MAX_KP bytes;
 #: the strategy raises IREE's 32 KiB stack limit to STACK_LIMIT).
 MAX_KP = 8192
@@ -117,14 +129,23 @@ _MAD = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"'
 _MADW = 'llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"'
 
 
-def _codes(i, wt: str, offset: bool, col: str = "%c", prefetch: bool = True) -> list[str]:
-    """Load 32 packed bytes of weight row %r + i at column `col` (prefetching the row
-    PREFETCH_ROWS ahead) and define %q{i}_{j}, its u = w + 1 codes of plane j (`i` may
-    carry a suffix naming the chunk). The bytes hold u already when `offset`, else the
-    signed codes, remapped here."""
+def _codes(i, wt: str, offset: bool, col: str = "%c", prefetch: bool = True,
+           scaled: bool = False, base: str | None = None) -> list[str]:
+    """Load 32 packed bytes of weight row %r + i (or of row `base`, a row of its own
+    stream, prefetched STREAM_AHEAD rows ahead into L1) at column `col` (prefetching the
+    row PREFETCH_ROWS ahead) and define %q{i}_{j}, its u = w + 1 codes of plane j (`i`
+    may carry a suffix naming the chunk). The bytes hold u already when `offset`, else
+    the signed codes, remapped here. `scaled`: planes 1 and 3 are left 4 times their
+    codes (u & 0xC and (u >> 4) & 0xC), which saves two shifts: one shift serves planes
+    2 and 3, none is needed for 0 and 1."""
     v8, row = _V8, int(str(i).split("_")[0])
-    raw = f"%raw{i}_{row}"
-    lines = load_row(f"raw{i}_", row, "%r", col, "%w", wt, v8, PREFETCH_ROWS, prefetch)
+    if base is None:
+        raw = f"%raw{i}_{row}"
+        lines = load_row(f"raw{i}_", row, "%r", col, "%w", wt, v8, PREFETCH_ROWS, prefetch)
+    else:
+        raw = f"%raw{i}_0"
+        lines = load_row(f"raw{i}_", 0, base, col, "%w", wt, v8, STREAM_AHEAD, prefetch,
+                         locality=3)
     u = raw if offset else f"%u{i}"
     if not offset:
         lines += [
@@ -134,6 +155,14 @@ def _codes(i, wt: str, offset: bool, col: str = "%c", prefetch: bool = True) -> 
             f"%lp{i} = arith.addi %lo{i}, %m55 : {v8}",
             f"%u{i} = arith.subi %lp{i}, %hi{i} : {v8}",
         ]
+    if scaled:
+        return lines + [
+            f"%q{i}_0 = arith.andi {u}, %three : {v8}",
+            f"%q{i}_1 = arith.andi {u}, %twelve : {v8}",
+            f"%t{i}_2 = arith.shrui {u}, %s4 : {v8}",
+            f"%q{i}_2 = arith.andi %t{i}_2, %three : {v8}",
+            f"%q{i}_3 = arith.andi %t{i}_2, %twelve : {v8}",
+        ]
     return lines + [
         f"%q{i}_0 = arith.andi {u}, %three : {v8}",
         f"%t{i}_1 = arith.shrui {u}, %s2 : {v8}",
@@ -142,7 +171,6 @@ def _codes(i, wt: str, offset: bool, col: str = "%c", prefetch: bool = True) -> 
         f"%q{i}_2 = arith.andi %t{i}_2, %three : {v8}",
         f"%q{i}_3 = arith.shrui {u}, %s6 : {v8}",
     ]
-    return lines
 
 
 def _x_planes(b, kb: int, bt: str, col: str = "%c") -> list[str]:
@@ -151,17 +179,24 @@ def _x_planes(b, kb: int, bt: str, col: str = "%c") -> list[str]:
             for j in range(4)]
 
 
-def _stores(pairs, ot: str, acc: str) -> list[str]:
-    """y[m + b, r + i] = (sum(acc) - sx{b}) * fm{b} for each (i, b) of `pairs`; the
-    accumulators are %{acc}#0, #1, ... in that order."""
+def _stores(pairs, ot: str, acc: str, quarter: bool = False, rows=None) -> list[str]:
+    """y[m + b, r + i] (or y[m + b, rows[i]]) = (sum(acc) - sx{b}) * fm{b} for each
+    (i, b) of `pairs`; the accumulators are %{acc}#0, #1, ... in that order (`quarter`:
+    they hold 4 times the sum, exactly)."""
     out = []
     for n, (i, b) in enumerate(pairs):
+        red = f"%red{i}_{b}"
+        if quarter:
+            out += [f"%red4{i}_{b} = vector.reduction <add>, %{acc}#{n} : {_V32} into i32",
+                    f"%red{i}_{b} = arith.shrsi %red4{i}_{b}, %c2i32 : i32"]
+        else:
+            out.append(f"{red} = vector.reduction <add>, %{acc}#{n} : {_V32} into i32")
         out += [
-            f"%red{i}_{b} = vector.reduction <add>, %{acc}#{n} : {_V32} into i32",
             f"%dif{i}_{b} = arith.subi %red{i}_{b}, %sx{b} : i32",
             f"%flt{i}_{b} = arith.sitofp %dif{i}_{b} : i32 to f32",
             f"%y{i}_{b} = arith.mulf %flt{i}_{b}, %fm{b} : f32",
-            f"%orow{i}_{b} = affine.apply affine_map<(d0) -> (d0 + {i})>(%r)",
+            f"%orow{i}_{b} = affine.apply affine_map<(d0) -> (d0 + {i})>(%r)"
+            if rows is None else f"%orow{i}_{b} = arith.addi {rows[i]}, %c0 : index",
             f"%ocol{i}_{b} = affine.apply affine_map<(d0) -> (d0 + {b})>(%mrow)",
             f"memref.store %y{i}_{b}, %o[%ocol{i}_{b}, %orow{i}_{b}] : {ot}",
         ]
@@ -180,46 +215,64 @@ def _dot_chunk(tag: str, codes: str, x: str, acc: str) -> list[str]:
     ]
 
 
+def _dot_chunk_scaled(tag: str, codes: str, x: str, lo: str, hi: str) -> list[str]:
+    """As `_dot_chunk` for `_codes(scaled=True)`: %l{tag} = lo + the pair sums of planes 0
+    and 2, %h{tag} = hi + those of planes 1 and 3 (4 times their codes)."""
+    return [f"%e{tag}_{j} = {_MAD}(%{codes}_{j}, %{x}_{j}) : ({_V8}, {_V8}) -> {_V16}"
+            for j in range(4)] + [
+        f"%f{tag}a = arith.addi %e{tag}_0, %e{tag}_2 : {_V16}",
+        f"%l{tag} = arith.addi {lo}, %f{tag}a : {_V16}",
+        f"%f{tag}b = arith.addi %e{tag}_1, %e{tag}_3 : {_V16}",
+        f"%h{tag} = arith.addi {hi}, %f{tag}b : {_V16}",
+    ]
+
+
 def _gemv_loop(kb: int, wt: str, bt: str, ot: str, offset: bool) -> str:
-    """One quantized row of x (%buf[0]) against ROWS weight rows per step, 64 packed bytes
-    (two chunks, one prefetch per row and cache line) per step when KB allows. As in the
-    GEMM loop the i16 pair sums run over up to I16_CHUNKS chunks before one vpmaddwd."""
-    unroll = 2 if kb % (2 * CHUNK) == 0 else 1
-    body = []
-    for u in range(unroll):
-        col = "%c" if u == 0 else f"%cu{u}"
-        if u:
-            body.append(f"{col} = affine.apply affine_map<(d0) -> (d0 + {u * CHUNK})>(%c)")
-        body += _x_planes(f"0_{u}", kb, bt, col)
-    sums = {i: f"%ps{i}" for i in range(ROWS)}
-    for u in range(unroll):
-        col = "%c" if u == 0 else f"%cu{u}"
-        for i in range(ROWS):
-            t = f"{i}_{u}"
-            body += _codes(t, wt, offset, col, prefetch=u == 0)
-            body += _dot_chunk(t, f"q{t}", f"x0_{u}", sums[i])
-            sums[i] = f"%n{t}"
-    s_iter = ", ".join(f"%ps{i} = %z16" for i in range(ROWS))
+    """One quantized row of x (%buf[0]) against ROWS weight rows per step, one chunk of
+    each. The ROWS rows come from ROWS streams, a quarter of the workgroup's rows each
+    (rows r0 + i q + j, q = its rows / ROWS), so each stream reads its quarter front to
+    back. The codes are decoded with one shift (`_codes(scaled=True)`) into two i16 sums
+    per row, planes 0 + 2 and 4 x (planes 1 + 3), each over up to GEMV_I16_CHUNKS chunks
+    before one vpmaddwd (by 4 and by 1) moves them, times 4, to the row's i32
+    accumulator. (Two chunks a step spilled the 8 sums to the stack.)"""
+    x = _x_planes("0", kb, bt)
+    body, lo, hi = [], {}, {}
+    for i in range(ROWS):
+        body += _codes(i, wt, offset, scaled=True, base=f"%rq{i}")
+        body += _dot_chunk_scaled(str(i), f"q{i}", "x0", f"%pl{i}", f"%ph{i}")
+        lo[i], hi[i] = f"%l{i}", f"%h{i}"
+    s_iter = ", ".join(f"%pl{i} = %z16, %ph{i} = %z16" for i in range(ROWS))
     a_iter = ", ".join(f"%a{i} = %z32" for i in range(ROWS))
-    t16, t32 = ", ".join([_V16] * ROWS), ", ".join([_V32] * ROWS)
+    t16, t32 = ", ".join([_V16] * 2 * ROWS), ", ".join([_V32] * ROWS)
     flush = []
     for i in range(ROWS):
-        flush += [f"%h{i} = {_MADW}(%part#{i}, %ones16) : ({_V16}, {_V16}) -> {_V32}",
-                  f"%na{i} = arith.addi %a{i}, %h{i} : {_V32}"]
+        flush += [f"%wl{i} = {_MADW}(%part#{2 * i}, %fours16) : ({_V16}, {_V16}) -> {_V32}",
+                  f"%wh{i} = {_MADW}(%part#{2 * i + 1}, %ones16) : ({_V16}, {_V16}) -> {_V32}",
+                  f"%ws{i} = arith.addi %wl{i}, %wh{i} : {_V32}",
+                  f"%na{i} = arith.addi %a{i}, %ws{i} : {_V32}"]
     nl = "\n"
+    offsets = [f"%qoff{i} = arith.muli %q, %c{i} : index" for i in range(1, ROWS)]
+    streams = ["%rq0 = arith.addi %rj, %c0 : index"] + [
+        f"%rq{i} = arith.addi %rj, %qoff{i} : index" for i in range(1, ROWS)]
     return f"""
-        scf.for %r = %r0 to %r1 step %cr {{
-          %acc:{ROWS} = scf.for %c16 = %c0 to %ckb step %cblk iter_args({a_iter}) -> ({t32}) {{
-            %cend0 = arith.addi %c16, %cblk : index
+        %nq = arith.subi %r1, %r0 : index
+        %q = arith.divui %nq, %cr : index
+        {nl.join(offsets)}
+        %rqend = arith.addi %r0, %q : index
+        scf.for %rj = %r0 to %rqend step %c1 {{
+          {nl.join(streams)}
+          %acc:{ROWS} = scf.for %c16 = %c0 to %ckb step %cvblk iter_args({a_iter}) -> ({t32}) {{
+            %cend0 = arith.addi %c16, %cvblk : index
             %cend = arith.minui %cend0, %ckb : index
-            %part:{ROWS} = scf.for %c = %c16 to %cend step %cstep iter_args({s_iter}) -> ({t16}) {{
-              {nl.join(body)}
-              scf.yield {", ".join(sums[i] for i in range(ROWS))} : {t16}
+            %part:{2 * ROWS} = scf.for %c = %c16 to %cend step %cc iter_args({s_iter}) -> ({t16}) {{
+              {nl.join(x + body)}
+              scf.yield {", ".join(f"{lo[i]}, {hi[i]}" for i in range(ROWS))} : {t16}
             }}
             {nl.join(flush)}
             scf.yield {", ".join(f"%na{i}" for i in range(ROWS))} : {t32}
           }}
-          {nl.join(_stores([(i, 0) for i in range(ROWS)], ot, "acc"))}
+          {nl.join(_stores([(i, 0) for i in range(ROWS)], ot, "acc", quarter=True,
+                           rows=[f"%rq{i}" for i in range(ROWS)]))}
         }}"""
 
 
@@ -283,8 +336,8 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
       %cg = arith.constant {GEMM_ROWS} : index
       %cmb = arith.constant {MB} : index
       %cc = arith.constant {CHUNK} : index
-      %cstep = arith.constant {CHUNK * (2 if kb % (2 * CHUNK) == 0 else 1)} : index
       %cblk = arith.constant {I16_CHUNKS * CHUNK} : index
+      %cvblk = arith.constant {GEMV_I16_CHUNKS * CHUNK} : index
       %ckb = arith.constant {kb} : index
       %ckp = arith.constant {kp} : index
       %cn = arith.constant {n} : index
@@ -303,7 +356,8 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
       %rpg = arith.ceildivui %cn, %ng : index
       %rpr = arith.ceildivui %rpg, %cr : index
       %rpw = arith.muli %rpr, %cr : index
-      %r0 = arith.muli %wg, %rpw : index
+      %r0u = arith.muli %wg, %rpw : index
+      %r0 = arith.minui %r0u, %cn : index
       %r1u = arith.addi %r0, %rpw : index
       %r1 = arith.minui %r1u, %cn : index
       %three = arith.constant dense<3> : {v8}
@@ -313,6 +367,9 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
       %s4 = arith.constant dense<4> : {v8}
       %s6 = arith.constant dense<6> : {v8}
       %ones16 = arith.constant dense<1> : {_V16}
+      %fours16 = arith.constant dense<4> : {_V16}
+      %twelve = arith.constant dense<12> : {v8}
+      %c2i32 = arith.constant 2 : i32
       %z16 = arith.constant dense<0> : {_V16}
       %z32 = arith.constant dense<0> : {_V32}
       %mblocks = arith.divui %m, %cmb : index
