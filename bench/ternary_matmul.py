@@ -12,8 +12,9 @@ stack (one module for every batch size), timed as a user calls it (`exe(x)`: Num
 NumPy out); "IREE f32" is the same stack as nn.Linear
 on the dense ternary weights (scale * T) with data tiling; "numpy f32" is `x @ W.T`. All
 take turns (bench/ternary_kernels.py's interleaving) and print the median, the min and
-their ratios to NumPy measured in the same run. bench/ternary_kernels.py times the bare
-kernels without tercomp's call overhead.
+their ratios to NumPy measured in the same run. For a square layer a warm run also times
+the auto module's kernel without the call's overhead: the one layer applied 16 times in
+one call, per layer. bench/ternary_kernels.py times the bare kernels without tercomp.
 """
 from __future__ import annotations
 
@@ -51,6 +52,23 @@ class Stack(nn.Module):
         return x
 
 
+class Repeat(nn.Module):
+    """One layer applied `times` times in one call: its weights stay in cache and the
+    call's overhead is shared by every application (the kernel's own time per layer)."""
+
+    def __init__(self, layer, times):
+        self.layer, self.times = layer, times
+
+    def forward(self, x):
+        for _ in range(self.times):
+            x = self.layer(x)
+        return x
+
+
+#: applications of the one layer in the "kernel" row of a warm run
+REPEAT = 16
+
+
 def models(count, k, n, rng):
     bit, dense = [], []
     for _ in range(count):
@@ -76,6 +94,7 @@ def run(m, k, n, count, rounds, rng, weights):
         return y
 
     fns = {"numpy f32 x @ W.T": numpy_chain}
+    per_call = {}                   # label -> layers a call runs, where not `count`
     t0 = time.perf_counter()
     f32 = tc.compile(dense, x, ternary="off", flags=DENSE_FLAGS, weights=weights, cache=False)
     fns[f"IREE f32 matmul (nn.Linear)  [compile {time.perf_counter() - t0:.1f}s]"] = lambda: f32(x)
@@ -91,7 +110,13 @@ def run(m, k, n, count, rounds, rng, weights):
             # the same module through IREE's own invoke: tercomp's per-call overhead
             fn, xd = exe._load(), np.ascontiguousarray(x)
             fns["  the auto module, bare IREE invoke + to_host"] = lambda: fn(xd).to_host()
-    return [(name, med / count, best / count)
+            if count == 1 and k == n:
+                rep = tc.compile(Repeat(bit.layers[0], REPEAT), spec, ternary=s,
+                                 weights=weights, cache=False)
+                label = f"  the auto kernel alone: {REPEAT} layers a call, per layer"
+                fns[label] = lambda: rep(x)
+                per_call[label] = REPEAT
+    return [(name, med / per_call.get(name, count), best / per_call.get(name, count))
             for name, (med, best) in interleaved_medians(fns, rounds).items()]
 
 

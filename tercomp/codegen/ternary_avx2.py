@@ -15,12 +15,16 @@ per 32 packed bytes of a row,
     a += vpmaddwd(s, 1)                           i16 pairs -> i32 lanes
 
 and y = (sum(a) - sum(x)) * scale * max|x| / 127 at the end (sum(w x) = sum(u x) - sum x).
-In the GEMV loop four output rows share each load of x (64 packed bytes a step, one
-prefetch per row and cache line); in the GEMM loop each decoded weight chunk meets MB
-rows of x. Both sum the i16 pairs over up to 16 chunks before one `vpmaddwd`. No
-horizontal add inside the K loop; each row's next bytes are prefetched two row groups
-ahead; the rows are split into workgroups that
-IREE's task system spreads over the cores; each workgroup quantizes x itself.
+The GEMV loop decodes with one shift instead of three: planes 0 and 2 are u & 3 and
+(u >> 4) & 3, planes 1 and 3 are left 4 times their codes (u & 12, (u >> 4) & 12) and
+summed apart, and the i32 sums hold 4 times the dot product until the end.
+In the GEMV loop four output rows share each load of x, one from each quarter of the
+workgroup's rows, so each of the four reads its quarter as one stream (far-apart
+streams keep more DRAM reads in flight than adjacent rows: see STREAM_AHEAD); in the
+GEMM loop each decoded weight chunk meets MB rows of x. Both sum the i16 pairs over
+several chunks before one `vpmaddwd`. No horizontal add inside the K loop; the rows are
+split into workgroups that IREE's task system spreads over the cores; each workgroup
+quantizes x itself.
 
 Needs: llvm-cpu with AVX2, K/4 a multiple of 32 and N a multiple of 4 (the strategy
 table's rule checks it; other shapes take `addsub`).
