@@ -82,6 +82,18 @@ STACK_LIMIT = 65536
 #: 4096x4096, and every extra workgroup quantizes x once more, so M < MB gets 4.
 WORKGROUPS = 8
 DECODE_WORKGROUPS = 4
+#: A block of rows sweeps its workgroup's weights once per MB rows of x, so a
+#: workgroup's weights should stay in the core's L2 (512 KiB on Zen 3, shared with x and
+#: the output): at least ceil(N KB / GEMM_GROUP_BYTES) workgroups. At 128x4096x4096 16
+#: workgroups (256 KiB each) gave 0.48x-0.52x NumPy's median against 0.62x-0.63x with 8
+#: (512 KiB each) in two runs; 32 gave 0.62x (2026-11-24, same VM).
+GEMM_GROUP_BYTES = 256 * 1024
+
+
+def gemm_workgroups(n: int, kb: int) -> int:
+    """Workgroups for a block of rows of x: WORKGROUPS, or more to keep each one's
+    weights within GEMM_GROUP_BYTES (but at least ROWS rows each)."""
+    return max(WORKGROUPS, min(-(-n * kb // GEMM_GROUP_BYTES), n // ROWS))
 
 
 def fits(k_bytes: int, n: int) -> bool:
@@ -383,7 +395,7 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
       }}
       scf.for %mrow = %mfull to %m step %c1 {{{_quantize_row(kp, 0, "%mrow")}{_gemv_loop(kb, wt, bt, ot, offset)}
       }}"""
-    return wrap_executable(name, (DECODE_WORKGROUPS, WORKGROUPS, MB),
+    return wrap_executable(name, (DECODE_WORKGROUPS, gemm_workgroups(n, kb), MB),
                            "%bx: !stream.binding, %bw: !stream.binding, "
                            "%bo: !stream.binding, %wscale: f32, %m: index", body)
 
