@@ -359,7 +359,8 @@ def test_avx2_gemv_matches_reference(m, k, n, codes):
 @needs_avx2
 def test_avx2_gemv_with_runtime_packed_weights_and_the_ir_it_dispatches():
     """`packed` as a function argument; the module holds one stream.executable per weight
-    shape, reached by flow.dispatch, whose loop multiplies with vpmaddubsw."""
+    shape, reached by flow.dispatch, whose loop multiplies with vpmaddubsw, and (M
+    symbolic) one quantize dispatch that both matmuls of the same x read."""
     k, n = 256, 8
     rng = np.random.default_rng(5)
     packed = pack_ternary(random_ternary(rng, n, k))
@@ -376,14 +377,18 @@ def test_avx2_gemv_with_runtime_packed_weights_and_the_ir_it_dispatches():
 
     text, vmfb = build_and_compile(build, [*HOST_CPU_FLAGS, *strategy_flags("avx2")])
     run_filecheck(text, r"""
-# CHECK:     stream.executable private @tern_avx2_gemv_8x64
+# CHECK:     stream.executable private @tern_avx2_quant_64
+# CHECK:     stream.executable private @tern_avx2_gemv_8x64_q
 # CHECK:       llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"
 # CHECK-NOT: stream.executable
-# CHECK:     flow.dispatch @tern_avx2_gemv_8x64::@tern_avx2_gemv_8x64
-# CHECK:     flow.dispatch @tern_avx2_gemv_8x64::@tern_avx2_gemv_8x64
+# CHECK:     %[[Q:.*]]:2 = flow.dispatch @tern_avx2_quant_64::@tern_avx2_quant_64[%{{.*}}](%arg0, %{{.*}}) : (tensor<?x256xf32>{%{{.*}}}, index) -> (tensor<?x256xi8>{%{{.*}}}, tensor<?x2xf32>{%{{.*}}})
+# CHECK-NOT: @tern_avx2_quant_64
+# CHECK:     flow.dispatch @tern_avx2_gemv_8x64_q::@tern_avx2_gemv_8x64_q[%{{.*}}](%arg0, %[[Q]]#0, %[[Q]]#1, %arg1,
+# CHECK-NOT: @tern_avx2_quant_64
+# CHECK:     flow.dispatch @tern_avx2_gemv_8x64_q::@tern_avx2_gemv_8x64_q[%{{.*}}](%arg0, %[[Q]]#0, %[[Q]]#1, %arg1,
 """)
     mod = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
-    for batch in (1, 4):
+    for batch in (1, 4, 6):     # no whole block of 4 rows, one, one and a remainder
         x = rng.standard_normal((batch, k)).astype(np.float32)
         ref = ternary_matmul_reference(x, packed, k, 0.75, True)
         np.testing.assert_allclose(mod.main(x, packed.view(np.int8)).to_host(), ref,

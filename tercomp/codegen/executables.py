@@ -30,14 +30,16 @@ def ensure_executable(name: str, text) -> None:
 
 
 def dispatch(executable: str, entry: str, workload: Sequence[ir.Value], args: Sequence[ir.Value],
-             arg_dims: Sequence[ir.Value], result_type: ir.Type,
-             result_dims: Sequence[ir.Value]) -> ir.Value:
+             arg_dims: Sequence[ir.Value], result_type,
+             result_dims: Sequence[ir.Value]):
     """`flow.dispatch @executable::@entry[workload](args)`; `arg_dims` are the dynamic
-    sizes of the tensor arguments in order, `result_dims` those of the result."""
-    op = flow.DispatchOp([result_type], list(workload),
+    sizes of the tensor arguments in order, `result_dims` those of the results. A list
+    of result types gives a list of results."""
+    types = list(result_type) if isinstance(result_type, (list, tuple)) else [result_type]
+    op = flow.DispatchOp(types, list(workload),
                          ir.ArrayAttr.get([ir.SymbolRefAttr.get([executable, entry])]),
                          list(args), list(arg_dims), list(result_dims))
-    return op.result
+    return list(op.results) if isinstance(result_type, (list, tuple)) else op.result
 
 
 def split_rows(n: int, workgroups: int, align: int) -> tuple[int, int]:
@@ -72,9 +74,14 @@ def executable_text(name: str, groups, params: str, body: str,
                     per_group: int | None = None) -> str:
     """`stream.executable @name` with one export `@name` over `groups` workgroups (along
     x; None: ceil(m / per_group) of them; (few, many, m_min): `many` when m >= m_min, else
-    `few`) whose function takes `params` (stream bindings and scalars, the last
+    `few`; ("blocks", block, per): ceil(m rounded down to whole blocks / per), none below
+    one block) whose function takes `params` (stream bindings and scalars, the last
     `%m: index`, the workload) and runs `body` (the statements before `return`)."""
-    if isinstance(groups, tuple):
+    if isinstance(groups, tuple) and groups[0] == "blocks":
+        _, block, per = groups
+        count = (f"%g = affine.apply affine_map<()[s0] -> ((s0 floordiv {block}) * {block} "
+                 f"ceildiv {per})>()[%m]")
+    elif isinstance(groups, tuple):
         few, many, m_min = groups
         count = (f"%few = arith.constant {few} : index\n    "
                  f"%many = arith.constant {many} : index\n    "

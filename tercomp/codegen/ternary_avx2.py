@@ -31,6 +31,8 @@ table's rule checks it; other shapes take `addsub`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith
@@ -106,11 +108,11 @@ def _f(v) -> str:
     return f"{float(np.float32(v)):.9e}"
 
 
-def _quantize_row(kp: int, b: int, row: str) -> str:
-    """Quantize x[row, :] into %buf[b, :] (i8) as `ternary_pack.act_quant` does
+def _quantize_row(kp: int, b: int, row: str, dst: str, dst_row: str, dst_type: str) -> str:
+    """Quantize x[row, :] into dst[dst_row, :] (i8) as `ternary_pack.act_quant` does
     (roundeven(x * (127 / max(amax, eps))) clipped to +-127, in f32 and in that order, so
-    the codes agree exactly); defines %sx{b} (the sum of the codes) and %fm{b} (the
-    dequantization factor max(amax, eps) * scale / 127)."""
+    the codes agree exactly); defines %sx{b} (the sum of the codes, i32) and %amc{b}
+    (max(amax, eps): the codes times amc / 127 are x's approximation)."""
     vf, vi, vb = "vector<8xf32>", "vector<8xi32>", "vector<8xi8>"
     xt = f"memref<?x{kp}xf32>"
     return f"""
@@ -132,11 +134,20 @@ def _quantize_row(kp: int, b: int, row: str) -> str:
             %cl = arith.minimumf %lo, %hiv : {vf}
             %qi = arith.fptosi %cl : {vf} to {vi}
             %qb = arith.trunci %qi : {vi} to {vb}
-            vector.store %qb, %buf[%c{b}, %k] : memref<{MB}x{kp}xi8>, {vb}
+            vector.store %qb, {dst}[{dst_row}, %k] : {dst_type}, {vb}
             %an = arith.addi %a, %qi : {vi}
             scf.yield %an : {vi}
           }}
-          %sx{b} = vector.reduction <add>, %sxv{b} : {vi} into i32
+          %sx{b} = vector.reduction <add>, %sxv{b} : {vi} into i32"""
+
+
+def _row_stats(b: int, row: str) -> str:
+    """%sx{b} and %fm{b} (the dequantization factor amc * scale / 127) of quantized row
+    `row` of x, from the quantize dispatch's statistics (%xs [M, 2]: sum, amc)."""
+    return f"""
+          %sxf{b} = memref.load %xs[{row}, %c0] : memref<?x2xf32>
+          %sx{b} = arith.fptosi %sxf{b} : f32 to i32
+          %amc{b} = memref.load %xs[{row}, %c1] : memref<?x2xf32>
           %fm{b} = arith.mulf %amc{b}, %wscale : f32"""
 
 
@@ -189,9 +200,19 @@ def _codes(i, wt: str, offset: bool, col: str = "%c", prefetch: bool = True,
     ]
 
 
-def _x_planes(b, kb: int, bt: str, col: str = "%c") -> list[str]:
+@dataclass(frozen=True)
+class _XRows:
+    """Where the loops read quantized rows of x: `mem` (of type `type`), the block's row
+    b at index `rows[b]`."""
+    mem: str
+    type: str
+    rows: tuple
+
+
+def _x_planes(b: int, kb: int, xs: _XRows, col: str = "%c") -> list[str]:
+    """%x{b}_{j}: the 32 quantized x values of plane j at column `col` of row b."""
     return [f"%xo{b}_{j} = affine.apply affine_map<(d0) -> (d0 + {j * kb})>({col})\n"
-            f"%x{b}_{j} = vector.load %buf[%c{str(b).split('_')[0]}, %xo{b}_{j}] : {bt}, {_V8}"
+            f"%x{b}_{j} = vector.load {xs.mem}[{xs.rows[b]}, %xo{b}_{j}] : {xs.type}, {_V8}"
             for j in range(4)]
 
 
@@ -243,15 +264,15 @@ def _dot_chunk_scaled(tag: str, codes: str, x: str, lo: str, hi: str) -> list[st
     ]
 
 
-def _gemv_loop(kb: int, wt: str, bt: str, ot: str, offset: bool) -> str:
-    """One quantized row of x (%buf[0]) against ROWS weight rows per step, one chunk of
+def _gemv_loop(kb: int, wt: str, xs: _XRows, ot: str, offset: bool) -> str:
+    """One quantized row of x (row 0 of `xs`) against ROWS weight rows per step, one chunk of
     each. The ROWS rows come from ROWS streams, a quarter of the workgroup's rows each
     (rows r0 + i q + j, q = its rows / ROWS), so each stream reads its quarter front to
     back. The codes are decoded with one shift (`_codes(scaled=True)`) into two i16 sums
     per row, planes 0 + 2 and 4 x (planes 1 + 3), each over up to GEMV_I16_CHUNKS chunks
     before one vpmaddwd (by 4 and by 1) moves them, times 4, to the row's i32
     accumulator. (Two chunks a step spilled the 8 sums to the stack.)"""
-    x = _x_planes("0", kb, bt)
+    x = _x_planes(0, kb, xs)
     body, lo, hi = [], {}, {}
     for i in range(ROWS):
         body += _codes(i, wt, offset, scaled=True, base=f"%rq{i}")
@@ -292,7 +313,7 @@ def _gemv_loop(kb: int, wt: str, bt: str, ot: str, offset: bool) -> str:
         }}"""
 
 
-def _gemm_loop(kb: int, wt: str, bt: str, ot: str, offset: bool) -> str:
+def _gemm_loop(kb: int, wt: str, xs: _XRows, ot: str, offset: bool) -> str:
     """MB quantized rows of x against GEMM_ROWS weight rows per step: each weight chunk
     is decoded once for MB rows of x. The i16 pair sums of a (row, x row) pair run over
     up to I16_CHUNKS chunks (|sum| <= 4 planes * 2 * 2 * 127 a chunk, so 16 chunks stay
@@ -302,7 +323,7 @@ def _gemm_loop(kb: int, wt: str, bt: str, ot: str, offset: bool) -> str:
     for i in range(GEMM_ROWS):
         body += _codes(i, wt, offset)
     for b in range(MB):
-        body += _x_planes(b, kb, bt)
+        body += _x_planes(b, kb, xs)
     for i, b in pairs:
         body += _dot_chunk(f"{i}_{b}", f"q{i}", f"x{b}", f"%s{i}_{b}")
     s_iter = ", ".join(f"%s{i}_{b} = %z16" for i, b in pairs)
@@ -329,25 +350,97 @@ def _gemm_loop(kb: int, wt: str, bt: str, ot: str, offset: bool) -> str:
         }}"""
 
 
-def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
+_COMMON = """      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+{consts}
+      %c8 = arith.constant 8 : index
+      %ckp = arith.constant {kp} : index
+      %eps = arith.constant {eps} : f32
+      %c127 = arith.constant {c127} : f32
+      %lov = arith.constant dense<{lo}> : vector<8xf32>
+      %hiv = arith.constant dense<{hi}> : vector<8xf32>
+      %zf8 = arith.constant dense<0.0> : vector<8xf32>
+      %zi8 = arith.constant dense<0> : vector<8xi32>"""
+
+
+def _common(kp: int) -> str:
+    """The constants both executables use (index constants 0 .. MB - 1 among them)."""
+    return _COMMON.format(
+        consts="\n".join(f"      %c{b} = arith.constant {b} : index" for b in range(2, MB)),
+        kp=kp, eps=_f(ACT_EPS), c127=_f(ACT_MAX), lo=_f(-ACT_MAX), hi=_f(ACT_MAX))
+
+
+#: Rows of x per workgroup of the quantize dispatch.
+QUANT_ROWS = 8
+
+
+def quantize_text(name: str, kb: int) -> str:
+    """The `stream.executable @name` whose export quantizes the whole blocks of MB rows
+    of x [M, 4 KB] f32 once for every matmul that reads them: q [M, 4 KB] i8 (the codes)
+    and stats [M, 2] f32 (the codes' sum, exact in f32 below 2^24, and max(amax, eps)),
+    QUANT_ROWS rows a workgroup. Below MB rows it has no workgroups: IREE skips it."""
+    kp = 4 * kb
+    qt = f"memref<?x{kp}xi8>"
+    body = f"""{_common(kp)}
+      %crows = arith.constant {QUANT_ROWS} : index
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{kp}xf32>{{%m}}
+      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {qt}{{%m}}
+      %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2xf32>{{%m}}
+      %wg = stream.dispatch.workgroup.id[0] : index
+      %row0 = arith.muli %wg, %crows : index
+      %row1u = arith.addi %row0, %crows : index
+      %cmb = arith.constant {MB} : index
+      %mblocks = arith.divui %m, %cmb : index
+      %mfull = arith.muli %mblocks, %cmb : index
+      %row1 = arith.minui %row1u, %mfull : index
+      scf.for %row = %row0 to %row1 step %c1 {{{_quantize_row(kp, 0, "%row", "%q", "%row", qt)}
+        %sxf0 = arith.sitofp %sx0 : i32 to f32
+        memref.store %sxf0, %xs[%row, %c0] : memref<?x2xf32>
+        memref.store %amc0, %xs[%row, %c1] : memref<?x2xf32>
+      }}"""
+    return wrap_executable(name, ("blocks", MB, QUANT_ROWS), "%bx: !stream.binding, "
+                           "%bq: !stream.binding, %bs: !stream.binding, %m: index", body)
+
+
+def executable_text(name: str, n: int, kb: int, offset: bool = False,
+                    prequantized: bool = False) -> str:
     """The `stream.executable @name` whose export `@name` computes, for x [M, 4 KB] f32
     (K zero-padded to 4 KB), w [N, KB] i8 packed (the offset codes w + 1 when `offset`,
     else the signed codes) and `wscale` (the ternary scale / 127),
     out [M, N] f32 = dequant(act_quant(x) @ T^T), T the ternary matrix of w: MB rows of x
     at a time through the GEMM loop, the remaining rows one by one through the GEMV loop.
-    Each workgroup quantizes x itself (a few microseconds a row) rather than leaving it
-    to four dispatches of their own, each a task-system round trip."""
+    `prequantized`: the whole blocks of MB rows come quantized by `quantize_text`'s
+    dispatch (its q and stats follow x); else each workgroup quantizes them itself,
+    which costs every workgroup a read of all of x. The rows after the last block (a
+    decode's rows) are quantized by each workgroup either way: a dispatch of its own for
+    one row would cost a task-system wake-up more than the quantization."""
     kp = 4 * kb
     bt, wt, ot = f"memref<{MB}x{kp}xi8>", f"memref<{n}x{kb}xi8>", f"memref<?x{n}xf32>"
+    qt = f"memref<?x{kp}xi8>"
     v8 = _V8
-    consts = "\n".join(f"      %c{b} = arith.constant {b} : index" for b in range(2, MB))
-    quant_block = "".join(_quantize_row(kp, b, f"%xr{b}") for b in range(MB))
     xrows = "\n".join(f"          %xr{b} = affine.apply affine_map<(d0) -> (d0 + {b})>(%mrow)"
                        for b in range(MB))
-    body = f"""      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-{consts}
-      %c8 = arith.constant 8 : index
+    fm = "\n          %fm{b} = arith.mulf %amc{b}, %wscale : f32"
+    rows_type = f"memref<{1 if prequantized else MB}x{kp}xi8>"
+    inputs = f"""
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{kp}xf32>{{%m}}
+      %buf = memref.alloca() : {rows_type}"""
+    # the rows after the last whole block (a decode's rows): quantized here
+    row_x = _quantize_row(kp, 0, "%mrow", "%buf", "%c0", rows_type) + fm.format(b=0)
+    gemv_x = _XRows("%buf", rows_type, ("%c0",))
+    params = "%bx: !stream.binding, "
+    if prequantized:
+        inputs += f"""
+      %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> {qt}{{%m}}
+      %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2xf32>{{%m}}"""
+        block_x = "".join(_row_stats(b, f"%xr{b}") for b in range(MB))
+        gemm_x = _XRows("%xq", qt, tuple(f"%xr{b}" for b in range(MB)))
+        params += "%bq: !stream.binding, %bs: !stream.binding, "
+    else:
+        block_x = "".join(_quantize_row(kp, b, f"%xr{b}", "%buf", f"%c{b}", bt)
+                          + fm.format(b=b) for b in range(MB))
+        gemm_x = _XRows("%buf", bt, tuple(f"%c{b}" for b in range(MB)))
+    body = f"""{_common(kp)}
       %cr = arith.constant {ROWS} : index
       %cg = arith.constant {GEMM_ROWS} : index
       %cmb = arith.constant {MB} : index
@@ -355,18 +448,9 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
       %cblk = arith.constant {I16_CHUNKS * CHUNK} : index
       %cvblk = arith.constant {GEMV_I16_CHUNKS * CHUNK} : index
       %ckb = arith.constant {kb} : index
-      %ckp = arith.constant {kp} : index
-      %cn = arith.constant {n} : index
-      %eps = arith.constant {_f(ACT_EPS)} : f32
-      %c127 = arith.constant {_f(ACT_MAX)} : f32
-      %lov = arith.constant dense<{_f(-ACT_MAX)}> : vector<8xf32>
-      %hiv = arith.constant dense<{_f(ACT_MAX)}> : vector<8xf32>
-      %zf8 = arith.constant dense<0.0> : vector<8xf32>
-      %zi8 = arith.constant dense<0> : vector<8xi32>
-      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{kp}xf32>{{%m}}
+      %cn = arith.constant {n} : index{inputs}
       %w = stream.binding.subspan %bw[%c0] : !stream.binding -> {wt}
       %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {ot}{{%m}}
-      %buf = memref.alloca() : {bt}
       %wg = stream.dispatch.workgroup.id[0] : index
       %ng = stream.dispatch.workgroup.count[0] : index
       %rpg = arith.ceildivui %cn, %ng : index
@@ -391,24 +475,51 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False) -> str:
       %mblocks = arith.divui %m, %cmb : index
       %mfull = arith.muli %mblocks, %cmb : index
       scf.for %mrow = %c0 to %mfull step %cmb {{
-{xrows}{quant_block}{_gemm_loop(kb, wt, bt, ot, offset)}
+{xrows}{block_x}{_gemm_loop(kb, wt, gemm_x, ot, offset)}
       }}
-      scf.for %mrow = %mfull to %m step %c1 {{{_quantize_row(kp, 0, "%mrow")}{_gemv_loop(kb, wt, bt, ot, offset)}
+      scf.for %mrow = %mfull to %m step %c1 {{{row_x}{_gemv_loop(kb, wt, gemv_x, ot, offset)}
       }}"""
     return wrap_executable(name, (DECODE_WORKGROUPS, gemm_workgroups(n, kb), MB),
-                           "%bx: !stream.binding, %bw: !stream.binding, "
-                           "%bo: !stream.binding, %wscale: f32, %m: index", body)
+                           params + "%bw: !stream.binding, %bo: !stream.binding, "
+                           "%wscale: f32, %m: index", body)
+
+
+def _quantized(kern, x: ir.Value, m: ir.Value, dims) -> list[ir.Value]:
+    """[q, stats] of x from the quantize dispatch: the one already emitted for x in this
+    block (matmuls that share an input, such as an attention block's q, k and v
+    projections, share its quantization), else a new one."""
+    qname = f"tern_avx2_quant_{kern.kb}"
+    callee = ir.ArrayAttr.get([ir.SymbolRefAttr.get([qname, qname])])
+    block = ir.InsertionPoint.current.block
+    for use in x.uses:
+        op = getattr(use.owner, "operation", use.owner)
+        if (op.name == "flow.dispatch" and use.operand_number == 1      # after the workload
+                and op.attributes["entry_points"] == callee and op.block == block):
+            return list(op.results)
+    ensure_executable(qname, lambda: quantize_text(qname, kern.kb))
+    return dispatch(qname, qname, [m], [x, m], dims,
+                    [kern.ttype([4 * kern.kb], ir.IntegerType.get_signless(8)),
+                     kern.ttype([2], kern.f32)], dims + dims)
 
 
 def emit(kern) -> ir.Value:
-    """y [M, N] f32 for the `_Kernel` `kern` (activation quantization always on)."""
+    """y [M, N] f32 for the `_Kernel` `kern` (activation quantization always on). For a
+    static M below MB (a decode) the matmul's dispatch quantizes x itself; for any other
+    M (a symbolic one too) a dispatch of its own quantizes x's whole blocks of MB rows
+    first, once for every matmul of x."""
     offset = kern.codes == "offset"
-    name = f"tern_avx2_gemv_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
-    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset))
+    prequantized = kern.m is None or kern.m >= MB
+    name = (f"tern_avx2_gemv_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
+            f"{'_q' if prequantized else ''}")
+    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset,
+                                                    prequantized))
     m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
+    x = [kern.pad_k(kern.x)]
+    if prequantized:
+        x += _quantized(kern, x[0], m, dims)
     # the scale is an operand, not a constant of the executable: every layer of a shape
     # shares one executable
     wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))
-    return dispatch(name, name, [m], [kern.pad_k(kern.x), kern.weights(), wscale, m],
-                    dims, kern.ttype([kern.n], kern.f32), dims)
+    return dispatch(name, name, [m], [*x, kern.weights(), wscale, m],
+                    dims * len(x), kern.ttype([kern.n], kern.f32), dims)
