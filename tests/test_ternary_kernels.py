@@ -383,9 +383,9 @@ def test_avx2_gemv_with_runtime_packed_weights_and_the_ir_it_dispatches():
 # CHECK-NOT: stream.executable
 # CHECK:     %[[Q:.*]]:2 = flow.dispatch @tern_avx2_quant_64::@tern_avx2_quant_64[%{{.*}}](%arg0, %{{.*}}) : (tensor<?x256xf32>{%{{.*}}}, index) -> (tensor<?x256xi8>{%{{.*}}}, tensor<?x2xf32>{%{{.*}}})
 # CHECK-NOT: @tern_avx2_quant_64
-# CHECK:     flow.dispatch @tern_avx2_gemv_8x64_q::@tern_avx2_gemv_8x64_q[%{{.*}}](%arg0, %[[Q]]#0, %[[Q]]#1, %arg1,
+# CHECK:     flow.dispatch @tern_avx2_gemv_8x64_q::@tern_avx2_gemv_8x64_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %arg1,
 # CHECK-NOT: @tern_avx2_quant_64
-# CHECK:     flow.dispatch @tern_avx2_gemv_8x64_q::@tern_avx2_gemv_8x64_q[%{{.*}}](%arg0, %[[Q]]#0, %[[Q]]#1, %arg1,
+# CHECK:     flow.dispatch @tern_avx2_gemv_8x64_q::@tern_avx2_gemv_8x64_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %arg1,
 """)
     mod = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
     for batch in (1, 4, 6):     # no whole block of 4 rows, one, one and a remainder

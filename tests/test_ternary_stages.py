@@ -111,7 +111,7 @@ def _agrees_with_f32_at_every_batch(exe):
 def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
     """On an AVX2 host, "auto" with a symbolic batch is the avx2 kernel: one flow.dispatch
     reading the one 2-bit constant, whatever the batch size, after the dispatch that
-    quantizes x's whole blocks of rows (none below one block), no branch on the batch,
+    quantizes x, no branch on the batch,
     and no optimization barrier (a host-side op that would split the command buffer).
     The constant holds the offset codes w + 1 that the kernel multiplies directly."""
     from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
@@ -129,7 +129,7 @@ def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
 # CHECK-NOT:   util.optimization_barrier
 # CHECK:       %[[Q:.*]]:2 = flow.dispatch @tern_avx2_quant_64::@tern_avx2_quant_64[%{{.*}}](%arg0, %{{.*}})
 # CHECK-NOT:   scf.if
-# CHECK:       flow.dispatch @tern_avx2_gemv_128x64_offset_q::@tern_avx2_gemv_128x64_offset_q[%{{.*}}](%arg0, %[[Q]]#0, %[[Q]]#1, %[[W]], %{{.*}}, %{{.*}})
+# CHECK:       flow.dispatch @tern_avx2_gemv_128x64_offset_q::@tern_avx2_gemv_128x64_offset_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %[[W]], %{{.*}}, %{{.*}})
 # CHECK-NOT:   scf.if
 # CHECK:       return
 """)

@@ -74,14 +74,9 @@ def executable_text(name: str, groups, params: str, body: str,
                     per_group: int | None = None) -> str:
     """`stream.executable @name` with one export `@name` over `groups` workgroups (along
     x; None: ceil(m / per_group) of them; (few, many, m_min): `many` when m >= m_min, else
-    `few`; ("blocks", block, per): ceil(m rounded down to whole blocks / per), none below
-    one block) whose function takes `params` (stream bindings and scalars, the last
+    `few`) whose function takes `params` (stream bindings and scalars, the last
     `%m: index`, the workload) and runs `body` (the statements before `return`)."""
-    if isinstance(groups, tuple) and groups[0] == "blocks":
-        _, block, per = groups
-        count = (f"%g = affine.apply affine_map<()[s0] -> ((s0 floordiv {block}) * {block} "
-                 f"ceildiv {per})>()[%m]")
-    elif isinstance(groups, tuple):
+    if isinstance(groups, tuple):
         few, many, m_min = groups
         count = (f"%few = arith.constant {few} : index\n    "
                  f"%many = arith.constant {many} : index\n    "

@@ -375,10 +375,10 @@ QUANT_ROWS = 8
 
 
 def quantize_text(name: str, kb: int) -> str:
-    """The `stream.executable @name` whose export quantizes the whole blocks of MB rows
-    of x [M, 4 KB] f32 once for every matmul that reads them: q [M, 4 KB] i8 (the codes)
-    and stats [M, 2] f32 (the codes' sum, exact in f32 below 2^24, and max(amax, eps)),
-    QUANT_ROWS rows a workgroup. Below MB rows it has no workgroups: IREE skips it."""
+    """The `stream.executable @name` whose export quantizes x [M, 4 KB] f32 once for
+    every matmul that reads it: q [M, 4 KB] i8 (the codes) and stats [M, 2] f32 (the
+    codes' sum, exact in f32 below 2^24, and max(amax, eps)), QUANT_ROWS rows a
+    workgroup."""
     kp = 4 * kb
     qt = f"memref<?x{kp}xi8>"
     body = f"""{_common(kp)}
@@ -389,17 +389,14 @@ def quantize_text(name: str, kb: int) -> str:
       %wg = stream.dispatch.workgroup.id[0] : index
       %row0 = arith.muli %wg, %crows : index
       %row1u = arith.addi %row0, %crows : index
-      %cmb = arith.constant {MB} : index
-      %mblocks = arith.divui %m, %cmb : index
-      %mfull = arith.muli %mblocks, %cmb : index
-      %row1 = arith.minui %row1u, %mfull : index
+      %row1 = arith.minui %row1u, %m : index
       scf.for %row = %row0 to %row1 step %c1 {{{_quantize_row(kp, 0, "%row", "%q", "%row", qt)}
         %sxf0 = arith.sitofp %sx0 : i32 to f32
         memref.store %sxf0, %xs[%row, %c0] : memref<?x2xf32>
         memref.store %amc0, %xs[%row, %c1] : memref<?x2xf32>
       }}"""
-    return wrap_executable(name, ("blocks", MB, QUANT_ROWS), "%bx: !stream.binding, "
-                           "%bq: !stream.binding, %bs: !stream.binding, %m: index", body)
+    return wrap_executable(name, None, "%bx: !stream.binding, %bq: !stream.binding, "
+                           "%bs: !stream.binding, %m: index", body, per_group=QUANT_ROWS)
 
 
 def executable_text(name: str, n: int, kb: int, offset: bool = False,
@@ -409,37 +406,36 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
     else the signed codes) and `wscale` (the ternary scale / 127),
     out [M, N] f32 = dequant(act_quant(x) @ T^T), T the ternary matrix of w: MB rows of x
     at a time through the GEMM loop, the remaining rows one by one through the GEMV loop.
-    `prequantized`: the whole blocks of MB rows come quantized by `quantize_text`'s
-    dispatch (its q and stats follow x); else each workgroup quantizes them itself,
-    which costs every workgroup a read of all of x. The rows after the last block (a
-    decode's rows) are quantized by each workgroup either way: a dispatch of its own for
-    one row would cost a task-system wake-up more than the quantization."""
+    `prequantized`: x comes quantized by `quantize_text`'s dispatch (its q and stats
+    instead of x); else each workgroup quantizes the rows of x it needs itself, which
+    costs every workgroup a read of all of x (nothing for a decode's row, a third of the
+    time at 128 rows)."""
     kp = 4 * kb
     bt, wt, ot = f"memref<{MB}x{kp}xi8>", f"memref<{n}x{kb}xi8>", f"memref<?x{n}xf32>"
     qt = f"memref<?x{kp}xi8>"
     v8 = _V8
     xrows = "\n".join(f"          %xr{b} = affine.apply affine_map<(d0) -> (d0 + {b})>(%mrow)"
                        for b in range(MB))
-    fm = "\n          %fm{b} = arith.mulf %amc{b}, %wscale : f32"
-    rows_type = f"memref<{1 if prequantized else MB}x{kp}xi8>"
-    inputs = f"""
-      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{kp}xf32>{{%m}}
-      %buf = memref.alloca() : {rows_type}"""
-    # the rows after the last whole block (a decode's rows): quantized here
-    row_x = _quantize_row(kp, 0, "%mrow", "%buf", "%c0", rows_type) + fm.format(b=0)
-    gemv_x = _XRows("%buf", rows_type, ("%c0",))
-    params = "%bx: !stream.binding, "
     if prequantized:
-        inputs += f"""
+        inputs = f"""
       %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> {qt}{{%m}}
       %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2xf32>{{%m}}"""
         block_x = "".join(_row_stats(b, f"%xr{b}") for b in range(MB))
+        row_x = _row_stats(0, "%mrow")
         gemm_x = _XRows("%xq", qt, tuple(f"%xr{b}" for b in range(MB)))
-        params += "%bq: !stream.binding, %bs: !stream.binding, "
+        gemv_x = _XRows("%xq", qt, ("%mrow",))
+        params = "%bq: !stream.binding, %bs: !stream.binding, "
     else:
+        inputs = f"""
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{kp}xf32>{{%m}}
+      %buf = memref.alloca() : {bt}"""
+        fm = "\n          %fm{b} = arith.mulf %amc{b}, %wscale : f32"
         block_x = "".join(_quantize_row(kp, b, f"%xr{b}", "%buf", f"%c{b}", bt)
                           + fm.format(b=b) for b in range(MB))
+        row_x = _quantize_row(kp, 0, "%mrow", "%buf", "%c0", bt) + fm.format(b=0)
         gemm_x = _XRows("%buf", bt, tuple(f"%c{b}" for b in range(MB)))
+        gemv_x = _XRows("%buf", bt, ("%c0",))
+        params = "%bx: !stream.binding, "
     body = f"""{_common(kp)}
       %cr = arith.constant {ROWS} : index
       %cg = arith.constant {GEMM_ROWS} : index
@@ -505,8 +501,10 @@ def _quantized(kern, x: ir.Value, m: ir.Value, dims) -> list[ir.Value]:
 def emit(kern) -> ir.Value:
     """y [M, N] f32 for the `_Kernel` `kern` (activation quantization always on). For a
     static M below MB (a decode) the matmul's dispatch quantizes x itself; for any other
-    M (a symbolic one too) a dispatch of its own quantizes x's whole blocks of MB rows
-    first, once for every matmul of x."""
+    M (a symbolic one too) a dispatch of its own quantizes x first, once for every
+    matmul of x. (For a symbolic decode that dispatch measured as fast as quantizing in
+    the matmul, within the noise, and faster than one with no workgroups below a
+    block.)"""
     offset = kern.codes == "offset"
     prequantized = kern.m is None or kern.m >= MB
     name = (f"tern_avx2_gemv_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
@@ -517,7 +515,7 @@ def emit(kern) -> ir.Value:
     dims = list(kern.m_values)
     x = [kern.pad_k(kern.x)]
     if prequantized:
-        x += _quantized(kern, x[0], m, dims)
+        x = _quantized(kern, x[0], m, dims)
     # the scale is an operand, not a constant of the executable: every layer of a shape
     # shares one executable
     wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))
