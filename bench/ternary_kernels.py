@@ -10,6 +10,11 @@ with x already on the device (`iree.runtime.asdevicearray`), and its ratio to Nu
 processes affects them alike. The min (and its ratio to NumPy's min) is printed too: on
 a shared machine it is the better estimate of the unloaded time. The ternary kernels quantize activations
 (act_quant=True, BitNet b1.58) unless the row says "noquant".
+
+A caveat found on the 2-core VM: of identical modules loaded in one process, the one
+loaded first measured slowest (the same 128x4096x4096 kernel three times: 0.43x, 0.39x
+and 0.34x NumPy's median, in load order, with the turns rotated). Compare variants
+across runs or in both load orders, not by one run's order.
 """
 from __future__ import annotations
 
@@ -58,14 +63,18 @@ class Loaded:
 
 def interleaved_medians(fns: dict, rounds: int, calls: int = 5) -> dict:
     """(median, min) seconds per call of each fn. The fns take turns (`calls` each, `rounds`
-    times) so that a load change on the machine hits all of them alike and the ratios
-    stay meaningful; the first calls (hoisted initializers, page faults) are dropped."""
+    times, each round starting with the next fn) so that a load change on the machine
+    hits all of them alike and the ratios stay meaningful; the first calls (hoisted
+    initializers, page faults) are dropped."""
     times = {name: [] for name in fns}
     for fn in fns.values():
         fn()
         fn()
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for r in range(rounds):
+        # each round starts one further along, so that no fn always runs right after the
+        # same one (NumPy's sweep of 64 MiB evicts the caches of whatever runs next)
+        for name, fn in order[r % len(order):] + order[:r % len(order)]:
             for _ in range(calls):
                 t0 = time.perf_counter()
                 fn()

@@ -77,25 +77,15 @@ GEMV_I16_CHUNKS = 8
 #: the strategy raises IREE's 32 KiB stack limit to STACK_LIMIT).
 MAX_KP = 8192
 STACK_LIMIT = 65536
-#: Workgroups per dispatch: each quantizes x itself, so few, but enough for both cores
-#: and, for a block of rows (M >= MB), to even out a core that the host takes away: at
+#: Workgroups per dispatch: few (where a workgroup quantizes x itself, a static decode,
+#: every extra one quantizes x once more), but enough for both cores and, for a block of
+#: rows (M >= MB), to even out a core that the host takes away: at
 #: 128x4096x4096, 8 gave 0.44x NumPy's median against 0.60x with 4 (2026-11-24, 2-core
 #: Zen 3 VM with ~50% steal time). Decode (M = 1) measured the same with either at
 #: 4096x4096, and every extra workgroup quantizes x once more, so M < MB gets 4.
+#: (16 workgroups, 256 KiB of weights each, measured alike with 8 at 128x4096x4096.)
 WORKGROUPS = 8
 DECODE_WORKGROUPS = 4
-#: A block of rows sweeps its workgroup's weights once per MB rows of x, so a
-#: workgroup's weights should stay in the core's L2 (512 KiB on Zen 3, shared with x and
-#: the output): at least ceil(N KB / GEMM_GROUP_BYTES) workgroups. At 128x4096x4096 16
-#: workgroups (256 KiB each) gave 0.48x-0.52x NumPy's median against 0.62x-0.63x with 8
-#: (512 KiB each) in two runs; 32 gave 0.62x (2026-11-24, same VM).
-GEMM_GROUP_BYTES = 256 * 1024
-
-
-def gemm_workgroups(n: int, kb: int) -> int:
-    """Workgroups for a block of rows of x: WORKGROUPS, or more to keep each one's
-    weights within GEMM_GROUP_BYTES (but at least ROWS rows each)."""
-    return max(WORKGROUPS, min(-(-n * kb // GEMM_GROUP_BYTES), n // ROWS))
 
 
 def fits(k_bytes: int, n: int) -> bool:
@@ -475,7 +465,7 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
       }}
       scf.for %mrow = %mfull to %m step %c1 {{{row_x}{_gemv_loop(kb, wt, gemv_x, ot, offset)}
       }}"""
-    return wrap_executable(name, (DECODE_WORKGROUPS, gemm_workgroups(n, kb), MB),
+    return wrap_executable(name, (DECODE_WORKGROUPS, WORKGROUPS, MB),
                            params + "%bw: !stream.binding, %bo: !stream.binding, "
                            "%wscale: f32, %m: index", body)
 
