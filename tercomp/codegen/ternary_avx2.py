@@ -54,9 +54,10 @@ PREFETCH_ROWS = 8
 #: more DRAM reads in flight than adjacent rows do: on the 2-core Zen 3 VM a plain read
 #: went from ~24 GB/s with one or two streams per core to ~37-41 GB/s with four to
 #: eight, and a C model of this loop over 16 cold 4096x4096 layers from ~210 us a layer
-#: (adjacent rows, prefetchnta 8 rows ahead) to ~105-125 us. In IREE (the bare-kernel
-#: bench, 16 cold layers, median / min per layer) it went from 268 / 220 us to 212 / 150
-#: us, 0.10x / 0.07x NumPy's (2026-11-24). One or four rows of prefetch measured alike.
+#: (adjacent rows, prefetchnta 8 rows ahead) to ~105-125 us. In IREE, 16 cold layers
+#: chained at M = 1, both kernels loaded twice in one process in both orders, median /
+#: min per layer: 0.10x-0.12x / 0.08x-0.10x NumPy's with streams, 0.15x-0.20x /
+#: 0.13x-0.15x with adjacent rows (2026-11-24). One or four rows ahead measured alike.
 STREAM_AHEAD = 2
 
 

@@ -68,17 +68,20 @@ interleaved run, median / min:
   24 vpsrlw, 8 loads, 4 prefetchnta (~18 instructions per 32 bytes of a row, from ~22
   with the in-register remap); GEMM, per 32 packed bytes of one row against 4 rows of
   x, 16 vpmaddubsw (x as memory operands), 16 vpaddw, 4 vpand, 3 vpsrlw, 1 load.
-- 2026-11-24 05:15-07:10 UTC, the same VM (quiet at first, then NumPy's own medians
-  moving 1.5x between runs), after the GEMV's four row streams and one-shift decode,
-  median / min: cold decode through `exe(x)`, 16 distinct 4096x4096 layers as .irpa
-  parameters, per layer 0.09x / 0.09x (bare invoke 0.09x / 0.10x; 8 layers 0.09x /
-  0.08x); the bare kernels 0.10x / 0.07x (offset codes), 0.10x / 0.09x (signed). Warm
-  1x4096x4096: the kernel alone (the one layer 16 times in one call) 0.10x-0.12x /
-  0.06x, one call `exe(x)` 0.17x / 0.12x-0.15x (IREE's invoke of a one-dispatch module
-  costs 35 us at the minimum and 90-150 us at the median here: the task system's
-  wake-ups); 8x4096x4096 0.26x / 0.16x; 128x4096x4096 0.54x / 0.44x (NumPy's 29-36 ms).
-  GEMV inner loop, per chunk of 4 rows: 16 vpmaddubsw, 16 vpand, 16 vpaddw, 4 vpsrlw,
-  4 + 4 loads, 4 prefetcht0 (13 vector instructions a row, from 15).
+- 2026-11-24 05:15-06:40 UTC, the same VM (quiet at first, then NumPy's own medians
+  moving 1.5x between runs), after the GEMV's four row streams and one-shift decode and
+  the quantize dispatch (M symbolic or >= 4), median / min, symbolic-batch modules
+  through `exe(x)`: cold decode, 16 distinct 4096x4096 layers as .irpa parameters, per
+  layer 0.09x-0.11x / 0.09x; warm 1x4096x4096 one call 0.17x-0.22x / 0.12x-0.20x (IREE's
+  invoke of a one-dispatch module costs 35 us at the minimum and 90-150 us at the median
+  here: the task system's wake-ups), the kernel alone (the one layer 16 times in one
+  call) 0.10x-0.16x / 0.06x-0.10x; 8x4096x4096 0.24x / 0.15x; 128x4096x4096 0.34x /
+  0.28x-0.32x. Checked in one process with both versions loaded twice, in both orders
+  (the module loaded first measures slowest): cold decode 0.10x-0.12x against
+  0.15x-0.20x with adjacent rows; 128 rows 0.34x-0.35x against 0.45x-0.53x when each
+  workgroup quantized x itself; a symbolic decode alike with the quantize dispatch and
+  without it. GEMV inner loop, per chunk of 4 rows: 16 vpmaddubsw, 16 vpand, 16
+  vpaddw, 4 vpsrlw, 4 + 4 loads, 4 prefetcht0 (13 vector instructions a row, from 15).
 
 >>> choose_strategy(None, 4096, 4096, features=()), choose_strategy(1, 4096, 4096, features=())
 ('dispatch', 'addsub')
