@@ -26,3 +26,20 @@ def test_repeated_calls_stay_checked(exe):
     wide = np.zeros((2, 8), np.float32)[:, ::2]
     np.testing.assert_allclose(exe(x, wide), np.ones((2, 4)))
     np.testing.assert_allclose(exe(x[:1], x[:1]), x[:1] * x[:1] + 1.0)
+
+
+def test_results_are_copies_of_every_dtype_and_size():
+    """Results come back by mapping each buffer view directly (no DeviceArray): f32,
+    i32, bool (an i1 buffer read as i8), a zero-size result, and a copy that a later
+    call does not overwrite."""
+    exe = tc.compile(lambda x: (x * 2.0, tc.cast(x, "int32"), x > 2.0, x[:, :0]),
+                     tc.spec(("B", 3), "float32"), cache=False)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a, i, b, e = exe(x)
+    assert (a.dtype, i.dtype, b.dtype, e.dtype, e.shape) == (
+        np.float32, np.int32, np.bool_, np.float32, (2, 0))
+    np.testing.assert_array_equal(a, x * 2)
+    np.testing.assert_array_equal(i, x.astype(np.int32))
+    np.testing.assert_array_equal(b, x > 2)
+    exe(x + 10.0)
+    np.testing.assert_array_equal(a, x * 2)

@@ -102,7 +102,7 @@ class LMGenerator:
             out, checks = out
             report_numerics(_to_host(checks), self.exe.meta["numerics"])
         # a copy: to_host() can be a view of a buffer that a later call reuses
-        return _to_host(out)
+        return _to_host(out, self.exe.device in ("local-task", "local-sync"))
 
     # -- the two entry points ----------------------------------------------------------
     def prefill(self, ids, logits_to_keep: int | None = None) -> np.ndarray:

