@@ -12,9 +12,9 @@ a shared machine it is the better estimate of the unloaded time. The ternary ker
 (act_quant=True, BitNet b1.58) unless the row says "noquant".
 
 A caveat found on the 2-core VM: of identical modules loaded in one process, the one
-loaded first measured slowest (the same 128x4096x4096 kernel three times: 0.43x, 0.39x
-and 0.34x NumPy's median, in load order, with the turns rotated). Compare variants
-across runs or in both load orders, not by one run's order.
+loaded first measured slowest in two runs of three (the same 128x4096x4096 kernel
+three times: 0.43x, 0.39x and 0.34x NumPy's median in load order, with the turns
+rotated; the third run 0.43x each). Compare variants in both load orders.
 """
 from __future__ import annotations
 
