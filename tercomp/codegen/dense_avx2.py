@@ -58,17 +58,16 @@ def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str, el: str,
     types = ", ".join([vf] * rows)
     stores = []
     for i in range(rows):
-        stores += [
-            f"%y{i} = vector.reduction <add>, %acc#{i} : {vf} into f32",
-            f"%orow{i} = affine.apply affine_map<(d0) -> (d0 + {i})>({r})" if bases is None
-            else f"%orow{i} = affine.apply affine_map<(d0) -> (d0)>({bases[i]})",
-        ]
+        row = f"%orow{i}" if bases is None else bases[i]
+        stores.append(f"%y{i} = vector.reduction <add>, %acc#{i} : {vf} into f32")
+        if bases is None:
+            stores.append(f"{row} = affine.apply affine_map<(d0) -> (d0 + {i})>({r})")
         if el == "i8":
-            stores += [f"%s{i} = memref.load %sc[%orow{i}] : memref<?xf32>",
+            stores += [f"%s{i} = memref.load %sc[{row}] : memref<?xf32>",
                        f"%ys{i} = arith.mulf %y{i}, %s{i} : f32",
-                       f"memref.store %ys{i}, %o[%mi, %orow{i}] : {ot}"]
+                       f"memref.store %ys{i}, %o[%mi, {row}] : {ot}"]
         else:
-            stores.append(f"memref.store %y{i}, %o[%mi, %orow{i}] : {ot}")
+            stores.append(f"memref.store %y{i}, %o[%mi, {row}] : {ot}")
     nl = "\n"
     return f"""
           scf.for %mi = %c0 to %m step %c1 {{
