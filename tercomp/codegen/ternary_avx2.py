@@ -231,11 +231,16 @@ def _stores(pairs, ot: str, acc: str, quarter: bool = False, rows=None) -> list[
     return out
 
 
-def _dot_chunk(tag: str, codes: str, x: str, acc: str) -> list[str]:
-    """%n{tag} = acc + the i16 pair sums of one chunk: vpmaddubsw of the codes %{codes}_j
-    with the quantized x %{x}_j for the 4 planes j, added together."""
+def _products(tag: str, codes: str, x: str) -> list[str]:
+    """%e{tag}_j: vpmaddubsw of the codes %{codes}_j with the quantized x %{x}_j (the i16
+    pair sums of one chunk) for the 4 planes j."""
     return [f"%e{tag}_{j} = {_MAD}(%{codes}_{j}, %{x}_{j}) : ({_V8}, {_V8}) -> {_V16}"
-            for j in range(4)] + [
+            for j in range(4)]
+
+
+def _dot_chunk(tag: str, codes: str, x: str, acc: str) -> list[str]:
+    """%n{tag} = acc + the `_products` of one chunk, the 4 planes added together."""
+    return _products(tag, codes, x) + [
         f"%f{tag}a = arith.addi %e{tag}_0, %e{tag}_1 : {_V16}",
         f"%f{tag}b = arith.addi %e{tag}_2, %e{tag}_3 : {_V16}",
         f"%g{tag} = arith.addi %f{tag}a, %f{tag}b : {_V16}",
@@ -246,8 +251,7 @@ def _dot_chunk(tag: str, codes: str, x: str, acc: str) -> list[str]:
 def _dot_chunk_scaled(tag: str, codes: str, x: str, lo: str, hi: str) -> list[str]:
     """As `_dot_chunk` for `_codes(scaled=True)`: %l{tag} = lo + the pair sums of planes 0
     and 2, %h{tag} = hi + those of planes 1 and 3 (4 times their codes)."""
-    return [f"%e{tag}_{j} = {_MAD}(%{codes}_{j}, %{x}_{j}) : ({_V8}, {_V8}) -> {_V16}"
-            for j in range(4)] + [
+    return _products(tag, codes, x) + [
         f"%f{tag}a = arith.addi %e{tag}_0, %e{tag}_2 : {_V16}",
         f"%l{tag} = arith.addi {lo}, %f{tag}a : {_V16}",
         f"%f{tag}b = arith.addi %e{tag}_1, %e{tag}_3 : {_V16}",
