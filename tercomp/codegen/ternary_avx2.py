@@ -37,9 +37,10 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from ..ternary_pack import ACT_EPS, ACT_MAX
+from ..ternary_pack import ACT_MAX
 from .executables import dispatch, ensure_executable, load_row
 from .executables import executable_text as wrap_executable
+from .ternary_avx2_quant import common, quantize_row, quantized, row_stats
 
 #: Output rows that share one pass over x.
 ROWS = 4
@@ -92,54 +93,6 @@ DECODE_WORKGROUPS = 4
 def fits(k_bytes: int, n: int) -> bool:
     """Whether the kernel takes a [N, KB] packed matrix."""
     return k_bytes % CHUNK == 0 and n % ROWS == 0 and 4 * k_bytes <= MAX_KP
-
-
-def _f(v) -> str:
-    """An f32 literal as MLIR reads it."""
-    return f"{float(np.float32(v)):.9e}"
-
-
-def _quantize_row(kp: int, b: int, row: str, dst: str, dst_row: str, dst_type: str) -> str:
-    """Quantize x[row, :] into dst[dst_row, :] (i8) as `ternary_pack.act_quant` does
-    (roundeven(x * (127 / max(amax, eps))) clipped to +-127, in f32 and in that order, so
-    the codes agree exactly); defines %sx{b} (the sum of the codes, i32) and %amc{b}
-    (max(amax, eps): the codes times amc / 127 are x's approximation)."""
-    vf, vi, vb = "vector<8xf32>", "vector<8xi32>", "vector<8xi8>"
-    xt = f"memref<?x{kp}xf32>"
-    return f"""
-          %amv{b} = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zf8) -> ({vf}) {{
-            %v = vector.load %x[{row}, %k] : {xt}, {vf}
-            %av = math.absf %v : {vf}
-            %an = arith.maximumf %a, %av : {vf}
-            scf.yield %an : {vf}
-          }}
-          %amax{b} = vector.reduction <maximumf>, %amv{b} : {vf} into f32
-          %amc{b} = arith.maximumf %amax{b}, %eps : f32
-          %qs{b} = arith.divf %c127, %amc{b} : f32
-          %qsv{b} = vector.broadcast %qs{b} : f32 to {vf}
-          %sxv{b} = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zi8) -> ({vi}) {{
-            %v = vector.load %x[{row}, %k] : {xt}, {vf}
-            %sc = arith.mulf %v, %qsv{b} : {vf}
-            %rd = math.roundeven %sc : {vf}
-            %lo = arith.maximumf %rd, %lov : {vf}
-            %cl = arith.minimumf %lo, %hiv : {vf}
-            %qi = arith.fptosi %cl : {vf} to {vi}
-            %qb = arith.trunci %qi : {vi} to {vb}
-            vector.store %qb, {dst}[{dst_row}, %k] : {dst_type}, {vb}
-            %an = arith.addi %a, %qi : {vi}
-            scf.yield %an : {vi}
-          }}
-          %sx{b} = vector.reduction <add>, %sxv{b} : {vi} into i32"""
-
-
-def _row_stats(b: int, row: str) -> str:
-    """%sx{b} and %fm{b} (the dequantization factor amc * scale / 127) of quantized row
-    `row` of x, from the quantize dispatch's statistics (%xs [M, 2]: sum, amc)."""
-    return f"""
-          %sxf{b} = memref.load %xs[{row}, %c0] : memref<?x2xf32>
-          %sx{b} = arith.fptosi %sxf{b} : f32 to i32
-          %amc{b} = memref.load %xs[{row}, %c1] : memref<?x2xf32>
-          %fm{b} = arith.mulf %amc{b}, %wscale : f32"""
 
 
 _V8, _V16, _V32 = "vector<32xi8>", "vector<16xi16>", "vector<8xi32>"
@@ -344,55 +297,6 @@ def _gemm_loop(kb: int, wt: str, xs: _XRows, ot: str, offset: bool) -> str:
         }}"""
 
 
-_COMMON = """      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index
-{consts}
-      %c8 = arith.constant 8 : index
-      %ckp = arith.constant {kp} : index
-      %eps = arith.constant {eps} : f32
-      %c127 = arith.constant {c127} : f32
-      %lov = arith.constant dense<{lo}> : vector<8xf32>
-      %hiv = arith.constant dense<{hi}> : vector<8xf32>
-      %zf8 = arith.constant dense<0.0> : vector<8xf32>
-      %zi8 = arith.constant dense<0> : vector<8xi32>"""
-
-
-def _common(kp: int) -> str:
-    """The constants both executables use (index constants 0 .. MB - 1 among them)."""
-    return _COMMON.format(
-        consts="\n".join(f"      %c{b} = arith.constant {b} : index" for b in range(2, MB)),
-        kp=kp, eps=_f(ACT_EPS), c127=_f(ACT_MAX), lo=_f(-ACT_MAX), hi=_f(ACT_MAX))
-
-
-#: Rows of x per workgroup of the quantize dispatch.
-QUANT_ROWS = 8
-
-
-def quantize_text(name: str, kb: int) -> str:
-    """The `stream.executable @name` whose export quantizes x [M, 4 KB] f32 once for
-    every matmul that reads it: q [M, 4 KB] i8 (the codes) and stats [M, 2] f32 (the
-    codes' sum, exact in f32 below 2^24, and max(amax, eps)), QUANT_ROWS rows a
-    workgroup."""
-    kp = 4 * kb
-    qt = f"memref<?x{kp}xi8>"
-    body = f"""{_common(kp)}
-      %crows = arith.constant {QUANT_ROWS} : index
-      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{kp}xf32>{{%m}}
-      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {qt}{{%m}}
-      %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2xf32>{{%m}}
-      %wg = stream.dispatch.workgroup.id[0] : index
-      %row0 = arith.muli %wg, %crows : index
-      %row1u = arith.addi %row0, %crows : index
-      %row1 = arith.minui %row1u, %m : index
-      scf.for %row = %row0 to %row1 step %c1 {{{_quantize_row(kp, 0, "%row", "%q", "%row", qt)}
-        %sxf0 = arith.sitofp %sx0 : i32 to f32
-        memref.store %sxf0, %xs[%row, %c0] : memref<?x2xf32>
-        memref.store %amc0, %xs[%row, %c1] : memref<?x2xf32>
-      }}"""
-    return wrap_executable(name, None, "%bx: !stream.binding, %bq: !stream.binding, "
-                           "%bs: !stream.binding, %m: index", body, per_group=QUANT_ROWS)
-
-
 def executable_text(name: str, n: int, kb: int, offset: bool = False,
                     prequantized: bool = False) -> str:
     """The `stream.executable @name` whose export `@name` computes, for x [M, 4 KB] f32
@@ -400,7 +304,7 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
     else the signed codes) and `wscale` (the ternary scale / 127),
     out [M, N] f32 = dequant(act_quant(x) @ T^T), T the ternary matrix of w: MB rows of x
     at a time through the GEMM loop, the remaining rows one by one through the GEMV loop.
-    `prequantized`: x comes quantized by `quantize_text`'s dispatch (its q and stats
+    `prequantized`: x comes quantized by `ternary_avx2_quant`'s dispatch (its q and stats
     instead of x); else each workgroup quantizes the rows of x it needs itself, which
     costs every workgroup a read of all of x (nothing for a decode's row; at 128 rows,
     0.45x-0.53x NumPy's median against 0.34x-0.35x prequantized, 2026-11-24)."""
@@ -414,8 +318,8 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
         inputs = f"""
       %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> {qt}{{%m}}
       %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2xf32>{{%m}}"""
-        block_x = "".join(_row_stats(b, f"%xr{b}") for b in range(MB))
-        row_x = _row_stats(0, "%mrow")
+        block_x = "".join(row_stats(b, f"%xr{b}") for b in range(MB))
+        row_x = row_stats(0, "%mrow")
         gemm_x = _XRows("%xq", qt, tuple(f"%xr{b}" for b in range(MB)))
         gemv_x = _XRows("%xq", qt, ("%mrow",))
         params = "%bq: !stream.binding, %bs: !stream.binding, "
@@ -424,13 +328,13 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{kp}xf32>{{%m}}
       %buf = memref.alloca() : {bt}"""
         fm = "\n          %fm{b} = arith.mulf %amc{b}, %wscale : f32"
-        block_x = "".join(_quantize_row(kp, b, f"%xr{b}", "%buf", f"%c{b}", bt)
+        block_x = "".join(quantize_row(kp, b, f"%xr{b}", "%buf", f"%c{b}", bt)
                           + fm.format(b=b) for b in range(MB))
-        row_x = _quantize_row(kp, 0, "%mrow", "%buf", "%c0", bt) + fm.format(b=0)
+        row_x = quantize_row(kp, 0, "%mrow", "%buf", "%c0", bt) + fm.format(b=0)
         gemm_x = _XRows("%buf", bt, tuple(f"%c{b}" for b in range(MB)))
         gemv_x = _XRows("%buf", bt, ("%c0",))
         params = "%bx: !stream.binding, "
-    body = f"""{_common(kp)}
+    body = f"""{common(kp, MB)}
       %cr = arith.constant {ROWS} : index
       %cg = arith.constant {GEMM_ROWS} : index
       %cmb = arith.constant {MB} : index
@@ -474,24 +378,6 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
                            "%wscale: f32, %m: index", body)
 
 
-def _quantized(kern, x: ir.Value, m: ir.Value, dims) -> list[ir.Value]:
-    """[q, stats] of x from the quantize dispatch: the one already emitted for x in this
-    block (matmuls that share an input, such as an attention block's q, k and v
-    projections, share its quantization), else a new one."""
-    qname = f"tern_avx2_quant_{kern.kb}"
-    callee = ir.ArrayAttr.get([ir.SymbolRefAttr.get([qname, qname])])
-    block = ir.InsertionPoint.current.block
-    for use in x.uses:
-        op = getattr(use.owner, "operation", use.owner)
-        if (op.name == "flow.dispatch" and use.operand_number == 1      # after the workload
-                and op.attributes["entry_points"] == callee and op.block == block):
-            return list(op.results)
-    ensure_executable(qname, lambda: quantize_text(qname, kern.kb))
-    return dispatch(qname, qname, [m], [x, m], dims,
-                    [kern.ttype([4 * kern.kb], ir.IntegerType.get_signless(8)),
-                     kern.ttype([2], kern.f32)], dims + dims)
-
-
 def emit(kern) -> ir.Value:
     """y [M, N] f32 for the `_Kernel` `kern` (activation quantization always on). For a
     static M below MB (a decode) the matmul's dispatch quantizes x itself; for any other
@@ -510,7 +396,7 @@ def emit(kern) -> ir.Value:
     dims = list(kern.m_values)
     x = [kern.pad_k(kern.x)]
     if prequantized:
-        x = _quantized(kern, x[0], m, dims)
+        x = quantized(kern, x[0], m, dims)
     # the scale is an operand, not a constant of the executable: every layer of a shape
     # shares one executable
     wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))
