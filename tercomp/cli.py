@@ -385,8 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dump", metavar="DIR", help="write every compile stage to DIR")
     c.add_argument("--flag", action="append", default=[], metavar="FLAG", help="extra IREE compiler flag")
     c.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
-    c.add_argument("--isolate", action="store_true",
-                   help="run IREE in a subprocess: a compiler crash becomes an error message")
+    c.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="run IREE in a subprocess, so a compiler crash becomes an error message "
+                        "(default: for GPU targets and extra --flag only)")
     c.add_argument("--ternary", default="auto", choices=_TERNARY_CHOICES,
                    help="ternary matmul kernels for BitLinear layers (default auto: per target "
                         "and shape; see tercomp.codegen.ternary_strategies)")

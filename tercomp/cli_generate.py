@@ -36,10 +36,16 @@ def add_parser(sub, positive_int, run):
     g.add_argument("--eos", metavar="IDS", help="stop after any of these token ids (comma-separated)")
     g.add_argument("--max-seq", type=positive_int, help="KV cache length when compiling "
                    "(default: the model's context, at most 2048)")
-    g.add_argument("--kv-dtype", default="float16", choices=["float16", "float32"],
-                   help="KV cache element type when compiling (default float16)")
+    g.add_argument("--kv-dtype", choices=["float16", "float32"],
+                   help="KV cache element type when compiling (default float16; float32 for "
+                        "the default Vulkan target, which has no 16-bit storage)")
+    g.add_argument("--target", action="append", metavar="T",
+                   help="llvm-cpu (default), llvm-cpu-generic, vulkan, cuda; repeat for several")
+    g.add_argument("--vulkan-target", metavar="NAME", help="Vulkan target, default vp_android_baseline_2022")
+    g.add_argument("--cuda-target", metavar="NAME", help="CUDA target, default sm_80")
     g.add_argument("--threads", type=positive_int, help="local-task thread count")
-    g.add_argument("--device", help="local-task or local-sync (default: the first present)")
+    g.add_argument("--device", help="local-task, local-sync, vulkan or cuda (default: the first "
+                                    "present one the targets run on)")
     g.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
     g.add_argument("--save", metavar="OUT.tcm", help="also save the compiled model")
     g.set_defaults(run=run)
@@ -76,7 +82,9 @@ def _open(args, spinner):
         lm = models.load(args.model)
     with spinner(f"compiling {args.model}"):
         gen = compile_lm(lm, max_seq=args.max_seq, kv_dtype=args.kv_dtype, device=args.device,
-                         threads=args.threads, cache=not args.no_cache)
+                         threads=args.threads, cache=not args.no_cache,
+                         target=args.target or "llvm-cpu", vulkan_target=args.vulkan_target,
+                         cuda_target=args.cuda_target)
     if gen.exe.meta.get("cache_hit"):
         print("(compiled module from the compile cache)", file=sys.stderr)
     return gen

@@ -11,17 +11,15 @@ import hashlib
 import os
 import subprocess
 import sys
-from functools import partial
 
 from iree.compiler.version import VERSION as IREE_VERSION
 
 from . import __version__
-from .codegen.iree_session import compile_module, new_session
-from .codegen.lower import to_mlir
+from .codegen.iree_session import compile_vmfb, new_session
+from .codegen.lower import check_storage, to_mlir
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
 from .codegen.ternary_strategies import check_strategy
-from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
-                              target_flags)
+from .codegen.targets import check_extra_flags, needs_isolation, resolve_targets, target_flags
 from .errors import TercompError
 from .ir import Graph
 from .passes import Dumper, run_pipeline
@@ -40,7 +38,7 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
             dump_dir: str | None = None, flags=(), passes=None, device: str | None = None,
             threads: int | None = None, cache: bool = True, vulkan_target: str | None = None,
             cuda_target: str | None = None, name: str = "forward",
-            weights: str = "auto", isolate: bool = False,
+            weights: str = "auto", isolate: bool | None = None,
             check_numerics: bool | None = None) -> CompiledModule:
     """Trace `fn` (a function, an nn.Module, a transformed function such as tc.grad(f), or
     an already traced Graph) on `example_args` and compile it with IREE.
@@ -67,7 +65,8 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
 
     `isolate=True` runs IREE in a subprocess (the iree-compile tool), so that a compiler
     crash becomes a CompileError with IREE's message instead of ending the process;
-    extra `flags` always compile that way.
+    extra `flags` always compile that way, and so do GPU targets unless `isolate=False`
+    (the default, None, isolates them: see codegen.targets.needs_isolation).
 
     >>> exe = tc.compile(model, tc.spec(("B", 784), "float32"))
     >>> y = exe(np.ones((7, 784), np.float32))
@@ -91,6 +90,7 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     if numerics_enabled(check_numerics):
         pipeline.append("check_numerics")      # last: simplify would fold its checks away
     graph = run_pipeline(graph, pipeline, dumper)
+    check_storage(graph, targets)
     session, ctx = new_session()
     weights_mode = resolve_mode([graph], weights)
     table = ParamTable()
@@ -121,12 +121,9 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     if hit is not None:
         _, vmfb, irpa = hit
     else:
-        stage = f"the IREE compile for {', '.join(target_names)}"
-        # IREE ends the process on some bad flag values (LLVM's option parser exits), so
-        # user flags, like isolate=True, compile in an iree-compile subprocess
-        subprocess_ok = isolate or user_flags or needs_tool(all_flags)
-        build = compile_with_tool if subprocess_ok else partial(compile_module, session)
-        vmfb = build(module, all_flags, stage=stage)
+        vmfb = compile_vmfb(module, all_flags, session=session,
+                            isolate=needs_isolation(target_names, all_flags, user_flags, isolate),
+                            stage=f"the IREE compile for {', '.join(target_names)}")
     if dumper.dump_dir:
         with ctx:
             _dump_phases(dumper, all_flags, str(module))

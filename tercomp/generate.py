@@ -35,17 +35,16 @@ import dataclasses
 import functools
 import hashlib
 import os
-from functools import partial
 
 import numpy as np
 from iree.compiler.version import VERSION as IREE_VERSION
 
 from . import __version__, nn
-from .codegen.iree_session import compile_module, new_session
+from .codegen.iree_session import compile_vmfb, new_session
+from .codegen.lower import check_storage
 from .codegen.params import ParamTable, parameterized
 from .codegen.state import Entry, StateVar, to_stateful_mlir
-from .codegen.targets import (check_extra_flags, compile_with_tool, needs_tool, resolve_targets,
-                              target_flags)
+from .codegen.targets import check_extra_flags, needs_isolation, resolve_targets, target_flags
 from .codegen.ternary_strategies import AVX2, check_strategy, target_features
 from .errors import TercompError
 from .ir import TensorType
@@ -176,17 +175,20 @@ def _check_args(lm, max_seq, kv_dtype):
     return int(max_seq), KV_DTYPES[kv_dtype]
 
 
-def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, target="llvm-cpu",
-               ternary: str = "auto", device: str | None = None, threads: int | None = None,
-               cache: bool = True, dump_dir: str | None = None, flags=(), isolate: bool = False,
-               check_numerics: bool | None = None,
-               output_dtype: str = "float16") -> LMGenerator:
+def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
+               target="llvm-cpu", ternary: str = "auto", device: str | None = None,
+               threads: int | None = None, cache: bool = True, dump_dir: str | None = None,
+               flags=(), isolate: bool | None = None, check_numerics: bool | None = None,
+               output_dtype: str | None = None, vulkan_target: str | None = None,
+               cuda_target: str | None = None) -> LMGenerator:
     """Compile `lm` (a models.BitNetLM) into a generator with `prefill`, `decode`,
     `generate`, `reset` and `save` (tercomp.runtime.generator.LMGenerator).
 
     `max_seq` is the KV cache length (prompt plus generated tokens; default the model's
     max_position_embeddings, at most 2048), `kv_dtype` the
-    cache's element type ("float16", as llama.cpp keeps it, or "float32"). `ternary`
+    cache's element type ("float16", as llama.cpp keeps it, or "float32"; default
+    float16, or float32 for a target without 16-bit storage: the default Vulkan target,
+    see codegen.targets.NO_16BIT_STORAGE). `ternary`
     chooses the ternary kernels as in tc.compile ("auto": per shape, so decode and
     prefill may differ). The cache of each layer is two `[max_seq, kv_heads, head_dim]`
     globals on the device; a decode step transfers one token id in and the logits out.
@@ -196,7 +198,12 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     more than a third of a decode step's memory traffic: "float16" (default; llama.cpp
     keeps it so, and a GGUF's f16 embedding is exact in it), "int8" (one scale per row,
     half the bytes of f16; the logits move by the rounding of each weight to 1/254 of its
-    row's largest) or "float32" (the model's own arrays, twice the bytes of f16).
+    row's largest) or "float32" (the model's own arrays, twice the bytes of f16; the
+    default where kv_dtype's is float32).
+
+    `target`, `vulkan_target`, `cuda_target`, `device` and `threads` are as in tc.compile:
+    the step compiles for "llvm-cpu" (with the hand-written CPU attention, norm and RoPE
+    dispatches), "llvm-cpu-generic", "vulkan", "cuda" or a list of them.
 
     `isolate` and `check_numerics` are as in tc.compile (with check_numerics, a NaN or Inf
     raises NumericsError after the step, whose cache rows are then already written).
@@ -204,12 +211,20 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     >>> gen = tc.compile_lm(lm, max_seq=512)
     >>> gen.generate([1, 15043], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=1)
     """
-    max_seq, kv = _check_args(lm, max_seq, kv_dtype)
+    targets = resolve_targets(target, vulkan_target=vulkan_target, cuda_target=cuda_target)
+    names = [t.name for t in targets]
+    if len(targets) > 1:
+        # measured: a step built for local+vulkan or local+cuda computes wrong logits on
+        # every device (NaN on the CPU of local+cuda), where each target alone is right
+        raise TercompError(f"compile_lm compiles for one target at a time, got {', '.join(names)}",
+                           hint="compile one generator per target: IREE 3.13's modules for "
+                                "several targets give wrong logits for the step's cache globals")
+    narrow = "float16" if all(t.stores_16bit for t in targets) else "float32"
+    max_seq, kv = _check_args(lm, max_seq, kv_dtype or narrow)
+    output_dtype = output_dtype or narrow
     if output_dtype not in OUTPUT_DTYPES:
         raise TercompError(f"compile_lm: output_dtype must be one of "
                            f"{', '.join(map(repr, OUTPUT_DTYPES))}, got {output_dtype!r}")
-    targets = resolve_targets(target)
-    names = [t.name for t in targets]
     # the hand-written f16 GEMV where the module is for this host and it has AVX2
     kernel = "avx2" if AVX2 in target_features(names) else "generic"
     # the hand-written decode attention where the module is for CPUs only
@@ -227,7 +242,8 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
         # Keyed on the model and the options, not on the traced IR: a hit skips tracing,
         # the passes and the lowering, which cost more than IREE for a large model.
         key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv,
-                                ternary, output_dtype, kernel, attention, "\0".join(names),
+                                ternary, output_dtype, kernel, attention,
+                                "\0".join(f for t in targets for f in t.flags),
                                 "\0".join(user_flags), STEP,
                                 numerics_enabled(check_numerics),
                                 __version__, IREE_VERSION)
@@ -238,7 +254,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
                              cache_hit=True, lm=meta["lm"])
             return LMGenerator(exe)
     exe = _build(step=_Step(lm, max_seq, kv, output_dtype, kernel, attention), config=c, cache_type=TensorType(
-        (max_seq, c.num_key_value_heads, c.head_dim), kv), ternary=ternary, names=names,
+        (max_seq, c.num_key_value_heads, c.head_dim), kv), ternary=ternary, targets=targets,
         user_flags=user_flags, dump_dir=dump_dir, meta=meta, device=device, threads=threads,
         isolate=isolate, numerics=numerics_enabled(check_numerics))
     if key is not None:
@@ -247,9 +263,10 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str = "float16", *, tar
     return LMGenerator(exe)
 
 
-def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta, device,
-           threads, isolate=False, numerics=False) -> CompiledModule:
+def _build(step, config, cache_type, ternary, targets, user_flags, dump_dir, meta, device,
+           threads, isolate=None, numerics=False) -> CompiledModule:
     """Trace the step, run the passes, lower both entry points and compile with IREE."""
+    names = [t.name for t in targets]
     n = 2 * config.num_hidden_layers
     caches = [spec(cache_type.shape, cache_type.dtype)] * n
     pipeline = ["simplify"] if ternary == "off" else \
@@ -260,6 +277,7 @@ def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta,
     g = trace(step, spec(("T",), "int32"), spec((), "int32"), spec(("L",), "int32"), caches,
               name=f"{STEP}_body")
     g = run_pipeline(g, pipeline, dumper)
+    check_storage(g, targets)
     stages = {f"{STEP}.{k}": v for k, v in dumper.stages.items()}
     state = [StateVar(f"kv{i}", cache_type) for i in range(n)]
     bind_in = {3 + i: f"kv{i}" for i in range(n)}
@@ -272,16 +290,21 @@ def _build(step, config, cache_type, ternary, names, user_flags, dump_dir, meta,
     irpa = table.archive()
     with ctx:
         stages["mlir"] = module.operation.get_asm(large_elements_limit=16)
-    all_flags = target_flags(names) + user_flags
+    all_flags = target_flags(names, **_arch_options(targets)) + user_flags
     all_flags += [f for f in kernel_flags if f not in all_flags]
-    in_subprocess = isolate or user_flags or needs_tool(all_flags)   # as in tc.compile
-    build = compile_with_tool if in_subprocess else partial(compile_module, session)
-    vmfb = build(module, all_flags, stage=f"the IREE compile of the LM for {', '.join(names)}")
+    vmfb = compile_vmfb(module, all_flags, session=session,
+                        isolate=needs_isolation(names, all_flags, user_flags, isolate),
+                        stage=f"the IREE compile of the LM for {', '.join(names)}")
     sig = dataclasses.replace(Signature.from_graph(g), function=STEP)
     meta = {**meta, "flags": all_flags, "parameters": sorted(table.arrays),
             "numerics": g.meta.get("numerics")}
     return CompiledModule(vmfb, sig, stages, device=device, threads=threads, targets=names,
                           meta=meta, weights=irpa, weights_scope=table.scope)
+
+
+def _arch_options(targets) -> dict:
+    """vulkan_target= / cuda_target= of resolved `targets`, for target_flags."""
+    return {f"{t.name}_target": t.arch for t in targets if t.name in ("vulkan", "cuda")}
 
 
 @functools.lru_cache(maxsize=1)

@@ -20,6 +20,7 @@ import pytest
 
 import tercomp as tc
 from tercomp.ops import REGISTRY
+from tercomp.runtime.devices import driver_present
 from tercomp.trace import apply
 
 # no operands to vary / tested in test_autodiff.py / ops with a body, tested in test_scan.py
@@ -311,3 +312,41 @@ def test_grad_compiled(opname):
             where = _where(opname, p32.float_idx[j], f"compiled gradient, case {k} {case.attrs}")
             assert np.asarray(g).dtype == np.float32, f"{where}: dtype {np.asarray(g).dtype}"
             _check_close(e, g, COMPILED_RTOL, COMPILED_ATOL, where)
+
+
+# -- (d) the compiled gradient on Vulkan (lavapipe) against the CPU's -------------------------
+# A sample by default (one op of each family: elementwise, reduction, matmul, shape,
+# indexing, composite); the whole registry with -m slow.
+VULKAN_SAMPLE = {"tanh", "div", "sum", "max", "matmul", "transpose", "take", "softmax",
+                 "where", "rms_norm", "concatenate"}
+
+
+def _vulkan_params():
+    out = []
+    for name in DIFF_OPS:
+        marks = [] if name in VULKAN_SAMPLE else [pytest.mark.slow]
+        if name in XFAIL:
+            marks.append(pytest.mark.xfail(strict=True, reason=XFAIL[name]))
+        out.append(pytest.param(name, id=name, marks=marks))
+    return out
+
+
+def test_vulkan_sample_names_registry_ops():
+    assert VULKAN_SAMPLE <= set(DIFF_OPS), sorted(VULKAN_SAMPLE - set(DIFF_OPS))
+
+
+@pytest.mark.skipif(not driver_present("vulkan"),
+                    reason="no Vulkan device (apt-get install mesa-vulkan-drivers)")
+@pytest.mark.parametrize("opname", _vulkan_params())
+def test_grad_compiled_vulkan(opname):
+    for k, case in enumerate(_cases(opname)):
+        p = Problem(opname, case, np.float32, seed=k)
+        g = tc.grad(p.f, argnums=p.argnums)
+        cpu = tc.compile(g, *p.args)(*p.args)
+        gpu = tc.compile(g, *p.args, target="vulkan")(*p.args)
+        cpu = cpu if isinstance(cpu, (tuple, list)) else (cpu,)
+        gpu = gpu if isinstance(gpu, (tuple, list)) else (gpu,)
+        assert len(gpu) == len(cpu)
+        for j, (c, v) in enumerate(zip(cpu, gpu)):
+            where = _where(opname, p.float_idx[j], f"Vulkan gradient, case {k} {case.attrs}")
+            _check_close(c, v, COMPILED_RTOL, COMPILED_ATOL, where)

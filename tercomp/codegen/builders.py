@@ -135,10 +135,13 @@ class _DimBackend(Backend):
 class LowerCtx:
     """State of the tern -> MLIR lowering of one function."""
 
-    def __init__(self, symbol_sources: dict, params=None):
+    def __init__(self, symbol_sources: dict, params=None, targets=("llvm-cpu",)):
         self.values: dict = {}          # tern Value -> ir.Value
         self.symbol_sources = symbol_sources  # sympy Symbol -> (ir.Value, axis)
         self.params = params            # codegen.params.ParamTable, or None (all inline)
+        # the tercomp target names the module is compiled for: a lowering whose usual
+        # form does not fit a target's limits picks another form by them
+        self.targets = tuple(targets)
         self._dim_cache: dict = {}
         self.lower_op: Callable | None = None   # (ctx, tern op) -> None; set by codegen.lower
         # The ternary strategies the lowered ops emitted (names of ternary_strategies.TABLE,
@@ -149,7 +152,7 @@ class LowerCtx:
         """A context for an op body (a loop's): the body's values and the dims it
         materializes stay inside it (a dim made inside a loop does not dominate the code
         after the loop)."""
-        sub = LowerCtx(self.symbol_sources, self.params)
+        sub = LowerCtx(self.symbol_sources, self.params, self.targets)
         sub._dim_cache = dict(self._dim_cache)
         sub.lower_op = self.lower_op
         sub.kernels = self.kernels

@@ -1,17 +1,23 @@
-"""In-process IREE compilation of an MLIR module built with the Python builders.
+"""IREE compilation of an MLIR module built with the Python builders, in this process
+or in an iree-compile subprocess (compile_vmfb chooses; both are given the same text).
 
-IREE's C API prints diagnostics to the process's stderr; we capture file descriptor 2
-around each compile so that a failure becomes a CompileError carrying IREE's text.
+In process, IREE's C API prints diagnostics to the process's stderr; we capture file
+descriptor 2 around each compile so that a failure becomes a CompileError carrying
+IREE's text. A crash there (SIGSEGV, an LLVM abort) ends the interpreter, which is why
+some compiles run in a subprocess, where a crash is a CompileError.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 import tempfile
 from typing import Callable, Sequence
 
 from iree.compiler import ir
 from iree.compiler.api import Output, Session, Source
+from iree.compiler.tools.binaries import find_tool
 
 from ..errors import CompileError
 
@@ -49,24 +55,33 @@ def new_session() -> tuple[Session, ir.Context]:
     return Session(), ctx
 
 
+def module_text(module: ir.Module) -> bytes:
+    """The module as MLIR text, every constant written out: what IREE is given, in
+    process and in a subprocess alike.
+
+    Not bytecode, and not the module object itself: the Python builders of some
+    structured ops (linalg.fill, linalg.transpose, linalg.matmul with transposed
+    operands) leave their region or indexing maps empty. The custom printer hides that
+    and the parser rebuilds them, but bytecode keeps them empty and IREE 3.13 then
+    crashes (a SIGSEGV in `MatmulTransposeAOp::isDefaultIndexingMaps` for a gradient's
+    matmul), in process and in iree-compile alike. Hex-encoded constants cost ~0.7 s
+    per 64 MB of text."""
+    with module.context:
+        return module.operation.get_asm(large_elements_limit=None, large_resource_limit=None,
+                                        assume_verified=True).encode()
+
+
 def compile_module(session: Session, module: ir.Module, flags: Sequence[str],
                    stage: str = "iree-compile") -> bytes:
-    """Compile `module` (built in `session.context`) with IREE flags; returns the .vmfb bytes."""
+    """Compile `module` in this process with IREE flags; returns the .vmfb bytes.
+    A crash of IREE here ends the process: see compile_vmfb for the safe choice."""
     try:
         session.set_flags(*flags)
     except Exception as e:  # IREE reports unknown flags as ValueError
         raise CompileError(f"IREE rejected the compiler flags {list(flags)}: {e}",
                            hint="check the spelling of extra flags") from None
-    # Hand the module over as text, parsed by the session. The Python builders of some
-    # structured ops (linalg.fill, linalg.transpose) leave their region empty; the
-    # custom printer hides that and the parser rebuilds the body, but handed over
-    # directly such a module segfaults IREE 3.13 in-process. Bytecode keeps the empty
-    # region, so text it is (hex-encoded constants: ~0.7 s per 64 MB).
-    with module.context:
-        text = module.operation.get_asm(large_elements_limit=None, large_resource_limit=None,
-                                        assume_verified=True).encode()
     inv = session.invocation()
-    source = Source.wrap_buffer(session, text, buffer_name="tercomp.mlir")
+    source = Source.wrap_buffer(session, module_text(module), buffer_name="tercomp.mlir")
     with capture_stderr() as diag:
         inv.enable_console_diagnostics()
         ok = inv.parse_source(source) and inv.execute()
@@ -78,6 +93,50 @@ def compile_module(session: Session, module: ir.Module, flags: Sequence[str],
         raise CompileError(f"IREE failed during {stage}:\n{diag[0].strip()}",
                            hint="run with dump_dir= or TERCOMP_DUMP=dir to see every stage")
     return vmfb
+
+
+def compile_source(source: bytes, flags: Sequence[str], stage: str = "iree-compile",
+                   timeout: float = 3600) -> bytes:
+    """Compile MLIR `source` (text or bytecode) with the iree-compile tool in a
+    subprocess; the .vmfb bytes. A crash of IREE is a CompileError naming `stage` and
+    the signal, with IREE's own stack dump."""
+    with tempfile.TemporaryDirectory(prefix="tercomp-") as tmp:
+        src, out = os.path.join(tmp, "module.mlir"), os.path.join(tmp, "module.vmfb")
+        with open(src, "wb") as f:
+            f.write(source)
+        try:
+            r = subprocess.run([find_tool("iree-compile"), src, *flags, "-o", out],
+                               capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise CompileError(f"iree-compile ran past {timeout:.0f} s during {stage}") from None
+        except (OSError, subprocess.SubprocessError) as e:
+            raise CompileError(f"running iree-compile for {stage} failed: {e}") from None
+        if r.returncode != 0:
+            raise CompileError(f"IREE {_how_it_ended(r.returncode)} during {stage}:\n"
+                               f"{r.stderr.strip()}",
+                               hint="run with dump_dir= or TERCOMP_DUMP=dir to see every stage")
+        with open(out, "rb") as f:
+            return f.read()
+
+
+def _how_it_ended(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"crashed ({name})"
+    return "failed"
+
+
+def compile_vmfb(module: ir.Module, flags: Sequence[str], *, isolate: bool,
+                 stage: str = "iree-compile", session: Session | None = None) -> bytes:
+    """The one way tercomp hands a module to IREE: in an iree-compile subprocess when
+    `isolate` (see targets.needs_isolation), else in this process."""
+    if isolate:
+        return compile_source(module_text(module), flags, stage)
+    return compile_module(session or Session(), module, flags, stage)
 
 
 def build_and_compile(build: Callable[[], None], flags: Sequence[str]) -> tuple[str, bytes]:

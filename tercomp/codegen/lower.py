@@ -25,8 +25,10 @@ from iree.compiler.dialects import func
 
 from ..errors import CompileError, TercompError
 from ..ir import Graph, Op
+from ..ir.graph import regions
 from ..ops import GraphBuilder, get
 from .builders import LowerCtx, tensor_type
+from .targets import WITH_16BIT_STORAGE
 from .ternary_strategies import flags_for
 
 LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "scf", "flow", "util", "hal")
@@ -71,10 +73,11 @@ def _lower_decomposition(ctx: LowerCtx, op: Op, opdef) -> list:
     return [ctx.values[v] for v in outs]
 
 
-def lower_graph(graph: Graph, module: ir.Module, params=None) -> set:
+def lower_graph(graph: Graph, module: ir.Module, params=None, targets=("llvm-cpu",)) -> set:
     """Append `func.func @<graph.name>` to `module` (inside an active context); returns
     the ternary strategies its ops emitted (see `lowered`). `params`: the ParamTable
-    that parameter constants are declared in."""
+    that parameter constants are declared in; `targets`: the target names the module
+    is compiled for (LowerCtx.targets)."""
     arg_types = [tensor_type(v.type) for v in graph.inputs]
     res_types = [tensor_type(v.type) for v in graph.outputs]
     with ir.InsertionPoint(module.body), ir.Location.unknown():
@@ -85,7 +88,7 @@ def lower_graph(graph: Graph, module: ir.Module, params=None) -> set:
         for axis, d in enumerate(v.type.shape):
             if not isinstance(d, int) and d.is_Symbol and d not in sources:
                 sources[d] = (a, axis)
-    ctx = LowerCtx(sources, params=params)
+    ctx = LowerCtx(sources, params=params, targets=targets)
     ctx.lower_op = lower_op          # op bodies (tern.scan) lower their ops through it
     if params is not None:
         params.anchor = fop          # globals go before the function that first reads them
@@ -134,6 +137,42 @@ def check_legal(module: ir.Module) -> None:
         raise CompileError("the lowered MLIR module does not verify")
 
 
+def check_storage(graphs, targets) -> None:
+    """A CompileError at the user's line for the first f16/bf16 value of `graphs` when
+    one of `targets` (codegen.targets.Target) cannot store 16-bit floats (the default
+    Vulkan target): IREE would compile it into wrong numbers (targets.NO_16BIT_STORAGE)."""
+    narrow = [t for t in targets if not t.stores_16bit]
+    if not narrow:
+        return
+    if isinstance(graphs, Graph):
+        graphs = [graphs]
+
+    def first_narrow(g: Graph):
+        for v in g.inputs:
+            if v.dtype in ("f16", "bf16"):
+                return v, None
+        for op in g.ops:
+            for r in op.results:
+                if r.dtype in ("f16", "bf16"):
+                    return r, op.loc
+            for body in regions(op):
+                found = first_narrow(body)
+                if found:
+                    return found[0], found[1] or op.loc
+        return None
+    for g in graphs:
+        found = first_narrow(g)
+        if found:
+            v, loc = found
+            t = narrow[0]
+            raise CompileError(
+                f"%{v.name} is {v.dtype}, but the {t.name} target {t.arch!r} has no 16-bit "
+                f"storage: IREE 3.13 would read and write it as 32-bit floats (wrong numbers)",
+                loc=loc, hint=f"cast it to float32 (x.astype('float32')), or compile for a "
+                              f"{t.name}_target with 16-bit storage: "
+                              f"{', '.join(map(repr, WITH_16BIT_STORAGE))}, ...")
+
+
 def to_mlir(graphs, ctx: ir.Context, params=None, targets=("llvm-cpu",)) -> Lowered:
     """Lower one or more graphs into one MLIR module in `ctx`, compiled for `targets`.
     Constants swapped for `Parameter`s (codegen.params.parameterized) are declared in
@@ -144,6 +183,6 @@ def to_mlir(graphs, ctx: ir.Context, params=None, targets=("llvm-cpu",)) -> Lowe
     with ctx, ir.Location.unknown():
         module = ir.Module.create()
         for g in graphs:
-            kernels |= lower_graph(g, module, params)
+            kernels |= lower_graph(g, module, params, targets)
         check_legal(module)
     return lowered(module, kernels, targets)

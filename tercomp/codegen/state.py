@@ -103,7 +103,7 @@ def to_stateful_mlir(entries, state, ctx: ir.Context, params=None,
         done, kernels = set(), set()     # entries may share a graph: lower it once
         for e in entries:
             if id(e.graph) not in done:
-                kernels |= lower_graph(e.graph, module, params)
+                kernels |= lower_graph(e.graph, module, params, targets)
                 inner = module.body.operations[len(module.body.operations) - 1]
                 inner.attributes["sym_visibility"] = ir.StringAttr.get("private")
                 done.add(id(e.graph))

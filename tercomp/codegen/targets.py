@@ -14,7 +14,7 @@ whose driver the runtime device matches: `--iree-hal-target-device=local,vulkan`
 (Repeating the flag instead declares several devices, and the module then needs all
 of them present at once: IREE 3.13 reports `HAL device __device_1 not found`.)
 Such builds also need `--iree-hal-link-executables=false`, which only the
-iree-compile tool takes, so they run in it (`compile_with_tool`).
+iree-compile tool takes, so they run in it (`needs_isolation`).
 
 Every name and option is checked here before IREE sees it, against lists of values
 verified to compile with IREE 3.13: in-process, IREE crashes the interpreter
@@ -23,14 +23,9 @@ LLVM CPU aborts it.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import tempfile
 from dataclasses import dataclass
 
-from iree.compiler.tools.binaries import find_tool
-
-from ..errors import CompileError, TercompError
+from ..errors import TercompError
 from ..runtime.devices import TARGET_DRIVERS
 
 DEFAULT_VULKAN_TARGET = "vp_android_baseline_2022"   # SPIR-V 1.3, Vulkan 1.1: most devices
@@ -65,11 +60,27 @@ _RESERVED_FLAGS = ("--iree-hal-target-device", "--iree-hal-target-backends",
                    "--iree-llvmcpu-target-triple", "--iree-vulkan-target", "--iree-cuda-target")
 
 
+# Vulkan targets without 16-bit storage (IREE 3.13's target table: `storage = b32`).
+# IREE compiles their f16 tensors as if they were f32 in memory, so every f16 buffer
+# (an input, a parameter, a global such as a KV cache) reads and writes wrong values:
+# on lavapipe a plain f16 -> f32 cast is off by up to 50. tercomp refuses f16 there
+# (codegen.lower.check_storage); 8-bit integers are emulated correctly.
+NO_16BIT_STORAGE = ("vp_android_baseline_2022",)
+#: Vulkan targets that store f16, for the error's hint
+WITH_16BIT_STORAGE = ("valhall", "adreno", "ampere", "rdna3")
+
+
 @dataclass(frozen=True)
 class Target:
     name: str          # tercomp target name
     device: str        # IREE target-device alias
     flags: tuple       # backend flags (global to the compile)
+    arch: str = ""     # the Vulkan or CUDA target (vulkan_target=, cuda_target=)
+
+    @property
+    def stores_16bit(self) -> bool:
+        """Whether f16/bf16 tensors can live in this target's buffers."""
+        return self.arch not in NO_16BIT_STORAGE
 
     @property
     def drivers(self) -> tuple:
@@ -90,7 +101,7 @@ def _vulkan(vulkan_target: str | None) -> Target:
         raise TercompError(f"unknown Vulkan target {vt!r}",
                            hint=f"use one of {', '.join(VULKAN_TARGETS)} (default "
                                 f"{DEFAULT_VULKAN_TARGET}, which runs on most Vulkan 1.1 devices)")
-    return Target("vulkan", "vulkan", (f"--iree-vulkan-target={vt}",))
+    return Target("vulkan", "vulkan", (f"--iree-vulkan-target={vt}",), vt)
 
 
 def _cuda(cuda_target: str | None) -> Target:
@@ -101,7 +112,7 @@ def _cuda(cuda_target: str | None) -> Target:
                                 "by the CUDA driver for newer GPUs, H100 included")
     if ct not in CUDA_TARGETS:
         raise TercompError(f"unknown CUDA target {ct!r}", hint=f"use one of {', '.join(CUDA_TARGETS)}")
-    return Target("cuda", "cuda", (f"--iree-cuda-target={ct}",))
+    return Target("cuda", "cuda", (f"--iree-cuda-target={ct}",), ct)
 
 
 def target_names(target) -> list:
@@ -182,19 +193,24 @@ def needs_tool(flags) -> bool:
     return any(f in _TOOL_ONLY for f in flags)
 
 
-def compile_with_tool(module, flags, stage: str = "iree-compile") -> bytes:
-    """Compile MLIR `module` with the iree-compile tool in a subprocess; the .vmfb bytes."""
-    with tempfile.TemporaryDirectory(prefix="tercomp-") as tmp:
-        src, out = os.path.join(tmp, "module.mlirbc"), os.path.join(tmp, "module.vmfb")
-        with module.context, open(src, "wb") as f:
-            module.operation.write_bytecode(f)
-        try:
-            r = subprocess.run([find_tool("iree-compile"), src, *flags, "-o", out],
-                               capture_output=True, text=True, timeout=3600)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise CompileError(f"running iree-compile for {stage} failed: {e}") from None
-        if r.returncode != 0:
-            raise CompileError(f"IREE failed during {stage}:\n{r.stderr.strip()}",
-                               hint="run with dump_dir= or TERCOMP_DUMP=dir to see every stage")
-        with open(out, "rb") as f:
-            return f.read()
+# Targets whose in-process compile has crashed the interpreter with IREE 3.13 (a
+# SIGSEGV in the CUDA/SPIR-V backends, e.g. compile_lm for cuda): by default they
+# compile in an iree-compile subprocess, where a crash is a CompileError.
+ISOLATED_BY_DEFAULT = ("vulkan", "cuda")
+
+
+def needs_isolation(target_names, flags, user_flags=(), isolate: bool | None = None) -> bool:
+    """Whether a compile runs IREE in a subprocess (iree_session.compile_vmfb).
+
+    Always for extra user flags (LLVM's option parser ends the process on some bad
+    values) and for options only the iree-compile tool takes; else `isolate`, where
+    None (the default) isolates the targets in ISOLATED_BY_DEFAULT.
+
+    >>> needs_isolation(["llvm-cpu"], []), needs_isolation(["llvm-cpu", "cuda"], [])
+    (False, True)
+    """
+    if user_flags or needs_tool(flags):
+        return True
+    if isolate is None:
+        return any(n in ISOLATED_BY_DEFAULT for n in target_names)
+    return bool(isolate)

@@ -208,6 +208,7 @@ def _attn_lower(ctx, op, xs):
     f32 = ir.F32Type.get()
     kel = elem_type(kt.dtype)
     t = qt.shape[0] if is_static(qt.shape[0]) else _dim(q, 0)
+    tq = t if isinstance(t, int) else ir.ShapedType.get_dynamic_size()     # T in a type
     p = _start_index(start)
     n = arith.AddIOp(p, index_const(t) if isinstance(t, int) else t).result
     # read only the rows 0..start+T-1 of the cache
@@ -252,38 +253,51 @@ def _attn_lower(ctx, op, xs):
             return arith.AddFOp(acc, arith.MulFOp(a, b).result).result
 
         scale = scalar_const(float(op.attrs["scale"]), "f32")
-        hts = [heads, t, n]
-        # scores[h, t, s] = scale * sum_d q[t, h, d] k[s, h // group, d], masked to s <= start + t
-        dot = generic([q, kk], [f"(h, t, s, d) -> (t, h, d)", f"(h, t, s, d) -> (s, h floordiv {group}, d)",
-                                "(h, t, s, d) -> (h, t, s)"],
-                      filled(hts, 0.0), [PARALLEL] * 3 + [REDUCTION],
+        # Heads as (kv head, group member): head h = kv * group + g reads kv head h //
+        # group. Every map is a projection of the loop dims, no `floordiv`, which IREE
+        # 3.13's CUDA tile-and-fuse crashes on (SIGSEGV in linalg::computeTileSizes).
+        qel = ir.RankedTensorType(q.type).element_type
+        qg = tensor.ExpandShapeOp(ir.RankedTensorType.get([tq, kvh, group, hd], qel), q,
+                                  [[0], [1, 2], [3]], [] if isinstance(t, int) else [t],
+                                  [tq, kvh, group, hd]).result
+        # Every [T, KV, G] row statistic is laid out as the output rows [T, KV, G, D]
+        # that read it: with the heads first (scores [h, t, s]) IREE 3.13's SPIR-V code
+        # fused the softmax's sum into the division that reads it transposed, and
+        # read other threads' sums (rows t % 4 < h of head h wrong on lavapipe).
+        tkgs = [t, kvh, group, n]
+        # scores[t, kv, g, s] = scale * sum_d q[t, kv, g, d] k[s, kv, d], masked to s <= start + t
+        dot = generic([qg, kk], ["(t, c, g, s, d) -> (t, c, g, d)", "(t, c, g, s, d) -> (s, c, d)",
+                                 "(t, c, g, s, d) -> (t, c, g, s)"],
+                      filled(tkgs, 0.0), [PARALLEL] * 4 + [REDUCTION],
                       lambda x, y, acc: madd(x, widen(y), acc))
         neg_inf = scalar_const(float("-inf"), "f32")
 
         def mask(x, _acc):
-            ti = linalg.IndexOp(1).result
-            si = linalg.IndexOp(2).result
+            ti = linalg.IndexOp(0).result
+            si = linalg.IndexOp(3).result
             ok = arith.CmpIOp(arith.CmpIPredicate.ule, si, arith.AddIOp(p, ti).result).result
             return arith.SelectOp(ok, arith.MulFOp(x, scale).result, neg_inf).result
-        ident3 = "(h, t, s) -> (h, t, s)"
-        scores = generic([dot], [ident3, ident3], empty(hts), [PARALLEL] * 3, mask)
-        ht = [heads, t]
-        row = "(h, t, s) -> (h, t)"
-        mx = generic([scores], [ident3, row], filled(ht, float("-inf")), [PARALLEL, PARALLEL, REDUCTION],
+        ident4 = "(t, c, g, s) -> (t, c, g, s)"
+        scores = generic([dot], [ident4, ident4], empty(tkgs), [PARALLEL] * 4, mask)
+        tkg = [t, kvh, group]
+        row = "(t, c, g, s) -> (t, c, g)"
+        mx = generic([scores], [ident4, row], filled(tkg, float("-inf")), [PARALLEL] * 3 + [REDUCTION],
                      lambda x, acc: arith.MaximumFOp(acc, x).result)
-        ex = generic([scores, mx], [ident3, row, ident3], empty(hts), [PARALLEL] * 3,
+        ex = generic([scores, mx], [ident4, row, ident4], empty(tkgs), [PARALLEL] * 4,
                      lambda x, m, _acc: math.ExpOp(arith.SubFOp(x, m).result).result)
-        den = generic([ex], [ident3, row], filled(ht, 0.0), [PARALLEL, PARALLEL, REDUCTION],
+        den = generic([ex], [ident4, row], filled(tkg, 0.0), [PARALLEL] * 3 + [REDUCTION],
                       lambda x, acc: arith.AddFOp(acc, x).result)
-        thd = [t, heads, hd]
-        # out[t, h, d] = sum_s ex[h, t, s] v[s, h // group, d] / den[h, t]
-        acc = generic([ex, vv], ["(t, h, d, s) -> (h, t, s)", f"(t, h, d, s) -> (s, h floordiv {group}, d)",
-                                 "(t, h, d, s) -> (t, h, d)"],
-                      filled(thd, 0.0), [PARALLEL] * 3 + [REDUCTION],
+        tkgd = [t, kvh, group, hd]
+        # out[t, kv, g, d] = sum_s ex[t, kv, g, s] v[s, kv, d] / den[t, kv, g]
+        acc = generic([ex, vv], ["(t, c, g, d, s) -> (t, c, g, s)", "(t, c, g, d, s) -> (s, c, d)",
+                                 "(t, c, g, d, s) -> (t, c, g, d)"],
+                      filled(tkgd, 0.0), [PARALLEL] * 4 + [REDUCTION],
                       lambda e, y, acc: madd(e, widen(y), acc))
-        out = generic([acc, den], ["(t, h, d) -> (t, h, d)", "(t, h, d) -> (h, t)", "(t, h, d) -> (t, h, d)"],
-                      empty(thd), [PARALLEL] * 3, lambda x, s, _acc: arith.DivFOp(x, s).result)
-        return out
+        ident = "(t, c, g, d) -> (t, c, g, d)"
+        out = generic([acc, den], [ident, "(t, c, g, d) -> (t, c, g)", ident],
+                      empty(tkgd), [PARALLEL] * 4, lambda x, s, _acc: arith.DivFOp(x, s).result)
+        return tensor.CollapseShapeOp(ir.RankedTensorType.get([tq, heads, hd], f32), out,
+                                      [[0], [1, 2], [3]]).result
 
     if op.attrs["kernel"] == "cpu" and attention_cpu.fits(hd, kt.dtype):
         # every T: an scf.if on T splits the step's command buffer at every layer (~0.17

@@ -16,7 +16,7 @@ import functools
 import numpy as np
 import sympy
 from iree.compiler import ir
-from iree.compiler.dialects import arith
+from iree.compiler.dialects import arith, flow, util
 
 from ..codegen.builders import elem_type, scalar_const
 from ..codegen.sympy_mlir import ArithBackend
@@ -196,27 +196,49 @@ register(OpDef("where", "elementwise", _where_infer,
                lower=_where_lower, vjp=_where_vjp, nondiff_operands=(0,)))
 
 
+#: Targets on which a widened float (f16 -> f32) is kept out of its consumers'
+#: dispatches. IREE 3.13's SPIR-V codegen for a Vulkan target without 16-bit storage
+#: (the default vp_android_baseline_2022, Mali's valhall), given a row reduction whose
+#: rows are also read by an elementwise consumer in the same dispatch (an RMSNorm of
+#: an f16 embedding row, x - mean(x)) and an extf producing them, keeps 64 whole rows in
+#: workgroup memory: 65,792 bytes at 256 columns, over Vulkan's 16,384.
+WIDEN_APART = ("vulkan",)
+
+
 def _cast_lower(ctx, op, operands):
+    """arith casts in a linalg.generic. For a float widening on a WIDEN_APART target
+    the result goes through `util.optimization_barrier`, so IREE gives the cast a
+    dispatch of its own (one more pass over the widened tensor) instead of fusing it
+    into a reduction it cannot fit (see WIDEN_APART)."""
     src, dst = op.operands[0].dtype, op.results[0].dtype
     et = elem_type(dst)
+    out = ctx.elementwise(operands, [op.operands[0].type], op.results[0].type,
+                          functools.partial(_cast_body, src, dst, et))
+    if is_float(src) and is_float(dst) and int(dst[1:]) > int(src[1:]) \
+            and any(t in WIDEN_APART for t in ctx.targets):
+        # the barrier hides the shape; tie_shape gives IREE its dynamic dims back
+        out = flow.tensor_tie_shape(util.optimization_barrier([out.type], [out]),
+                                    ctx.dyn_sizes(op.results[0].type))
+    return [out]
 
-    def body(x):
-        if src == dst:
-            return x
-        if is_float(src) and is_float(dst):
-            wider = int(dst[1:]) > int(src[1:])
-            return (arith.ExtFOp if wider else arith.TruncFOp)(et, x).result
-        if is_float(src):
-            if dst == "i1":
-                return arith.CmpFOp(ir_pred(13), x, scalar_const(0.0, src)).result
-            return arith.FPToSIOp(et, x).result
-        if is_float(dst):
-            return (arith.UIToFPOp if src == "i1" else arith.SIToFPOp)(et, x).result
-        sw, dw = int(src[1:]), int(dst[1:])
-        if dw > sw:
-            return (arith.ExtUIOp if src == "i1" else arith.ExtSIOp)(et, x).result
-        return arith.TruncIOp(et, x).result
-    return [ctx.elementwise(operands, [op.operands[0].type], op.results[0].type, body)]
+
+def _cast_body(src, dst, et, x):
+
+    if src == dst:
+        return x
+    if is_float(src) and is_float(dst):
+        wider = int(dst[1:]) > int(src[1:])
+        return (arith.ExtFOp if wider else arith.TruncFOp)(et, x).result
+    if is_float(src):
+        if dst == "i1":
+            return arith.CmpFOp(ir_pred(13), x, scalar_const(0.0, src)).result
+        return arith.FPToSIOp(et, x).result
+    if is_float(dst):
+        return (arith.UIToFPOp if src == "i1" else arith.SIToFPOp)(et, x).result
+    sw, dw = int(src[1:]), int(dst[1:])
+    if dw > sw:
+        return (arith.ExtUIOp if src == "i1" else arith.ExtSIOp)(et, x).result
+    return arith.TruncIOp(et, x).result
 
 
 def ir_pred(code):

@@ -31,7 +31,7 @@ def _host_leaf(x):
 def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: int = 1,
                        accumulate_calls: int = 1, clip_norm=None, on_nan: str = "raise", has_aux=None, opt_state=None,
                        target="llvm-cpu", device=None, threads=None, dump_dir=None,
-                       cache: bool = True, isolate: bool = False,
+                       cache: bool = True, isolate: bool | None = None,
                        check_numerics: bool | None = None) -> TrainStep:
     """Compile forward + backward + update of `model` into one IREE function.
 
