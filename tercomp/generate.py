@@ -44,7 +44,8 @@ from .codegen.iree_session import compile_vmfb, new_session
 from .codegen.lower import check_storage
 from .codegen.params import ParamTable, parameterized
 from .codegen.state import Entry, StateVar, to_stateful_mlir
-from .codegen.targets import check_extra_flags, needs_isolation, resolve_targets, target_flags
+from .codegen.targets import (WITH_16BIT_STORAGE, check_extra_flags, needs_isolation,
+                              resolve_targets, target_flags)
 from .codegen.ternary_strategies import AVX2, check_strategy, target_features
 from .errors import TercompError
 from .ir import TensorType
@@ -214,12 +215,21 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
     targets = resolve_targets(target, vulkan_target=vulkan_target, cuda_target=cuda_target)
     names = [t.name for t in targets]
     if len(targets) > 1:
-        # measured: a step built for local+vulkan or local+cuda computes wrong logits on
-        # every device (NaN on the CPU of local+cuda), where each target alone is right
+        # Measured with IREE 3.13: a step built for local+vulkan or local+cuda computes
+        # wrong logits on every device, NaN on local-sync, and one variant segfaulted
+        # the process on its first prefill; each target alone is right, and so is the
+        # same step compiled for both without its cache globals (tc.compile)
         raise TercompError(f"compile_lm compiles for one target at a time, got {', '.join(names)}",
                            hint="compile one generator per target: IREE 3.13's modules for "
-                                "several targets give wrong logits for the step's cache globals")
-    narrow = "float16" if all(t.stores_16bit for t in targets) else "float32"
+                                "several targets corrupt the step's cache globals")
+    no16 = [t for t in targets if not t.stores_16bit]
+    narrow = "float32" if no16 else "float16"
+    for what, value in (("kv_dtype", kv_dtype), ("output_dtype", output_dtype)):
+        if no16 and value in ("float16", "f16"):
+            raise TercompError(f"compile_lm: {what}={value!r} needs 16-bit storage, which the "
+                               f"{no16[0].name} target {no16[0].arch!r} does not have",
+                               hint=f"leave {what} out (float32 there), or pass a vulkan_target "
+                                    f"that stores f16: {', '.join(map(repr, WITH_16BIT_STORAGE))}, ...")
     max_seq, kv = _check_args(lm, max_seq, kv_dtype or narrow)
     output_dtype = output_dtype or narrow
     if output_dtype not in OUTPUT_DTYPES:

@@ -66,8 +66,9 @@ def test_f16_on_a_vulkan_target_without_16bit_storage_is_refused(lm):
                                               r"'vp_android_baseline_2022' has no 16-bit storage"
                                               r".*vulkan_target with 16-bit storage"):
         tc.compile(lambda x: x.astype("float32") * 2.0, x16, target="vulkan", cache=False)
-    with pytest.raises(tc.CompileError, match="%caches.0 is f16"):
-        tc.compile_lm(lm, max_seq=16, target="vulkan", kv_dtype="float16", cache=False)
+    for what in ("kv_dtype", "output_dtype"):
+        with pytest.raises(tc.TercompError, match=f"{what}='float16' needs 16-bit storage"):
+            tc.compile_lm(lm, max_seq=16, target="vulkan", cache=False, **{what: "float16"})
     # a target with 16-bit storage takes it
     tc.compile(lambda x: x.astype("float32") * 2.0, x16, target="vulkan",
                vulkan_target="valhall", cache=False)

@@ -5,7 +5,11 @@ import re
 import subprocess
 import sys
 
+import numpy as np
+import pytest
+
 import bitnet_mlp  # samples/ is on sys.path (tests/conftest.py)
+from tercomp.runtime.devices import driver_present
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
@@ -31,3 +35,16 @@ def test_command_line_examples_run_as_written(tmp_path):
                            text=True, timeout=300)
         assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}"
     assert (tmp_path / "lm.tcm").stat().st_size > 0
+
+
+@pytest.mark.skipif(not driver_present("vulkan"),
+                    reason="no Vulkan device (apt-get install mesa-vulkan-drivers)")
+def test_targets_section_trains_on_vulkan_as_written():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    block = text.split("## Targets", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    assert 'target="vulkan"' in block
+    scope = {}
+    exec(compile(block, "README.md#targets", "exec"), scope)
+    assert scope["step"].exe.device == "vulkan"
+    shown = re.search(r"losses = .*#\s*([\d.]+(?:, [\d.]+)+)\s*$", block, re.M).group(1)
+    np.testing.assert_allclose(scope["losses"], [float(v) for v in shown.split(", ")], atol=3e-3)

@@ -61,7 +61,7 @@ def no_iree(monkeypatch):
 
     def boom(*a, **k):
         raise AssertionError("IREE was called")
-    monkeypatch.setattr(compiler, "compile_module", boom)
+    monkeypatch.setattr(compiler, "compile_vmfb", boom)
 
 
 # -- flags ------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ def test_compile_cache_hit_skips_iree(tmp_path, monkeypatch, xy):
     assert first.meta["cache_hit"] is False
     assert os.listdir(tmp_path) == [first.meta["cache_key"] + ".tcm"]     # no temp files left
     import tercomp.compiler as compiler
-    monkeypatch.setattr(compiler, "compile_module", lambda *a, **k: pytest.fail("IREE ran"))
+    monkeypatch.setattr(compiler, "compile_vmfb", lambda *a, **k: pytest.fail("IREE ran"))
     second = tc.compile(fn, B, B)
     assert second.meta["cache_hit"] is True and second.vmfb == first.vmfb
     np.testing.assert_allclose(second(*xy), fn_ref(*xy), rtol=1e-5, atol=1e-6)

@@ -24,8 +24,7 @@ def no_iree(monkeypatch):
 
     def boom(*a, **k):
         raise AssertionError("IREE was called")
-    monkeypatch.setattr(compiler, "compile_module", boom)
-    monkeypatch.setattr(compiler, "compile_with_tool", boom)
+    monkeypatch.setattr(compiler, "compile_vmfb", boom)
 
 
 def _layer():
