@@ -15,14 +15,16 @@ IREE's host-side passes cost grow with the program, and a separate T = 1 trace g
 measurable decode gain (11-22 ms vs 11-19 ms a token, 2 layers of the bench shape on a
 shared 2-core AVX2 machine).
 
-The step (`_Step.forward`), on a [T, hidden] residual stream: embed, then per layer
-RoPE'd q/k/v, `cache_write` of this call's k/v rows at `start`, `cached_attention` over
-cache rows 0..start+T-1 (tercomp/ops/cache.py), and the output layer on the rows asked
-for. For a module compiled for llvm-cpu alone, attention, `rms_norm` and `rope` are
-hand-written CPU dispatches (kernel="cpu": codegen/attention_cpu.py, rows_cpu.py). The
-compile cache is keyed on the model's arrays and the options, so a cached compile skips
-tracing. The runtime side (validation, sampling, `generate`, saving) is
-tercomp/runtime/generator.py.
+The step (`_Step.forward`) is the model's own forward (`lm.hidden_states` with a
+models.StaticKVCache: this call's k/v rows go into the cache at `start`, attention reads
+cache rows 0..start+T-1; tercomp/ops/cache.py) and its output layer on the rows asked
+for; this file holds no layer math, so a changed model is the model compiled. For a
+module compiled for llvm-cpu alone, the `kernels` pass (passes/kernels.py) gives
+attention, `rms_norm`, `rope` and the output layer their hand-written CPU dispatches
+(codegen/attention_cpu.py, rows_cpu.py, dense_avx2.py). The module is built as
+tc.compile's are (tercomp/build.py). The compile cache is keyed on the model's arrays
+and the options, so a cached compile skips tracing. The runtime side (validation,
+sampling, `generate`, saving) is tercomp/runtime/generator.py.
 
     >>> gen = tc.compile_lm(lm, max_seq=2048)
     >>> logits = gen.prefill(np.array([1, 2, 3], np.int32))     # [3, vocab]
@@ -40,27 +42,23 @@ import numpy as np
 from iree.compiler.version import VERSION as IREE_VERSION
 
 from . import __version__, nn
-from .codegen.iree_session import compile_vmfb, new_session
-from .codegen.lower import check_storage
-from .codegen.params import ParamTable, parameterized
+from .build import BuildOptions, build
 from .codegen.state import Entry, StateVar, to_stateful_mlir
-from .codegen.targets import (WITH_16BIT_STORAGE, check_extra_flags, needs_isolation,
-                              resolve_targets, target_flags)
-from .codegen.ternary_strategies import AVX2, check_strategy, target_features
+from .codegen.targets import WITH_16BIT_STORAGE
 from .errors import TercompError
 from .ir import TensorType
-from .models.bitnet import BitNetLM, rope_tables
+from .models.bitnet import BitNetLM
+from .models.kv_cache import StaticKVCache
 from .passes import Dumper, run_pipeline
+from .passes.kernels import kernel_table
 from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
 from .runtime.loader import from_parts
 from .runtime.generator import KV_DTYPES, STEP, LMGenerator
-from .runtime.devices import check_threads, pick_device
 from .runtime.module import CompiledModule
 from .runtime.signature import Signature
 from .trace import api as _t
 from .trace import spec, trace
-from .trace.tracer import apply
 
 __all__ = ["compile_lm"]
 
@@ -70,93 +68,26 @@ DEFAULT_MAX_SEQ = 2048
 class _Step(nn.Module):
     """One step of the LM over the KV cache: (ids [T], start, rows [L], caches) ->
     (logits [L, vocab] of the positions `rows` of this call, caches). `caches` is [k_0,
-    v_0, k_1, v_1, ...], each [max_seq, KV, D]. `rows` lets a prompt ask for the last
-    position's logits only (what generation needs), so the output layer, the largest
-    matmul of a step, runs on one row instead of T.
+    v_0, k_1, v_1, ...], each [max_seq, KV, D]. The network is the model's own forward
+    (`lm.hidden_states` with a models.StaticKVCache over the caches); `rows` lets a
+    prompt ask for the last position's logits only (what generation needs), so the
+    output layer, the largest matmul of a step, runs on one row instead of T. The output
+    layer (and, tied, the token embedding: one copy) reads a table stored as
+    `output_dtype` (BitNetLM.with_stored_output)."""
 
-    The output layer (and, tied, the token embedding: one copy) is read from `_table`
-    stored in f16 by default, widened in registers (`tern.widening_matmul`)."""
-
-    def __init__(self, lm: BitNetLM, max_seq: int, kv_dtype: str,
-                 output_dtype: str = "float16", kernel: str = "generic",
-                 attention: str = "generic"):
-        self.lm = lm
-        c = lm.config
-        cos, sin = rope_tables(c, np.arange(max_seq))
-        self._cos, self._sin = cos, sin           # [max_seq, D/2]: not parameters
+    def __init__(self, lm: BitNetLM, kv_dtype: str, output_dtype: str = "float16"):
+        self.lm = lm.with_stored_output(output_dtype)
         self._kv_dtype = kv_dtype
-        self._kernel = kernel
-        self._attention = attention
-        self._rows = "cpu" if attention == "cpu" else "generic"     # rms_norm and rope
-        self._table = self._scale = None
-        w = lm.lm_head.weight if lm.lm_head is not None else lm.embed_tokens.weight
-        if output_dtype == "float16":
-            self._table = np.asarray(w, np.float32).astype(np.float16)
-        elif output_dtype == "int8":
-            self._table, self._scale = quantize_rows(w)
-
-    def _embed(self, ids):
-        """[T, hidden]: rows of the output table when the embedding is tied to it."""
-        if self._table is None or self.lm.lm_head is not None:
-            return self.lm.embed_tokens(ids)
-        rows = _t.take(self._table, ids, axis=0).astype("float32")
-        if self._scale is None:
-            return rows
-        return rows * _t.expand_dims(_t.take(self._scale, ids, axis=0), 1)
-
-    def _logits(self, h):
-        """[L, vocab] for final-normed hidden states h [L, hidden]."""
-        if self._table is None:
-            return self.lm.logits(h)
-        scale = () if self._scale is None else (self._scale,)
-        return apply("widening_matmul", h, self._table, *scale, kernel=self._kernel)
-
-    def _norm(self, norm, x):
-        return apply("rms_norm", x, norm.weight, eps=norm.eps, kernel=self._rows)
-
-    def _rope(self, x, heads, cos, sin):
-        return apply("rope", x.reshape(-1, heads, self.lm.config.head_dim), cos, sin,
-                     style=self.lm.config.rope_style, kernel=self._rows)
 
     def forward(self, ids, start, rows, caches):
-        lm, c = self.lm, self.lm.config
-        h, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        pos = apply("arange", ids, start)
-        cos, sin = _t.take(self._cos, pos, axis=0), _t.take(self._sin, pos, axis=0)
-        x = self._embed(ids)                                         # [T, hidden]
-        out = []
-        for i, layer in enumerate(lm.layers):
-            a, mlp = layer.attn, layer.mlp
-            n = self._norm(layer.input_layernorm, x)
-            q = self._rope(a.q_proj(n), h, cos, sin)
-            k = self._rope(a.k_proj(n), kv, cos, sin)
-            v = a.v_proj(n).reshape(-1, kv, d)
-            kc = apply("cache_write", caches[2 * i], k.astype(self._kv_dtype), start)
-            vc = apply("cache_write", caches[2 * i + 1], v.astype(self._kv_dtype), start)
-            o = apply("cached_attention", q, kc, vc, start,
-                      scale=float(1.0 / np.sqrt(d)), kernel=self._attention)
-            x = x + a.o_proj(self._norm(a.attn_sub_norm, o.reshape(-1, h * d)))
-            m = self._norm(layer.post_attention_layernorm, x)
-            x = x + mlp.down_proj(self._norm(mlp.ffn_sub_norm, mlp.activation(mlp.gate_proj(m)) *
-                                             mlp.up_proj(m)))
-            out += [kc, vc]
-        last = _t.take(x, rows, axis=0)                               # [L, hidden]
-        return self._logits(self._norm(lm.norm, last)), out
+        cache = StaticKVCache(caches, start, self._kv_dtype)
+        h = self.lm.hidden_states(ids.reshape(1, -1), cache=cache)          # [1, T, hidden]
+        last = _t.take(h.reshape(-1, h.shape[-1]), rows, axis=0)             # [L, hidden]
+        return self.lm.logits(last), cache.updated
 
 
 #: compile_lm's output_dtype choices: how the output table is stored
 OUTPUT_DTYPES = ("float16", "int8", "float32")
-
-
-def quantize_rows(w) -> tuple[np.ndarray, np.ndarray]:
-    """(q int8 [N, K], scale f32 [N]) with w ~= q * scale[:, None]: each row scaled by its
-    largest magnitude / 127, rounded to nearest (llama.cpp's Q8_0 does the same per 32
-    weights; one scale a row keeps the kernel's inner loop free of scales)."""
-    w = np.asarray(w, np.float32)
-    top = np.abs(w).max(axis=1)
-    scale = np.where(top > 0, top / 127.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
-    return q, scale
 
 
 def _check_args(lm, max_seq, kv_dtype):
@@ -212,17 +143,19 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
     >>> gen = tc.compile_lm(lm, max_seq=512)
     >>> gen.generate([1, 15043], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=1)
     """
-    targets = resolve_targets(target, vulkan_target=vulkan_target, cuda_target=cuda_target)
-    names = [t.name for t in targets]
-    if len(targets) > 1:
+    opts = BuildOptions.resolve(target, vulkan_target=vulkan_target, cuda_target=cuda_target,
+                                flags=flags, device=device, threads=threads, ternary=ternary,
+                                isolate=isolate)
+    if len(opts.targets) > 1:
         # Measured with IREE 3.13: a step built for local+vulkan or local+cuda computes
         # wrong logits on every device, NaN on local-sync, and one variant segfaulted
         # the process on its first prefill; each target alone is right, and so is the
         # same step compiled for both without its cache globals (tc.compile)
-        raise TercompError(f"compile_lm compiles for one target at a time, got {', '.join(names)}",
+        raise TercompError(f"compile_lm compiles for one target at a time, got "
+                           f"{', '.join(opts.names)}",
                            hint="compile one generator per target: IREE 3.13's modules for "
                                 "several targets corrupt the step's cache globals")
-    no16 = [t for t in targets if not t.stores_16bit]
+    no16 = [t for t in opts.targets if not t.stores_16bit]
     narrow = "float32" if no16 else "float16"
     for what, value in (("kv_dtype", kv_dtype), ("output_dtype", output_dtype)):
         if no16 and value in ("float16", "f16"):
@@ -235,86 +168,56 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
     if output_dtype not in OUTPUT_DTYPES:
         raise TercompError(f"compile_lm: output_dtype must be one of "
                            f"{', '.join(map(repr, OUTPUT_DTYPES))}, got {output_dtype!r}")
-    # the hand-written f16 GEMV where the module is for this host and it has AVX2
-    kernel = "avx2" if AVX2 in target_features(names) else "generic"
-    # the hand-written decode attention where the module is for CPUs only
-    attention = "cpu" if names == ["llvm-cpu"] else "generic"
-    check_strategy(ternary, names)
-    device = pick_device(names, device)
-    check_threads(names, device, threads)
+    numerics = numerics_enabled(check_numerics)
     c = lm.config
-    meta = {"drivers": [d for t in targets for d in t.drivers], "iree_version": IREE_VERSION,
-            "cache_hit": False, "weights": "irpa",
-            "lm": LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm))}
-    user_flags = check_extra_flags(flags)
+    lm_meta = LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm))
     key = None
     if cache:
         # Keyed on the model and the options, not on the traced IR: a hit skips tracing,
         # the passes and the lowering, which cost more than IREE for a large model.
         key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv,
-                                ternary, output_dtype, kernel, attention,
-                                "\0".join(f for t in targets for f in t.flags),
-                                "\0".join(user_flags), STEP,
-                                numerics_enabled(check_numerics),
+                                ternary, output_dtype, opts.cache_parts(), STEP, numerics,
+                                repr(sorted(kernel_table(opts.names).items())),
                                 __version__, IREE_VERSION)
         hit = compile_cache.lookup(key)
         if hit is not None:
             cached, vmfb, irpa = hit
-            exe = from_parts(cached, vmfb, irpa, device=device, threads=threads, cache_key=key,
-                             cache_hit=True, lm=meta["lm"])
+            exe = from_parts(cached, vmfb, irpa, device=opts.device, threads=opts.threads,
+                             cache_key=key, cache_hit=True, lm=lm_meta)
             return LMGenerator(exe)
-    exe = _build(step=_Step(lm, max_seq, kv, output_dtype, kernel, attention), config=c, cache_type=TensorType(
-        (max_seq, c.num_key_value_heads, c.head_dim), kv), ternary=ternary, targets=targets,
-        user_flags=user_flags, dump_dir=dump_dir, meta=meta, device=device, threads=threads,
-        isolate=isolate, numerics=numerics_enabled(check_numerics))
-    if key is not None:
-        exe.meta["cache_key"] = key
-        compile_cache.store(key, exe)
+    exe = _build(_Step(lm, kv, output_dtype), c, TensorType(
+        (max_seq, c.num_key_value_heads, c.head_dim), kv), ternary, opts, dump_dir,
+        meta={"lm": lm_meta}, numerics=numerics, cache_key=key)
     return LMGenerator(exe)
 
 
-def _build(step, config, cache_type, ternary, targets, user_flags, dump_dir, meta, device,
-           threads, isolate=None, numerics=False) -> CompiledModule:
-    """Trace the step, run the passes, lower both entry points and compile with IREE."""
-    names = [t.name for t in targets]
+def _build(step, config, cache_type, ternary, opts: BuildOptions, dump_dir, meta,
+           numerics=False, cache_key=None) -> CompiledModule:
+    """Trace the step, run the passes, lower the entry point over its cache globals and
+    build the module (tercomp/build.py)."""
+    names = opts.names
     n = 2 * config.num_hidden_layers
     caches = [spec(cache_type.shape, cache_type.dtype)] * n
-    pipeline = ["simplify"] if ternary == "off" else \
-        [("ternary", {"strategy": ternary, "targets": names}), "simplify"]
+    pipeline = ([] if ternary == "off" else [("ternary", {"strategy": ternary, "targets": names})]) \
+        + [("kernels", {"targets": names}), "simplify"]
     if numerics:
         pipeline.append("check_numerics")     # an extra output after the logits and caches
     dumper = Dumper(os.path.join(dump_dir, STEP) if dump_dir else None)
     g = trace(step, spec(("T",), "int32"), spec((), "int32"), spec(("L",), "int32"), caches,
               name=f"{STEP}_body")
     g = run_pipeline(g, pipeline, dumper)
-    check_storage(g, targets)
     stages = {f"{STEP}.{k}": v for k, v in dumper.stages.items()}
     state = [StateVar(f"kv{i}", cache_type) for i in range(n)]
     bind_in = {3 + i: f"kv{i}" for i in range(n)}
     bind_out = {1 + i: f"kv{i}" for i in range(n)}
     entries = [Entry(STEP, g, bind_in, bind_out)]
-    session, ctx = new_session()
-    table = ParamTable()
-    with parameterized([g], table):
-        module, kernel_flags, _ = to_stateful_mlir(entries, state, ctx, params=table, targets=names)
-    irpa = table.archive()
-    with ctx:
-        stages["mlir"] = module.operation.get_asm(large_elements_limit=16)
-    all_flags = target_flags(names, **_arch_options(targets)) + user_flags
-    all_flags += [f for f in kernel_flags if f not in all_flags]
-    vmfb = compile_vmfb(module, all_flags, session=session,
-                        isolate=needs_isolation(names, all_flags, user_flags, isolate),
-                        stage=f"the IREE compile of the LM for {', '.join(names)}")
     sig = dataclasses.replace(Signature.from_graph(g), function=STEP)
-    meta = {**meta, "flags": all_flags, "parameters": sorted(table.arrays),
-            "numerics": g.meta.get("numerics")}
-    return CompiledModule(vmfb, sig, stages, device=device, threads=threads, targets=names,
-                          meta=meta, weights=irpa, weights_scope=table.scope)
-
-
-def _arch_options(targets) -> dict:
-    """vulkan_target= / cuda_target= of resolved `targets`, for target_flags."""
-    return {f"{t.name}_target": t.arch for t in targets if t.name in ("vulkan", "cuda")}
+    return build(lambda ctx, params: to_stateful_mlir(entries, state, ctx, params=params,
+                                                     targets=names),
+                 [g], opts, signature=sig, dumper=dumper, stages=stages, weights="irpa",
+                 meta={**meta, "numerics": g.meta.get("numerics")},
+                 cache=cache_key is not None, cache_key=cache_key,
+                 stage=f"the IREE compile of the LM for {', '.join(names)}")
 
 
 @functools.lru_cache(maxsize=1)

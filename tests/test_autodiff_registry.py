@@ -144,6 +144,8 @@ CASES: dict[str, list] = {
     "logsumexp": unary(shape=(3, 5), axes=[1]) + unary(shape=(3, 5)),
     "layer_norm": [Case([A((3, 5)), A((5,)), A((5,))])],
     "rms_norm": [Case([A((3, 5)), A((5,))])],
+    "rope": [Case([A((3, 2, 4)), A((3, 2)), A((3, 2))], {"style": "neox"}),
+             Case([A((2, 3, 2, 4)), A((3, 2)), A((3, 2))], {"style": "interleaved"})],
     "pad": [Case([A((3, 4))], {"widths": [[1, 0], [2, 1]]})],
     "cross_entropy": [Case([A((4, 5)), A((4,), "int", hi=5)])],
     # ternary (fake quantization; straight-through gradients, so FD does not apply)

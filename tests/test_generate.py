@@ -187,7 +187,7 @@ def test_int8_output_table(lm_file, full):
     the issue's tolerance of the float64 reference and of the f16 table's."""
     from conftest import run_filecheck
     from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
-    from tercomp.generate import quantize_rows
+    from tercomp.nn import quantize_rows
     lm = models.load(lm_file)
     q8 = tc.compile_lm(lm, max_seq=MAX_SEQ, output_dtype="int8")
     run_filecheck(q8.exe.ir("mlir"), r"""

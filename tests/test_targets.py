@@ -57,7 +57,7 @@ def mlp():
 @pytest.fixture
 def no_iree(monkeypatch):
     """Fail the test if IREE's compiler is reached (names must be checked before)."""
-    import tercomp.compiler as compiler
+    import tercomp.build as compiler
 
     def boom(*a, **k):
         raise AssertionError("IREE was called")
@@ -267,7 +267,7 @@ def test_compile_cache_hit_skips_iree(tmp_path, monkeypatch, xy):
     first = tc.compile(fn, B, B)
     assert first.meta["cache_hit"] is False
     assert os.listdir(tmp_path) == [first.meta["cache_key"] + ".tcm"]     # no temp files left
-    import tercomp.compiler as compiler
+    import tercomp.build as compiler
     monkeypatch.setattr(compiler, "compile_vmfb", lambda *a, **k: pytest.fail("IREE ran"))
     second = tc.compile(fn, B, B)
     assert second.meta["cache_hit"] is True and second.vmfb == first.vmfb

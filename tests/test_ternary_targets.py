@@ -20,7 +20,7 @@ SPECS = {"static": tc.spec((1, K), "float32"), "symbolic": tc.spec(("B", K), "fl
 @pytest.fixture
 def no_iree(monkeypatch):
     """Fail the test if IREE's compiler is reached (the strategy must be refused first)."""
-    import tercomp.compiler as compiler
+    import tercomp.build as compiler
 
     def boom(*a, **k):
         raise AssertionError("IREE was called")

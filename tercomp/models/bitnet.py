@@ -24,11 +24,14 @@ Module tree (stable names; parameters are named after it)::
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from .. import nn
 from ..errors import TercompError
 from ..trace import api as _t
+from ..trace.tracer import apply
 from .config import BitNetConfig
 
 
@@ -44,17 +47,8 @@ def rope_tables(config: BitNetConfig, positions) -> tuple[np.ndarray, np.ndarray
 
 def apply_rope(x, cos, sin, style: str):
     """Rotate x [B, T, heads, D] by the tables cos/sin [T, D/2] ("neox": the pairs are
-    (i, i + D/2); "interleaved": (2i, 2i + 1))."""
-    d = x.shape[-1]
-    c, s = cos[:, None, :], sin[:, None, :]        # [T, 1, D/2], broadcast over B and heads
-    if style == "neox":
-        x1, x2 = x[:, :, :, : d // 2], x[:, :, :, d // 2:]
-        return _t.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-    b, t, h = x.shape[0], x.shape[1], x.shape[2]
-    xp = x.reshape(-1, t, h, d // 2, 2)
-    x1, x2 = xp[:, :, :, :, 0], xp[:, :, :, :, 1]
-    out = _t.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-    return out.reshape(-1, t, h, d)
+    (i, i + D/2); "interleaved": (2i, 2i + 1)): the `tern.rope` op."""
+    return apply("rope", x, cos, sin, style=style)
 
 
 def _placeholder(in_features: int, out_features: int) -> nn.BitLinear:
@@ -75,14 +69,19 @@ class Attention(nn.Module):
         self.attn_sub_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.o_proj = linear(c.hidden_size, c.hidden_size)
 
-    def forward(self, x, cos, sin):
-        """x [B, T, hidden] (normed), cos/sin [T, head_dim/2] -> [B, T, hidden]."""
-        t = x.shape[1]
+    def forward(self, x, cos, sin, cache=None):
+        """x [B, T, hidden] (normed), cos/sin [T, head_dim/2] -> [B, T, hidden]. With a
+        layer `cache` (models/kv_cache.py), k and v go into it and q attends to every
+        row it holds; without one, to this call's rows, causally."""
+        b, t = x.shape[0], x.shape[1]
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         g = h // kv
-        q = apply_rope(self.q_proj(x).reshape(-1, t, h, d), cos, sin, self.rope_style)
-        k = apply_rope(self.k_proj(x).reshape(-1, t, kv, d), cos, sin, self.rope_style)
-        v = self.v_proj(x).reshape(-1, t, kv, d)
+        q = apply_rope(self.q_proj(x).reshape(b, t, h, d), cos, sin, self.rope_style)
+        k = apply_rope(self.k_proj(x).reshape(b, t, kv, d), cos, sin, self.rope_style)
+        v = self.v_proj(x).reshape(b, t, kv, d)
+        if cache is not None:
+            out = cache.attend(q, k, v, scale=1.0 / np.sqrt(d)).reshape(b, t, h * d)
+            return self.o_proj(self.attn_sub_norm(out))
         # GQA without copies: the g query heads of a K/V head are stacked along the rows
         q = q.reshape(-1, t, kv, g, d).transpose((0, 2, 3, 1, 4)).reshape(-1, kv, g * t, d)
         k = k.transpose((0, 2, 3, 1))                                     # [B, KV, D, T]
@@ -128,8 +127,8 @@ class DecoderLayer(nn.Module):
         """The feed-forward block (llama.cpp's name for `mlp`)."""
         return self.mlp
 
-    def forward(self, x, cos, sin):
-        h = x + self.attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x, cos, sin, cache=None):
+        h = x + self.attn(self.input_layernorm(x), cos, sin, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -185,24 +184,30 @@ class BitNetLM(nn.Module):
         """(cos, sin) float32 [len(positions), head_dim/2] for these absolute positions."""
         return rope_tables(self.config, positions)
 
-    def hidden_states(self, ids, cos=None, sin=None):
-        """The final-normed hidden states [B, T, hidden] (before the output layer)."""
+    def hidden_states(self, ids, cache=None):
+        """The final-normed hidden states [B, T, hidden] (before the output layer). With
+        a `cache` (models/kv_cache.py: ids [1, T], T may be symbolic) the tokens sit at
+        the cache's positions and attend to everything it holds."""
         shape = tuple(getattr(ids, "shape", np.shape(ids)))
         if len(shape) != 2:
             raise TercompError(f"BitNetLM expects token ids of shape [B, T], got {shape}")
         t = shape[1]
-        if not isinstance(t, (int, np.integer)):
+        if cache is not None:
+            cos, sin = self.rope_tables(np.arange(cache.max_seq))
+            pos = cache.positions(ids)
+            cos, sin = _t.take(cos, pos, axis=0), _t.take(sin, pos, axis=0)
+        elif not isinstance(t, (int, np.integer)):
             raise TercompError(f"BitNetLM.forward needs a static sequence length, got {t!r}",
                                hint="trace with tc.spec((\"B\", T), \"int32\") and a fixed T, "
                                     "or use tc.compile_lm for generation")
-        if t > self.config.max_position_embeddings:
+        elif t > self.config.max_position_embeddings:
             raise TercompError(f"sequence length {t} exceeds max_position_embeddings "
                                f"{self.config.max_position_embeddings}")
-        if cos is None:
+        else:
             cos, sin = self.rope_tables(np.arange(t))
         x = self.embed_tokens(ids)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, None if cache is None else cache.layer(i))
         return self.norm(x)
 
     def logits(self, h):
@@ -211,5 +216,21 @@ class BitNetLM(nn.Module):
             return self.lm_head(h)
         return _t.matmul(h, self.embed_tokens.weight, transpose_b=True)
 
-    def forward(self, ids):
-        return self.logits(self.hidden_states(ids))
+    def with_stored_output(self, dtype: str) -> "BitNetLM":
+        """A shallow copy whose output layer reads one table stored as `dtype`
+        ("float16", or "int8" with a scale per row: nn.StoredTable), and whose token
+        embedding, when tied to it, reads the same table; "float32" gives self. The
+        layers are shared, not copied."""
+        if dtype == "float32":
+            return self
+        view = copy.copy(self)
+        w = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
+        table = nn.StoredTable.from_weight(w, dtype)
+        view.lm_head = nn.StoredLinear(table)
+        if self.lm_head is None:
+            view.embed_tokens = nn.StoredEmbedding(table)
+        return view
+
+    def forward(self, ids, cache=None):
+        """Logits [B, T, vocab] of token ids [B, T]; `cache` as in hidden_states."""
+        return self.logits(self.hidden_states(ids, cache))

@@ -3,6 +3,8 @@ from .module import Module
 from .layers import Linear, LayerNorm, RMSNorm, Embedding, manual_seed
 from .bitlinear import BitLinear, StoredBitLinear
 from .ssm import SelectiveSSM, MambaBlock
+from .stored import StoredTable, StoredEmbedding, StoredLinear, quantize_rows
 
 __all__ = ["Module", "Linear", "LayerNorm", "RMSNorm", "Embedding", "manual_seed", "BitLinear", "StoredBitLinear",
-           "SelectiveSSM", "MambaBlock"]
+           "SelectiveSSM", "MambaBlock", "StoredTable", "StoredEmbedding", "StoredLinear",
+           "quantize_rows"]

@@ -34,7 +34,8 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, scf, tensor
 
 from ..codegen import attention_cpu, rows_cpu
-from ..codegen.builders import PARALLEL, REDUCTION, elem_type, index_const, scalar_const
+from ..codegen.builders import (PARALLEL, REDUCTION, elem_type, index_const, scalar_const,
+                                tensor_type)
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
@@ -331,60 +332,84 @@ def _rope_infer(types, a):
     if a["style"] not in ROPE_STYLES or a["kernel"] not in ROW_KERNELS:
         raise TraceError(f"rope: style must be one of {', '.join(ROPE_STYLES)} and kernel one of "
                          f"{', '.join(ROW_KERNELS)}, got {a['style']!r}, {a['kernel']!r}")
-    if x.rank != 3 or x.dtype != "f32" or not is_static(x.shape[2]) or x.shape[2] % 2 \
-            or cos.shape != sin.shape or cos.dtype != "f32" or sin.dtype != "f32" \
-            or cos.rank != 2 or not same_dim(cos.shape[0], x.shape[0]) \
-            or cos.shape[1] != x.shape[2] // 2:
-        raise TraceError(f"rope: expects x [T, H, D] f32 with an even static D and cos, sin "
-                         f"[T, D/2] f32, got x {_fmt(x)}, cos {_fmt(cos)}, sin {_fmt(sin)}")
+    if x.rank < 3 or not is_float(x.dtype) or not is_static(x.shape[-1]) or x.shape[-1] % 2 \
+            or cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype \
+            or cos.rank != 2 or not same_dim(cos.shape[0], x.shape[-3]) \
+            or cos.shape[1] != x.shape[-1] // 2:
+        raise TraceError(f"rope: expects x [..., T, H, D] with an even static D and cos, "
+                         f"sin [T, D/2] of x's float type, got x {_fmt(x)}, cos {_fmt(cos)}, sin {_fmt(sin)}")
     return [x]
 
 
 def _rope_ref(xs, a):
     x, c, s = xs
-    t, h, d = x.shape
-    c, s = c[:, None, :], s[:, None, :]
+    d = x.shape[-1]
+    c, s = c[:, None, :], s[:, None, :]              # [T, 1, D/2]: broadcast over heads and batch
     if a["style"] == "neox":
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return [np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)]
     x1, x2 = x[..., 0::2], x[..., 1::2]
-    return [np.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).reshape(t, h, d).astype(x.dtype)]
+    return [np.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).reshape(x.shape).astype(x.dtype)]
 
 
 def _rope_decompose(b, operands, a):
     x, cos, sin = operands
-    h, d = x.type.shape[1], x.type.shape[2]
+    r, d = x.type.rank, x.type.shape[-1]
+    c, s = b.expand_dims(cos, axis=1), b.expand_dims(sin, axis=1)            # [T, 1, D/2]
     if a["style"] == "neox":
         def half(i):
-            return b.slice(x, starts=[0, 0, i * d // 2], stops=[SLICE_END, SLICE_END, (i + 1) * d // 2],
-                           steps=[1, 1, 1])
-        c, s = b.expand_dims(cos, axis=1), b.expand_dims(sin, axis=1)        # [T, 1, D/2]
-        axis = 2
+            return b.slice(x, starts=[0] * (r - 1) + [i * d // 2],
+                           stops=[SLICE_END] * (r - 1) + [(i + 1) * d // 2], steps=[1] * r)
+        axis = r - 1
     else:
-        pairs = b.reshape(x, shape=[-1, h, d // 2, 2])
+        # the pairs (2i, 2i + 1) along a trailing axis of 2: [..., T, H, D/2, 2]
+        pairs = b.reshape(x, shape=_shape_attr(x.type.shape[:-1]) + [d // 2, 2])
 
         def half(i):
-            return b.slice(pairs, starts=[0, 0, 0, i], stops=[SLICE_END, SLICE_END, SLICE_END, i + 1],
-                           steps=[1, 1, 1, 1])
-        c = b.expand_dims(b.expand_dims(cos, axis=1), axis=3)              # [T, 1, D/2, 1]
-        s = b.expand_dims(b.expand_dims(sin, axis=1), axis=3)
-        axis = 3
+            return b.slice(pairs, starts=[0] * r + [i], stops=[SLICE_END] * r + [i + 1],
+                           steps=[1] * (r + 1))
+        c, s = b.expand_dims(c, axis=3), b.expand_dims(s, axis=3)          # [T, 1, D/2, 1]
+        axis = r
     x1, x2 = half(0), half(1)
     out = b.concatenate(b.sub(b.mul(x1, c), b.mul(x2, s)), b.add(b.mul(x2, c), b.mul(x1, s)),
                         axis=axis)
-    return [out if axis == 2 else b.reshape(out, shape=[-1, h, d])]
+    return [out if axis == r - 1 else b.reshape(out, shape=_shape_attr(x.type.shape))]
+
+
+def _shape_attr(shape) -> list:
+    """A reshape's `shape` attribute for these dims: ints, and -1 for the first one that
+    is not (the others must then be plain names)."""
+    out = []
+    for d in shape:
+        if is_static(d):
+            out.append(int(d))
+        elif -1 not in out:
+            out.append(-1)
+        else:
+            out.append(str(d))
+    return out
 
 
 def _rope_lower(ctx, op, xs):
-    """kernel "cpu": the row kernel (codegen/rows_cpu.py) for "neox"; None (the
-    decomposition) otherwise."""
+    """kernel "cpu": the row kernel (codegen/rows_cpu.py) for "neox" on x [T, H, D] or
+    [1, T, H, D] (one sequence); None (the decomposition) otherwise."""
     x_t = op.operands[0].type
-    if op.attrs["kernel"] != "cpu" or op.attrs["style"] != "neox" or not rows_cpu.rope_fits(x_t.shape[2]):
+    lead = list(x_t.shape[:-3])
+    if op.attrs["kernel"] != "cpu" or op.attrs["style"] != "neox" or x_t.dtype != "f32" \
+            or not rows_cpu.rope_fits(x_t.shape[-1]) or any(n != 1 for n in lead):
         return None
-    return [rows_cpu.rope(xs[0], xs[1], xs[2], ctx.dim(x_t.shape[0]))]
+    if not lead:
+        return [rows_cpu.rope(xs[0], xs[1], xs[2], ctx.dim(x_t.shape[0]))]
+    groups = [list(range(len(lead) + 1)), [len(lead) + 1], [len(lead) + 2]]
+    rows = TensorType(x_t.shape[-3:], x_t.dtype)
+    x = tensor.CollapseShapeOp(tensor_type(rows), xs[0], groups).result
+    y = rows_cpu.rope(x, xs[1], xs[2], ctx.dim(x_t.shape[-3]))
+    dyn = ir.ShapedType.get_dynamic_size()
+    return [tensor.ExpandShapeOp(tensor_type(x_t), y, groups, ctx.dyn_sizes(x_t),
+                                 [d if is_static(d) else dyn for d in x_t.shape]).result]
 
 
 register(OpDef("rope", "cache", _rope_infer, _rope_ref, num_operands=3,
                attrs={"style": "neox", "kernel": "generic"}, decompose=_rope_decompose,
-               lower=_rope_lower, differentiable=False, nondiff_operands=(0, 1, 2),
-               doc="rotary position embedding of x [T, H, D] by cos, sin [T, D/2]"))
+               lower=_rope_lower,
+               doc="rotary position embedding of x [..., T, H, D] by cos, sin [T, D/2]"))

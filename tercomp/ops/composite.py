@@ -9,8 +9,12 @@ that max, so their gradients are exact rather than cancelling to ~1e-8.
 from __future__ import annotations
 
 import numpy as np
+import sympy
+from iree.compiler import ir
+from iree.compiler.dialects import tensor
 
 from ..codegen import rows_cpu
+from ..codegen.builders import tensor_type
 from ..errors import TraceError
 from ..ir import TensorType, is_static, numpy_dtype
 from ..ir.types import is_float
@@ -191,13 +195,23 @@ def _rms_norm_decompose(b, operands, a):
 
 
 def _rms_norm_lower(ctx, op, xs):
-    """kernel "cpu": the hand-written row kernel (codegen/rows_cpu.py) for x [R, N] f32;
-    None (the decomposition) otherwise."""
+    """kernel "cpu": the hand-written row kernel (codegen/rows_cpu.py) for x [..., N] f32,
+    its leading dims taken as rows; None (the decomposition) otherwise."""
     x_t = op.operands[0].type
-    if op.attrs["kernel"] != "cpu" or x_t.rank != 2 or x_t.dtype != "f32" \
-            or not rows_cpu.norm_fits(x_t.shape[1]):
+    if op.attrs["kernel"] != "cpu" or x_t.rank < 2 or x_t.dtype != "f32" \
+            or not rows_cpu.norm_fits(x_t.shape[-1]):
         return None
-    return [rows_cpu.rms_norm(xs[0], xs[1], op.attrs["eps"], ctx.dim(x_t.shape[0]))]
+    r = x_t.rank
+    rows = sympy.Mul(*x_t.shape[:-1])
+    if r == 2:
+        return [rows_cpu.rms_norm(xs[0], xs[1], op.attrs["eps"], ctx.dim(rows))]
+    groups = [list(range(r - 1)), [r - 1]]
+    flat = TensorType((rows, x_t.shape[-1]), "f32")
+    x = tensor.CollapseShapeOp(tensor_type(flat), xs[0], groups).result
+    y = rows_cpu.rms_norm(x, xs[1], op.attrs["eps"], ctx.dim(rows))
+    dyn = ir.ShapedType.get_dynamic_size()
+    return [tensor.ExpandShapeOp(tensor_type(x_t), y, groups, ctx.dyn_sizes(x_t),
+                                 [d if is_static(d) else dyn for d in x_t.shape]).result]
 
 
 def _rms_norm_infer(types, a):
