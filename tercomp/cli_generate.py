@@ -1,6 +1,6 @@
 """`tercomp generate`: compile (or load) a language model and stream generated tokens.
 
-    tercomp generate MODEL (--prompt TEXT | --prompt-ids 1,2,3) [-n 64] [--temperature T]
+    tercomp generate MODEL (--prompt TEXT | --prompt-ids 1,2,3 | --chat TEXT) [-n 64] [--temperature T]
                      [--top-k K] [--top-p P] [--seed S] [--eos 2,3] [--max-seq N]
                      [--kv-dtype f16|f32] [--threads N] [--device D] [--save OUT.tcm]
 
@@ -27,6 +27,8 @@ def add_parser(sub, positive_int, run):
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the model's tokenizer)")
     src.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma-separated")
+    src.add_argument("--chat", metavar="TEXT", help="a user message, rendered with the model's "
+                                                    "chat template (stops at its eos token)")
     g.add_argument("-n", "--max-new-tokens", type=positive_int, default=64, metavar="N",
                    help="tokens to generate (default 64)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
@@ -90,6 +92,19 @@ def _open(args, spinner):
     return gen
 
 
+def _chat_prompt(gen, text: str):
+    """(prompt ids, {eos id} or None) of one user message in the model's chat template."""
+    if gen.tokenizer is None or gen.chat_template is None:
+        raise TercompError("--chat needs the model's tokenizer and chat template, and this "
+                           "model's files carry none", hint="pass --prompt TEXT instead")
+    from .models.chat import ChatTemplate
+    template = ChatTemplate.from_dict(gen.chat_template)
+    rendered = template.render([{"role": "user", "content": text}], add_generation_prompt=True)
+    ids = gen.tokenizer.encode(rendered, add_special_tokens=False).ids
+    eos = gen.tokenizer.token_to_id(template.eos_token) if template.eos_token else None
+    return np.array(ids, np.int64), ({eos} if eos is not None else None)
+
+
 class _Stream:
     """Writes each new token as it comes: the new text of the decoded sequence (so
     multi-byte characters split over tokens print whole), or the id."""
@@ -116,7 +131,11 @@ def run(args, spinner, usage_error) -> int:
     if args.save:
         gen.save(args.save)
         print(f"wrote {args.save}", file=sys.stderr)
-    prompt = np.array(ids, np.int64) if ids is not None else gen.encode(args.prompt)
+    if args.chat is not None:
+        prompt, chat_eos = _chat_prompt(gen, args.chat)
+        eos = eos if eos is not None else chat_eos
+    else:
+        prompt = np.array(ids, np.int64) if ids is not None else gen.encode(args.prompt)
     if gen.tokenizer is not None and args.prompt is not None:
         sys.stdout.write(args.prompt)
     gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

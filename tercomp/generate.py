@@ -170,7 +170,8 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
                            f"{', '.join(map(repr, OUTPUT_DTYPES))}, got {output_dtype!r}")
     numerics = numerics_enabled(check_numerics)
     c = lm.config
-    lm_meta = LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm))
+    lm_meta = LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm),
+                                   chat=_chat_template(lm))
     key = None
     if cache:
         # Keyed on the model and the options, not on the traced IR: a hit skips tracing,
@@ -256,6 +257,11 @@ def _model_digest(lm) -> str:
             h.update(f"{path}={obj!r}".encode())
     visit(lm, "lm")
     return h.hexdigest()
+
+
+def _chat_template(lm):
+    template = getattr(getattr(lm, "tokenizer", None), "chat_template", None)
+    return template.to_dict() if template is not None else None
 
 
 def _tokenizer_json(lm):

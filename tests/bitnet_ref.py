@@ -142,6 +142,12 @@ def write_gguf(path, cfg, w, qtype=QT.TQ2_0, block_scale=0.5, arch="bitnet", wit
             wr.add_token_merges(vocab["merges"])
         if "scores" in vocab:
             wr.add_token_scores(vocab["scores"])
+        if "chat_template" in vocab:
+            wr.add_chat_template(vocab["chat_template"])
+        if "bos" in vocab:
+            wr.add_bos_token_id(vocab["bos"])
+        if "eos" in vocab:
+            wr.add_eos_token_id(vocab["eos"])
     for name, arr in w.items():
         if name in skip:
             continue

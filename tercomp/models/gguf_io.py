@@ -340,6 +340,9 @@ def _write(w, model, cfg):
     vocab = getattr(model, "gguf_vocab", None)
     if not vocab and model.tokenizer is not None:
         vocab = gguf_vocab_from_tokenizer(model.tokenizer, cfg.vocab_size)
+    template = getattr(model.tokenizer, "chat_template", None)
+    if vocab and template is not None and "tokenizer.chat_template" not in vocab:
+        vocab = {**vocab, "tokenizer.chat_template": ("string", template.source)}
     if vocab:
         for key, (kind, value) in vocab.items():
             getattr(w, f"add_{kind}")(key, value)

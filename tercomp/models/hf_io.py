@@ -29,7 +29,7 @@ from .. import nn
 from ..errors import TercompError
 from .bitnet import BitNetLM
 from .config import BitNetConfig, ConfigError
-from .tokenizer import tokenizer_from_json
+from .tokenizer import tokenizer_from_hf
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "U8": np.uint8,
            "I8": np.int8, "I32": np.int32, "I64": np.int64}
@@ -216,5 +216,5 @@ def load_hf(directory) -> BitNetLM:
         raise CheckpointError(f"{tensors[extra[0]][1]}: tensor {extra[0]!r} is not part of a "
                               f"{c.num_hidden_layers}-layer BitNet model "
                               f"({len(extra)} unexpected tensor(s))")
-    lm.tokenizer = tokenizer_from_json(os.path.join(directory, "tokenizer.json"))
+    lm.tokenizer = tokenizer_from_hf(directory)
     return lm

@@ -11,12 +11,20 @@
 The GGUF keys are also kept (`lm.gguf_vocab`) so `save_gguf` writes the vocabulary back;
 a `tokenizers` BPE or Unigram tokenizer (from tokenizer.json) is written as a "gpt2" or
 "llama" vocabulary (`gguf_vocab_from_tokenizer`).
+
+`lm.tokenizer` is a `Tokenizer`: the `tokenizers.Tokenizer` (every method of it works on
+it) with the model's chat template, from `tokenizer_config.json` (`chat_template`,
+`bos_token`, `eos_token`) or the GGUF's `tokenizer.chat_template` and bos/eos ids:
+`apply_chat_template(messages, add_generation_prompt=True, tokenize=False)` as
+transformers has it (models/chat.py renders it in jinja2's sandbox).
 """
 from __future__ import annotations
 
 import json
 import os
 import warnings
+
+import numpy as np
 
 try:
     import tokenizers
@@ -31,7 +39,78 @@ _VOCAB_KEYS = {
     "tokenizer.ggml.token_type": "array", "tokenizer.ggml.merges": "array",
     "tokenizer.ggml.bos_token_id": "uint32", "tokenizer.ggml.eos_token_id": "uint32",
     "tokenizer.ggml.unknown_token_id": "uint32", "tokenizer.ggml.padding_token_id": "uint32",
+    "tokenizer.chat_template": "string",
 }
+#: the largest tokenizer_config.json read (it holds a template and token strings)
+MAX_TOKENIZER_CONFIG = 4 << 20
+
+
+class Tokenizer:
+    """A `tokenizers.Tokenizer` (`inner`; its methods are this object's) with the model's
+    chat template (a models.chat.ChatTemplate, or None)."""
+
+    def __init__(self, inner, chat_template=None):
+        self.inner, self.chat_template = inner, chat_template
+
+    def __getattr__(self, name):
+        if name in ("inner", "chat_template"):       # not set yet (copy, unpickle)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = False,
+                            tokenize: bool = True, **kwargs):
+        """The prompt for `messages` ([{"role": ..., "content": ...}, ...]): text with
+        `tokenize=False`, else its token ids (a list of ints; the template writes the
+        special tokens itself, so none are added)."""
+        if self.chat_template is None:
+            from .chat import ChatTemplateError
+            raise ChatTemplateError("this model's files carry no chat template",
+                                    hint="render the prompt yourself and pass its text")
+        text = self.chat_template.render(messages, add_generation_prompt, **kwargs)
+        if not tokenize:
+            return text
+        return list(self.inner.encode(text, add_special_tokens=False).ids)
+
+    def __repr__(self):
+        chat = "with" if self.chat_template is not None else "without"
+        return f"Tokenizer({self.inner.get_vocab_size()} tokens, {chat} a chat template)"
+
+
+def _special(value) -> str:
+    """A tokenizer_config.json special token: a string or {"content": str, ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def tokenizer_from_hf(directory):
+    """The Tokenizer of a Hugging Face directory (tokenizer.json, with the chat template
+    and special tokens of tokenizer_config.json), or None without tokenizer.json."""
+    from .chat import ChatTemplate, ChatTemplateError
+    inner = tokenizer_from_json(os.path.join(directory, "tokenizer.json"))
+    if inner is None:
+        return None
+    path = os.path.join(directory, "tokenizer_config.json")
+    template = None
+    if os.path.isfile(path):
+        try:
+            if os.path.getsize(path) > MAX_TOKENIZER_CONFIG:
+                raise ValueError(f"{os.path.getsize(path)} bytes, over {MAX_TOKENIZER_CONFIG}")
+            with open(path, encoding="utf-8") as f:
+                cfg = json.load(f)
+            if not isinstance(cfg, dict):
+                raise ValueError("not a JSON object")
+            source = cfg.get("chat_template")
+            if isinstance(source, list):        # named templates: the "default" one
+                named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+                source = named.get("default") or next(iter(named.values()), None)
+            if source is not None:
+                template = ChatTemplate(source, _special(cfg.get("bos_token")),
+                                        _special(cfg.get("eos_token")),
+                                        origin=f"{path} (chat_template)")
+        except (OSError, ValueError, RecursionError, ChatTemplateError) as e:
+            warnings.warn(f"{path}: chat template not loaded ({e}); text and ids still work")
+    return Tokenizer(inner, template)
 
 
 def tokenizer_from_json(path):
@@ -61,6 +140,7 @@ def tokenizer_from_gguf(reader, path):
     tokens = vocab.get("tokenizer.ggml.tokens", (None, None))[1]
     if tokenizers is None or not tokens or model not in ("gpt2", "llama"):
         return None, vocab
+    template = _gguf_chat_template(vocab, tokens, path)
     try:
         if model == "gpt2":
             merges = vocab.get("tokenizer.ggml.merges", (None, []))[1]
@@ -79,10 +159,30 @@ def tokenizer_from_gguf(reader, path):
                                                    normalizers.Replace(" ", "▁")])
             tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
                                              decoders.Fuse(), decoders.Strip(" ", 1, 0)])
-        return tok, vocab
+        return Tokenizer(tok, template), vocab
     except Exception as e:
         warnings.warn(f"{path}: could not build a {model!r} tokenizer ({e}); token ids still work")
         return None, vocab
+
+
+def _gguf_chat_template(vocab, tokens, path):
+    """The GGUF's `tokenizer.chat_template` with its bos/eos token strings, or None."""
+    from .chat import ChatTemplate, ChatTemplateError
+    source = vocab.get("tokenizer.chat_template", (None, None))[1]
+    if source is None:
+        return None
+
+    def token(key):
+        i = vocab.get(key, (None, None))[1]
+        return tokens[int(i)] if isinstance(i, (int, np.integer)) and 0 <= int(i) < len(tokens) \
+            else ""
+    try:
+        return ChatTemplate(source, token("tokenizer.ggml.bos_token_id"),
+                            token("tokenizer.ggml.eos_token_id"),
+                            origin=f"{path} (tokenizer.chat_template)")
+    except ChatTemplateError as e:
+        warnings.warn(f"{e}; text and ids still work")
+        return None
 
 
 # llama.cpp token types

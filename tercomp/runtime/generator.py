@@ -77,15 +77,18 @@ class LMGenerator:
         self.vocab_size = int(self.config["vocab_size"])
         self.position = 0
         self.tokenizer = _load_tokenizer(info.get("tokenizer"))
+        # the model's chat template as data (rendered by models.chat, which needs jinja2)
+        self.chat_template = info.get("chat") if isinstance(info.get("chat"), dict) else None
         self.stats: dict = {}
         self._prefill = self._decode = None
 
     @staticmethod
-    def describe(config: dict, max_seq: int, kv_dtype: str, tokenizer=None) -> dict:
-        """The JSON metadata a compiled LM carries (artifact `signature.json` key "lm")."""
+    def describe(config: dict, max_seq: int, kv_dtype: str, tokenizer=None, chat=None) -> dict:
+        """The JSON metadata a compiled LM carries (artifact `signature.json` key "lm"):
+        `chat` is the model's chat template ({"template", "bos_token", "eos_token"})."""
         return {"config": dict(config), "max_seq": int(max_seq), "kv_dtype": kv_dtype,
                 "entries": [STEP], "step_inputs": list(STEP_INPUTS),
-                "tokenizer": tokenizer}
+                "tokenizer": tokenizer, "chat": chat}
 
     def _fns(self):
         if self._prefill is None:
