@@ -46,11 +46,12 @@ def _quant(x, act):
 
 def reference_logits(w, cfg, ids, act="none", rope="neox", hidden_act="silu", lm_head=None):
     """Logits [B, T, vocab] (float64). `w` uses GGUF names; a projection's matrix is
-    `w[name + '.weight'] * w.get(name + '.scale', 1)`. `cfg`: dict with hidden, heads,
-    kv_heads, layers, eps, theta."""
+    `w[name + '.weight'] * w.get(name + '.scale', 1)`; the sub-norms are applied where
+    `w` has them. `cfg`: dict with hidden, heads, kv_heads, layers, eps, theta, and
+    optionally head_dim and inv_freq (the head_dim/2 rotation frequencies)."""
     h, nh, nkv, eps, theta = (cfg["hidden"], cfg["heads"], cfg["kv_heads"], cfg["eps"],
                               cfg["theta"])
-    d = h // nh
+    d = cfg.get("head_dim", h // nh)
     B, T = ids.shape
 
     def rms(x, g):
@@ -61,7 +62,8 @@ def reference_logits(w, cfg, ids, act="none", rope="neox", hidden_act="silu", lm
                                    if name + ".scale" in w else 1.0)
         return _quant(x, act) @ m.T
 
-    ang = np.arange(T)[:, None] * theta ** (-np.arange(0, d, 2) / d)[None, :]
+    inv_freq = cfg.get("inv_freq", theta ** (-np.arange(0, d, 2) / d))
+    ang = np.arange(T)[:, None] * np.asarray(inv_freq)[None, :]
     cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
 
     def rot(x):                                  # x [B, T, H, d]
@@ -87,12 +89,16 @@ def reference_logits(w, cfg, ids, act="none", rope="neox", hidden_act="silu", lm
         s = np.where(mask, s, -np.inf)
         pr = np.exp(s - s.max(-1, keepdims=True))
         pr /= pr.sum(-1, keepdims=True)
-        a = np.einsum("bhqk,bkhd->bqhd", pr, v).reshape(B, T, h)
-        x = x + lin(rms(a, w[p + "attn_sub_norm.weight"]), p + "attn_output")
+        a = np.einsum("bhqk,bkhd->bqhd", pr, v).reshape(B, T, nh * d)
+        if p + "attn_sub_norm.weight" in w:
+            a = rms(a, w[p + "attn_sub_norm.weight"])
+        x = x + lin(a, p + "attn_output")
         m = rms(x, w[p + "ffn_norm.weight"])
         gate = lin(m, p + "ffn_gate")
         gate = gate / (1 + np.exp(-gate)) if hidden_act == "silu" else np.maximum(gate, 0) ** 2
-        f = rms(gate * lin(m, p + "ffn_up"), w[p + "ffn_sub_norm.weight"])
+        f = gate * lin(m, p + "ffn_up")
+        if p + "ffn_sub_norm.weight" in w:
+            f = rms(f, w[p + "ffn_sub_norm.weight"])
         x = x + lin(f, p + "ffn_down")
     x = rms(x, w["output_norm.weight"])
     return x @ (w["token_embd.weight"] if lm_head is None else lm_head).T

@@ -30,6 +30,7 @@ class DoubledMLP(models.bitnet.FeedForward):
 
 
 def lm_with_a_subclassed_mlp():
+    nn.manual_seed(0)           # the same weights whatever ran before
     lm = models.BitNetLM(CFG)
     old = lm.layers[0].mlp
     new = DoubledMLP.__new__(DoubledMLP)
@@ -46,6 +47,7 @@ def test_a_changed_model_is_what_generation_runs(output_dtype, tol):
     if output_dtype == "float16":       # the table generation reads, rounded once
         lm.embed_tokens.weight = lm.embed_tokens.weight.astype(np.float16).astype(np.float32)
     want = tc.compile(lm, IDS[None])(IDS[None])[0]
+    nn.manual_seed(0)
     plain = tc.compile(models.BitNetLM(CFG), IDS[None])(IDS[None])[0]
     assert rel(plain, want) > 0.05            # the change matters
     gen = tc.compile_lm(lm, max_seq=32, kv_dtype="float32", output_dtype=output_dtype)
@@ -56,6 +58,7 @@ def test_a_changed_model_is_what_generation_runs(output_dtype, tol):
 
 
 def test_a_weight_changed_after_loading_reaches_generation():
+    nn.manual_seed(0)
     lm = models.BitNetLM(CFG)
     exact = dict(max_seq=16, kv_dtype="float32", output_dtype="float32")
     before = tc.compile_lm(lm, **exact).prefill(IDS[:4])

@@ -5,8 +5,9 @@
     logits = tc.compile(lm, tc.spec(("B", 32), "int32"))(ids)
     models.save_gguf(lm, "out.gguf")          # bitnet architecture, TQ2_0
 
-`BitNetConfig` (Hugging Face field names) and `BitNetLM` (an nn.Module) are in
-`bitnet.py`/`config.py`; GGUF reading and writing in `gguf_io.py`, Hugging Face
+`BitNetConfig` (Hugging Face field names) and `BitNetLM` (an nn.Module, the one
+decoder) are in `bitnet.py`/`config.py`; the families it loads (BitNet, llama-architecture
+1.58-bit models) in `families/`; its KV-cache protocol in `kv_cache.py`; GGUF reading and writing in `gguf_io.py`, Hugging Face
 directories in `hf_io.py`, tokenizers in `tokenizer.py`.
 """
 import os as _os

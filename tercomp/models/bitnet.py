@@ -1,4 +1,7 @@
-"""BitNetLM: the BitNet b1.58 decoder, as llama.cpp's `bitnet` architecture computes it.
+"""BitNetLM: the one ternary decoder every family loads into (models/families): BitNet
+b1.58 as llama.cpp's `bitnet` architecture computes it, and, with the config's options
+(`sub_norms` off, `head_dim`, `rope_scaling`, an untied head), llama-architecture
+1.58-bit models.
 
 Per layer (every projection an `nn.BitLinear`: ternary weights, int8 per-token
 activations)::
@@ -19,6 +22,7 @@ Module tree (stable names; parameters are named after it)::
     lm.layers[i].input_layernorm, .post_attention_layernorm     nn.RMSNorm
     lm.layers[i].attn          .q_proj .k_proj .v_proj .o_proj (BitLinear), .attn_sub_norm
     lm.layers[i].mlp (= .ffn)  .gate_proj .up_proj .down_proj (BitLinear), .ffn_sub_norm
+                               (the sub-norms are None without config.sub_norms)
     lm.norm                    nn.RMSNorm
     lm.lm_head                 nn.Linear [vocab, hidden], or None when tied
 """
@@ -36,13 +40,32 @@ from .config import BitNetConfig
 
 
 def rope_tables(config: BitNetConfig, positions) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin of the rotation angles pos * theta**(-2i/head_dim), i < head_dim/2, as
-    float32 arrays of shape [len(positions), head_dim // 2] (computed in float64)."""
-    d = config.head_dim
+    """cos, sin of the rotation angles pos * inv_freq[i], i < head_dim/2, as float32
+    arrays of shape [len(positions), head_dim // 2] (computed in float64); inv_freq is
+    theta**(-2i/head_dim), scaled as config.rope_scaling (Llama 3) or divided by
+    config.rope_freq_factors (llama.cpp's form of the same) say."""
     pos = np.asarray(positions, dtype=np.float64).reshape(-1, 1)
-    inv_freq = float(config.rope_theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    inv_freq = rope_frequencies(config)
     ang = pos * inv_freq[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def rope_frequencies(config: BitNetConfig) -> np.ndarray:
+    """The head_dim/2 rotation frequencies (float64), as transformers computes them."""
+    d = config.head_dim
+    inv = float(config.rope_theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    rs = config.rope_scaling
+    if rs is not None:          # Llama 3: low frequencies slowed by `factor`, a smooth band
+        factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wavelen = 2 * np.pi / inv
+        scaled = np.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    if config.rope_freq_factors is not None:
+        inv = inv / np.asarray(config.rope_freq_factors, np.float64)
+    return inv
 
 
 def apply_rope(x, cos, sin, style: str):
@@ -63,11 +86,11 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = (c.num_attention_heads,
                                                             c.num_key_value_heads, c.head_dim)
         self.rope_style = c.rope_style
-        self.q_proj = linear(c.hidden_size, c.hidden_size)
+        self.q_proj = linear(c.hidden_size, c.q_dim)
         self.k_proj = linear(c.hidden_size, c.kv_dim)
         self.v_proj = linear(c.hidden_size, c.kv_dim)
-        self.attn_sub_norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
-        self.o_proj = linear(c.hidden_size, c.hidden_size)
+        self.attn_sub_norm = nn.RMSNorm(c.q_dim, eps=c.rms_norm_eps) if c.sub_norms else None
+        self.o_proj = linear(c.q_dim, c.hidden_size)
 
     def forward(self, x, cos, sin, cache=None):
         """x [B, T, hidden] (normed), cos/sin [T, head_dim/2] -> [B, T, hidden]. With a
@@ -81,7 +104,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).reshape(b, t, kv, d)
         if cache is not None:
             out = cache.attend(q, k, v, scale=1.0 / np.sqrt(d)).reshape(b, t, h * d)
-            return self.o_proj(self.attn_sub_norm(out))
+            return self.o_proj(self._sub_norm(out))
         # GQA without copies: the g query heads of a K/V head are stacked along the rows
         q = q.reshape(-1, t, kv, g, d).transpose((0, 2, 3, 1, 4)).reshape(-1, kv, g * t, d)
         k = k.transpose((0, 2, 3, 1))                                     # [B, KV, D, T]
@@ -91,7 +114,10 @@ class Attention(nn.Module):
         scores = _t.where(causal, scores, np.float32(-1e30))
         out = _t.softmax(scores, axis=-1) @ v                             # [B, KV, g*T, D]
         out = out.reshape(-1, kv, g, t, d).transpose((0, 3, 1, 2, 4)).reshape(-1, t, h * d)
-        return self.o_proj(self.attn_sub_norm(out))
+        return self.o_proj(self._sub_norm(out))
+
+    def _sub_norm(self, out):
+        return out if self.attn_sub_norm is None else self.attn_sub_norm(out)
 
 
 class FeedForward(nn.Module):
@@ -100,7 +126,8 @@ class FeedForward(nn.Module):
         self.hidden_act = c.hidden_act
         self.gate_proj = linear(c.hidden_size, c.intermediate_size)
         self.up_proj = linear(c.hidden_size, c.intermediate_size)
-        self.ffn_sub_norm = nn.RMSNorm(c.intermediate_size, eps=c.rms_norm_eps)
+        self.ffn_sub_norm = nn.RMSNorm(c.intermediate_size, eps=c.rms_norm_eps) \
+            if c.sub_norms else None
         self.down_proj = linear(c.intermediate_size, c.hidden_size)
 
     def activation(self, gate):
@@ -111,7 +138,8 @@ class FeedForward(nn.Module):
         return gate * gate
 
     def forward(self, x):
-        return self.down_proj(self.ffn_sub_norm(self.activation(self.gate_proj(x)) * self.up_proj(x)))
+        y = self.activation(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(y if self.ffn_sub_norm is None else self.ffn_sub_norm(y))
 
 
 class DecoderLayer(nn.Module):

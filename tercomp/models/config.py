@@ -19,9 +19,13 @@ _METADATA_KEYS = {
     "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
     "attention_bias", "attention_dropout", "quantization_config", "_name_or_path",
     "auto_map", "output_attentions", "output_hidden_states", "return_dict",
-    "use_return_dict", "id2label", "label2id", "tokenizer_class", "head_dim",
-    "rope_scaling", "pretraining_tp", "mlp_bias", "torchscript",
+    "use_return_dict", "id2label", "label2id", "tokenizer_class",
+    "pretraining_tp", "mlp_bias", "torchscript",
 }
+#: rope_scaling types: Llama 3's frequency-dependent scaling (transformers' "llama3")
+ROPE_SCALINGS = ("llama3",)
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings")
 
 
 class ConfigError(TercompError):
@@ -35,7 +39,13 @@ class BitNetConfig:
     `hidden_act` is "silu" (llama.cpp's `bitnet` default) or "relu2" (squared ReLU, BitNet
     b1.58 2B4T); `rope_style` is "neox" (rotate halves: llama.cpp's `bitnet` and HF's
     rotate_half) or "interleaved" (pairs 2i, 2i+1). Heads share K/V in groups of
-    `num_attention_heads // num_key_value_heads` (GQA).
+    `num_attention_heads // num_key_value_heads` (GQA). `head_dim` defaults to
+    hidden_size / num_attention_heads. `sub_norms` (BitNet's RMSNorms before o_proj and
+    down_proj) is off for llama-architecture models; `rope_scaling` is None or Llama 3's
+    {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}; `rope_freq_factors` (llama.cpp's
+    `rope_freqs.weight`, head_dim / 2 divisors of the frequencies) is the same scaling as
+    a GGUF stores it. `family` names the file family (models/families).
 
     >>> cfg = BitNetConfig(vocab_size=300, hidden_size=256, intermediate_size=512,
     ...                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -54,13 +64,18 @@ class BitNetConfig:
     tie_word_embeddings: bool = True
     max_position_embeddings: int = 2048
     rope_style: str = "neox"
+    head_dim: int | None = None
+    sub_norms: bool = True
+    rope_scaling: dict | None = None
+    rope_freq_factors: tuple | None = None
+    family: str = "bitnet"
 
     def __post_init__(self):
         self.validate()
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def q_dim(self) -> int:
+        return self.head_dim * self.num_attention_heads
 
     @property
     def kv_dim(self) -> int:
@@ -90,11 +105,31 @@ class BitNetConfig:
             raise ConfigError(f"{source}: field 'tie_word_embeddings' must be true or false, "
                               f"got {self.tie_word_embeddings!r}")
         h, kv = self.num_attention_heads, self.num_key_value_heads
-        if self.hidden_size % h or h % kv:
-            raise ConfigError(f"{source}: hidden_size {self.hidden_size} must be a multiple of "
-                              f"num_attention_heads {h}, and that of num_key_value_heads {kv}")
-        if self.head_dim % 2:
-            raise ConfigError(f"{source}: the head dim {self.head_dim} must be even for RoPE")
+        if self.head_dim is None:
+            if self.hidden_size % h:
+                raise ConfigError(f"{source}: hidden_size {self.hidden_size} must be a multiple "
+                                  f"of num_attention_heads {h} (or give head_dim)")
+            self.head_dim = self.hidden_size // h
+        if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) \
+                or self.head_dim <= 0 or self.head_dim % 2:
+            raise ConfigError(f"{source}: field 'head_dim' must be a positive even integer "
+                              f"(RoPE rotates pairs), got {self.head_dim!r}")
+        if h % kv:
+            raise ConfigError(f"{source}: num_attention_heads {h} must be a multiple of "
+                              f"num_key_value_heads {kv}")
+        if not isinstance(self.sub_norms, bool):
+            raise ConfigError(f"{source}: field 'sub_norms' must be true or false, "
+                              f"got {self.sub_norms!r}")
+        self.rope_scaling = _check_rope_scaling(self.rope_scaling, source)
+        if self.rope_freq_factors is not None:
+            f = self.rope_freq_factors
+            ok = isinstance(f, (list, tuple)) and len(f) == self.head_dim // 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+                and x < float("inf") for x in f)
+            if not ok:
+                raise ConfigError(f"{source}: rope_freq_factors must be {self.head_dim // 2} "
+                                  f"positive finite numbers")
+            self.rope_freq_factors = tuple(float(x) for x in f)
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "config") -> "BitNetConfig":
@@ -110,17 +145,9 @@ class BitNetConfig:
             elif k not in _METADATA_KEYS:
                 raise ConfigError(f"{source}: unknown field {k!r}",
                                   hint=f"known fields: {', '.join(sorted(fields))}")
-        if d.get("rope_scaling") not in (None, {}):
-            raise ConfigError(f"{source}: field 'rope_scaling' = {d['rope_scaling']!r} is not "
-                              f"supported (plain RoPE only)")
         if d.get("attention_bias") or d.get("mlp_bias"):
             raise ConfigError(f"{source}: biased projections ('attention_bias'/'mlp_bias') "
                               f"are not supported")
-        hd = d.get("head_dim")
-        if hd is not None and "hidden_size" in d and "num_attention_heads" in d \
-                and hd * d["num_attention_heads"] != d["hidden_size"]:
-            raise ConfigError(f"{source}: field 'head_dim' = {hd!r} contradicts hidden_size / "
-                              f"num_attention_heads")
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size",
                                "num_hidden_layers", "num_attention_heads") if k not in kw]
         if missing:
@@ -140,3 +167,28 @@ class BitNetConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _check_rope_scaling(rs, source):
+    """None for plain RoPE, or a checked copy of Llama 3's rope_scaling dict."""
+    if rs is None or rs == {}:
+        return None
+    if not isinstance(rs, dict):
+        raise ConfigError(f"{source}: field 'rope_scaling' must be an object, got {rs!r:.80}")
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "default":
+        return None
+    if kind not in ROPE_SCALINGS:
+        raise ConfigError(f"{source}: field 'rope_scaling' has type {kind!r}; supported: "
+                          f"{', '.join(ROPE_SCALINGS)} (or none)")
+    out = {"rope_type": "llama3"}
+    for k in _LLAMA3_KEYS:
+        v = rs.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise ConfigError(f"{source}: rope_scaling['{k}'] must be a positive number, "
+                              f"got {v!r:.40}")
+        out[k] = float(v)
+    if out["high_freq_factor"] <= out["low_freq_factor"]:
+        raise ConfigError(f"{source}: rope_scaling's high_freq_factor must exceed "
+                          f"low_freq_factor")
+    return out

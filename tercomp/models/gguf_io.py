@@ -1,4 +1,6 @@
-"""GGUF files of llama.cpp's `bitnet` architecture: read into a BitNetLM, write one back.
+"""GGUF files of llama.cpp's `bitnet` and `llama` (1.58-bit) architectures: read into a
+BitNetLM (models/families picks the options by `general.architecture`), write a `bitnet`
+one back.
 
 Reading and writing go through the `gguf` package (gguf-py, llama.cpp's own Python
 library); this module maps its tensors onto the BitNetLM module tree:
@@ -11,6 +13,12 @@ library); this module maps its tensors onto the BitNetLM module tree:
     blk.{i}.ffn_norm             layers[i].post_attention_layernorm
     blk.{i}.ffn_gate/up/down     layers[i].mlp.gate/up/down_proj (ternary, + .scale)
     blk.{i}.ffn_sub_norm         layers[i].mlp.ffn_sub_norm
+    output.weight                lm_head.weight (untied; `llama` models)
+    rope_freqs.weight            config.rope_freq_factors (Llama 3's RoPE scaling)
+
+A `llama` file has no sub-norms, stores q/k rows permuted for interleaved RoPE (so the
+model reads them with rope_style "interleaved"), and may give `attention.key_length`
+(head_dim).
 
 A ternary tensor (TQ2_0 / TQ1_0) stores codes in {-1, 0, 1} and an f16 scale per block
 of 256; llama.cpp multiplies the product by the optional f32 `*.scale` tensor. The
@@ -30,6 +38,7 @@ import numpy as np
 from .. import nn
 from ..errors import TercompError
 from .bitnet import BitNetLM
+from . import families
 from .config import BitNetConfig, ConfigError
 from .tokenizer import gguf_vocab_from_tokenizer, tokenizer_from_gguf
 
@@ -207,12 +216,14 @@ def _f32(v: float) -> float:
 
 def _config(f: _File) -> BitNetConfig:
     arch = f.field("general.architecture", required=True, kind=str)
-    if arch != ARCH:
+    family = families.by_gguf_arch(arch)
+    if family is None:
         hint = (" (bitnet.cpp's own I2_S files are not supported yet)"
                 if arch.startswith("bitnet") else "")
+        known = ", ".join(repr(fam.gguf_arch) for fam in families.FAMILIES)
         raise f.error("key 'general.architecture'",
-                      f"architecture {arch!r}; tercomp reads {ARCH!r}{hint}", GGUFError)
-    a = ARCH
+                      f"architecture {arch!r}; tercomp reads {known}{hint}", GGUFError)
+    a = arch
     emb = f.tensors.get("token_embd.weight")
     if emb is None:
         raise f.error("tensor 'token_embd.weight'", "missing")
@@ -233,32 +244,52 @@ def _config(f: _File) -> BitNetConfig:
                                      kind=float)),
         "rope_theta": _f32(f.field(f"{a}.rope.freq_base", 10000.0, kind=float)),
         "max_position_embeddings": f.field(f"{a}.context_length", 2048, kind=int),
-        "hidden_act": ACTS_IN[act], "tie_word_embeddings": True, "rope_style": "neox",
+        "hidden_act": ACTS_IN[act], "tie_word_embeddings": "output.weight" not in f.tensors,
+        "rope_style": family.gguf_rope_style, "sub_norms": family.sub_norms,
+        "family": family.name, "head_dim": f.field(f"{a}.attention.key_length", None, kind=int),
     }
+    freqs = f.tensors.get("rope_freqs.weight")
+    if freqs is not None:
+        if freqs.tensor_type.name not in _FLOAT_TYPES or int(freqs.n_elements) > 4096:
+            raise f.error("tensor 'rope_freqs.weight'", "must be at most 4096 F32/F16/BF16 "
+                                                        "numbers")
+        d["rope_freq_factors"] = f._dequantize("rope_freqs.weight", freqs).reshape(-1).tolist()
     cfg = BitNetConfig.from_dict(d, source=f.path)
     rot = f.field(f"{a}.rope.dimension_count", None, kind=int)
-    if rot is not None and heads and rot != hidden // heads:
+    if rot is not None and rot != cfg.head_dim:
         raise f.error(f"key '{a}.rope.dimension_count'", f"{rot} != head dim "
-                      f"{hidden // heads}: partial rotary embeddings are not supported")
+                      f"{cfg.head_dim}: partial rotary embeddings are not supported")
     return cfg
 
 
+def _norms(cfg: BitNetConfig) -> dict:
+    """The per-block norms of `cfg`'s family: NORMS, less the sub-norms without them."""
+    return {g: p for g, p in NORMS.items() if cfg.sub_norms or "sub_norm" not in g}
+
+
 def _expected_shapes(cfg: BitNetConfig) -> dict:
-    """GGUF tensor name -> NumPy shape of every tensor a `bitnet` model must have."""
-    h, v, ff, kv = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.kv_dim
-    proj = {"attn_q": (h, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, h),
+    """GGUF tensor name -> NumPy shape of every tensor the model must have."""
+    h, v, ff, q, kv = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.q_dim,
+                       cfg.kv_dim)
+    proj = {"attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q),
             "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
+    sizes = {"ffn_sub_norm": (ff,), "attn_sub_norm": (q,)}
     out = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        out["output.weight"] = (v, h)
+    if cfg.rope_freq_factors is not None:
+        out["rope_freqs.weight"] = (cfg.head_dim // 2,)
     for i in range(cfg.num_hidden_layers):
-        for g in NORMS:
-            out[f"blk.{i}.{g}.weight"] = (ff,) if g == "ffn_sub_norm" else (h,)
+        for g in _norms(cfg):
+            out[f"blk.{i}.{g}.weight"] = sizes.get(g, (h,))
         for g, shape in proj.items():
             out[f"blk.{i}.{g}.weight"] = shape
     return out
 
 
 def load_gguf(path) -> BitNetLM:
-    """Read a `bitnet`-architecture GGUF file into a BitNetLM (see the module docstring)."""
+    """Read a `bitnet` or `llama` (1.58-bit) GGUF file into a BitNetLM (see the module
+    docstring)."""
     if gguf is None:  # pragma: no cover
         raise TercompError("reading GGUF needs the 'gguf' package: pip install gguf")
     f = _File(path)
@@ -266,7 +297,7 @@ def load_gguf(path) -> BitNetLM:
     # the header must agree with the tensors before anything is allocated from its numbers
     blocks = {int(m.group(1)) for n in f.tensors if (m := re.match(r"blk\.(\d+)\.", n))}
     if len(blocks) != cfg.num_hidden_layers or blocks != set(range(len(blocks))):
-        raise f.error(f"key '{ARCH}.block_count'", f"{cfg.num_hidden_layers} blocks, but the "
+        raise f.error(f"key '{cfg.family}.block_count'", f"{cfg.num_hidden_layers} blocks, but the "
                       f"file has tensors for {len(blocks)} (blk.{min(blocks, default=0)}.. "
                       f"blk.{max(blocks, default=0)})")
     shapes = _expected_shapes(cfg)
@@ -276,12 +307,14 @@ def load_gguf(path) -> BitNetLM:
         n.endswith(".scale") and n[:-6] + ".weight" in shapes))
     if extra:
         raise f.error(f"tensor {extra[0]!r}", f"not part of a {cfg.num_hidden_layers}-layer "
-                      f"'bitnet' model ({len(extra)} unexpected tensor(s))")
+                      f"{cfg.family!r} model ({len(extra)} unexpected tensor(s))")
     lm = BitNetLM(cfg, init=False)
     lm.embed_tokens.weight = f.float_tensor("token_embd.weight", shapes["token_embd.weight"])
     lm.norm.weight = f.float_tensor("output_norm.weight", shapes["output_norm.weight"])
+    if lm.lm_head is not None:
+        lm.lm_head.weight = f.float_tensor("output.weight", shapes["output.weight"])
     for i, layer in enumerate(lm.layers):
-        for g, path_ in NORMS.items():
+        for g, path_ in _norms(cfg).items():
             name = f"blk.{i}.{g}.weight"
             _get(layer, path_).weight = f.float_tensor(name, shapes[name])
         for g, (block, proj) in PROJECTIONS.items():
@@ -307,6 +340,12 @@ def save_gguf(model: BitNetLM, path) -> None:
     if not isinstance(model, BitNetLM):
         raise TercompError(f"save_gguf expects a models.BitNetLM, got {type(model).__name__}")
     cfg = model.config
+    if not cfg.sub_norms or cfg.q_dim != cfg.hidden_size or cfg.rope_scaling is not None \
+            or cfg.rope_freq_factors is not None:
+        raise TercompError(f"save_gguf writes llama.cpp's 'bitnet' architecture; this "
+                           f"{cfg.family!r} model (sub-norms {cfg.sub_norms}, head_dim "
+                           f"{cfg.head_dim}, RoPE scaling {cfg.rope_scaling is not None or cfg.rope_freq_factors is not None}) "
+                           f"is not one", hint="keep the file it was loaded from")
     if model.lm_head is not None or not cfg.tie_word_embeddings:
         raise TercompError(f"save_gguf: the model has a separate output layer (lm_head); "
                            f"llama.cpp's 'bitnet' graph always uses the token embedding as "

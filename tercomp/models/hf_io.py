@@ -1,8 +1,11 @@
 """Hugging Face checkpoint directories: `config.json` + `*.safetensors` (+ tokenizer.json).
 
-Tensor names are those of transformers' `BitNetForCausalLM` (`model.embed_tokens`,
-`model.layers.{i}.self_attn.q_proj`, `...attn_sub_norm`, `...mlp.ffn_sub_norm`,
-`model.norm`, `lm_head`). A projection is one of:
+The family (models/families) comes from `architectures` / `model_type`:
+`BitNetForCausalLM`, or a `LlamaForCausalLM` whose `quantization_config` has
+`quant_method: "bitnet"` (Falcon3-1.58bit, Llama3-8B-1.58). Tensor names are
+transformers' (`model.embed_tokens`, `model.layers.{i}.self_attn.q_proj`,
+`...attn_sub_norm` and `...mlp.ffn_sub_norm` for BitNet only, `model.norm`, `lm_head`).
+A projection is one of:
 
 - the BitNet b1.58 2B4T packed layout (transformers' `integrations/bitnet.py`):
   `weight` uint8 [ceil(out/4), in], 2-bit codes c in {0, 1, 2} meaning c - 1, row r of
@@ -26,6 +29,7 @@ import numpy as np
 import safetensors
 
 from .. import nn
+from . import families
 from ..errors import TercompError
 from .bitnet import BitNetLM
 from .config import BitNetConfig, ConfigError
@@ -83,13 +87,24 @@ def _config(directory) -> BitNetConfig:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(d, dict):
         raise ConfigError(f"{path}: expected a JSON object")
-    mt = d.get("model_type")
-    if mt is not None and mt != "bitnet":
-        raise ConfigError(f"{path}: field 'model_type' is {mt!r}; tercomp reads 'bitnet' models")
+    family = families.by_hf_config(d)
+    if family is None:
+        known = ", ".join(a for f in families.FAMILIES for a in f.hf_architectures)
+        raise ConfigError(f"{path}: architectures {d.get('architectures')!r} / model_type "
+                          f"{d.get('model_type')!r} is not a ternary family tercomp reads",
+                          hint=f"supported: {known}")
     q = d.get("quantization_config")
     if q is not None and (not isinstance(q, dict) or q.get("quant_method", "bitnet") != "bitnet"):
-        raise ConfigError(f"{path}: field 'quantization_config' is {q!r}; only BitNet's "
+        raise ConfigError(f"{path}: field 'quantization_config' is {q!r:.200}; only BitNet's "
                           f"(quant_method 'bitnet') is supported")
+    if family.hf_needs_bitnet_quant and q is None:
+        raise ConfigError(f"{path}: a {d.get('architectures', [family.name])[0]} without "
+                          f"quantization_config {{'quant_method': 'bitnet'}} is a float model, "
+                          f"not a ternary one",
+                          hint="tercomp loads 1.58-bit checkpoints (Falcon3-*-1.58bit, "
+                               "Llama3-8B-1.58)")
+    d = {k: v for k, v in d.items() if k != "architectures"}
+    d.update(sub_norms=family.sub_norms, family=family.name)
     d.setdefault("rope_style", "neox")       # HF's rotate_half
     return BitNetConfig.from_dict(d, source=path)
 
@@ -160,13 +175,11 @@ def _check_shapes(cfg, tensors):
         raise CheckpointError(f"config.json: field 'num_hidden_layers' is "
                               f"{cfg.num_hidden_layers}, but the checkpoint has tensors for "
                               f"{len(layers)} layers")
-    h, ff, kv, v = cfg.hidden_size, cfg.intermediate_size, cfg.kv_dim, cfg.vocab_size
+    h, v = cfg.hidden_size, cfg.vocab_size
     need = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
-    outs = {"q_proj": h, "k_proj": kv, "v_proj": kv, "o_proj": h, "gate_proj": ff,
-            "up_proj": ff, "down_proj": h}
-    for name, out_f in outs.items():
+    for name, (out_f, in_f) in _projection_shapes(cfg).items():
         block = "self_attn" if name[0] in "qkvo" else "mlp"
-        need[f"model.layers.0.{block}.{name}.weight"] = (out_f, ff if name == "down_proj" else h)
+        need[f"model.layers.0.{block}.{name}.weight"] = (out_f, in_f)
     for name, shape in need.items():
         if name not in tensors:
             raise CheckpointError(f"tensor {name!r} is missing from the checkpoint")
@@ -175,6 +188,13 @@ def _check_shapes(cfg, tensors):
         if arr.shape != packed:
             raise CheckpointError(f"{path}: tensor {name!r} has shape {list(arr.shape)}, but "
                                   f"config.json implies {list(packed)}")
+
+
+def _projection_shapes(cfg) -> dict:
+    """projection name -> (out_features, in_features)."""
+    h, ff, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
+    return {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
+            "gate_proj": (ff, h), "up_proj": (ff, h), "down_proj": (h, ff)}
 
 
 def load_hf(directory) -> BitNetLM:
@@ -189,24 +209,24 @@ def load_hf(directory) -> BitNetLM:
     ts = _Tensors(tensors)
     _check_shapes(cfg, tensors)
     c = cfg
-    h, ff, kv = c.hidden_size, c.intermediate_size, c.kv_dim
+    h, ff = c.hidden_size, c.intermediate_size
     lm = BitNetLM(cfg, init=False)
     lm.embed_tokens.weight = ts.float("model.embed_tokens.weight", (c.vocab_size, h))
     lm.norm.weight = ts.float("model.norm.weight", (h,))
-    outs = {"q_proj": h, "k_proj": kv, "v_proj": kv, "o_proj": h,
-            "gate_proj": ff, "up_proj": ff, "down_proj": h}
+    shapes = _projection_shapes(c)
     for i, layer in enumerate(lm.layers):
         p = f"model.layers.{i}"
         layer.input_layernorm.weight = ts.float(f"{p}.input_layernorm.weight", (h,))
         layer.post_attention_layernorm.weight = ts.float(f"{p}.post_attention_layernorm.weight",
                                                          (h,))
-        layer.attn.attn_sub_norm.weight = ts.float(f"{p}.self_attn.attn_sub_norm.weight", (h,))
-        layer.mlp.ffn_sub_norm.weight = ts.float(f"{p}.mlp.ffn_sub_norm.weight", (ff,))
+        if c.sub_norms:
+            layer.attn.attn_sub_norm.weight = ts.float(f"{p}.self_attn.attn_sub_norm.weight",
+                                                       (c.q_dim,))
+            layer.mlp.ffn_sub_norm.weight = ts.float(f"{p}.mlp.ffn_sub_norm.weight", (ff,))
         for hf_block, (block, projs) in _PROJ.items():
             for proj in projs:
-                in_f = ff if proj == "down_proj" else h
                 setattr(getattr(layer, block), proj,
-                        ts.projection(f"{p}.{hf_block}.{proj}", outs[proj], in_f))
+                        ts.projection(f"{p}.{hf_block}.{proj}", *shapes[proj]))
     if c.tie_word_embeddings:
         ts.get("lm_head.weight", required=False)    # a tied copy, if saved, is not used
     else:
@@ -214,7 +234,7 @@ def load_hf(directory) -> BitNetLM:
     extra = sorted(n for n in set(tensors) - ts.used if not n.endswith("rotary_emb.inv_freq"))
     if extra:
         raise CheckpointError(f"{tensors[extra[0]][1]}: tensor {extra[0]!r} is not part of a "
-                              f"{c.num_hidden_layers}-layer BitNet model "
+                              f"{c.num_hidden_layers}-layer {c.family} model "
                               f"({len(extra)} unexpected tensor(s))")
     lm.tokenizer = tokenizer_from_hf(directory)
     return lm

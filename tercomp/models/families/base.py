@@ -1,0 +1,23 @@
+"""`Family`: what distinguishes one family of ternary decoders from another."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    """One LM family: how its files name it and which decoder options it takes.
+
+    `sub_norms`: BitNet's extra RMSNorms before o_proj and down_proj (`attn_sub_norm`,
+    `ffn_sub_norm`). `gguf_rope_style`: the RoPE pairs on the q/k rows as the GGUF stores
+    them (llama.cpp's converter permutes a `llama` model's q/k rows so that its
+    interleaved RoPE equals Hugging Face's rotate-half; `bitnet` keeps HF's order).
+    `hf_needs_bitnet_quant`: the architecture is also a float model's (Llama), so only a
+    checkpoint whose `quantization_config.quant_method` is "bitnet" is this family."""
+    name: str
+    gguf_arch: str
+    hf_architectures: tuple
+    hf_model_types: tuple
+    sub_norms: bool
+    gguf_rope_style: str
+    hf_needs_bitnet_quant: bool = False
