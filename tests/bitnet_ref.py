@@ -128,9 +128,16 @@ def random_weights(cfg, seed=0):
 def write_gguf(path, cfg, w, qtype=QT.TQ2_0, block_scale=0.5, arch="bitnet", with_scale=True,
                float_type=QT.F32, hidden_act=None, skip=(), vocab=None, override=None):
     """A GGUF file written with gguf's writer: projections as `qtype` with every block
-    scale `block_scale` (and, with_scale, the f32 `.scale` tensor), the rest `float_type`."""
+    scale `block_scale` (and, with_scale, the f32 `.scale` tensor), the rest `float_type`;
+    `override` gives a tensor's (data, raw type) as is. cfg's optional head_dim is
+    written as the key/value lengths."""
     override = override or {}
     wr = gguf.GGUFWriter(str(path), arch)
+    if "head_dim" in cfg:
+        wr.add_key_length(cfg["head_dim"])
+        wr.add_value_length(cfg["head_dim"])
+        wr.add_rope_dimension_count(cfg["head_dim"])
+        wr.add_vocab_size(cfg["vocab"])
     wr.add_context_length(cfg.get("ctx", 128))
     wr.add_embedding_length(cfg["hidden"])
     wr.add_block_count(cfg["layers"])
@@ -154,6 +161,8 @@ def write_gguf(path, cfg, w, qtype=QT.TQ2_0, block_scale=0.5, arch="bitnet", wit
             wr.add_bos_token_id(vocab["bos"])
         if "eos" in vocab:
             wr.add_eos_token_id(vocab["eos"])
+        for method, key, value in vocab.get("raw", ()):      # keys as a hostile file has them
+            getattr(wr, method)(key, value)
     for name, arr in w.items():
         if name in skip:
             continue

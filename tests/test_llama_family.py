@@ -138,42 +138,24 @@ def rope_factors(cfg):
 
 
 def write_gguf_llama(path, cfg, w, qtype=QT.TQ2_0):
-    wr = gguf.GGUFWriter(str(path), "llama")
-    wr.add_context_length(64)
-    wr.add_embedding_length(cfg["hidden"])
-    wr.add_block_count(cfg["layers"])
-    wr.add_feed_forward_length(cfg["ff"])
-    wr.add_head_count(cfg["heads"])
-    wr.add_head_count_kv(cfg["kv_heads"])
-    wr.add_key_length(cfg["head_dim"])
-    wr.add_value_length(cfg["head_dim"])
-    wr.add_rope_dimension_count(cfg["head_dim"])
-    wr.add_layer_norm_rms_eps(cfg["eps"])
-    wr.add_rope_freq_base(cfg["theta"])
-    wr.add_vocab_size(cfg["vocab"])
-    wr.add_tokenizer_model("no_vocab")
-    if cfg["rope_scaling"] is not None:
-        wr.add_tensor("rope_freqs.weight", rope_factors(cfg))
+    """As convert_hf_to_gguf + llama-quantize write it: q/k rows permuted, each
+    projection's scale as its blocks' scale (no `.scale` tensor), f16 tables."""
+    out, override = {}, {}
     for name, arr in w.items():
         if name.endswith(".scale"):
             continue
         if arr.dtype == np.int8:
-            t = arr
-            if ".attn_q." in name:
-                t = permute(t, cfg["heads"])
-            elif ".attn_k." in name:
-                t = permute(t, cfg["kv_heads"])
-            vals = t.astype(np.float32) * w[name[:-7] + ".scale"]   # the block scale
-            wr.add_tensor(name, gguf.quants.quantize(vals, qtype), raw_dtype=qtype)
+            t = permute(arr, cfg["heads"]) if ".attn_q." in name else \
+                permute(arr, cfg["kv_heads"]) if ".attn_k." in name else arr
+            vals = t.astype(np.float32) * w[name[:-7] + ".scale"]
+            override[name] = (gguf.quants.quantize(vals, qtype), qtype)
         elif name in ("token_embd.weight", "output.weight"):
-            wr.add_tensor(name, arr.astype(np.float16))
-        else:
-            wr.add_tensor(name, arr)
-    wr.write_header_to_file()
-    wr.write_kv_data_to_file()
-    wr.write_tensors_to_file()
-    wr.close()
-    return path
+            override[name] = (arr.astype(np.float16), QT.F16)
+        out[name] = arr
+    if cfg["rope_scaling"] is not None:
+        out["rope_freqs.weight"] = rope_factors(cfg)
+    return R.write_gguf(path, {**cfg, "ctx": 64}, out, arch="llama", with_scale=False,
+                        override=override)
 
 
 def reference(cfg, w, ids, gguf_stored=False, f16_output=False):

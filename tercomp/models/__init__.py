@@ -13,6 +13,7 @@ directories in `hf_io.py`, tokenizers in `tokenizer.py`.
 import os as _os
 
 from ..errors import TercompError as _TercompError
+from ..runtime.files import check_regular
 from .config import BitNetConfig, ConfigError
 from .bitnet import BitNetLM, rope_tables, apply_rope
 from .gguf_io import GGUFError, load_gguf, save_gguf
@@ -33,8 +34,9 @@ def load(path) -> BitNetLM:
             raise CheckpointError(f"{path}: a directory without config.json is not a "
                                   f"Hugging Face checkpoint")
         return load_hf(path)
-    if not _os.path.isfile(path):
+    if not _os.path.lexists(path):
         raise _TercompError(f"{path}: no such file or directory")
+    check_regular(path, "model", GGUFError)     # a FIFO, a device, a link to /dev/zero
     with open(path, "rb") as fh:
         magic = fh.read(4)
     if magic != b"GGUF":

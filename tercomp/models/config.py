@@ -92,8 +92,8 @@ class BitNetConfig:
                                   f"got {v!r}")
         for name in ("rms_norm_eps", "rope_theta"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ConfigError(f"{source}: field {name!r} must be a positive number, "
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                raise ConfigError(f"{source}: field {name!r} must be a positive finite number, "
                                   f"got {v!r}")
         if self.hidden_act not in HIDDEN_ACTS:
             raise ConfigError(f"{source}: field 'hidden_act' is {self.hidden_act!r}; "

@@ -30,7 +30,6 @@ BitLinear (ternarized by absmean when compiled).
 """
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
@@ -40,6 +39,8 @@ from ..errors import TercompError
 from .bitnet import BitNetLM
 from . import families
 from .config import BitNetConfig, ConfigError
+from .gguf_scan import GGUFError, scan
+from ..runtime.files import atomic_target
 from .tokenizer import gguf_vocab_from_tokenizer, tokenizer_from_gguf
 
 try:
@@ -64,10 +65,6 @@ _TERNARY_TYPES = ("TQ2_0", "TQ1_0")
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
-class GGUFError(TercompError):
-    """A GGUF file tercomp cannot read as a `bitnet` model; names the tensor or key."""
-
-
 def _get(obj, path):
     for p in path:
         obj = getattr(obj, p)
@@ -80,6 +77,7 @@ class _File:
 
     def __init__(self, path):
         self.path = str(path)
+        scan(self.path)         # bounded: gguf-py's reader believes the file's counts
         try:
             self.reader = gguf.GGUFReader(self.path)
         except Exception as e:  # gguf raises ValueError/KeyError/IndexError/OSError alike
@@ -124,7 +122,13 @@ class _File:
         if qname not in _FLOAT_TYPES:
             raise self.error(f"tensor {name!r}", f"type {qname} is not supported here "
                                                  f"(expected one of {', '.join(_FLOAT_TYPES)})")
-        return self._dequantize(name, t).reshape(shape)
+        return self._finite(name, self._dequantize(name, t).reshape(shape))
+
+    def _finite(self, name, arr):
+        if not np.isfinite(arr).all():
+            bad = int(np.size(arr) - np.isfinite(arr).sum())
+            raise self.error(f"tensor {name!r}", f"holds {bad} NaN or infinite value(s)")
+        return arr
 
     def _dequantize(self, name, t):
         try:
@@ -158,7 +162,7 @@ class _File:
             raise self.error(f"tensor {name + '.weight'!r}",
                              f"quantization type {qname} is not supported (tercomp reads "
                              f"{', '.join(_TERNARY_TYPES + _FLOAT_TYPES)})")
-        w = self._dequantize(name + ".weight", t).reshape(shape)
+        w = self._finite(name + ".weight", self._dequantize(name + ".weight", t).reshape(shape))
         mags = np.unique(np.abs(w[w != 0]))
         if mags.size == 1:          # already ternary times one magnitude
             return nn.BitLinear.from_ternary(np.sign(w).astype(np.int8),
@@ -191,8 +195,9 @@ class _File:
                              f"its {t.tensor_type.name} blocks carry {used.size} different "
                              f"scales ({used.min():g} .. {used.max():g}); tercomp needs one "
                              f"scale per tensor (write block scale 1 and a '.scale' tensor)")
-        if used.size and not used[0] > 0:
-            raise self.error(f"tensor {name!r}", f"block scale {used[0]} is not positive")
+        if used.size and not (np.isfinite(used[0]) and used[0] > 0):
+            raise self.error(f"tensor {name!r}", f"block scale {used[0]} is not finite and "
+                                                 f"positive")
         block = float(used[0]) if used.size else 1.0
         return tern.reshape(shape).astype(np.int8, copy=False), block
 
@@ -227,6 +232,9 @@ def _config(f: _File) -> BitNetConfig:
     emb = f.tensors.get("token_embd.weight")
     if emb is None:
         raise f.error("tensor 'token_embd.weight'", "missing")
+    if len(emb.shape) != 2:
+        raise f.error("tensor 'token_embd.weight'", f"{len(emb.shape)} dims; an embedding "
+                                                    f"is [vocab, hidden]")
     act = f.field(f"{a}.hidden_activation", "silu", kind=str)
     if act not in ACTS_IN:
         raise f.error(f"key '{a}.hidden_activation'",
@@ -304,7 +312,7 @@ def load_gguf(path) -> BitNetLM:
     for name, shape in shapes.items():
         f.tensor(name, shape)
     extra = sorted(n for n in f.tensors if n not in shapes and not (
-        n.endswith(".scale") and n[:-6] + ".weight" in shapes))
+        n.endswith(".scale") and n.split(".")[-2] in PROJECTIONS and n[:-6] + ".weight" in shapes))
     if extra:
         raise f.error(f"tensor {extra[0]!r}", f"not part of a {cfg.num_hidden_layers}-layer "
                       f"{cfg.family!r} model ({len(extra)} unexpected tensor(s))")
@@ -351,11 +359,27 @@ def save_gguf(model: BitNetLM, path) -> None:
                            f"llama.cpp's 'bitnet' graph always uses the token embedding as "
                            f"output, so the file would compute different logits",
                            hint="tie the output layer (tie_word_embeddings=True)")
-    w = gguf.GGUFWriter(os.fspath(path), ARCH)
-    try:
-        _write(w, model, cfg)
-    finally:
-        w.close()
+    _check_vocab(getattr(model, "gguf_vocab", None) or {}, path)
+    # written beside the target and moved over it whole: a failure leaves any existing
+    # file as it was
+    with atomic_target(path, "GGUF file", GGUFError) as tmp:
+        w = gguf.GGUFWriter(tmp, ARCH)
+        try:
+            _write(w, model, cfg)
+        finally:
+            w.close()
+
+
+def _check_vocab(vocab: dict, path):
+    """Every kept tokenizer key has the kind its writer method takes."""
+    kinds = {"string": str, "uint32": (int, np.integer), "array": (list, tuple)}
+    for key, (kind, value) in vocab.items():
+        ok = isinstance(value, kinds.get(kind, ())) and not isinstance(value, bool)
+        if kind == "uint32" and ok:
+            ok = 0 <= int(value) < 2 ** 32
+        if not ok:
+            raise GGUFError(f"save_gguf {path}: key {key!r} should be a {kind}, got "
+                            f"{type(value).__name__} {value!r:.60}")
 
 
 def _write(w, model, cfg):

@@ -31,6 +31,7 @@ import safetensors
 from .. import nn
 from . import families
 from ..errors import TercompError
+from ..runtime.files import read_regular
 from .bitnet import BitNetLM
 from .config import BitNetConfig, ConfigError
 from .tokenizer import tokenizer_from_hf
@@ -47,9 +48,9 @@ class CheckpointError(TercompError):
 
 
 def _read_tensors(path) -> dict:
+    data = read_regular(path, "safetensors", CheckpointError)   # no FIFO, device, /dev/zero
     try:
-        with open(path, "rb") as fh:
-            items = safetensors.deserialize(fh.read())
+        items = safetensors.deserialize(data)
     except Exception as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
     out = {}
@@ -62,7 +63,12 @@ def _read_tensors(path) -> dict:
         else:
             raise CheckpointError(f"{path}: tensor {name!r} has dtype {dt}, which tercomp does "
                                   f"not read")
-        out[name] = (arr.reshape(shape), path)
+        arr = arr.reshape(shape)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise CheckpointError(f"{path}: tensor {name!r} holds "
+                                  f"{int(arr.size - np.isfinite(arr).sum())} NaN or infinite "
+                                  f"value(s)")
+        out[name] = (arr, path)
     return out
 
 
@@ -81,10 +87,11 @@ def _config(directory) -> BitNetConfig:
     if os.path.getsize(path) > _MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config")
     try:
-        with open(path, encoding="utf-8") as fh:
-            d = json.load(fh)
+        d = json.loads(read_regular(path, "config", ConfigError).decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
     if not isinstance(d, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     family = families.by_hf_config(d)
@@ -205,7 +212,11 @@ def load_hf(directory) -> BitNetLM:
         raise CheckpointError(f"{directory}: no *.safetensors files next to config.json")
     tensors = {}
     for f in files:
-        tensors.update(_read_tensors(f))
+        for name, (arr, path) in _read_tensors(f).items():
+            if name in tensors:
+                raise CheckpointError(f"{path}: tensor {name!r} is defined again (first in "
+                                      f"{tensors[name][1]})", hint="one shard per tensor")
+            tensors[name] = (arr, path)
     ts = _Tensors(tensors)
     _check_shapes(cfg, tensors)
     c = cfg

@@ -26,6 +26,8 @@ import warnings
 
 import numpy as np
 
+from .gguf_scan import GGUFError
+
 try:
     import tokenizers
     from tokenizers import decoders, normalizers, pre_tokenizers
@@ -135,6 +137,10 @@ def tokenizer_from_gguf(reader, path):
             v = f.contents()
         except Exception:
             continue
+        want = {"string": str, "uint32": (int, np.integer), "array": list}[kind]
+        if not isinstance(v, want) or isinstance(v, bool):
+            raise GGUFError(f"{path}: key {key!r}: expected a {kind}, got "
+                            f"{type(v).__name__} {v!r:.60}")
         vocab[key] = (kind, v)
     model = vocab.get("tokenizer.ggml.model", (None, None))[1]
     tokens = vocab.get("tokenizer.ggml.tokens", (None, None))[1]

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -82,6 +83,18 @@ def _umask() -> int:
 def write_atomic(path, data: bytes, what: str = "file", error=TercompError, make_dirs: bool = False) -> str:
     """Write `data` to `path` so that readers see the old file or the whole new one.
     Returns the path written (a symlink's target)."""
+    with atomic_target(path, what, error, make_dirs) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    return os.path.realpath(os.fspath(path))
+
+
+@contextlib.contextmanager
+def atomic_target(path, what: str = "file", error=TercompError, make_dirs: bool = False):
+    """A temporary path beside `path` (through a symlink, beside its target) for a
+    writer to fill; on leaving the block without an error it is synced and moved over
+    `path` (keeping the mode of a file it replaces, else 0o666 less the umask), else
+    removed and `path` is left as it was. Devices, FIFOs and directories are refused."""
     if "\0" in os.fspath(path):
         raise error(f"the {what} path {os.fspath(path)!r} contains a NUL character")
     path = os.path.realpath(os.fspath(path))      # through symlinks, to the file they name
@@ -108,12 +121,12 @@ def write_atomic(path, data: bytes, what: str = "file", error=TercompError, make
             raise error(f"cannot create the directory {directory}: {e.strerror or e}") from None
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".part")
+        os.close(fd)
     except OSError as e:
         raise error(f"cannot write the {what} {path}: {e.strerror or e}") from None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
@@ -122,4 +135,3 @@ def write_atomic(path, data: bytes, what: str = "file", error=TercompError, make
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return path
