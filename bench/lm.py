@@ -3,6 +3,7 @@
     python bench/lm.py                      # bitnet_b1_58-large shape (~700M parameters)
     python bench/lm.py --layers 4           # a quicker, smaller run
     python bench/lm.py --no-peer            # tercomp only
+    python bench/lm.py --preset 8b          # Llama3-8B-1.58's shape (llama arch, ~3.9 GB)
 
 Writes a random-ternary GGUF (TQ2_0 projections, tied f16 embedding) of the
 bitnet_b1_58-large shape with `gguf` (hidden 1536, FFN 4096, 24 layers, 16 heads,
@@ -40,19 +41,25 @@ sys.path.insert(0, ROOT)
 
 # -------------------------------------------------------------------------- the model
 def write_model(path, a):
-    """A random BitNet GGUF: ternary projections in TQ2_0 (block scale 1 and an f32
-    `.scale` per tensor), f32 norms, tied f16 token embedding."""
+    """A random ternary GGUF. `bitnet`: projections in TQ2_0 (block scale 1 and an f32
+    `.scale` per tensor), sub-norms, tied f16 token embedding. `llama` (the 1.58-bit
+    llama family): TQ2_0 blocks whose scale is the weight scale, no sub-norms, an untied
+    f16 `output.weight`. Written one tensor at a time (a model of 8B parameters is
+    never whole in memory as floats)."""
     import gguf
     from gguf import GGMLQuantizationType as QT
     rng = np.random.default_rng(0)
     h, ff, v, L = a.hidden, a.ffn, a.vocab, a.layers
-    w = gguf.GGUFWriter(str(path), "bitnet")
+    llama = a.arch == "llama"
+    kvh = a.kv_heads or a.heads
+    d = h // a.heads
+    w = gguf.GGUFWriter(str(path), a.arch)
     w.add_context_length(2048)
     w.add_embedding_length(h)
     w.add_block_count(L)
     w.add_feed_forward_length(ff)
     w.add_head_count(a.heads)
-    w.add_head_count_kv(a.heads)
+    w.add_head_count_kv(kvh)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_tokenizer_model("llama")
@@ -60,15 +67,21 @@ def write_model(path, a):
     w.add_token_scores([0.0] * v)
     w.add_tensor("token_embd.weight", (rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16))
     w.add_tensor("output_norm.weight", np.ones(h, np.float32))
-    shapes = {"attn_q": (h, h), "attn_k": (h, h), "attn_v": (h, h), "attn_output": (h, h),
-              "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
+    if llama:
+        w.add_tensor("output.weight", (rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16))
+    shapes = {"attn_q": (h, h), "attn_k": (kvh * d, h), "attn_v": (kvh * d, h),
+              "attn_output": (h, h), "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
+    norms = (("attn_norm", h), ("ffn_norm", h)) if llama else \
+        (("attn_norm", h), ("attn_sub_norm", h), ("ffn_norm", h), ("ffn_sub_norm", ff))
     for i in range(L):
-        for n, size in (("attn_norm", h), ("attn_sub_norm", h), ("ffn_norm", h), ("ffn_sub_norm", ff)):
+        for n, size in norms:
             w.add_tensor(f"blk.{i}.{n}.weight", np.ones(size, np.float32))
         for n, shape in shapes.items():
-            t = rng.integers(-1, 2, size=shape).astype(np.float32)
+            t = rng.integers(-1, 2, size=shape).astype(np.float32) * np.float32(0.02 if llama else 1)
             w.add_tensor(f"blk.{i}.{n}.weight", gguf.quants.quantize(t, QT.TQ2_0), raw_dtype=QT.TQ2_0)
-            w.add_tensor(f"blk.{i}.{n}.scale", np.array([0.02], np.float32))
+            del t
+            if not llama:
+                w.add_tensor(f"blk.{i}.{n}.scale", np.array([0.02], np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -99,12 +112,15 @@ def worker_tercomp_compile(a):
     from tercomp import models
     cache_dir = tempfile.TemporaryDirectory(prefix="tercomp-bench-cache-")   # removed at exit
     os.environ["TERCOMP_CACHE_DIR"] = cache_dir.name
+    import resource
     out = {}
     for kind in ("cold", "cached"):
         t = time.perf_counter()
         gen = tc.compile_lm(models.load(a.model), max_seq=a.max_seq, threads=a.threads,
                             output_dtype=a.output_dtype)
         out[f"compile_{kind}_s"] = time.perf_counter() - t
+        if kind == "cold":      # the process's peak: load, trace, passes, IREE (in process)
+            out["compile_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     gen.save(a.artifact)
     if os.path.exists(a.artifact + ".128"):      # from an earlier run
         os.remove(a.artifact + ".128")
@@ -196,6 +212,11 @@ def run_worker(name, a, extra=()):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=["8b"],
+                   help="8b: Llama3-8B-1.58's shape (32 layers, hidden 4096, FFN 14336, GQA "
+                        "32/8, vocab 128256, llama arch, untied f16 head)")
+    p.add_argument("--arch", choices=["bitnet", "llama"], default="bitnet")
+    p.add_argument("--kv-heads", type=int, default=0, help="default: --heads")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--hidden", type=int, default=1536)
     p.add_argument("--ffn", type=int, default=4096)
@@ -219,14 +240,19 @@ def main():
     p.add_argument("--model")
     p.add_argument("--artifact")
     a = p.parse_args()
+    if a.preset == "8b":
+        a.layers, a.hidden, a.ffn, a.heads, a.kv_heads, a.vocab, a.arch = \
+            32, 4096, 14336, 32, 8, 128256, "llama"
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
-                     ("layers", "hidden", "ffn", "heads", "vocab", "threads", "prompt", "gen",
-                      "repeat", "max-seq")] + ([] if a.scaling else ["--no-scaling"])
+                     ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab", "arch", "threads",
+                      "prompt", "gen", "repeat", "max-seq")] + ([] if a.scaling else ["--no-scaling"])
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
     os.makedirs(a.dir, exist_ok=True)
     tag = f"L{a.layers}-h{a.hidden}-f{a.ffn}-H{a.heads}-v{a.vocab}"
+    if a.arch != "bitnet" or a.kv_heads not in (0, a.heads):
+        tag = f"{a.arch}-{tag}-kv{a.kv_heads or a.heads}"
     a.model = os.path.join(a.dir, f"bitnet-{tag}.gguf")
     if not os.path.exists(a.model):
         t = time.perf_counter()
@@ -268,8 +294,11 @@ def main():
             ("prefill_all_tps", f"prefill pp{a.prompt}, all logits", "{:.1f}"),
             ("rss_mb", "resident memory MiB", "{:.0f}"), ("compile_cold_s", "compile cold s", "{:.1f}"),
             ("compile_cached_s", "compile cached s", "{:.1f}"),
+            ("compile_peak_mb", "compile peak memory MiB", "{:.0f}"),
             ("decode_pos64_ms", f"decode @64, max_seq {a.max_seq} ms", "{:.2f}"),
             ("decode_pos64_ms_seq128", "decode @64, max_seq 128 ms", "{:.2f}")]
+    print(f"model file {os.path.getsize(a.model) / 2**20:.0f} MiB; the compile peak goal is "
+          f"2x the file + 1 GiB = {2 * os.path.getsize(a.model) / 2**20 + 1024:.0f} MiB")
     print(f"model {tag}, {a.threads} threads, prompt {a.prompt}, {a.gen} new tokens, best of "
           f"{a.repeat} in each of {a.rounds} rounds taken in turns; tercomp's output layer "
           f"stored as {', '.join(dtypes)}")
