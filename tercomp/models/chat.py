@@ -18,6 +18,10 @@ from __future__ import annotations
 import datetime
 import json
 
+from jinja2 import TemplateError, ext
+from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from ..errors import TercompError
 
 #: the longest template and the longest rendered prompt accepted (bytes / characters)
@@ -34,8 +38,6 @@ def _raise_exception(message):
 
 
 def _environment():
-    from jinja2 import ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[ext.loopcontrols])
     env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
@@ -57,7 +59,6 @@ class ChatTemplate:
         if len(source) > MAX_TEMPLATE:
             raise ChatTemplateError(f"{origin}: the chat template is {len(source)} characters, "
                                     f"over the {MAX_TEMPLATE} accepted")
-        from jinja2 import TemplateError
         self.source, self.origin = source, origin
         self.bos_token, self.eos_token = str(bos_token or ""), str(eos_token or "")
         try:
@@ -68,8 +69,6 @@ class ChatTemplate:
     def render(self, messages, add_generation_prompt: bool = False, **kwargs) -> str:
         """The prompt text for `messages` (a list of {"role": str, "content": str})."""
         _check_messages(messages)
-        from jinja2 import TemplateError
-        from jinja2.exceptions import SecurityError
         try:
             text = self._template.render(messages=messages,
                                          add_generation_prompt=bool(add_generation_prompt),

@@ -15,6 +15,8 @@ from __future__ import annotations
 import mmap
 import struct
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from ..errors import TercompError
 
 #: the most elements one array key may hold (a tokenizer's vocabulary or merges is
@@ -145,7 +147,6 @@ def _scan(r: _Reader) -> dict:
 
 
 def _check_tensors(r: _Reader, infos, align, data_start):
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     spans, names = [], set()
     for name, dims, ttype, offset in infos:
         where = f"tensor {name!r}"

@@ -26,6 +26,7 @@ import warnings
 
 import numpy as np
 
+from .chat import ChatTemplate, ChatTemplateError
 from .gguf_scan import GGUFError
 
 try:
@@ -65,7 +66,6 @@ class Tokenizer:
         `tokenize=False`, else its token ids (a list of ints; the template writes the
         special tokens itself, so none are added)."""
         if self.chat_template is None:
-            from .chat import ChatTemplateError
             raise ChatTemplateError("this model's files carry no chat template",
                                     hint="render the prompt yourself and pass its text")
         text = self.chat_template.render(messages, add_generation_prompt, **kwargs)
@@ -88,7 +88,6 @@ def _special(value) -> str:
 def tokenizer_from_hf(directory):
     """The Tokenizer of a Hugging Face directory (tokenizer.json, with the chat template
     and special tokens of tokenizer_config.json), or None without tokenizer.json."""
-    from .chat import ChatTemplate, ChatTemplateError
     inner = tokenizer_from_json(os.path.join(directory, "tokenizer.json"))
     if inner is None:
         return None
@@ -173,7 +172,6 @@ def tokenizer_from_gguf(reader, path):
 
 def _gguf_chat_template(vocab, tokens, path):
     """The GGUF's `tokenizer.chat_template` with its bos/eos token strings, or None."""
-    from .chat import ChatTemplate, ChatTemplateError
     source = vocab.get("tokenizer.chat_template", (None, None))[1]
     if source is None:
         return None
