@@ -172,6 +172,15 @@ irdl.dialect @tern {
     %2 = irdl.any
     irdl.results(r0: %2)
   }
+  irdl.operation @kv_scatter {
+    %0 = irdl.any
+    %1 = irdl.any
+    %2 = irdl.any
+    %3 = irdl.any
+    irdl.operands(x0: %0, x1: %1, x2: %2, x3: %3)
+    %4 = irdl.any
+    irdl.results(r0: %4)
+  }
   irdl.operation @layer_norm {
     %0 = irdl.any
     %1 = irdl.any
@@ -425,6 +434,19 @@ irdl.dialect @tern {
     irdl.attributes {"starts" = %1, "stops" = %2, "steps" = %3}
     %4 = irdl.any
     irdl.results(r0: %4)
+  }
+  irdl.operation @slot_attention {
+    %0 = irdl.any
+    %1 = irdl.any
+    %2 = irdl.any
+    %3 = irdl.any
+    %4 = irdl.any
+    irdl.operands(x0: %0, x1: %1, x2: %2, x3: %3, x4: %4)
+    %5 = irdl.any
+    %6 = irdl.any
+    irdl.attributes {"scale" = %5, "kernel" = %6}
+    %7 = irdl.any
+    irdl.results(r0: %7)
   }
   irdl.operation @softmax {
     %0 = irdl.any

@@ -48,12 +48,13 @@ from .codegen.targets import WITH_16BIT_STORAGE
 from .errors import TercompError
 from .ir import TensorType
 from .models.bitnet import BitNetLM
-from .models.kv_cache import StaticKVCache
+from .models.kv_cache import SlotKVCache, StaticKVCache
 from .passes import Dumper, run_pipeline
 from .passes.kernels import kernel_table
 from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
 from .runtime.loader import from_parts
+from .runtime.batched import BatchedLMGenerator
 from .runtime.generator import KV_DTYPES, STEP, LMGenerator
 from .runtime.module import CompiledModule
 from .runtime.signature import Signature
@@ -86,6 +87,19 @@ class _Step(nn.Module):
         return self.lm.logits(last), cache.updated
 
 
+class _BatchStep(_Step):
+    """One step of the batched generator: (ids [T], slots [T], positions [T], rows [L],
+    caches) -> (logits [L, vocab], caches), token t at position positions[t] of the
+    sequence in cache slot slots[t]; caches [N, max_seq, KV, D] (models.SlotKVCache).
+    The same network as _Step: the model's own forward."""
+
+    def forward(self, ids, slots, positions, rows, caches):
+        cache = SlotKVCache(caches, slots, positions, self._kv_dtype)
+        h = self.lm.hidden_states(ids.reshape(1, -1), cache=cache)
+        last = _t.take(h.reshape(-1, h.shape[-1]), rows, axis=0)
+        return self.lm.logits(last), cache.updated
+
+
 #: compile_lm's output_dtype choices: how the output table is stored
 OUTPUT_DTYPES = ("float16", "int8", "float32")
 
@@ -112,7 +126,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
                threads: int | None = None, cache: bool = True, dump_dir: str | None = None,
                flags=(), isolate: bool | None = None, check_numerics: bool | None = None,
                output_dtype: str | None = None, vulkan_target: str | None = None,
-               cuda_target: str | None = None) -> LMGenerator:
+               cuda_target: str | None = None, max_batch: int | None = None):
     """Compile `lm` (a models.BitNetLM) into a generator with `prefill`, `decode`,
     `generate`, `reset` and `save` (tercomp.runtime.generator.LMGenerator).
 
@@ -140,6 +154,12 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
     `isolate` and `check_numerics` are as in tc.compile (with check_numerics, a NaN or Inf
     raises NumericsError after the step, whose cache rows are then already written).
 
+    `max_batch=N` (N > 1) gives a runtime.BatchedLMGenerator instead: a cache of N slots
+    of max_seq rows, one sequence each, and a step that runs tokens of several slots at
+    their own positions in one call (`step(tokens, slots)` decodes a batch, `prefill(ids,
+    slot=s)` fills one slot; runtime.Engine schedules requests over it). The default
+    (None or 1) is the single-sequence LMGenerator.
+
     >>> gen = tc.compile_lm(lm, max_seq=512)
     >>> gen.generate([1, 15043], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=1)
     """
@@ -164,6 +184,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
                                hint=f"leave {what} out (float32 there), or pass a vulkan_target "
                                     f"that stores f16: {', '.join(map(repr, WITH_16BIT_STORAGE))}, ...")
     max_seq, kv = _check_args(lm, max_seq, kv_dtype or narrow)
+    max_batch = _check_batch(max_batch)
     output_dtype = output_dtype or narrow
     if output_dtype not in OUTPUT_DTYPES:
         raise TercompError(f"compile_lm: output_dtype must be one of "
@@ -171,12 +192,13 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
     numerics = numerics_enabled(check_numerics)
     c = lm.config
     lm_meta = LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm),
-                                   chat=_chat_template(lm))
+                                   chat=_chat_template(lm), max_batch=max_batch)
+    wrap = LMGenerator if max_batch == 1 else BatchedLMGenerator
     key = None
     if cache:
         # Keyed on the model and the options, not on the traced IR: a hit skips tracing,
         # the passes and the lowering, which cost more than IREE for a large model.
-        key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv,
+        key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv, max_batch,
                                 ternary, output_dtype, opts.cache_parts(), STEP, numerics,
                                 repr(sorted(kernel_table(opts.names).items())),
                                 __version__, IREE_VERSION)
@@ -185,17 +207,38 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
             cached, vmfb, irpa = hit
             exe = from_parts(cached, vmfb, irpa, device=opts.device, threads=opts.threads,
                              cache_key=key, cache_hit=True, lm=lm_meta)
-            return LMGenerator(exe)
-    exe = _build(_Step(lm, kv, output_dtype), c, TensorType(
-        (max_seq, c.num_key_value_heads, c.head_dim), kv), ternary, opts, dump_dir,
-        meta={"lm": lm_meta}, numerics=numerics, cache_key=key)
-    return LMGenerator(exe)
+            return wrap(exe)
+    rows = (max_seq, c.num_key_value_heads, c.head_dim)
+    if max_batch == 1:
+        step, inputs = _Step(lm, kv, output_dtype), [spec(("T",), "int32"), spec((), "int32")]
+        cache_type = TensorType(rows, kv)
+    else:
+        step, inputs = _BatchStep(lm, kv, output_dtype), [spec(("T",), "int32")] * 3
+        cache_type = TensorType((max_batch,) + rows, kv)
+    exe = _build(step, inputs, c, cache_type, ternary, opts, dump_dir, meta={"lm": lm_meta},
+                 numerics=numerics, cache_key=key)
+    return wrap(exe)
 
 
-def _build(step, config, cache_type, ternary, opts: BuildOptions, dump_dir, meta,
+def _check_batch(max_batch) -> int:
+    if max_batch is None:
+        return 1
+    if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) \
+            or not 1 <= max_batch <= MAX_BATCH:
+        raise TercompError(f"compile_lm: max_batch must be an int from 1 to {MAX_BATCH}, "
+                           f"got {max_batch!r}")
+    return int(max_batch)
+
+
+#: the most slots a batched generator's cache has
+MAX_BATCH = 256
+
+
+def _build(step, inputs, config, cache_type, ternary, opts: BuildOptions, dump_dir, meta,
            numerics=False, cache_key=None) -> CompiledModule:
-    """Trace the step, run the passes, lower the entry point over its cache globals and
-    build the module (tercomp/build.py)."""
+    """Trace the step over `inputs` (the specs before rows and the caches), run the
+    passes, lower the entry point over its cache globals and build the module
+    (tercomp/build.py)."""
     names = opts.names
     n = 2 * config.num_hidden_layers
     caches = [spec(cache_type.shape, cache_type.dtype)] * n
@@ -204,12 +247,11 @@ def _build(step, config, cache_type, ternary, opts: BuildOptions, dump_dir, meta
     if numerics:
         pipeline.append("check_numerics")     # an extra output after the logits and caches
     dumper = Dumper(os.path.join(dump_dir, STEP) if dump_dir else None)
-    g = trace(step, spec(("T",), "int32"), spec((), "int32"), spec(("L",), "int32"), caches,
-              name=f"{STEP}_body")
+    g = trace(step, *inputs, spec(("L",), "int32"), caches, name=f"{STEP}_body")
     g = run_pipeline(g, pipeline, dumper)
     stages = {f"{STEP}.{k}": v for k, v in dumper.stages.items()}
     state = [StateVar(f"kv{i}", cache_type) for i in range(n)]
-    bind_in = {3 + i: f"kv{i}" for i in range(n)}
+    bind_in = {len(inputs) + 1 + i: f"kv{i}" for i in range(n)}
     bind_out = {1 + i: f"kv{i}" for i in range(n)}
     entries = [Entry(STEP, g, bind_in, bind_out)]
     sig = dataclasses.replace(Signature.from_graph(g), function=STEP)

@@ -93,6 +93,10 @@ EXAMPLES = {
     "cached_attention": ([f32(2, 4, 4), f32(8, 2, 4), f32(8, 2, 4), np.array(3, np.int32)],
                          {"scale": 0.5}),
     "rope": ([f32(3, 2, 8), f32(3, 4), f32(3, 4)], {"style": "interleaved"}),
+    "kv_scatter": ([f32(3, 8, 2, 4), f32(3, 2, 4), np.array([2, 0, 2], np.int32),
+                    np.array([5, 0, 6], np.int32)], {}),
+    "slot_attention": ([f32(3, 4, 4), f32(3, 8, 2, 4), f32(3, 8, 2, 4), np.array([2, 0, 2], np.int32),
+                        np.array([5, 0, 6], np.int32)], {"scale": 0.5}),
 }
 
 # Ops whose examples are owned by another family's test file (still must be listed here).

@@ -32,9 +32,12 @@ def fits(head_dim: int, kv_dtype: str) -> bool:
     return kv_dtype in ("f16", "f32") and head_dim % 8 == 0 and head_dim <= 512
 
 
-def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: str) -> str:
+def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: str,
+                    slots: int = 0) -> str:
     """`stream.executable @name`: (q [T, H, D] f32, k, v [S, KV, D] kel, scale: f32,
-    start: index, T: index) -> out [T, H, D] f32.
+    start: index, T: index) -> out [T, H, D] f32; with `slots` = N > 0 (the batched
+    cache of ops/kv_slots.py) the caches are [N, S, KV, D] and `start` is replaced by
+    two i32 [T] bindings: query t reads rows 0..positions[t] of slot slots[t].
 
     Written on 8-lane vectors with the D/8 lanes of a row unrolled here (IREE's codegen
     of one D-wide vector spilled it lane by lane): q's row stays in registers for the
@@ -43,6 +46,9 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
     lanes = d // 8
     v8, vk = "vector<8xf32>", f"vector<8x{kel}>"
     qt, kt = f"memref<?x{heads}x{d}xf32>", f"memref<{s}x{kv_heads}x{d}x{kel}>"
+    row = "%s"                   # the cache row of position %s: [%s] or [%slot, %s]
+    if slots:
+        kt, row = f"memref<{slots}x{s}x{kv_heads}x{d}x{kel}>", "%slot, %s"
     st, at = f"memref<{CHUNK}xf32>", f"memref<{d}xf32>"
 
     def widen(dst, src):
@@ -58,7 +64,7 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
     dot = []
     for i in range(lanes):
         acc = "%z8" if i < 2 else f"%d{i - 2}"
-        dot += [f"            %k{i} = vector.load %k[%s, %kh, {col(i)}] : {kt}, {vk}",
+        dot += [f"            %k{i} = vector.load %k[{row}, %kh, {col(i)}] : {kt}, {vk}",
                 f"            {widen(f'%kf{i}', f'%k{i}')}",
                 f"            %d{i} = vector.fma %q{i}, %kf{i}, {acc} : {v8}"]
     last2 = [f"%d{lanes - 1}"] + ([f"%d{lanes - 2}"] if lanes > 1 else [])
@@ -78,7 +84,7 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
             %j = arith.subi %s, %cs : index
             %e = memref.load %sc[%j] : {st}
             %eb = vector.broadcast %e : f32 to {v8}
-            %vr = vector.load %v[%s, %kh, {col(i)}] : {kt}, {vk}
+            %vr = vector.load %v[{row}, %kh, {col(i)}] : {kt}, {vk}
             {widen("%vf", "%vr")}
             %wn = vector.fma %eb, %vf, %wa : {v8}
             scf.yield %wn : {v8}
@@ -88,6 +94,22 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
     store = "\n".join(f"""        %f{i} = vector.load %acc[{col(i)}] : {at}, {v8}
         %g{i} = arith.mulf %f{i}, %invv : {v8}
         vector.store %g{i}, %o[%t, %h, {col(i)}] : {qt}, {v8}""" for i in range(lanes))
+    if slots:
+        last = """        %slot32 = memref.load %sl[%t] : memref<?xi32>
+        %slot = arith.index_cast %slot32 : i32 to index
+        %last32 = memref.load %pos[%t] : memref<?xi32>
+        %last = arith.index_cast %last32 : i32 to index"""
+        bind = """
+      %sl = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xi32>{%m}
+      %pos = stream.binding.subspan %bp[%c0] : !stream.binding -> memref<?xi32>{%m}"""
+        # bindings in the order of the dispatch's tensors: q, k, v, slots, positions, out
+        args = ("%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, "
+                "%bs: !stream.binding, %bp: !stream.binding, %bo: !stream.binding, "
+                "%scale: f32, %m: index")
+    else:
+        last, bind = "        %last = arith.addi %p, %t : index", ""
+        args = ("%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, "
+                "%bo: !stream.binding, %scale: f32, %p: index, %m: index")
     body = f"""      %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c8 = arith.constant 8 : index
@@ -101,7 +123,7 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
       %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {qt}{{%m}}
       %k = stream.binding.subspan %bk[%c0] : !stream.binding -> {kt}
       %v = stream.binding.subspan %bv[%c0] : !stream.binding -> {kt}
-      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {qt}{{%m}}
+      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {qt}{{%m}}{bind}
       %sc = memref.alloca() : {st}
       %acc = memref.alloca() : {at}
       %h = stream.dispatch.workgroup.id[0] : index
@@ -109,7 +131,7 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
       scf.for %t = %c0 to %m step %c1 {{
 {qload}
 {zero_acc}
-        %last = arith.addi %p, %t : index
+{last}
         %n = arith.addi %last, %c1 : index
         %res:2 = scf.for %cs = %c0 to %n step %cchunk
             iter_args(%mx = %ninf, %l = %zero) -> (f32, f32) {{
@@ -149,9 +171,7 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
         %invv = vector.broadcast %inv : f32 to {v8}
 {store}
       }}"""
-    return wrap_executable(name, heads, "%bq: !stream.binding, %bk: !stream.binding, "
-                           "%bv: !stream.binding, %bo: !stream.binding, %scale: f32, %p: index, "
-                           "%m: index", body)
+    return wrap_executable(name, heads, args, body)
 
 
 def emit(q: ir.Value, k: ir.Value, v: ir.Value, start: ir.Value, t: ir.Value,
@@ -168,3 +188,21 @@ def emit(q: ir.Value, k: ir.Value, v: ir.Value, start: ir.Value, t: ir.Value,
     dims = [t] if dynamic else []
     scale_v = arith.constant(ir.F32Type.get(), float(scale))
     return dispatch(name, name, [t], [q, k, v, scale_v, start, t], dims, q.type, dims)
+
+
+def emit_slots(q: ir.Value, k: ir.Value, v: ir.Value, slots: ir.Value, positions: ir.Value,
+               t: ir.Value, scale: float) -> ir.Value:
+    """out [T, H, D] f32 for q tensor<? x H x D x f32>, the slot caches k, v
+    tensor<N x S x KV x D x f16|f32> and the i32 [T] tensors `slots` and `positions`
+    (ops/kv_slots.py's slot_attention)."""
+    qt, kt = ir.RankedTensorType(q.type), ir.RankedTensorType(k.type)
+    heads, d = qt.get_dim_size(1), qt.get_dim_size(2)
+    n, s, kv_heads = kt.get_dim_size(0), kt.get_dim_size(1), kt.get_dim_size(2)
+    kel = str(kt.element_type)
+    name = f"tern_slot_attention_{heads}x{kv_heads}x{d}x{n}x{s}_{kel}"
+    ensure_executable(name, lambda: executable_text(name, heads, kv_heads, d, s, kel, slots=n))
+    dims = [t] if qt.is_dynamic_dim(0) else []
+    idx_dims = [t] if ir.RankedTensorType(slots.type).is_dynamic_dim(0) else []
+    scale_v = arith.constant(ir.F32Type.get(), float(scale))
+    return dispatch(name, name, [t], [q, k, v, slots, positions, scale_v, t],
+                    dims + idx_dims + idx_dims, q.type, dims)

@@ -31,7 +31,8 @@ from .builders import LowerCtx, tensor_type
 from .targets import WITH_16BIT_STORAGE
 from .ternary_strategies import flags_for
 
-LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "scf", "flow", "util", "hal")
+LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "scf", "flow", "util", "hal",
+                  "iree_linalg_ext")
 #: Hand-written executables (codegen/executables.py): IREE compiles their bodies as they
 #: are, so the check does not look inside.
 OPAQUE_OPS = ("stream.executable",)

@@ -197,6 +197,34 @@ def _attn_ref(xs, a):
     return [np.einsum("hts,shd->thd", p, vv).astype(q.dtype)]
 
 
+def _amap(text):
+    return ir.AffineMap.parse(text) if hasattr(ir.AffineMap, "parse") else \
+        ir.Attribute.parse(f"affine_map<{text}>").value
+
+
+def _empty(sizes, et=None):
+    return tensor.EmptyOp(list(sizes), et or ir.F32Type.get()).result
+
+
+def _filled(sizes, value):
+    return linalg.fill(scalar_const(value, "f32"), outs=[_empty(sizes)])
+
+
+def _generic(ins, maps, init, iters, body):
+    """linalg.generic over `ins` into `init` with affine maps given as text ("(t, s) ->
+    (t)") and `body(*scalars)` returning the yielded value."""
+    out_t = ir.RankedTensorType(init.type)
+    gop = linalg.GenericOp([out_t], list(ins), [init],
+                           ir.ArrayAttr.get([ir.AffineMapAttr.get(_amap(m)) for m in maps]),
+                           ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{i}>")
+                                             for i in iters]))
+    types = [ir.RankedTensorType(x.type).element_type for x in ins] + [out_t.element_type]
+    block = gop.regions[0].blocks.append(*types)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([body(*block.arguments)])
+    return gop.result
+
+
 #: the most queries cached_attention computes with its decode form
 DECODE_MAX_T = 4
 
@@ -216,28 +244,6 @@ def _attn_lower(ctx, op, xs):
     rows = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size(), kvh, hd], kel)
     kk = tensor.ExtractSliceOp(rows, k, *_slice_args([0, 0, 0], [n, kvh, hd])).result
     vv = tensor.ExtractSliceOp(rows, v, *_slice_args([0, 0, 0], [n, kvh, hd])).result
-
-    def amap(text):
-        return ir.AffineMap.parse(text) if hasattr(ir.AffineMap, "parse") else \
-            ir.Attribute.parse(f"affine_map<{text}>").value
-
-    def empty(sizes):
-        return tensor.EmptyOp(list(sizes), f32).result
-
-    def filled(sizes, value):
-        return linalg.fill(scalar_const(value, "f32"), outs=[empty(sizes)])
-
-    def generic(ins, maps, init, iters, body):
-        out_t = ir.RankedTensorType(init.type)
-        gop = linalg.GenericOp([out_t], list(ins), [init],
-                               ir.ArrayAttr.get([ir.AffineMapAttr.get(amap(m)) for m in maps]),
-                               ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{i}>")
-                                                 for i in iters]))
-        types = [ir.RankedTensorType(x.type).element_type for x in ins] + [out_t.element_type]
-        block = gop.regions[0].blocks.append(*types)
-        with ir.InsertionPoint(block):
-            linalg.YieldOp([body(*block.arguments)])
-        return gop.result
 
     def widen(x):
         return x if kel == f32 else arith.ExtFOp(f32, x).result
@@ -267,9 +273,9 @@ def _attn_lower(ctx, op, xs):
         # read other threads' sums (rows t % 4 < h of head h wrong on lavapipe).
         tkgs = [t, kvh, group, n]
         # scores[t, kv, g, s] = scale * sum_d q[t, kv, g, d] k[s, kv, d], masked to s <= start + t
-        dot = generic([qg, kk], ["(t, c, g, s, d) -> (t, c, g, d)", "(t, c, g, s, d) -> (s, c, d)",
+        dot = _generic([qg, kk], ["(t, c, g, s, d) -> (t, c, g, d)", "(t, c, g, s, d) -> (s, c, d)",
                                  "(t, c, g, s, d) -> (t, c, g, s)"],
-                      filled(tkgs, 0.0), [PARALLEL] * 4 + [REDUCTION],
+                      _filled(tkgs, 0.0), [PARALLEL] * 4 + [REDUCTION],
                       lambda x, y, acc: madd(x, widen(y), acc))
         neg_inf = scalar_const(float("-inf"), "f32")
 
@@ -279,24 +285,24 @@ def _attn_lower(ctx, op, xs):
             ok = arith.CmpIOp(arith.CmpIPredicate.ule, si, arith.AddIOp(p, ti).result).result
             return arith.SelectOp(ok, arith.MulFOp(x, scale).result, neg_inf).result
         ident4 = "(t, c, g, s) -> (t, c, g, s)"
-        scores = generic([dot], [ident4, ident4], empty(tkgs), [PARALLEL] * 4, mask)
+        scores = _generic([dot], [ident4, ident4], _empty(tkgs), [PARALLEL] * 4, mask)
         tkg = [t, kvh, group]
         row = "(t, c, g, s) -> (t, c, g)"
-        mx = generic([scores], [ident4, row], filled(tkg, float("-inf")), [PARALLEL] * 3 + [REDUCTION],
+        mx = _generic([scores], [ident4, row], _filled(tkg, float("-inf")), [PARALLEL] * 3 + [REDUCTION],
                      lambda x, acc: arith.MaximumFOp(acc, x).result)
-        ex = generic([scores, mx], [ident4, row, ident4], empty(tkgs), [PARALLEL] * 4,
+        ex = _generic([scores, mx], [ident4, row, ident4], _empty(tkgs), [PARALLEL] * 4,
                      lambda x, m, _acc: math.ExpOp(arith.SubFOp(x, m).result).result)
-        den = generic([ex], [ident4, row], filled(tkg, 0.0), [PARALLEL] * 3 + [REDUCTION],
+        den = _generic([ex], [ident4, row], _filled(tkg, 0.0), [PARALLEL] * 3 + [REDUCTION],
                       lambda x, acc: arith.AddFOp(acc, x).result)
         tkgd = [t, kvh, group, hd]
         # out[t, kv, g, d] = sum_s ex[t, kv, g, s] v[s, kv, d] / den[t, kv, g]
-        acc = generic([ex, vv], ["(t, c, g, d, s) -> (t, c, g, s)", "(t, c, g, d, s) -> (s, c, d)",
+        acc = _generic([ex, vv], ["(t, c, g, d, s) -> (t, c, g, s)", "(t, c, g, d, s) -> (s, c, d)",
                                  "(t, c, g, d, s) -> (t, c, g, d)"],
-                      filled(tkgd, 0.0), [PARALLEL] * 4 + [REDUCTION],
+                      _filled(tkgd, 0.0), [PARALLEL] * 4 + [REDUCTION],
                       lambda e, y, acc: madd(e, widen(y), acc))
         ident = "(t, c, g, d) -> (t, c, g, d)"
-        out = generic([acc, den], [ident, "(t, c, g, d) -> (t, c, g)", ident],
-                      empty(tkgd), [PARALLEL] * 4, lambda x, s, _acc: arith.DivFOp(x, s).result)
+        out = _generic([acc, den], [ident, "(t, c, g, d) -> (t, c, g)", ident],
+                      _empty(tkgd), [PARALLEL] * 4, lambda x, s, _acc: arith.DivFOp(x, s).result)
         return tensor.CollapseShapeOp(ir.RankedTensorType.get([tq, heads, hd], f32), out,
                                       [[0], [1, 2], [3]]).result
 

@@ -11,6 +11,7 @@ generic form where its kernel does not fit the shape.
     rms_norm            "cpu"      llvm-cpu alone (f32 rows of a width that fits)
     rope                "cpu"      llvm-cpu alone ("neox" pairs, one sequence)
     cached_attention    "cpu"      llvm-cpu alone
+    slot_attention      "cpu"      llvm-cpu alone
     widening_matmul     "avx2"     llvm-cpu alone on an AVX2 host
 
 The ternary matmul strategies have their own table and pass (`ternary`,
@@ -29,7 +30,7 @@ def kernel_table(targets) -> dict:
     targets = [targets] if isinstance(targets, str) else list(targets)
     if targets != ["llvm-cpu"]:
         return {}
-    table = {"rms_norm": "cpu", "rope": "cpu", "cached_attention": "cpu"}
+    table = {"rms_norm": "cpu", "rope": "cpu", "cached_attention": "cpu", "slot_attention": "cpu"}
     if AVX2 in target_features(targets):
         table["widening_matmul"] = "avx2"
     return table

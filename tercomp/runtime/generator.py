@@ -29,6 +29,8 @@ KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
 #: The compiled step's inputs before the caches (tercomp/generate.py); an artifact whose
 #: metadata names others was compiled by an older tercomp.
 STEP_INPUTS = ("ids", "start", "rows")
+#: The batched step's inputs before the caches (compile_lm with max_batch > 1)
+BATCH_STEP_INPUTS = ("ids", "slots", "positions", "rows")
 #: The one exported function of a compiled LM (tercomp/generate.py builds it).
 STEP = "step"
 _FIRST_ROW = np.zeros(1, np.int32)
@@ -61,12 +63,14 @@ class LMGenerator:
     `position` (cache rows filled), `tokenizer` (a `tokenizers.Tokenizer` or None),
     `stats` (token counts and seconds of the last `generate`)."""
 
+    STEP_INPUTS = STEP_INPUTS
+
     def __init__(self, exe):
         info = exe.meta.get("lm")
         if not isinstance(info, dict) or not {"config", "max_seq", "kv_dtype"} <= set(info):
             raise TercompError("this module is not a compiled language model (no 'lm' metadata)",
                                hint="compile one with tc.compile_lm(lm)")
-        if info.get("step_inputs") != list(STEP_INPUTS):
+        if info.get("step_inputs") != list(self.STEP_INPUTS):
             raise TercompError("this language model artifact was compiled by an older tercomp "
                                "(its step function takes no `rows` input)",
                                hint="compile it again with tc.compile_lm or `tercomp generate`")
@@ -83,11 +87,15 @@ class LMGenerator:
         self._prefill = self._decode = None
 
     @staticmethod
-    def describe(config: dict, max_seq: int, kv_dtype: str, tokenizer=None, chat=None) -> dict:
+    def describe(config: dict, max_seq: int, kv_dtype: str, tokenizer=None, chat=None,
+                 max_batch: int = 1) -> dict:
         """The JSON metadata a compiled LM carries (artifact `signature.json` key "lm"):
-        `chat` is the model's chat template ({"template", "bos_token", "eos_token"})."""
+        `chat` is the model's chat template ({"template", "bos_token", "eos_token"});
+        `max_batch` > 1 for a batched generator (runtime.batched), whose step takes
+        BATCH_STEP_INPUTS."""
         return {"config": dict(config), "max_seq": int(max_seq), "kv_dtype": kv_dtype,
-                "entries": [STEP], "step_inputs": list(STEP_INPUTS),
+                "entries": [STEP], "max_batch": int(max_batch),
+                "step_inputs": list(STEP_INPUTS if max_batch == 1 else BATCH_STEP_INPUTS),
                 "tokenizer": tokenizer, "chat": chat}
 
     def _fns(self):
@@ -96,9 +104,9 @@ class LMGenerator:
             self._prefill = self._decode = self.exe.function(STEP)
         return self._prefill, self._decode
 
-    def _run(self, fn, ids, start: int, rows: np.ndarray) -> np.ndarray:
+    def _run(self, fn, args) -> np.ndarray:
         try:
-            out = fn(ids, np.array(start, np.int32), rows)
+            out = fn(*args)
         except Exception as e:
             raise TercompError(f"the IREE runtime failed running the LM on {self.exe.device}: {e}") from None
         if self.exe.meta.get("numerics"):        # compiled with check_numerics
@@ -124,7 +132,8 @@ class LMGenerator:
             raise InputError(f"prefill: logits_to_keep must be an int from 1 to the prompt "
                              f"length {arr.size}, got {logits_to_keep!r}")
         prefill, _ = self._fns()
-        logits = self._run(prefill, arr, 0, np.arange(arr.size - keep, arr.size, dtype=np.int32))
+        logits = self._run(prefill, (arr, np.array(0, np.int32),
+                                       np.arange(arr.size - keep, arr.size, dtype=np.int32)))
         self.position = arr.size
         return logits
 
@@ -142,7 +151,7 @@ class LMGenerator:
             raise InputError(f"decode: the cache is full ({self.max_seq} positions)",
                              hint="compile with a larger max_seq, or reset()")
         _, decode = self._fns()
-        logits = self._run(decode, arr, self.position, _FIRST_ROW)
+        logits = self._run(decode, (arr, np.array(self.position, np.int32), _FIRST_ROW))
         self.position += 1
         return logits[0]
 

@@ -1,5 +1,5 @@
 """tc.load: an artifact file (tercomp.runtime.artifact) -> a CompiledModule, or an
-LMGenerator when the artifact is a compiled language model (tc.compile_lm).
+LMGenerator (or BatchedLMGenerator) when the artifact is a compiled language model (tc.compile_lm).
 
     >>> exe = tc.load("mlp.tcm")                      # first device the artifact runs on
     >>> exe = tc.load("mlp.tcm", device="local-task", threads=4)
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from . import artifact
-from .generator import LMGenerator
+from .batched import open_generator
 from .module import CompiledModule
 from .signature import Signature
 
@@ -41,5 +41,5 @@ def load(path: str, device: str | None = None, threads: int | None = None):
     meta, vmfb, weights = artifact.read(path)
     exe = from_parts(meta, vmfb, weights, device=device, threads=threads, path=os.fspath(path))
     if meta.get("lm") is not None:
-        return LMGenerator(exe)
+        return open_generator(exe)
     return exe

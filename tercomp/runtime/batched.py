@@ -1,0 +1,173 @@
+"""BatchedLMGenerator: a compiled LM with a KV cache of N slots (tc.compile_lm with
+max_batch=N), one sequence per slot, and one step function that runs tokens of several
+slots at their own positions in one call:
+
+    step(ids: i32 [T], slots: i32 [T], positions: i32 [T], rows: i32 [L]) -> logits [L, vocab]
+
+Token t is at position positions[t] of the sequence in slot slots[t]; its K/V rows go
+into that slot and it attends to that slot's rows 0..positions[t] (ops/kv_slots.py).
+So one call can hold the decode steps of B running sequences (B rows of every weight
+matrix's GEMM: the 2-bit weights are read once for all of them) and a chunk of a new
+prompt; `rows` picks the tokens whose logits are computed. The host keeps each slot's
+filled length and checks every call before it reaches IREE (a rejected call changes
+nothing). runtime.scheduler.Engine schedules requests over it; this class is the
+device-state API:
+
+    >>> gen = tc.compile_lm(lm, max_seq=512, max_batch=8)
+    >>> a = gen.prefill([1, 2, 3], slot=0)[-1]         # [vocab]
+    >>> b = gen.prefill([4, 5], slot=1)[-1]
+    >>> logits = gen.step([int(a.argmax()), int(b.argmax())], slots=[0, 1])   # [2, vocab]
+    >>> gen.free(1)
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..errors import InputError, TercompError
+from .generator import BATCH_STEP_INPUTS, STEP, LMGenerator, _ids
+
+
+class BatchedLMGenerator(LMGenerator):
+    """Attributes as LMGenerator's (`config`, `max_seq`, `kv_dtype`, `vocab_size`,
+    `tokenizer`, `chat_template`), plus `max_batch` (slots) and `filled` (int array:
+    the rows each slot holds). Not thread-safe: one owner drives it (runtime.Engine)."""
+
+    STEP_INPUTS = BATCH_STEP_INPUTS
+
+    def __init__(self, exe):
+        super().__init__(exe)
+        self.max_batch = int(exe.meta["lm"]["max_batch"])
+        self.filled = np.zeros(self.max_batch, np.int64)
+
+    # -- the one entry point -------------------------------------------------------------
+    def forward(self, ids, slots, positions, rows=None) -> np.ndarray:
+        """Run tokens `ids` [T] at (`slots`[t], `positions`[t]); returns the logits of
+        the tokens `rows` (default all) [L, vocab]. The tokens of one slot must be at
+        consecutive positions starting at most at the slot's filled length (a start
+        before it overwrites the rows from there: a new prompt restarts at 0); after
+        the call the slot holds rows up to its last token."""
+        ids = _ids(ids, self.vocab_size, "forward")
+        slots = _index(slots, ids.size, "slots")
+        positions = _index(positions, ids.size, "positions")
+        if ids.size == 0:
+            raise InputError("forward: no tokens")
+        rows = np.arange(ids.size, dtype=np.int32) if rows is None else _index(rows, None, "rows")
+        if rows.size == 0 or rows.min() < 0 or rows.max() >= ids.size:
+            raise InputError(f"forward: rows must pick 1 or more of the {ids.size} tokens, got "
+                             f"{rows.tolist()}")
+        ends = self._check_positions(slots, positions)
+        logits = self._run(self._fns()[0], (ids, slots, positions, rows))
+        for s, end in ends.items():
+            self.filled[s] = end
+        return logits
+
+    def _check_positions(self, slots, positions) -> dict:
+        if slots.min() < 0 or slots.max() >= self.max_batch:
+            raise InputError(f"slot {int(slots[(slots < 0) | (slots >= self.max_batch)][0])} "
+                             f"is out of range: the cache has slots 0 to {self.max_batch - 1}")
+        ends = {}
+        for s in np.unique(slots).tolist():
+            p = positions[slots == s]
+            if p[0] > self.filled[s] or np.any(np.diff(p) != 1):
+                raise InputError(f"slot {s}: positions {p.tolist()} must be consecutive, from at "
+                                 f"most {int(self.filled[s])} (the rows it holds)")
+            if p[-1] >= self.max_seq:
+                raise InputError(f"slot {s}: position {int(p[-1])} is past the cache of "
+                                 f"{self.max_seq} rows",
+                                 hint="compile with a larger max_seq, or free the slot")
+            ends[s] = int(p[-1]) + 1
+        return ends
+
+    # -- conveniences ----------------------------------------------------------------------
+    def prefill(self, ids, slot: int = 0, logits_to_keep: int | None = None) -> np.ndarray:
+        """Run the prompt `ids` into `slot` from position 0 (whatever it held is
+        dropped); logits of the last `logits_to_keep` (default all) tokens."""
+        slot = self._slot(slot)
+        arr = _ids(ids, self.vocab_size, "prefill")
+        if not 1 <= arr.size <= self.max_seq:
+            raise InputError(f"prefill: {arr.size} tokens; a slot holds 1 to {self.max_seq}",
+                             hint="compile with a larger max_seq, or shorten the prompt")
+        keep = arr.size if logits_to_keep is None else logits_to_keep
+        if isinstance(keep, (bool, np.bool_)) or not isinstance(keep, numbers.Integral) \
+                or not 1 <= keep <= arr.size:
+            raise InputError(f"prefill: logits_to_keep must be an int from 1 to {arr.size}, "
+                             f"got {logits_to_keep!r}")
+        self.filled[slot] = 0
+        return self.forward(arr, np.full(arr.size, slot, np.int32), np.arange(arr.size, dtype=np.int32),
+                            np.arange(arr.size - keep, arr.size, dtype=np.int32))
+
+    def step(self, tokens, slots) -> np.ndarray:
+        """Append one token to each of the sequences in `slots` (distinct, each holding
+        a prompt); returns their next-token logits [B, vocab]."""
+        tokens = _ids(tokens, self.vocab_size, "step")
+        slots = _index(slots, tokens.size, "slots")
+        if tokens.size == 0:
+            raise InputError("step: no tokens")
+        if len(set(slots.tolist())) != slots.size:
+            raise InputError(f"step: slots {slots.tolist()} repeat a slot",
+                             hint="one token per sequence per step")
+        for s in slots.tolist():
+            self._slot(s)
+            if self.filled[s] == 0:
+                raise InputError(f"step: slot {s} is empty", hint=f"prefill(ids, slot={s}) first")
+        return self.forward(tokens, slots, self.filled[slots].astype(np.int32))
+
+    def decode(self, token, slot: int = 0) -> np.ndarray:
+        """One token of the sequence in `slot`: its next-token logits [vocab]."""
+        return self.step([token], [slot])[0]
+
+    def free(self, slot: int) -> None:
+        """Forget the sequence in `slot` (its rows are overwritten by the next one)."""
+        self.filled[self._slot(slot)] = 0
+
+    def reset(self) -> None:
+        self.filled[:] = 0
+
+    @property
+    def position(self) -> int:          # LMGenerator's, for slot 0
+        return int(self.filled[0])
+
+    @position.setter
+    def position(self, value):
+        if hasattr(self, "filled"):
+            self.filled[0] = value
+
+    def generate(self, prompt_ids, max_new_tokens: int = 64, **kw) -> np.ndarray:
+        """One sequence in slot 0 (runtime.Engine runs many)."""
+        return super().generate(prompt_ids, max_new_tokens, **kw)
+
+    def _slot(self, slot) -> int:
+        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, numbers.Integral) \
+                or not 0 <= slot < self.max_batch:
+            raise InputError(f"slot must be an int from 0 to {self.max_batch - 1}, got {slot!r}")
+        return int(slot)
+
+    def __repr__(self):
+        c = self.config
+        return (f"BatchedLMGenerator(layers={c.get('num_hidden_layers')}, "
+                f"hidden={c.get('hidden_size')}, vocab={self.vocab_size}, "
+                f"max_batch={self.max_batch}, max_seq={self.max_seq}, kv={self.kv_dtype}, "
+                f"device={self.exe.device!r})")
+
+
+def _index(x, n, what: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu" or arr.ndim > 1 or (n is not None and arr.size != n):
+        want = f"{n} ints" if n is not None else "ints"
+        raise InputError(f"{what}: expected a 1-D sequence of {want}, got {arr.dtype} "
+                         f"of shape {list(arr.shape)}")
+    if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
+        raise InputError(f"{what}: values must be in [0, 2^31), got {arr.tolist()}")
+    return np.ascontiguousarray(arr.reshape(-1), dtype=np.int32)
+
+
+def open_generator(exe):
+    """The generator class a compiled LM's metadata asks for."""
+    if int(exe.meta["lm"].get("max_batch", 1)) > 1:
+        return BatchedLMGenerator(exe)
+    return LMGenerator(exe)
+
+
+__all__ = ["BatchedLMGenerator", "open_generator", "STEP"]

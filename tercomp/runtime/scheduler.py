@@ -1,0 +1,308 @@
+"""Engine: continuous batching of generation requests over one compiled LM.
+
+One thread (the engine's) owns the generator and its device state; any number of
+threads submit requests and read their tokens. Each engine step is ONE call of the
+batched step function (runtime.batched) holding:
+
+- the next token of every running sequence (decode), and
+- a chunk of the prompt of sequences still being prefilled, up to `chunk` prompt
+  tokens per step over all of them (chunked prefill: a long prompt does not stall
+  the running streams for its whole length, as vLLM's and llama-server's schedulers do).
+
+Requests join between steps (when a slot is free: one slot per sequence) and leave
+when they finish (max_tokens, a stop token, the cache full) or are cancelled (a client
+that went away: its slot is freed at the next step). Sampling is the generator's
+(runtime.sampling with a NumPy generator seeded per request), so a request's tokens
+are the ones `gen.generate` gives for the same arguments.
+
+    >>> engine = Engine(tc.compile_lm(lm, max_seq=512, max_batch=8))
+    >>> req = engine.submit([1, 2, 3], max_tokens=16)
+    >>> for token in req: ...               # as they are generated
+    >>> engine.generate([1, 2, 3], max_tokens=16)     # submit and wait: np.int32 array
+    >>> engine.close()
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import numbers
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InputError, TercompError
+from .batched import BatchedLMGenerator
+from .generator import LMGenerator, _eos_set, _ids
+from .sampling import check_sampling, sample
+
+_DONE = object()
+
+
+class QueueFull(TercompError):
+    """The engine's queue of waiting requests is full (a server answers 429)."""
+
+
+class EngineClosed(TercompError):
+    """The engine was closed, or its thread stopped on an error."""
+
+
+@dataclass
+class Request:
+    """A submitted generation. Iterate it for its tokens as they come (blocks), or call
+    `result()` for all of them. `finish_reason`: "length" (max_tokens or the cache
+    full), "stop" (a stop token, included in the tokens), "cancelled", or "error"
+    (then `error` holds the exception). Times are time.perf_counter() values."""
+    id: int
+    prompt: np.ndarray
+    max_tokens: int
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    stop: set = field(default_factory=set)
+    tokens: list = field(default_factory=list)
+    finish_reason: str | None = None
+    error: BaseException | None = None
+    submitted: float = 0.0
+    first_token: float | None = None
+    finished: float | None = None
+    # engine state
+    _queue: queue.Queue = field(default_factory=queue.Queue, repr=False)
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel: bool = False
+    _slot: int | None = None
+    _prefilled: int = 0
+    _rng: np.random.Generator | None = None
+
+    def __iter__(self):
+        while True:
+            item = self._queue.get()
+            if item is _DONE:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        """All tokens (np.int32), once the request has finished."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} did not finish in {timeout} s")
+        if self.error is not None:
+            raise self.error
+        return np.array(self.tokens, np.int32)
+
+    def cancel(self) -> None:
+        """Stop generating (the slot is freed at the engine's next step)."""
+        self._cancel = True
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+
+class _OneSlot:
+    """A single-sequence LMGenerator seen as a batched one of one slot (the engine then
+    runs one request at a time)."""
+
+    def __init__(self, gen: LMGenerator):
+        self.gen, self.max_batch = gen, 1
+        self.max_seq, self.vocab_size = gen.max_seq, gen.vocab_size
+
+    def forward(self, ids, slots, positions, rows):
+        # prefill from 0 in one call, or a decode token
+        if positions[0] == 0:
+            return self.gen.prefill(ids, logits_to_keep=ids.size - int(rows[0]))
+        return self.gen.decode(int(ids[0]))[None]
+
+    def free(self, slot):
+        self.gen.reset()
+
+
+class Engine:
+    """Continuous batching over `gen` (a BatchedLMGenerator; an LMGenerator runs one
+    request at a time). `max_queue`: waiting requests beyond which submit raises
+    QueueFull; `chunk`: prompt tokens prefilled per step."""
+
+    def __init__(self, gen, max_queue: int = 256, chunk: int = 128):
+        if isinstance(gen, BatchedLMGenerator):
+            self.gen = gen
+        elif isinstance(gen, LMGenerator):
+            self.gen, chunk = _OneSlot(gen), gen.max_seq    # its prefill is one call
+        else:
+            raise TercompError(f"Engine needs a compiled LM (tc.compile_lm), got {type(gen).__name__}")
+        for what, v in (("max_queue", max_queue), ("chunk", chunk)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise TercompError(f"Engine: {what} must be a positive int, got {v!r}")
+        self.model = gen
+        self.max_queue, self.chunk = int(max_queue), int(chunk)
+        self.max_batch, self.max_seq, self.vocab_size = self.gen.max_batch, gen.max_seq, gen.vocab_size
+        self._waiting: collections.deque = collections.deque()
+        self._running: list[Request] = []
+        self._free = list(range(self.max_batch))
+        self._cv = threading.Condition()
+        self._ids = itertools.count()
+        self._closed = False
+        self._failed: BaseException | None = None
+        self.counters = {"requests_total": 0, "requests_finished": 0, "requests_rejected": 0,
+                         "prompt_tokens_total": 0, "generated_tokens_total": 0, "steps_total": 0,
+                         "step_seconds_total": 0.0, "ttft_seconds_total": 0.0}
+        self._thread = threading.Thread(target=self._loop, name="tercomp-engine", daemon=True)
+        self._thread.start()
+
+    # -- the callers' side ---------------------------------------------------------------
+    def submit(self, prompt_ids, max_tokens: int = 16, temperature: float = 0.0, top_k=None,
+               top_p=None, seed: int = 0, stop=None) -> Request:
+        """Queue a request (every argument checked here, in the caller's thread)."""
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) \
+                or max_tokens < 1:
+            raise InputError(f"max_tokens must be a positive int, got {max_tokens!r}")
+        check_sampling(temperature, top_k, top_p, seed)
+        stop = _eos_set(stop)
+        prompt = _ids(prompt_ids, self.vocab_size, "prompt")
+        if prompt.size == 0:
+            raise InputError("the prompt is empty", hint="pass at least one token")
+        if prompt.size >= self.max_seq:
+            raise InputError(f"the prompt has {prompt.size} tokens; this model's context holds "
+                             f"{self.max_seq} (prompt and generated tokens)",
+                             hint="shorten the prompt, or compile with a larger max_seq")
+        req = Request(next(self._ids), prompt, int(max_tokens), float(temperature), top_k, top_p,
+                      int(seed), stop, submitted=time.perf_counter())
+        with self._cv:
+            if self._closed or self._failed is not None:
+                raise EngineClosed("the engine is closed" if self._failed is None else
+                                   f"the engine stopped: {self._failed}")
+            if len(self._waiting) >= self.max_queue:
+                self.counters["requests_rejected"] += 1
+                raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)",
+                                hint="retry later")
+            self._waiting.append(req)
+            self.counters["requests_total"] += 1
+            self._cv.notify()
+        return req
+
+    def generate(self, prompt_ids, max_tokens: int = 16, **kw) -> np.ndarray:
+        """submit and wait: the new tokens (np.int32)."""
+        return self.submit(prompt_ids, max_tokens, **kw).result()
+
+    def stats(self) -> dict:
+        """Counters and the current queue: waiting, running, free slots."""
+        with self._cv:
+            return {**self.counters, "waiting": len(self._waiting), "running": len(self._running),
+                    "slots": self.max_batch, "free_slots": len(self._free)}
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the engine: running and waiting requests finish as "cancelled"."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the engine's thread -----------------------------------------------------------------
+    def _loop(self):
+        try:
+            while True:
+                with self._cv:
+                    while not self._closed and not self._waiting and not self._running:
+                        self._cv.wait()
+                    if self._closed:
+                        break
+                    self._admit()
+                self._drop_cancelled()
+                if self._running:
+                    self._step()
+        except BaseException as e:            # a device failure: every request learns it
+            self._failed = e if isinstance(e, TercompError) else \
+                EngineClosed(f"the engine stopped on {type(e).__name__}: {e}")
+        for r in list(self._running) + list(self._waiting):
+            self._finish(r, "error" if self._failed else "cancelled", self._failed)
+        self._running.clear()
+        self._waiting.clear()
+
+    def _admit(self):
+        while self._waiting and self._free:
+            r = self._waiting.popleft()
+            if r._cancel:
+                self._finish(r, "cancelled")
+                continue
+            r._slot, r._prefilled = self._free.pop(0), 0
+            r._rng = np.random.default_rng(r.seed)
+            self._running.append(r)
+
+    def _drop_cancelled(self):
+        for r in [r for r in self._running if r._cancel]:
+            self._finish(r, "cancelled")
+
+    def _step(self):
+        """One call: every decoding sequence's next token, then prompt chunks."""
+        ids, slots, positions, rows, owners = [], [], [], [], []
+        for r in self._running:
+            if r._prefilled == r.prompt.size:            # decoding
+                rows.append(len(ids))
+                owners.append(r)
+                ids.append(r.tokens[-1])
+                slots.append(r._slot)
+                positions.append(r.prompt.size + len(r.tokens) - 1)
+        budget = self.chunk
+        for r in self._running:
+            if r._prefilled < r.prompt.size and budget > 0:
+                n = min(budget, r.prompt.size - r._prefilled)
+                ids.extend(r.prompt[r._prefilled:r._prefilled + n].tolist())
+                slots.extend([r._slot] * n)
+                positions.extend(range(r._prefilled, r._prefilled + n))
+                r._prefilled += n
+                budget -= n
+                self.counters["prompt_tokens_total"] += n
+                if r._prefilled == r.prompt.size:        # its last prompt token's logits
+                    rows.append(len(ids) - 1)
+                    owners.append(r)
+        if not rows:                                     # prompt chunks only
+            rows.append(len(ids) - 1)
+            owners.append(None)
+        t0 = time.perf_counter()
+        logits = self.gen.forward(np.array(ids, np.int32), np.array(slots, np.int32),
+                                  np.array(positions, np.int32), np.array(rows, np.int32))
+        now = time.perf_counter()
+        self.counters["steps_total"] += 1
+        self.counters["step_seconds_total"] += now - t0
+        for r, lg in zip(owners, logits):
+            if r is not None:
+                self._emit(r, sample(lg, r.temperature, r.top_k, r.top_p, r._rng), now)
+
+    def _emit(self, r: Request, tok: int, now: float):
+        if not r.tokens:
+            r.first_token = now
+            self.counters["ttft_seconds_total"] += now - r.submitted
+        r.tokens.append(tok)
+        r._queue.put(tok)
+        self.counters["generated_tokens_total"] += 1
+        if tok in r.stop:
+            self._finish(r, "stop")
+        elif len(r.tokens) >= r.max_tokens or r.prompt.size + len(r.tokens) > self.max_seq:
+            # (the next token would be at position max_seq)
+            self._finish(r, "length")
+
+    def _finish(self, r: Request, reason: str, error=None):
+        if r._done.is_set():
+            return
+        r.finish_reason, r.error, r.finished = reason, error, time.perf_counter()
+        if r in self._running:
+            self._running.remove(r)
+            self.gen.free(r._slot)
+            with self._cv:
+                self._free.append(r._slot)
+        if reason != "cancelled" or error is not None:
+            self.counters["requests_finished"] += 1
+        r._queue.put(_DONE)
+        r._done.set()
+
+
+__all__ = ["Engine", "Request", "QueueFull", "EngineClosed"]
