@@ -70,13 +70,13 @@ class BatchedLMGenerator(LMGenerator):
         ends = {}
         for s in np.unique(slots).tolist():
             p = positions[slots == s]
+            if p.max() >= self.max_seq:
+                raise InputError(f"slot {s}: position {int(p.max())} is past the cache of "
+                                 f"{self.max_seq} rows",
+                                 hint="compile with a larger max_seq, or free the slot")
             if p[0] > self.filled[s] or np.any(np.diff(p) != 1):
                 raise InputError(f"slot {s}: positions {p.tolist()} must be consecutive, from at "
                                  f"most {int(self.filled[s])} (the rows it holds)")
-            if p[-1] >= self.max_seq:
-                raise InputError(f"slot {s}: position {int(p[-1])} is past the cache of "
-                                 f"{self.max_seq} rows",
-                                 hint="compile with a larger max_seq, or free the slot")
             ends[s] = int(p[-1]) + 1
         return ends
 

@@ -69,6 +69,7 @@ class Request:
     submitted: float = 0.0
     first_token: float | None = None
     finished: float | None = None
+    token_times: list = field(default_factory=list)
     # engine state
     _queue: queue.Queue = field(default_factory=queue.Queue, repr=False)
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -124,9 +125,10 @@ class _OneSlot:
 class Engine:
     """Continuous batching over `gen` (a BatchedLMGenerator; an LMGenerator runs one
     request at a time). `max_queue`: waiting requests beyond which submit raises
-    QueueFull; `chunk`: prompt tokens prefilled per step."""
+    QueueFull; `chunk`: prompt tokens prefilled per step; `start=False` queues requests
+    until `start()` (a server warming up)."""
 
-    def __init__(self, gen, max_queue: int = 256, chunk: int = 128):
+    def __init__(self, gen, max_queue: int = 256, chunk: int = 128, start: bool = True):
         if isinstance(gen, BatchedLMGenerator):
             self.gen = gen
         elif isinstance(gen, LMGenerator):
@@ -150,7 +152,13 @@ class Engine:
                          "prompt_tokens_total": 0, "generated_tokens_total": 0, "steps_total": 0,
                          "step_seconds_total": 0.0, "ttft_seconds_total": 0.0}
         self._thread = threading.Thread(target=self._loop, name="tercomp-engine", daemon=True)
-        self._thread.start()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the engine's thread (once)."""
+        if not self._thread.is_alive() and self._thread.ident is None:
+            self._thread.start()
 
     # -- the callers' side ---------------------------------------------------------------
     def submit(self, prompt_ids, max_tokens: int = 16, temperature: float = 0.0, top_k=None,
@@ -198,6 +206,8 @@ class Engine:
         with self._cv:
             self._closed = True
             self._cv.notify()
+        if self._thread.ident is None:          # never started: finish what waits
+            self._thread.start()
         self._thread.join(timeout)
 
     def __enter__(self):
@@ -282,6 +292,7 @@ class Engine:
             r.first_token = now
             self.counters["ttft_seconds_total"] += now - r.submitted
         r.tokens.append(tok)
+        r.token_times.append(now)
         r._queue.put(tok)
         self.counters["generated_tokens_total"] += 1
         if tok in r.stop:

@@ -1,0 +1,339 @@
+"""Many streams: the slot ops (kv_scatter, slot_attention) against their references on
+every kernel, compile_lm(max_batch=N)'s BatchedLMGenerator against the single-stream
+generator, and runtime.Engine's continuous batching (requests joining and leaving,
+chunked prefill, cancellation) against single-stream generation."""
+import threading
+
+import numpy as np
+import pytest
+
+import tercomp as tc
+from tercomp import models, nn
+from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+from tercomp.errors import InputError, TercompError
+from tercomp.nn.stored import StoredTable
+from tercomp.ops import get
+from tercomp.runtime.batched import BatchedLMGenerator
+from tercomp.runtime.devices import driver_present
+from tercomp.runtime.scheduler import Engine, QueueFull
+from tercomp.trace.tracer import apply
+
+from conftest import run_filecheck
+
+CFG = models.BitNetConfig(vocab_size=96, hidden_size=128, intermediate_size=256,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=64)
+MAX_SEQ = 48
+needs_vulkan = pytest.mark.skipif(not driver_present("vulkan"),
+                                  reason="no Vulkan device (apt-get install mesa-vulkan-drivers)")
+
+
+# -- the ops ---------------------------------------------------------------------------------
+N, S, KV, D, H = 3, 16, 2, 16, 4
+
+
+def _slot_case(t, seed=0, kv="float16"):
+    rng = np.random.default_rng(seed)
+    slots = rng.integers(0, N, t).astype(np.int32)
+    pos = rng.choice(S, t, replace=False).astype(np.int32)       # distinct (slot, pos) pairs
+    return (rng.standard_normal((t, H, D)).astype(np.float32),
+            rng.standard_normal((N, S, KV, D)).astype(kv),
+            rng.standard_normal((N, S, KV, D)).astype(kv),
+            rng.standard_normal((t, KV, D)).astype(kv), slots, pos)
+
+
+def _slot_module(kernel, target="llvm-cpu", kv="float16"):
+    def f(q, k, v, rows, slots, pos):
+        k2 = apply("kv_scatter", k, rows, slots, pos)
+        return apply("slot_attention", q, k2, v, slots, pos, scale=0.3, kernel=kernel), k2
+    specs = [tc.spec(("T", H, D), "float32"), tc.spec((N, S, KV, D), kv),
+             tc.spec((N, S, KV, D), kv), tc.spec(("T", KV, D), kv),
+             tc.spec(("T",), "int32"), tc.spec(("T",), "int32")]
+    return tc.compile(f, *specs, target=target, cache=False)
+
+
+def _check_slot_module(m, kernel, ts=(1, 5, 9), kv="float16"):
+    for t in ts:
+        q, k, v, rows, slots, pos = _slot_case(t, seed=t, kv=kv)
+        out, k2 = m(q, k, v, rows, slots, pos)
+        want_k = get("kv_scatter").reference([k, rows, slots, pos], {})[0]
+        want = get("slot_attention").reference([q, want_k, v, slots, pos],
+                                               {"scale": 0.3, "kernel": kernel})[0]
+        np.testing.assert_array_equal(np.asarray(k2), want_k)
+        np.testing.assert_allclose(np.asarray(out), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["cpu", "generic"])
+def test_slot_ops_match_their_references(kernel):
+    _check_slot_module(_slot_module(kernel), kernel)
+
+
+@needs_vulkan
+def test_slot_ops_on_vulkan():
+    # f32 caches: the default Vulkan target has no 16-bit storage
+    _check_slot_module(_slot_module("generic", target="vulkan", kv="float32"), "generic",
+                       ts=(1, 5), kv="float32")
+
+
+def test_slot_attention_reads_only_its_slot_up_to_its_position():
+    q, k, v, rows, slots, pos = _slot_case(4)
+    ref = get("slot_attention").reference
+    base = ref([q, k, v, slots, pos], {"scale": 0.3})[0]
+    k2, v2 = k.copy(), v.copy()
+    for s in range(N):                  # garbage in every row no query may read
+        for p in range(S):
+            if not any(sl == s and p <= ps for sl, ps in zip(slots, pos)):
+                k2[s, p], v2[s, p] = 1e4, -1e4
+    m = _slot_module("cpu")
+    out, _ = m(q, k2, v2, k2[slots, pos], slots, pos)
+    np.testing.assert_allclose(np.asarray(out), base, rtol=1e-5, atol=1e-5)
+
+
+def test_slot_attention_dispatches_the_cpu_kernel():
+    run_filecheck(_slot_module("cpu").ir("mlir"), """
+# CHECK: stream.executable private @tern_slot_attention_4x2x16x3x16_f16
+# CHECK:   memref.load %{{.*}}[%{{.*}}] : memref<?xi32>
+# CHECK:   vector.load %{{.*}}[%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] : memref<3x16x2x16xf16>, vector<8xf16>
+# CHECK: iree_linalg_ext.scatter
+# CHECK: flow.dispatch @tern_slot_attention_4x2x16x3x16_f16
+""")
+
+
+@pytest.mark.skipif(AVX2 not in host_cpu_features(), reason="host CPU lacks AVX2")
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_output_layer_kernel_at_every_batch_size(dtype):
+    """dense_avx2 shares each widened weight vector between up to 4 rows of x on
+    AVX-512 hosts; every M (whole blocks and remainders) matches the reference."""
+    rng = np.random.default_rng(0)
+    table = StoredTable.from_weight(rng.standard_normal((100, 64)).astype(np.float32), dtype)
+
+    class Head(nn.Module):
+        def __init__(self):
+            self.t = table
+
+        def forward(self, x):
+            scale = [] if self.t.scale is None else [self.t.scale]
+            return apply("widening_matmul", x, self.t.values, *scale, kernel="avx2")
+    m = tc.compile(Head(), tc.spec(("M", 64), "float32"), cache=False)
+    w = table.values.astype(np.float64) * (table.scale[:, None] if dtype == "int8" else 1)
+    for rows in (1, 3, 4, 5, 8, 9, 16):
+        x = rng.standard_normal((rows, 64)).astype(np.float32)
+        np.testing.assert_allclose(m(x), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+# -- the batched generator -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lm():
+    nn.manual_seed(0)
+    return models.BitNetLM(CFG)
+
+
+@pytest.fixture(scope="module")
+def single(lm):
+    return tc.compile_lm(lm, max_seq=MAX_SEQ)
+
+
+@pytest.fixture(scope="module")
+def batched(lm):
+    return tc.compile_lm(lm, max_seq=MAX_SEQ, max_batch=4)
+
+
+def _prompts(n, seed=0, lo=1, hi=30):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 96, int(k)).astype(np.int32) for k in rng.integers(lo, hi, n)]
+
+
+def test_max_batch_one_is_the_single_stream_generator(lm, single):
+    assert type(single) is tc.LMGenerator and single.exe.meta["lm"]["max_batch"] == 1
+    assert type(tc.compile_lm(lm, max_seq=MAX_SEQ, max_batch=1)) is tc.LMGenerator
+
+
+def test_slots_prefill_and_step_like_single_streams(batched, single):
+    assert isinstance(batched, BatchedLMGenerator) and batched.max_batch == 4
+    prompts = _prompts(3, seed=1)
+    firsts = []
+    for s, p in enumerate(prompts):
+        got = batched.prefill(p, slot=s)
+        np.testing.assert_allclose(got, single.prefill(p), rtol=1e-5, atol=1e-5)
+        firsts.append(int(got[-1].argmax()))
+    # three sequences decode together; each equals its own single-stream decode
+    tokens = np.array(firsts, np.int32)
+    for _ in range(5):
+        got = batched.step(tokens, [0, 1, 2])
+        assert got.shape == (3, 96)
+        tokens = got.argmax(-1).astype(np.int32)
+    for s, p in enumerate(prompts):
+        want = single.generate(p, max_new_tokens=6)
+        ours = [firsts[s]]
+        batched.prefill(p, slot=3)          # replay in a free slot, alone
+        for _ in range(5):
+            ours.append(int(batched.decode(ours[-1], slot=3).argmax()))
+        np.testing.assert_array_equal(ours, want)
+    assert batched.filled.tolist() == [p.size + 5 for p in prompts] + [prompts[-1].size + 5]
+
+
+def test_a_slot_does_not_disturb_the_others(batched):
+    p, q = _prompts(2, seed=2)
+    batched.prefill(p, slot=0)
+    a = batched.decode(7, slot=0)
+    batched.prefill(p, slot=0)
+    batched.prefill(q, slot=1)          # another sequence fills slot 1 in between
+    batched.step([3], [1])
+    np.testing.assert_allclose(batched.decode(7, slot=0), a, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda g: g.step([1, 2], [0, 0]), "repeat a slot"),
+    (lambda g: g.step([1], [4]), "slot must be an int from 0 to 3"),
+    (lambda g: g.step([1], [2]), "slot 2 is empty"),
+    (lambda g: g.step([96], [0]), "out of range"),
+    (lambda g: g.prefill([1] * (MAX_SEQ + 1), slot=1), "a slot holds 1 to"),
+    (lambda g: g.forward([1, 2], [0, 0], [9, 11]), "consecutive"),
+    (lambda g: g.forward([1], [0], [MAX_SEQ]), "past the cache"),
+    (lambda g: g.forward([1], [0], [3], rows=[1]), "rows must pick"),
+])
+def test_bad_calls_change_nothing(batched, call, match):
+    batched.reset()
+    p = _prompts(1, seed=3)[0]
+    batched.prefill(p, slot=0)
+    before = batched.filled.copy()
+    with pytest.raises(InputError, match=match):
+        call(batched)
+    assert batched.filled.tolist() == before.tolist()
+    batched.prefill(p, slot=0)
+    np.testing.assert_array_equal(batched.decode(5, slot=0), batched.prefill(np.append(p, 5))[-1])
+
+
+def test_a_saved_batched_generator_loads_as_one(batched, tmp_path):
+    batched.save(tmp_path / "b.tcm")
+    back = tc.load(tmp_path / "b.tcm")
+    assert isinstance(back, BatchedLMGenerator) and back.max_batch == 4
+    p = _prompts(1, seed=4)[0]
+    np.testing.assert_array_equal(back.prefill(p, slot=2), batched.prefill(p, slot=2))
+
+
+def test_max_batch_is_checked(lm):
+    for bad in (0, -1, 1.5, True, 10 ** 6):
+        with pytest.raises(TercompError, match="max_batch must be an int"):
+            tc.compile_lm(lm, max_seq=8, max_batch=bad)
+
+
+# -- continuous batching --------------------------------------------------------------------
+def _expected(single, prompts, lengths):
+    return [single.generate(p, max_new_tokens=n, temperature=0.8 if i % 3 == 0 else 0.0, seed=i)
+            for i, (p, n) in enumerate(zip(prompts, lengths))]
+
+
+def test_engine_equals_single_streams_with_many_concurrent_requests(batched, single):
+    """14 requests of different prompt and output lengths (every third sampled with
+    its seed) on 4 slots, submitted from 7 threads: each request's tokens are its
+    single-stream generation's; prompts are prefilled in chunks of 8 tokens."""
+    prompts = _prompts(14, seed=5)
+    lengths = [int(n) for n in np.random.default_rng(6).integers(1, 14, 14)]
+    want = _expected(single, prompts, lengths)
+    batched.reset()
+    got = [None] * 14
+    with Engine(batched, chunk=8) as engine:
+        def client(ids):
+            reqs = [(i, engine.submit(prompts[i], max_tokens=lengths[i],
+                                      temperature=0.8 if i % 3 == 0 else 0.0, seed=i)) for i in ids]
+            for i, r in reqs:
+                got[i] = list(r)            # streamed, token by token
+        threads = [threading.Thread(target=client, args=(range(k, 14, 7),)) for k in range(7)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        stats = engine.stats()
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert stats["requests_finished"] == 14 and stats["free_slots"] == 4
+    assert stats["generated_tokens_total"] == sum(len(w) for w in want)
+    assert stats["prompt_tokens_total"] == sum(p.size for p in prompts)
+
+
+def test_a_long_prompt_does_not_stall_running_streams(batched, single):
+    batched.reset()
+    short = _prompts(1, seed=7, lo=3, hi=4)[0]
+    long = np.random.default_rng(8).integers(0, 96, 40).astype(np.int32)
+    with Engine(batched, chunk=4) as engine:
+        a = engine.submit(short, max_tokens=16)
+        first = next(iter(a))                       # a is decoding
+        b = engine.submit(long, max_tokens=3)
+        ra, rb = a.result(60), b.result(60)
+    np.testing.assert_array_equal(ra, single.generate(short, max_new_tokens=16))
+    np.testing.assert_array_equal(rb, single.generate(long, max_new_tokens=3))
+    assert ra[0] == first
+    # b's 40 prompt tokens took 10 steps of 4, and each of them decoded a token of a
+    during = [t for t in a.token_times if b.submitted < t < b.first_token]
+    assert len(during) >= 9
+
+
+def test_the_queue_is_bounded(batched, single):
+    batched.reset()
+    p = _prompts(1, seed=9)[0]
+    engine = Engine(batched, max_queue=2, start=False)      # nothing admitted yet
+    try:
+        waiting = [engine.submit(p, max_tokens=2) for _ in range(2)]
+        with pytest.raises(QueueFull, match="queue is full"):
+            engine.submit(p, max_tokens=2)
+        assert engine.stats()["requests_rejected"] == 1
+        engine.start()
+        for r in waiting:
+            np.testing.assert_array_equal(r.result(60), single.generate(p, max_new_tokens=2))
+    finally:
+        engine.close()
+
+
+def test_cancel_frees_the_slot(batched, single):
+    batched.reset()
+    p = _prompts(1, seed=9)[0]
+    with Engine(batched) as engine:
+        reqs = [engine.submit(p, max_tokens=100) for _ in range(6)]   # 4 run, 2 wait
+        for r in reqs:
+            r.cancel()
+        for r in reqs:
+            r.result(60)
+        assert all(r.finish_reason in ("cancelled", "length") for r in reqs)
+        assert any(r.finish_reason == "cancelled" for r in reqs)
+        np.testing.assert_array_equal(engine.generate(p, 5), single.generate(p, max_new_tokens=5))
+        stats = engine.stats()
+        assert stats["free_slots"] == 4 and stats["running"] == stats["waiting"] == 0
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"), ({"seed": "x"}, "seed"), ({"stop": "eos"}, "eos"),
+])
+def test_engine_rejects_bad_requests_before_queueing(batched, kw, match):
+    with Engine(batched) as engine:
+        with pytest.raises(InputError, match=match):
+            engine.submit([1, 2, 3], **{"max_tokens": 4, **kw})
+        for bad in ([], [96], [1] * MAX_SEQ):
+            with pytest.raises(InputError):
+                engine.submit(bad)
+        assert engine.stats()["requests_total"] == 0
+
+
+def test_engine_over_a_single_stream_generator(single):
+    prompts = _prompts(3, seed=10)
+    want = _expected(single, prompts, [4, 6, 2])
+    with Engine(single) as engine:
+        reqs = [engine.submit(p, max_tokens=n, temperature=0.8 if i % 3 == 0 else 0.0, seed=i)
+                for i, (p, n) in enumerate(zip(prompts, [4, 6, 2]))]
+        for r, w in zip(reqs, want):
+            np.testing.assert_array_equal(r.result(60), w)
+
+
+def test_a_request_stops_at_its_stop_token_and_at_the_cache_end(batched, single):
+    p = _prompts(1, seed=11, lo=40, hi=41)[0]
+    want = single.generate(p, max_new_tokens=MAX_SEQ - p.size + 1)
+    with Engine(batched) as engine:
+        r = engine.submit(p, max_tokens=100)
+        np.testing.assert_array_equal(r.result(60), want)
+        assert r.finish_reason == "length" and len(want) == MAX_SEQ - p.size + 1
+        stop = int(want[2])
+        r = engine.submit(p, max_tokens=100, stop=stop)
+        got = r.result(60)
+        assert r.finish_reason == "stop" and got[-1] == stop
+        np.testing.assert_array_equal(got, want[:list(want).index(stop) + 1])
