@@ -32,6 +32,7 @@ from ..errors import InputError, TercompError
 from .module import _to_host
 from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
+from .signature import declared_types, parse_types
 
 KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
 #: The compiled step's inputs before the caches (tercomp/generate.py); an artifact whose
@@ -100,6 +101,49 @@ class LMGenerator:
         return {"config": dict(config), "max_seq": int(max_seq), "kv_dtype": kv_dtype,
                 "entries": [STEP], "step_inputs": list(STEP_INPUTS),
                 "tokenizer": tokenizer, "chat": chat}
+
+    @staticmethod
+    def module_mismatch(info, reflection: dict) -> str | None:
+        """How LM metadata `info` (describe()'s dict, from an artifact) disagrees with the
+        compiled module, whose `step` function reflects `reflection` (its declaration and
+        the KV cache globals, codegen/state.py), or None. A max_seq or vocabulary larger
+        than the module's would run past the cache or the output table unnoticed."""
+        config = info.get("config") if isinstance(info, dict) else None
+        if not isinstance(config, dict):
+            return "its 'lm' entry has no model config"
+        sizes = {}
+        for key in ("vocab_size", "num_hidden_layers", "num_key_value_heads", "head_dim"):
+            v = config.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                return f"the model config's {key} is {v!r}, not a positive int"
+            sizes[key] = v
+        max_seq, kv = info.get("max_seq"), KV_DTYPES.get(info.get("kv_dtype"))
+        if isinstance(max_seq, bool) or not isinstance(max_seq, int) or max_seq < 1:
+            return f"its max_seq is {max_seq!r}, not a positive int"
+        if kv is None:
+            return f"its kv_dtype is {info.get('kv_dtype')!r}, not one of {', '.join(KV_DTYPES)}"
+        declared = declared_types(reflection.get("iree.abi.declaration", ""))
+        if declared is None or "tercomp.state" not in reflection:
+            return f"the module's {STEP} function does not describe its arguments and KV cache"
+        inputs, outputs = declared
+        if [t and (len(t[0]), t[1]) for t in inputs] != [(1, "i32"), (0, "i32"), (1, "i32")]:
+            return f"the module's {STEP} takes {inputs}, not (ids, start, rows)"
+        if not outputs or outputs[0] is None or len(outputs[0][0]) != 2:
+            return f"the module's {STEP} returns {outputs}, not logits [rows, vocab]"
+        if outputs[0][0][1] != sizes["vocab_size"]:
+            return (f"its vocab_size is {sizes['vocab_size']}, the module's logits have "
+                    f"{outputs[0][0][1]} columns")
+        caches = parse_types(reflection["tercomp.state"])
+        want = ([max_seq, sizes["num_key_value_heads"], sizes["head_dim"]], kv)
+        if len(caches) != 2 * sizes["num_hidden_layers"]:
+            return (f"its {sizes['num_hidden_layers']} layers need {2 * sizes['num_hidden_layers']} "
+                    f"KV caches, the module has {len(caches)}")
+        for got in caches:
+            if got != want:
+                shown = "?" if got is None else f"[{', '.join(map(str, got[0]))}] {got[1]}"
+                return (f"its max_seq {max_seq}, kv heads, head_dim and kv_dtype give caches "
+                        f"[{', '.join(map(str, want[0]))}] {kv}; the module's are {shown}")
+        return None
 
     def _fn(self):
         if self._step is None:
