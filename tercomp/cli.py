@@ -28,6 +28,7 @@ import re
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 
@@ -44,6 +45,11 @@ except ImportError:
 
 class UsageError(Exception):
     """Bad command-line arguments (exit status 2)."""
+
+
+def _is_decimal(text: str) -> bool:
+    """ASCII digits only: str.isdigit() is also true of '²' and '１２'."""
+    return re.fullmatch(r"[0-9]+", text) is not None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +71,7 @@ def parse_spec(text: str):
     dims_text, _, dtype = text.rpartition(":") if ":" in text else (text, "", "f32")
     dims = []
     for d in filter(None, (p.strip() for p in dims_text.split(","))):
-        if d.isdigit():
+        if _is_decimal(d):
             dims.append(int(d))
         elif d.isidentifier():
             dims.append(d)
@@ -82,7 +88,7 @@ def parse_input(text: str) -> np.ndarray:
             return np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise UsageError(f"cannot read the input {path}: {e}") from None
-    m = re.fullmatch(r"((?:\d+x)*)([a-z]+\d*)=(.*)", text, re.S)
+    m = re.fullmatch(r"((?:[0-9]+x)*)([a-z]+[0-9]*)=(.*)", text, re.S)
     if not m:
         raise UsageError(f"bad --input {text!r}: use a .npy file or SHAPExDTYPE=VALUES "
                          "like 2x3xf32=1,2,3,4,5,6")
@@ -124,9 +130,21 @@ def _load_object(ref: str):
     obj = module
     for part in name.split("."):
         if not hasattr(obj, part):
-            raise TercompError(f"{path} has no {name!r}")
+            raise UsageError(f"{path} has no {name!r}; {_names_in(obj, path)}")
         obj = getattr(obj, part)
     return obj
+
+
+def _names_in(obj, path: str) -> str:
+    """What FILE.py:NAME could name in `obj` (a module or an object): its public
+    callables and nn.Modules, defined there (not imported modules)."""
+    names = sorted(n for n, v in getattr(obj, "__dict__", {}).items()
+                   if not n.startswith("_") and not isinstance(v, types.ModuleType)
+                   and (callable(v) or hasattr(v, "parameters")))
+    if not names:
+        return "it defines no function, class or nn.Module to compile"
+    shown = ", ".join(names[:30]) + (f" and {len(names) - 30} more" if len(names) > 30 else "")
+    return f"it defines {shown} (use {path}:NAME)"
 
 
 def _resolve_compilable(obj, ref: str):
@@ -237,11 +255,34 @@ def _print_result(name: str, value) -> None:
         print(arr)
 
 
-def cmd_run(args) -> int:
+def _load_function(args, command: str):
+    """The CompiledModule of args.artifact; a language model is a usage error (its
+    command is `tercomp generate`)."""
     from .runtime.loader import load
-    from .pytree import flatten
     exe = load(args.artifact, device=args.device, threads=args.threads)
-    inputs = [parse_input(t) for t in args.input]
+    if not hasattr(exe, "signature"):
+        raise UsageError(f"{args.artifact} is a language model: `tercomp {command}` runs a "
+                         f"function; generate with `tercomp generate {args.artifact} --prompt-ids 1,2,3`")
+    return exe
+
+
+def _input_help(sig) -> str:
+    example = " ".join(f"--input {'x'.join(str(d if isinstance(d, int) else 2) for d in t.shape)}"
+                       f"{'x' if t.shape else ''}{t.dtype}=0" for t in sig.inputs)
+    return (f"{sig.function} takes {len(sig.inputs)} input{'s' if len(sig.inputs) != 1 else ''} "
+            f"({', '.join(t.describe() for t in sig.inputs)}): pass one --input per input, in "
+            f"order, as a .npy file or SHAPExDTYPE=VALUES, e.g. {example}")
+
+
+def cmd_run(args) -> int:
+    from .pytree import flatten
+    from .runtime.module import _flat
+    inputs = [parse_input(t) for t in args.input]     # bad syntax: before the load
+    exe = _load_function(args, "run")
+    sig = exe.signature
+    if (not inputs and sig.inputs) or (_flat(sig.in_tree) and len(inputs) != len(sig.inputs)):
+        raise UsageError(f"{'no --input given' if not inputs else f'{len(inputs)} --input given'}; "
+                         f"{_input_help(sig)}")
     leaves = flatten(exe(*inputs))[0]
     for sig, value in zip(exe.signature.outputs, leaves):
         _print_result(sig.name, value)
@@ -320,7 +361,10 @@ def _random_inputs(sig, dims: dict, rng) -> list:
                 try:        # a dim computed from symbols, such as 2*B
                     shape.append(dimexpr.evaluate(dimexpr.parse(d), dims))
                 except (KeyError, TercompError):
-                    raise UsageError(f"input {t.name} has symbolic dim {d}: bind it with --dim") from None
+                    need = sorted(dimexpr.names(dimexpr.parse(d)) - set(dims))
+                    example = " ".join(f"--dim {n}=8" for n in need) or "--dim B=8"
+                    raise UsageError(f"input {t.name} has the symbolic dim {d}: give its size with "
+                                     f"--dim NAME=INT, e.g. {example}") from None
         dtype = numpy_dtype(t.dtype)
         if dtype.kind == "f":
             out.append(rng.standard_normal(shape).astype(dtype))
@@ -332,16 +376,15 @@ def _random_inputs(sig, dims: dict, rng) -> list:
 
 
 def cmd_bench(args) -> int:
-    from .runtime.loader import load
     if args.runs < 1 or args.warmup < 0:
         raise UsageError("--runs must be at least 1 and --warmup at least 0")
     dims = {}
     for d in args.dim:
         name, _, value = d.partition("=")
-        if not name.isidentifier() or not value.isdigit():
+        if not name.isidentifier() or not _is_decimal(value):
             raise UsageError(f"bad --dim {d!r}: use NAME=INT like B=8")
         dims[name] = int(value)
-    exe = load(args.artifact, device=args.device, threads=args.threads)
+    exe = _load_function(args, "bench")
     inputs = _random_inputs(exe.signature, dims, np.random.default_rng(0))
     for _ in range(args.warmup):
         exe(*inputs)
@@ -361,7 +404,7 @@ def cmd_bench(args) -> int:
 # -- main --------------------------------------------------------------------------------
 
 def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not _is_decimal(text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return int(text)
 

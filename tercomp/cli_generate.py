@@ -7,10 +7,18 @@
 MODEL is a .gguf file, a Hugging Face directory, or an LM artifact (.tcm, written by
 `--save` or gen.save()). Tokens go to stdout as they are generated (text with a
 tokenizer, ids without); the prefill and decode rates go to stderr at the end.
+
+Every flag is checked before the model is compiled: malformed ones (`--prompt-ids '1 2'`,
+an empty `--eos`, `--save ''`, a negative temperature, text that is not UTF-8) are usage
+errors (status 2) naming the flag, before the model is even read; a prompt without a
+tokenizer, ids outside the vocabulary or a prompt that does not fit `--max-seq` are
+errors after reading the model and before compiling it.
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
 
 import numpy as np
@@ -54,34 +62,126 @@ def add_parser(sub, positive_int, run):
     return g
 
 
+#: flags that only apply when MODEL is compiled (not to a saved .tcm)
+COMPILE_FLAGS = (("max_seq", "--max-seq"), ("kv_dtype", "--kv-dtype"), ("target", "--target"),
+                 ("vulkan_target", "--vulkan-target"), ("cuda_target", "--cuda-target"),
+                 ("no_cache", "--no-cache"))
+_ID = re.compile(r"[0-9]+")
+_MAX_ID = 2 ** 31 - 1          # token ids travel as int32
+
+
 def _int_list(text: str, what: str, usage_error) -> list:
-    try:
-        out = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise usage_error(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not out:
-        raise usage_error(f"{what} is empty")
-    return out
+    """'1,2, 3' -> [1, 2, 3]: ASCII digits separated by commas (spaces around them
+    allowed); '1 2', '1,,2', '１２', '' and ids past int32 are usage errors."""
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip():
+        raise usage_error(f"{what} is empty: give comma-separated token ids like 1,2,3")
+    for t in items:
+        if not _ID.fullmatch(t):
+            shown = "an empty item" if not t else repr(t)
+            raise usage_error(f"{what} must be comma-separated token ids (ASCII digits) like 1,2,3; "
+                              f"{shown} in {text!r} is not one")
+        if int(t) > _MAX_ID:
+            raise usage_error(f"{what}: {t} is too large for a token id (at most {_MAX_ID})")
+    return [int(t) for t in items]
 
 
-def _open(args, spinner):
-    """An LMGenerator for args.model: a .tcm is loaded, anything else compiled."""
+def _check_text(value, flag: str, usage_error) -> None:
+    # a non-UTF-8 argument reaches Python as lone surrogates (PEP 383)
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise usage_error(f"{flag} is not valid UTF-8 text") from None
+
+
+def _is_artifact(model: str) -> bool:
+    return os.path.isfile(model) and not model.endswith(".gguf")
+
+
+def check_args(args, usage_error) -> tuple:
+    """Every flag that needs no model, before anything is loaded or compiled:
+    returns (prompt ids or None, eos set or None)."""
+    eos = set(_int_list(args.eos, "--eos", usage_error)) if args.eos is not None else None
+    ids = _int_list(args.prompt_ids, "--prompt-ids", usage_error) if args.prompt_ids is not None else None
+    _check_text(args.prompt, "--prompt", usage_error)
+    _check_text(args.chat, "--chat", usage_error)
+    _check_text(args.model, "MODEL", usage_error)
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise usage_error(f"--temperature must be a number >= 0 (0 is greedy), got {args.temperature}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise usage_error(f"--top-p must be a number in (0, 1], got {args.top_p}")
+    if args.seed < 0:
+        raise usage_error(f"--seed must be a non-negative integer, got {args.seed}")
+    if args.save is not None:
+        _check_text(args.save, "--save", usage_error)
+        if not args.save.strip():
+            raise usage_error("--save needs a file path, like --save model.tcm")
+        if os.path.isdir(args.save):
+            raise usage_error(f"--save {args.save}: that is a directory; give a file path like "
+                              f"{os.path.join(args.save, 'model.tcm')}")
+        parent = os.path.dirname(os.path.abspath(args.save))
+        if not os.path.isdir(parent):
+            raise usage_error(f"--save {args.save}: the directory {parent} does not exist")
+    if _is_artifact(args.model):
+        given = [flag for attr, flag in COMPILE_FLAGS if getattr(args, attr)]
+        if given:
+            raise usage_error(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} when "
+                              f"compiling a model; {args.model} is a compiled artifact")
+    return ids, eos
+
+
+def _check_build(args, usage_error):
+    """The target, device and threads flags, and --kv-dtype against the target, before
+    a compile (compile_lm's own errors name its Python parameters)."""
+    from .build import BuildOptions
+    if args.target and len(args.target) > 1:
+        raise usage_error(f"--target given {len(args.target)} times: tercomp generate compiles "
+                          f"for one target")
+    opts = BuildOptions.resolve(args.target or "llvm-cpu", vulkan_target=args.vulkan_target,
+                                cuda_target=args.cuda_target, device=args.device, threads=args.threads)
+    narrow = [t for t in opts.targets if not t.stores_16bit]
+    if narrow and args.kv_dtype == "float16":
+        raise usage_error(f"--kv-dtype float16 needs 16-bit storage, which the {narrow[0].name} "
+                          f"target {narrow[0].arch!r} does not have: leave --kv-dtype out (float32 "
+                          f"there), or pass a --vulkan-target that stores f16")
+
+
+def _open(args, spinner, usage_error, ids, eos):
+    """(an LMGenerator for args.model, prompt ids, chat eos or None): a .tcm is loaded,
+    anything else compiled; the prompt is made and checked against the model before
+    the compile."""
     from .runtime.loader import load
-    if os.path.isfile(args.model) and not args.model.endswith(".gguf"):
+    if _is_artifact(args.model):
         gen = load(args.model, device=args.device, threads=args.threads)
         if not hasattr(gen, "generate"):
             raise TercompError(f"{args.model} is an artifact of a function, not a language model",
                                hint="compile a model with `tercomp generate MODEL.gguf --save OUT.tcm`")
-        return gen
+        template = gen.chat_template
+        if template is not None and args.chat is not None:
+            from .models.chat import ChatTemplate
+            template = ChatTemplate.from_dict(template)
+        prompt, chat_eos = _prompt(args, gen.tokenizer, template, ids)
+        _check_fits(args, prompt, eos, gen.vocab_size, gen.max_seq, compiled=True)
+        return gen, prompt, chat_eos
     try:
         import tercomp as tc
         from . import models
+        from .generate import DEFAULT_MAX_SEQ
         compile_lm = tc.compile_lm
     except (AttributeError, ImportError):
         raise TercompError("compiling a model needs iree-base-compiler",
                            hint="pip install iree-base-compiler, or pass a saved .tcm") from None
+    _check_build(args, usage_error)
     with spinner(f"loading {args.model}"):
         lm = models.load(args.model)
+    tok = getattr(lm, "tokenizer", None)
+    prompt, chat_eos = _prompt(args, tok, getattr(tok, "chat_template", None), ids)
+    ctx = lm.config.max_position_embeddings
+    if args.max_seq is not None and args.max_seq > ctx:
+        raise TercompError(f"--max-seq {args.max_seq} is more than {args.model}'s context of {ctx} "
+                           f"positions (max_position_embeddings)", hint=f"pass --max-seq {ctx} or less")
+    _check_fits(args, prompt, eos, lm.config.vocab_size, args.max_seq or min(DEFAULT_MAX_SEQ, ctx), compiled=False)
     with spinner(f"compiling {args.model}"):
         gen = compile_lm(lm, max_seq=args.max_seq, kv_dtype=args.kv_dtype, device=args.device,
                          threads=args.threads, cache=not args.no_cache,
@@ -89,20 +189,47 @@ def _open(args, spinner):
                          cuda_target=args.cuda_target)
     if gen.exe.meta.get("cache_hit"):
         print("(compiled module from the compile cache)", file=sys.stderr)
-    return gen
+    return gen, prompt, chat_eos
 
 
-def _chat_prompt(gen, text: str):
-    """(prompt ids, {eos id} or None) of one user message in the model's chat template."""
-    if gen.tokenizer is None or gen.chat_template is None:
-        raise TercompError("--chat needs the model's tokenizer and chat template, and this "
-                           "model's files carry none", hint="pass --prompt TEXT instead")
-    from .models.chat import ChatTemplate
-    template = ChatTemplate.from_dict(gen.chat_template)
-    rendered = template.render([{"role": "user", "content": text}], add_generation_prompt=True)
-    ids = gen.tokenizer.encode(rendered, add_special_tokens=False).ids
-    eos = gen.tokenizer.token_to_id(template.eos_token) if template.eos_token else None
+def _prompt(args, tokenizer, template, ids):
+    """(prompt ids, {eos id} or None) from --prompt-ids, --prompt or --chat (one user
+    message in the model's chat template, a models.chat.ChatTemplate)."""
+    if ids is not None:
+        return np.array(ids, np.int64), None
+    flag = "--chat" if args.chat is not None else "--prompt"
+    if tokenizer is None:
+        raise TercompError(f"{flag} needs the model's tokenizer, and {args.model} has no tokenizer",
+                           hint="pass token ids with --prompt-ids 1,2,3")
+    if args.chat is None:
+        return np.array(tokenizer.encode(args.prompt).ids, np.int64), None
+    if template is None:
+        raise TercompError(f"--chat needs the model's chat template, and {args.model} carries none",
+                           hint="pass --prompt TEXT instead")
+    rendered = template.render([{"role": "user", "content": args.chat}], add_generation_prompt=True)
+    ids = tokenizer.encode(rendered, add_special_tokens=False).ids
+    eos = tokenizer.token_to_id(template.eos_token) if template.eos_token else None
     return np.array(ids, np.int64), ({eos} if eos is not None else None)
+
+
+def _check_fits(args, prompt, eos, vocab: int, max_seq: int, compiled: bool) -> None:
+    """The prompt, --eos and -n against the model's vocabulary and the cache length."""
+    flag = "--prompt-ids" if args.prompt_ids is not None else "--chat" if args.chat is not None \
+        else "--prompt"
+    if prompt.size == 0:
+        raise TercompError(f"{flag} gives no tokens", hint="give a longer prompt")
+    for what, values in ((flag, prompt.tolist()), ("--eos", sorted(eos or ()))):
+        bad = [i for i in values if i >= vocab]
+        if bad:
+            raise TercompError(f"{what}: token id {bad[0]} is out of range for the model's "
+                               f"vocabulary of {vocab}", hint=f"ids must be in [0, {vocab - 1}]")
+    need = prompt.size + args.max_new_tokens - 1
+    if need > max_seq:
+        fix = (f"ask for fewer tokens with -n, or compile the model file again with a larger "
+               f"--max-seq" if compiled else f"pass a larger --max-seq, or fewer tokens with -n")
+        raise TercompError(f"{prompt.size} prompt tokens and -n {args.max_new_tokens} need {need} "
+                           f"cache positions; the {'artifact' if compiled else 'cache'} holds "
+                           f"{max_seq}", hint=fix)
 
 
 class _Stream:
@@ -125,17 +252,13 @@ class _Stream:
 
 
 def run(args, spinner, usage_error) -> int:
-    eos = set(_int_list(args.eos, "--eos", usage_error)) if args.eos else None
-    ids = _int_list(args.prompt_ids, "--prompt-ids", usage_error) if args.prompt_ids else None
-    gen = _open(args, spinner)
+    ids, eos = check_args(args, usage_error)
+    gen, prompt, chat_eos = _open(args, spinner, usage_error, ids, eos)
     if args.save:
         gen.save(args.save)
         print(f"wrote {args.save}", file=sys.stderr)
-    if args.chat is not None:
-        prompt, chat_eos = _chat_prompt(gen, args.chat)
-        eos = eos if eos is not None else chat_eos
-    else:
-        prompt = np.array(ids, np.int64) if ids is not None else gen.encode(args.prompt)
+    if eos is None:
+        eos = chat_eos
     if gen.tokenizer is not None and args.prompt is not None:
         sys.stdout.write(args.prompt)
     gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -61,7 +61,7 @@ def test_artifact_is_one_zip_with_vmfb_and_signature(saved, mlp_exe):
         meta = json.loads(zf.read("signature.json"))
         vmfb = zf.read("module.vmfb")
     assert vmfb == mlp_exe.vmfb
-    assert meta["format"] == "tercomp-artifact" and meta["format_version"] == 1
+    assert meta["format"] == "tercomp-artifact" and meta["format_version"] == 2
     sig = meta["signature"]
     assert sig["inputs"] == [{"name": "x", "shape": ["B", 8], "dtype": "f32"}]
     assert sig["outputs"][0]["shape"] == ["B", 4]
@@ -70,7 +70,8 @@ def test_artifact_is_one_zip_with_vmfb_and_signature(saved, mlp_exe):
     from iree.compiler.version import VERSION
     assert meta["iree_version"] == VERSION
     import hashlib
-    assert meta["sha256"] == {"module.vmfb": hashlib.sha256(vmfb).hexdigest()}
+    assert meta["sha256"] == {"module.vmfb": hashlib.sha256(vmfb).hexdigest(),
+                              "signature.json": artifact.signature_digest(meta)}
     assert meta["content_hash"] == artifact.content_hash(meta["sha256"])
     assert "--iree-hal-target-device=local" in meta["flags"]
 
@@ -159,10 +160,10 @@ def test_missing_member(saved, tmp_path, member):
     ({"signature": {"function": "f"}}, "signature .* is malformed"),
 ])
 def test_bad_signature_json(saved, tmp_path, edit, match):
-    def change(m):
+    def change(m):      # resealed: each check holds with digests that match
         meta = json.loads(m["signature.json"])
         meta.update(edit)
-        m["signature.json"] = json.dumps(meta).encode()
+        m["signature.json"] = json.dumps(artifact.seal(meta) if edit.get("sha256", 1) else meta).encode()
     p = rewrite(saved, tmp_path / "s.tcm", change)
     with pytest.raises(tc.ArtifactError, match=match):
         tc.load(p)
@@ -217,7 +218,8 @@ def test_weights_travel_in_the_artifact(weighted, tmp_path):
     with zipfile.ZipFile(path) as zf:
         assert sorted(zf.namelist()) == ["module.vmfb", "signature.json", "weights.irpa"]
         meta = json.loads(zf.read("signature.json"))
-    assert set(meta["sha256"]) == {"module.vmfb", "weights.irpa"} and meta["weights_scope"] == "model"
+    assert set(meta["sha256"]) == {"module.vmfb", "weights.irpa", "signature.json"}
+    assert meta["weights_scope"] == "model"
     np.testing.assert_array_equal(tc.load(path)(x), [1, 2, 3, 4])
 
     def tamper(m):

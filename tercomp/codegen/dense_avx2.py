@@ -151,7 +151,7 @@ def emit(x: ir.Value, w: ir.Value, m_dim: ir.Value, n: int, k: int,
     at the current insertion point."""
     el = "i8" if scale is not None else "f16"
     mb = m_block()
-    name = f"tern_avx2_{el}_gemv_{n}x{k}" + (f"_m{mb}" if mb > 1 else "")
+    name = f"tern_avx2_{el}_gemv_{n}x{k}"       # one m_block per host: one name
     ensure_executable(name, lambda: executable_text(name, n, k, el, mb))
     x_t = ir.RankedTensorType(x.type)
     dynamic = x_t.is_dynamic_dim(0)

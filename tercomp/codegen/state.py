@@ -21,6 +21,11 @@ would copy the whole global out on every call.
 
 All entry points of one module share the globals, and the weights they read as
 parameters (codegen.params: one `util.global` per array, however many functions load it).
+
+The globals are private to the module, so each entry point records the ones it reads
+or writes in its reflection (`iree.reflection = {tercomp.state = "k0: tensor<2048x4x64xf16>,
+..."}`, which iree.runtime returns as `VmFunction.reflection`): a loader can check a
+saved module's metadata (an LM's max_seq) against the module itself.
 """
 from __future__ import annotations
 
@@ -107,17 +112,25 @@ def to_stateful_mlir(entries, state, ctx: ir.Context, params=None,
                 inner = module.body.operations[len(module.body.operations) - 1]
                 inner.attributes["sym_visibility"] = ir.StringAttr.get("private")
                 done.add(id(e.graph))
-            _entry(module, e)
+            _entry(module, e, state)
         check_legal(module)
     return lowered(module, kernels, targets)
 
 
-def _entry(module: ir.Module, e: Entry):
+def state_reflection(names, state: dict) -> str:
+    """The `tercomp.state` reflection string of state variables `names`."""
+    return ", ".join(f"{n}: {tensor_type(state[n].type)}" for n in names)
+
+
+def _entry(module: ir.Module, e: Entry, state: dict):
     g = e.graph
     args = [tensor_type(v.type) for i, v in enumerate(g.inputs) if i not in e.inputs]
     results = [tensor_type(v.type) for i, v in enumerate(g.outputs) if i not in e.outputs]
+    bound = set(e.inputs.values()) | set(e.outputs.values())
     with ir.InsertionPoint(module.body):
         fop = func.FuncOp(e.name, (args, results))
+        fop.attributes["iree.reflection"] = ir.DictAttr.get({"tercomp.state": ir.StringAttr.get(
+            state_reflection([n for n in state if n in bound], state))})
         block = fop.add_entry_block()
     with ir.InsertionPoint(block):
         given = iter(block.arguments)

@@ -1,11 +1,11 @@
 """Saved artifacts: one file that holds everything needed to run a compiled module.
 
 The file (conventionally `.tcm`) is a zip archive with these members, stored
-uncompressed:
+uncompressed, each once, and no others:
 
 - `module.vmfb`: the IREE VM bytecode module.
 - `signature.json`: UTF-8 JSON with
-    - `format`: "tercomp-artifact", `format_version`: 1
+    - `format`: "tercomp-artifact", `format_version`: 2 (1 did not digest signature.json)
     - `signature`: `function`, `inputs` and `outputs` (each `name`, `shape` with
       symbolic dims as strings such as "B" or "2*B", `dtype` such as "f32"),
       `in_tree` and `out_tree` (pytree structure; see tercomp.pytree)
@@ -13,7 +13,9 @@ uncompressed:
     - `drivers`: the runtime drivers that run it, preferred first
     - `flags`: the IREE compiler flags used
     - `tercomp_version`, `iree_version` (of the compiler that built the vmfb)
-    - `sha256`: hex digest of each other member (`module.vmfb`, `weights.irpa`)
+    - `sha256`: hex digest of every member: `module.vmfb` and `weights.irpa` by their
+      bytes, `signature.json` by its content less `sha256` and `content_hash`
+      (`signature_digest`: its canonical JSON)
     - `content_hash`: sha256 over those digests, a name for the artifact's content
     - `weights_scope`: parameter scope of `weights.irpa` (when present)
     - `lm` (a compiled language model, tc.compile_lm): `config` (the model's
@@ -22,9 +24,12 @@ uncompressed:
       LMGenerator (tercomp.runtime.generator)
 - `weights.irpa` (optional): the parameters the module reads, in IREE's archive format.
 
-Reading checks the zip, the members, the digests and that the installed iree.runtime
+Reading checks the zip (no duplicated or unknown member, and no member that inflates
+past `MAX_INFLATION` times its stored size or the file size limit: a zip bomb is an
+error before anything is inflated), the digests, and that the installed iree.runtime
 has the major.minor version of the compiler that built the vmfb (IREE's bytecode is
-not stable across releases); any failure is an ArtifactError. Reading imports only
+not stable across releases); any failure is an ArtifactError. tc.load then checks
+signature.json against the module itself (loader.check_module). Reading imports only
 iree.runtime, never the compiler. This module is the file format; tc.load, which turns
 a file into a CompiledModule or an LMGenerator, is tercomp.runtime.loader.
 
@@ -45,12 +50,17 @@ from iree.runtime.version import VERSION as RUNTIME_VERSION
 
 from .. import __version__     # set by tercomp/__init__ before it imports the runtime
 from ..errors import ArtifactError, InputError
-from .files import read_regular, write_atomic
+from .files import max_bytes, read_regular, write_atomic
 from .signature import Signature
 
 FORMAT = "tercomp-artifact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 VMFB, SIGNATURE, WEIGHTS = "module.vmfb", "signature.json", "weights.irpa"
+MEMBERS = (SIGNATURE, VMFB, WEIGHTS)
+#: The most a compressed member may inflate, relative to its stored size. tercomp
+#: stores members uncompressed; an archive re-zipped with deflate inflates a few times
+#: (vmfb, JSON), while a zip bomb inflates ~1000x (6.8 MB to 6 GiB).
+MAX_INFLATION = 100
 _FIXED_DATE = (1980, 1, 1, 0, 0, 0)   # identical modules give identical files
 # what zipfile raises for a damaged archive: a flipped byte can name an unknown
 # compression method (NotImplementedError) or an encrypted member (RuntimeError)
@@ -71,6 +81,21 @@ def content_hash(digests: dict) -> str:
     return _digest("".join(f"{k}={digests[k]}\n" for k in sorted(digests)).encode())
 
 
+def signature_digest(meta: dict) -> str:
+    """The digest of signature.json: sha256 of its canonical JSON (sorted keys, no
+    spaces, ASCII) without the `sha256` and `content_hash` entries, which hold it."""
+    body = {k: v for k, v in meta.items() if k not in ("sha256", "content_hash")}
+    return _digest(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                              allow_nan=False).encode())
+
+
+def seal(meta: dict) -> dict:
+    """`meta` with `sha256[signature.json]` and `content_hash` set for its content (the
+    other members' digests must be in `meta["sha256"]` already)."""
+    digests = {**meta["sha256"], SIGNATURE: signature_digest(meta)}
+    return {**meta, "sha256": digests, "content_hash": content_hash(digests)}
+
+
 def to_bytes(exe) -> bytes:
     """The artifact file of CompiledModule `exe`, as bytes."""
     members = {VMFB: bytes(exe.vmfb)}
@@ -87,7 +112,6 @@ def to_bytes(exe) -> bytes:
         "tercomp_version": __version__,
         "iree_version": exe.meta.get("iree_version") or RUNTIME_VERSION,
         "sha256": digests,
-        "content_hash": content_hash(digests),
     }
     for k in ("cache_key", "numerics", "ternary"):
         if exe.meta.get(k):
@@ -96,7 +120,7 @@ def to_bytes(exe) -> bytes:
         meta["weights_scope"] = exe.weights_scope
     if exe.meta.get("lm") is not None:
         meta["lm"] = exe.meta["lm"]
-    members[SIGNATURE] = json.dumps(meta, indent=1, sort_keys=True).encode()
+    members[SIGNATURE] = json.dumps(seal(meta), indent=1, sort_keys=True).encode()
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
         for name in (SIGNATURE, VMFB, WEIGHTS):
@@ -119,16 +143,7 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
         raise ArtifactError(f"{name} is not a tercomp artifact (not a zip archive, or truncated)",
                             hint="artifacts are written by exe.save() or `tercomp compile -o`") from None
     with zf:
-        present = set(zf.namelist())
-        for member in (SIGNATURE, VMFB):
-            if member not in present:
-                raise ArtifactError(f"{name} is missing {member}",
-                                    hint="the file is damaged or not a tercomp artifact")
-        try:
-            members = {m: zf.read(m) for m in (SIGNATURE, VMFB, WEIGHTS) if m in present}
-        except _ZIP_ERRORS as e:
-            raise ArtifactError(f"{name} is corrupt: {e}",
-                                hint="the file was truncated or modified; save it again") from None
+        members = _read_members(zf, name)
     try:
         meta = json.loads(members[SIGNATURE].decode("utf-8"))
         if not isinstance(meta, dict):
@@ -138,21 +153,35 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
     if meta.get("format") != FORMAT:
         raise ArtifactError(f"{name} is not a tercomp artifact ({SIGNATURE} has format "
                             f"{meta.get('format')!r})")
+    if meta.get("format_version") == 1:
+        raise ArtifactError(f"{name} was written by an older tercomp (artifact format 1, whose "
+                            f"digests do not cover {SIGNATURE}); this tercomp ({__version__}) reads "
+                            f"format {FORMAT_VERSION}", hint="compile or save the model again")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{name} has artifact format version {meta.get('format_version')!r}; "
                             f"this tercomp ({__version__}) reads version {FORMAT_VERSION}",
                             hint="recompile the model with this tercomp")
     digests = meta.get("sha256")
-    if not isinstance(digests, dict) or VMFB not in digests:
+    if not isinstance(digests, dict) or VMFB not in digests or SIGNATURE not in digests:
         raise ArtifactError(f"{name}: {SIGNATURE} has no sha256 digests")
     if (WEIGHTS in digests) != (WEIGHTS in members):
         raise ArtifactError(f"{name}: {WEIGHTS} is {'missing' if WEIGHTS in digests else 'unexpected'}",
                             hint="the file is damaged or was modified")
     for member, want in digests.items():
-        if member not in members or _digest(members[member]) != want:
+        if member not in members:
+            raise ArtifactError(f"{name}: {SIGNATURE} has a digest of {member!r}, which is no member",
+                                hint="the file is damaged or was modified")
+        try:
+            have = signature_digest(meta) if member == SIGNATURE else _digest(members[member])
+        except ValueError:          # NaN or Infinity in the JSON
+            have = None
+        if have != want:
             raise ArtifactError(f"{name}: the sha256 of {member} does not match its signature "
                                 "(the file was modified or damaged)",
                                 hint="save or compile the artifact again")
+    if meta.get("content_hash") != content_hash(digests):
+        raise ArtifactError(f"{name}: the content_hash in {SIGNATURE} is not that of its digests "
+                            "(the file was modified)", hint="save or compile the artifact again")
     built, have = str(meta.get("iree_version", "unknown")), RUNTIME_VERSION
     if _major_minor(built) != _major_minor(have):
         raise ArtifactError(f"{name} was compiled by IREE {built}, but iree.runtime here is {have}; "
@@ -166,6 +195,51 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
     except InputError as e:
         raise ArtifactError(f"{name}: the signature in {SIGNATURE} is malformed: {e.message}") from None
     return meta, members[VMFB], members.get(WEIGHTS)
+
+
+def _read_members(zf: zipfile.ZipFile, name: str) -> dict:
+    """The members of an open artifact zip by name, each read at most to its declared
+    size after checking the declarations: known names, each once, no member inflating
+    more than MAX_INFLATION times or past the file size limit."""
+    infos = zf.infolist()
+    seen = set()
+    for info in infos:
+        if info.filename in seen:
+            raise ArtifactError(f"{name} has two members named {info.filename!r}",
+                                hint="the file was modified or damaged; save the artifact again")
+        seen.add(info.filename)
+        if info.filename not in MEMBERS:
+            raise ArtifactError(f"{name} has an unexpected member {info.filename!r} (an artifact "
+                                f"holds {', '.join(MEMBERS)})", hint="the file was modified")
+    for member in (SIGNATURE, VMFB):
+        if member not in seen:
+            raise ArtifactError(f"{name} is missing {member}",
+                                hint="the file is damaged or not a tercomp artifact")
+    total, limit = 0, max_bytes()
+    for info in infos:
+        total += info.file_size
+        stored = info.compress_type == zipfile.ZIP_STORED
+        if (stored and info.file_size != info.compress_size) or \
+                info.file_size > MAX_INFLATION * max(info.compress_size, 1) or total > limit:
+            why = ("its stored size differs" if stored and info.file_size != info.compress_size
+                   else f"more than {MAX_INFLATION} times its {info.compress_size} compressed bytes"
+                   if total <= limit else f"past the {limit} bytes an artifact may hold")
+            raise ArtifactError(f"{name}: {info.filename} would inflate to {info.file_size} bytes, "
+                                f"{why}; refusing to unpack it (a damaged file or a zip bomb)",
+                                hint="artifacts are written by exe.save(), uncompressed; raise "
+                                     "$TERCOMP_MAX_FILE_BYTES only for a large file you trust")
+    members = {}
+    try:
+        for info in infos:
+            with zf.open(info) as f:            # reads no more than the declared size
+                members[info.filename] = f.read(info.file_size)
+    except _ZIP_ERRORS as e:
+        raise ArtifactError(f"{name} is corrupt: {e}",
+                            hint="the file was truncated or modified; save it again") from None
+    except MemoryError:
+        raise ArtifactError(f"{name}: not enough memory to unpack its {total} bytes",
+                            hint="free memory, or load it on a larger machine") from None
+    return members
 
 
 def read(path: str) -> tuple:

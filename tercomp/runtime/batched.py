@@ -32,7 +32,9 @@ from .generator import BATCH_STEP_INPUTS, STEP, LMGenerator, _ids
 class BatchedLMGenerator(LMGenerator):
     """Attributes as LMGenerator's (`config`, `max_seq`, `kv_dtype`, `vocab_size`,
     `tokenizer`, `chat_template`), plus `max_batch` (slots) and `filled` (int array:
-    the rows each slot holds). Not thread-safe: one owner drives it (runtime.Engine)."""
+    the rows each slot holds). Calls from several threads run one at a time (as
+    LMGenerator's); runtime.Engine is the one owner a server needs. `generate` (the
+    inherited single-sequence loop) runs in slot 0."""
 
     STEP_INPUTS = BATCH_STEP_INPUTS
 
@@ -48,6 +50,10 @@ class BatchedLMGenerator(LMGenerator):
         consecutive positions starting at most at the slot's filled length (a start
         before it overwrites the rows from there: a new prompt restarts at 0); after
         the call the slot holds rows up to its last token."""
+        with self._exclusive("forward"):
+            return self._forward(ids, slots, positions, rows)
+
+    def _forward(self, ids, slots, positions, rows=None) -> np.ndarray:
         ids = _ids(ids, self.vocab_size, "forward")
         slots = _index(slots, ids.size, "slots")
         positions = _index(positions, ids.size, "positions")
@@ -58,7 +64,7 @@ class BatchedLMGenerator(LMGenerator):
             raise InputError(f"forward: rows must pick 1 or more of the {ids.size} tokens, got "
                              f"{rows.tolist()}")
         ends = self._check_positions(slots, positions)
-        logits = self._run(self._fns()[0], (ids, slots, positions, rows))
+        logits = self._run(self._fn(), (ids, slots, positions, rows))
         for s, end in ends.items():
             self.filled[s] = end
         return logits
@@ -84,6 +90,10 @@ class BatchedLMGenerator(LMGenerator):
     def prefill(self, ids, slot: int = 0, logits_to_keep: int | None = None) -> np.ndarray:
         """Run the prompt `ids` into `slot` from position 0 (whatever it held is
         dropped); logits of the last `logits_to_keep` (default all) tokens."""
+        with self._exclusive("prefill"):
+            return self._prefill(ids, logits_to_keep, slot)
+
+    def _prefill(self, ids, logits_to_keep, slot: int = 0) -> np.ndarray:
         slot = self._slot(slot)
         arr = _ids(ids, self.vocab_size, "prefill")
         if not 1 <= arr.size <= self.max_seq:
@@ -95,12 +105,16 @@ class BatchedLMGenerator(LMGenerator):
             raise InputError(f"prefill: logits_to_keep must be an int from 1 to {arr.size}, "
                              f"got {logits_to_keep!r}")
         self.filled[slot] = 0
-        return self.forward(arr, np.full(arr.size, slot, np.int32), np.arange(arr.size, dtype=np.int32),
-                            np.arange(arr.size - keep, arr.size, dtype=np.int32))
+        return self._forward(arr, np.full(arr.size, slot, np.int32), np.arange(arr.size, dtype=np.int32),
+                             np.arange(arr.size - keep, arr.size, dtype=np.int32))
 
     def step(self, tokens, slots) -> np.ndarray:
         """Append one token to each of the sequences in `slots` (distinct, each holding
         a prompt); returns their next-token logits [B, vocab]."""
+        with self._exclusive("step"):
+            return self._step_slots(tokens, slots)
+
+    def _step_slots(self, tokens, slots) -> np.ndarray:
         tokens = _ids(tokens, self.vocab_size, "step")
         slots = _index(slots, tokens.size, "slots")
         if tokens.size == 0:
@@ -112,18 +126,27 @@ class BatchedLMGenerator(LMGenerator):
             self._slot(s)
             if self.filled[s] == 0:
                 raise InputError(f"step: slot {s} is empty", hint=f"prefill(ids, slot={s}) first")
-        return self.forward(tokens, slots, self.filled[slots].astype(np.int32))
+        return self._forward(tokens, slots, self.filled[slots].astype(np.int32))
 
     def decode(self, token, slot: int = 0) -> np.ndarray:
         """One token of the sequence in `slot`: its next-token logits [vocab]."""
-        return self.step([token], [slot])[0]
+        with self._exclusive("decode"):
+            return self._decode(token, slot)
+
+    def _decode(self, token, slot: int = 0) -> np.ndarray:
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, (numbers.Integral, np.ndarray)):
+            raise InputError(f"decode: the token must be an int, got {type(token).__name__}")
+        return self._step_slots(np.reshape(token, -1), [slot])[0]
 
     def free(self, slot: int) -> None:
         """Forget the sequence in `slot` (its rows are overwritten by the next one)."""
-        self.filled[self._slot(slot)] = 0
+        with self._exclusive("free"):
+            self.filled[self._slot(slot)] = 0
 
     def reset(self) -> None:
-        self.filled[:] = 0
+        """Forget every slot's sequence."""
+        with self._exclusive("reset"):
+            self.filled[:] = 0
 
     @property
     def position(self) -> int:          # LMGenerator's, for slot 0
@@ -133,10 +156,6 @@ class BatchedLMGenerator(LMGenerator):
     def position(self, value):
         if hasattr(self, "filled"):
             self.filled[0] = value
-
-    def generate(self, prompt_ids, max_new_tokens: int = 64, **kw) -> np.ndarray:
-        """One sequence in slot 0 (runtime.Engine runs many)."""
-        return super().generate(prompt_ids, max_new_tokens, **kw)
 
     def _slot(self, slot) -> int:
         if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, numbers.Integral) \

@@ -8,6 +8,12 @@ the host BEFORE calling IREE (so a rejected call leaves the cache as it was), sa
 and times the calls. Like the rest of tercomp.runtime it needs only NumPy and
 iree.runtime (and `tokenizers`, optionally, for text).
 
+One generator may be shared by threads: `prefill`, `decode`, `generate` and `reset`
+hold a lock, so calls from different threads run one after the other (each gets what
+it would alone). A call from inside another on the same thread (an `on_token` callback
+that calls `prefill`) would rewrite the cache under the running generation: it is a
+TercompError, and the running generation goes on unchanged.
+
     >>> gen = tc.load("lm.tcm")
     >>> logits = gen.prefill(np.array([1, 2, 3], np.int32))      # [3, vocab], cache rows 0..2
     >>> nxt = gen.decode(int(logits[-1].argmax()))                # [vocab], cache row 3
@@ -15,7 +21,9 @@ iree.runtime (and `tokenizers`, optionally, for text).
 """
 from __future__ import annotations
 
+import contextlib
 import numbers
+import threading
 import time
 
 import numpy as np
@@ -24,6 +32,7 @@ from ..errors import InputError, TercompError
 from .module import _to_host
 from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
+from .signature import declared_types, parse_types
 
 KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
 #: The compiled step's inputs before the caches (tercomp/generate.py); an artifact whose
@@ -84,7 +93,10 @@ class LMGenerator:
         # the model's chat template as data (rendered by models.chat, which needs jinja2)
         self.chat_template = info.get("chat") if isinstance(info.get("chat"), dict) else None
         self.stats: dict = {}
-        self._prefill = self._decode = None
+        self._step = None
+        self._lock = threading.Lock()
+        self._owner = None          # the thread ident inside a call, for re-entry checks
+        self._running = None        # the name of that call
 
     @staticmethod
     def describe(config: dict, max_seq: int, kv_dtype: str, tokenizer=None, chat=None,
@@ -98,11 +110,79 @@ class LMGenerator:
                 "step_inputs": list(STEP_INPUTS if max_batch == 1 else BATCH_STEP_INPUTS),
                 "tokenizer": tokenizer, "chat": chat}
 
-    def _fns(self):
-        if self._prefill is None:
-            # one compiled function serves both (T = 1 for decode)
-            self._prefill = self._decode = self.exe.function(STEP)
-        return self._prefill, self._decode
+    @staticmethod
+    def module_mismatch(info, reflection: dict) -> str | None:
+        """How LM metadata `info` (describe()'s dict, from an artifact) disagrees with the
+        compiled module, whose `step` function reflects `reflection` (its declaration and
+        the KV cache globals, codegen/state.py), or None. A max_seq or vocabulary larger
+        than the module's would run past the cache or the output table unnoticed."""
+        config = info.get("config") if isinstance(info, dict) else None
+        if not isinstance(config, dict):
+            return "its 'lm' entry has no model config"
+        sizes = {}
+        for key in ("vocab_size", "num_hidden_layers", "num_key_value_heads", "head_dim"):
+            v = config.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                return f"the model config's {key} is {v!r}, not a positive int"
+            sizes[key] = v
+        max_seq, kv = info.get("max_seq"), KV_DTYPES.get(info.get("kv_dtype"))
+        if isinstance(max_seq, bool) or not isinstance(max_seq, int) or max_seq < 1:
+            return f"its max_seq is {max_seq!r}, not a positive int"
+        if kv is None:
+            return f"its kv_dtype is {info.get('kv_dtype')!r}, not one of {', '.join(KV_DTYPES)}"
+        declared = declared_types(reflection.get("iree.abi.declaration", ""))
+        if declared is None or "tercomp.state" not in reflection:
+            return f"the module's {STEP} function does not describe its arguments and KV cache"
+        inputs, outputs = declared
+        batch = info.get("max_batch", 1)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            return f"its max_batch is {batch!r}, not a positive int"
+        names = STEP_INPUTS if batch == 1 else BATCH_STEP_INPUTS
+        ranks = [(1, "i32"), (0, "i32"), (1, "i32")] if batch == 1 else [(1, "i32")] * 4
+        if [t and (len(t[0]), t[1]) for t in inputs] != ranks:
+            return f"the module's {STEP} takes {inputs}, not ({', '.join(names)})"
+        if not outputs or outputs[0] is None or len(outputs[0][0]) != 2:
+            return f"the module's {STEP} returns {outputs}, not logits [rows, vocab]"
+        if outputs[0][0][1] != sizes["vocab_size"]:
+            return (f"its vocab_size is {sizes['vocab_size']}, the module's logits have "
+                    f"{outputs[0][0][1]} columns")
+        caches = parse_types(reflection["tercomp.state"])
+        want = ([max_seq, sizes["num_key_value_heads"], sizes["head_dim"]], kv)
+        if batch > 1:
+            want = ([batch] + want[0], kv)
+        if len(caches) != 2 * sizes["num_hidden_layers"]:
+            return (f"its {sizes['num_hidden_layers']} layers need {2 * sizes['num_hidden_layers']} "
+                    f"KV caches, the module has {len(caches)}")
+        for got in caches:
+            if got != want:
+                shown = "?" if got is None else f"[{', '.join(map(str, got[0]))}] {got[1]}"
+                return (f"its max_batch, max_seq {max_seq}, kv heads, head_dim and kv_dtype give caches "
+                        f"[{', '.join(map(str, want[0]))}] {kv}; the module's are {shown}")
+        return None
+
+    def _fn(self):
+        if self._step is None:
+            # one compiled function serves prefill and decode (T = 1 for decode)
+            self._step = self.exe.function(STEP)
+        return self._step
+
+    @contextlib.contextmanager
+    def _exclusive(self, what: str):
+        """Hold the generator for one call: other threads wait; the same thread calling
+        again from inside (a callback) is refused before it touches the cache."""
+        me = threading.get_ident()
+        if self._owner == me:
+            raise TercompError(f"{what} called from inside {self._running} on the same generator "
+                               f"(an on_token callback?): it would overwrite the KV cache of the "
+                               f"running generation",
+                               hint=f"call {what} after {self._running} returns, or use another "
+                                    f"generator (tc.load the artifact again)")
+        with self._lock:
+            self._owner, self._running = me, what
+            try:
+                yield
+            finally:
+                self._owner = self._running = None
 
     def _run(self, fn, args) -> np.ndarray:
         try:
@@ -122,6 +202,10 @@ class LMGenerator:
         Starts over whatever was generated before. `logits_to_keep=n` computes the logits
         of the last n positions only ([n, vocab]; 1 is what generation needs, and skips
         most of the output layer's work)."""
+        with self._exclusive("prefill"):
+            return self._prefill(ids, logits_to_keep)
+
+    def _prefill(self, ids, logits_to_keep):
         arr = _ids(ids, self.vocab_size, "prefill")
         if not 1 <= arr.size <= self.max_seq:
             raise InputError(f"prefill: {arr.size} tokens; the cache holds 1 to {self.max_seq}",
@@ -131,14 +215,17 @@ class LMGenerator:
                 or not 1 <= keep <= arr.size:
             raise InputError(f"prefill: logits_to_keep must be an int from 1 to the prompt "
                              f"length {arr.size}, got {logits_to_keep!r}")
-        prefill, _ = self._fns()
-        logits = self._run(prefill, (arr, np.array(0, np.int32),
-                                       np.arange(arr.size - keep, arr.size, dtype=np.int32)))
+        logits = self._run(self._fn(), (arr, np.array(0, np.int32),
+                                        np.arange(arr.size - keep, arr.size, dtype=np.int32)))
         self.position = arr.size
         return logits
 
     def decode(self, token) -> np.ndarray:
         """Append one token at the current position; returns the next-token logits [vocab]."""
+        with self._exclusive("decode"):
+            return self._decode(token)
+
+    def _decode(self, token) -> np.ndarray:
         if isinstance(token, (bool, np.bool_)) or not isinstance(token, (numbers.Integral, np.ndarray)):
             raise InputError(f"decode: the token must be an int, got {type(token).__name__}")
         arr = _ids(token, self.vocab_size, "decode")
@@ -150,14 +237,14 @@ class LMGenerator:
         if self.position >= self.max_seq:
             raise InputError(f"decode: the cache is full ({self.max_seq} positions)",
                              hint="compile with a larger max_seq, or reset()")
-        _, decode = self._fns()
-        logits = self._run(decode, (arr, np.array(self.position, np.int32), _FIRST_ROW))
+        logits = self._run(self._fn(), (arr, np.array(self.position, np.int32), _FIRST_ROW))
         self.position += 1
         return logits[0]
 
     def reset(self) -> None:
         """Forget the sequence (the next call must be prefill)."""
-        self.position = 0
+        with self._exclusive("reset"):
+            self.position = 0
 
     # -- generation --------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,
@@ -167,36 +254,46 @@ class LMGenerator:
         are restricted to the `top_k` most likely and the smallest set with probability
         >= `top_p`, and drawn with a NumPy generator seeded by `seed` (the same seed
         gives the same tokens). Stops after a token in `eos` (an int or a set of ints;
-        it is included in the result). `on_token(token)` is called for each new token.
-        `stats` then holds prefill/decode token counts and seconds."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) \
-                or max_new_tokens < 0:
-            raise InputError(f"generate: max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
-        check_sampling(temperature, top_k, top_p, seed)
-        eos_set = _eos_set(eos)
-        prompt = _ids(prompt_ids, self.vocab_size, "generate")
-        need = prompt.size + max(int(max_new_tokens) - 1, 0)
-        if need > self.max_seq:
-            raise InputError(f"generate: {prompt.size} prompt tokens + {max_new_tokens} new ones need "
-                             f"{need} cache positions; the cache holds {self.max_seq}",
-                             hint="compile with a larger max_seq or ask for fewer tokens")
-        rng = np.random.default_rng(seed)
-        t0 = time.perf_counter()
-        logits = self.prefill(prompt, logits_to_keep=1)[-1]
-        t1 = time.perf_counter()
-        out = []
-        for i in range(int(max_new_tokens)):
-            tok = sample(logits, temperature, top_k, top_p, rng)
-            out.append(tok)
-            if on_token is not None:
-                on_token(tok)
-            if tok in eos_set or i == max_new_tokens - 1:
-                break
-            logits = self.decode(tok)
-        t2 = time.perf_counter()
-        self.stats = {"prefill_tokens": int(prompt.size), "prefill_s": t1 - t0,
-                      "decode_tokens": max(len(out) - 1, 0), "decode_s": t2 - t1}
-        return np.array(out, np.int32)
+        it is included in the result). `on_token(token)` is called for each new token; it
+        must not call this generator (that is a TercompError inside the callback, and the
+        generation goes on). `stats` then holds prefill/decode token counts and seconds.
+        A temperature too small for `logits / temperature` to be finite samples among the
+        largest logits (the limit of the distribution as the temperature goes to 0)."""
+        with self._exclusive("generate"):
+            # every argument is checked before the cache is touched: a rejected call
+            # leaves the generator as it was
+            if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) \
+                    or max_new_tokens < 0:
+                raise InputError(f"generate: max_new_tokens must be a non-negative int, "
+                                 f"got {max_new_tokens!r}")
+            check_sampling(temperature, top_k, top_p, seed)
+            eos_set = _eos_set(eos, self.vocab_size)
+            if on_token is not None and not callable(on_token):
+                raise InputError(f"generate: on_token must be a function of one token id (or "
+                                 f"None), got {type(on_token).__name__}")
+            prompt = _ids(prompt_ids, self.vocab_size, "generate")
+            need = prompt.size + max(int(max_new_tokens) - 1, 0)
+            if need > self.max_seq:
+                raise InputError(f"generate: {prompt.size} prompt tokens + {max_new_tokens} new ones "
+                                 f"need {need} cache positions; the cache holds {self.max_seq}",
+                                 hint="compile with a larger max_seq or ask for fewer tokens")
+            rng = np.random.default_rng(seed)
+            t0 = time.perf_counter()
+            logits = self._prefill(prompt, 1)[-1]
+            t1 = time.perf_counter()
+            out = []
+            for i in range(int(max_new_tokens)):
+                tok = sample(logits, temperature, top_k, top_p, rng)
+                out.append(tok)
+                if on_token is not None:
+                    on_token(tok)
+                if tok in eos_set or i == max_new_tokens - 1:
+                    break
+                logits = self._decode(tok)
+            t2 = time.perf_counter()
+            self.stats = {"prefill_tokens": int(prompt.size), "prefill_s": t1 - t0,
+                          "decode_tokens": max(len(out) - 1, 0), "decode_s": t2 - t1}
+            return np.array(out, np.int32)
 
     # -- text (with a tokenizer) -------------------------------------------------------
     def encode(self, text: str) -> np.ndarray:
@@ -221,17 +318,27 @@ class LMGenerator:
                 f"position={self.position}, device={self.exe.device!r})")
 
 
-def _eos_set(eos) -> set:
+def _eos_set(eos, vocab: int) -> set:
+    """`eos` (None, an int, or an iterable of ints) as a set of token ids in range."""
     if eos is None:
         return set()
+    bad = InputError(f"generate: eos must be a token id or a set of token ids, got {eos!r}",
+                     hint="pass eos=2 or eos={2, 3}")
+    if isinstance(eos, (str, bytes, bytearray, bool, np.bool_)):
+        raise bad
     items = [eos] if isinstance(eos, numbers.Integral) else eos
     try:
-        out = {int(e) for e in items}
-    except (TypeError, ValueError):
-        raise InputError(f"generate: eos must be an int or a set of ints, got {eos!r}") from None
-    if any(isinstance(e, bool) for e in items):
-        raise InputError(f"generate: eos must be an int or a set of ints, got {eos!r}")
-    return out
+        items = list(items)
+    except TypeError:
+        raise bad from None
+    for e in items:
+        if isinstance(e, (bool, np.bool_)) or not isinstance(e, numbers.Integral):
+            raise InputError(f"generate: eos must be a token id or a set of token ids; "
+                             f"{e!r} ({type(e).__name__}) is not an int", hint="pass eos=2 or eos={2, 3}")
+        if not 0 <= e < vocab:
+            raise InputError(f"generate: eos id {e} is out of range for a vocabulary of {vocab}",
+                             hint=f"ids must be in [0, {vocab - 1}]")
+    return {int(e) for e in items}
 
 
 def _load_tokenizer(text):

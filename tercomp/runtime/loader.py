@@ -6,12 +6,56 @@ LMGenerator (or BatchedLMGenerator) when the artifact is a compiled language mod
 """
 from __future__ import annotations
 
+import functools
 import os
 
+import iree.runtime as rt
+
+from ..errors import ArtifactError
 from . import artifact
 from .batched import open_generator
+from .generator import STEP, LMGenerator
 from .module import CompiledModule
-from .signature import Signature
+from .signature import Signature, declared_types
+
+
+@functools.lru_cache(maxsize=1)
+def _vm_instance():
+    return rt.VmInstance()
+
+
+def check_module(meta: dict, vmfb: bytes, name: str) -> None:
+    """ArtifactError unless what `signature.json` says (`meta`) is what the compiled
+    module declares: the function and its argument and result types, and for a
+    language model the vocabulary, max_seq and KV cache layout (LMGenerator.module_mismatch).
+    The module's own reflection is read from the vmfb (a copy of the code, not of the
+    weights), without a device."""
+    try:
+        module = rt.VmModule.copy_buffer(_vm_instance(), vmfb)
+    except Exception as e:
+        raise ArtifactError(f"{name}: {artifact.VMFB} is not an IREE module this iree.runtime "
+                            f"reads: {e}", hint="compile the model again") from None
+    functions = list(module.function_names)
+    lm = meta.get("lm")
+    function = STEP if lm is not None else meta["signature"]["function"]
+    if function not in functions:
+        raise ArtifactError(f"{name}: {artifact.SIGNATURE} names the function {function!r}, but "
+                            f"the module has {', '.join(f for f in functions if not f.startswith('__'))}",
+                            hint="the file was modified; compile the model again")
+    reflection = dict(module.lookup_function(function).reflection)
+    if lm is not None:
+        wrong = LMGenerator.module_mismatch(lm, reflection)
+    else:
+        declared = declared_types(reflection.get("iree.abi.declaration", ""))
+        wrong = None
+        if declared is not None:        # a module tercomp did not build may not say
+            inputs, outputs = declared
+            if meta.get("numerics") and outputs:
+                outputs = outputs[:-1]         # check_numerics' flags, after the results
+            wrong = Signature.from_json(meta["signature"]).mismatch(inputs, outputs)
+    if wrong is not None:
+        raise ArtifactError(f"{name}: {artifact.SIGNATURE} does not describe its module: {wrong}",
+                            hint="the file was modified; compile or save the model again")
 
 
 def from_parts(meta: dict, vmfb: bytes, weights, device=None, threads=None, **extra):
@@ -39,6 +83,7 @@ def load(path: str, device: str | None = None, threads: int | None = None):
     >>> y = exe(x)
     """
     meta, vmfb, weights = artifact.read(path)
+    check_module(meta, vmfb, os.fspath(path))
     exe = from_parts(meta, vmfb, weights, device=device, threads=threads, path=os.fspath(path))
     if meta.get("lm") is not None:
         return open_generator(exe)

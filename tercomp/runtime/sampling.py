@@ -34,8 +34,13 @@ def check_sampling(temperature, top_k, top_p, seed) -> None:
 
 
 def probabilities(logits: np.ndarray, temperature: float, top_k=None, top_p=None) -> np.ndarray:
-    """The distribution that `sample` draws from (float64, sums to 1)."""
-    z = np.asarray(logits, np.float64) / float(temperature)
+    """The distribution that `sample` draws from (float64, sums to 1). The logits are
+    shifted by their maximum before the division by `temperature`, so a temperature
+    as small as 1e-308 gives the limit distribution (the largest logits share the
+    mass) instead of inf - inf = NaN."""
+    z = np.asarray(logits, np.float64)
+    with np.errstate(over="ignore"):        # (z - max) / T <= 0: overflow is -inf, exp 0
+        z = (z - z.max()) / float(temperature)
     keep = np.ones(z.shape, bool)
     if top_k is not None and top_k < z.size:
         kth = np.partition(z, -int(top_k))[-int(top_k)]

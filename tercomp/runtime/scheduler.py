@@ -168,7 +168,7 @@ class Engine:
                 or max_tokens < 1:
             raise InputError(f"max_tokens must be a positive int, got {max_tokens!r}")
         check_sampling(temperature, top_k, top_p, seed)
-        stop = _eos_set(stop)
+        stop = _eos_set(stop, self.vocab_size)
         prompt = _ids(prompt_ids, self.vocab_size, "prompt")
         if prompt.size == 0:
             raise InputError("the prompt is empty", hint="pass at least one token")

@@ -2,6 +2,7 @@
 the pytree structure of arguments and results. Plain JSON, so artifacts carry it."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -12,6 +13,34 @@ from ..errors import InputError, ParseError
 from ..pytree import jsonable
 
 _NP_DTYPES = {k: np.dtype(v[0]) for k, v in DTYPES.items()}
+_DECLARATION = re.compile(r"@[^(]*\((.*)\)\s*->\s*\((.*)\)\s*$", re.S)
+_TENSOR = re.compile(r"tensor<((?:(?:\d+|\?)x)*)([a-z][a-z0-9]*)>")
+
+
+def declared_types(declaration: str):
+    """The argument and result types of a compiled function, from the declaration
+    iree.runtime reflects (`iree.abi.declaration`: "sync func @f(%input0:
+    tensor<?x8xf32>) -> (%output0: tensor<?x4xf32>)"), as two lists of (dims,
+    element type) with None for a dynamic dim, or None for a type that is not a
+    tensor; None when the text is not such a declaration.
+
+    >>> declared_types("sync func @f(%input0: tensor<?x8xf32>) -> (%output0: tensor<i32>)")
+    ([([None, 8], 'f32')], [([], 'i32')])
+    """
+    m = _DECLARATION.search(declaration)
+    if m is None:
+        return None
+    return tuple(parse_types(group) for group in m.groups())
+
+
+def parse_types(text: str) -> list:
+    """"%a: tensor<2x?xf16>, %b: i32" -> [([2, None], 'f16'), None] (see declared_types)."""
+    out = []
+    for item in filter(None, (p.strip() for p in re.split(r",\s*(?=[%\w.]+\s*:)", text))):
+        t = _TENSOR.fullmatch(item.partition(":")[2].strip())
+        out.append(None if t is None else
+                   ([None if d == "?" else int(d) for d in t.group(1).split("x")[:-1]], t.group(2)))
+    return out
 
 
 @dataclass
@@ -55,6 +84,26 @@ class Signature:
                     except ParseError as e:
                         raise InputError(f"{t.name}: {e.message}") from None
         return sig
+
+    def mismatch(self, inputs: list, outputs: list) -> str | None:
+        """How this signature disagrees with a module's declared argument and result
+        types (declared_types), or None: counts, ranks, static dims and dtypes. A dim
+        symbolic here may be anything there; a type that is not a tensor is not compared."""
+        for what, sigs, types in (("input", self.inputs, inputs), ("output", self.outputs, outputs)):
+            if len(sigs) != len(types):
+                return f"it names {len(sigs)} {what}s, the module's {self.function} has {len(types)}"
+            for s, t in zip(sigs, types):
+                if t is None:
+                    continue
+                dims, element = t
+                shape = ", ".join("?" if d is None else str(d) for d in dims)
+                if DTYPES[s.dtype][1] != element:
+                    return f"{what} {s.name} is {s.dtype} in it and {element} in the module"
+                if len(dims) != len(s.shape) or any(
+                        isinstance(a, int) and b is not None and a != b for a, b in zip(s.shape, dims)):
+                    return (f"{what} {s.name} has shape [{', '.join(map(str, s.shape))}] in it and "
+                            f"[{shape}] in the module")
+        return None
 
     @staticmethod
     def from_graph(graph) -> "Signature":
