@@ -32,6 +32,7 @@ class TextStream:
         self._text_ids: list[int] = []
         self.text = ""
         self.finished = False
+        self._cut = False           # a stop string ended the text
 
     def push(self, token: int) -> str:
         """Take the next token; returns the text that can be sent now ("" if none)."""
@@ -52,7 +53,7 @@ class TextStream:
     def flush(self) -> str:
         """The request has ended: the text held back, up to a stop string if one is
         complete in it."""
-        if self.finished or self.tokenizer is None:
+        if self._cut or self.tokenizer is None:
             return ""
         return self._advance(self.tokenizer.decode(self._text_ids), final=True)
 
@@ -65,7 +66,7 @@ class TextStream:
         end = len(full)
         hits = [i for i in (full.find(s, start) for s in self.stop) if i >= 0]
         if hits:
-            end, self.finished = min(hits), True
+            end, self.finished, self._cut = min(hits), True, True
         elif not final:
             end -= self._held(full)
         if end <= start:
