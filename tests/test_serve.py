@@ -30,7 +30,7 @@ bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 KEY = "test-key"
-MAX_SEQ, SLOTS, MAX_QUEUE, MAX_BODY = 128, 4, 8, 64 << 10
+MAX_SEQ, SLOTS, MAX_QUEUE, MAX_BODY = 256, 4, 8, 64 << 10
 TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -284,15 +284,16 @@ def test_bad_chat_requests(ref, base, client):
 
 
 def test_full_queue_is_429(ref, base, client):
-    # 4 slots + 8 waiting: of 24 requests of 120 tokens sent at once, some are refused
-    body = {"model": "tiny", "prompt": [7, 8], "max_tokens": 120, "temperature": 0}
+    # 4 slots + 8 waiting: of 24 long requests sent at once, some are refused
+    body = {"model": "tiny", "prompt": [7, 8], "max_tokens": 250, "temperature": 0,
+            "ignore_eos": True}
     with cf.ThreadPoolExecutor(24) as pool:
         answers = list(pool.map(lambda _: post(base, "/v1/completions", body), range(24)))
     codes = [a.status_code for a in answers]
     assert 429 in codes and set(codes) <= {200, 429}, codes
     refused = next(a for a in answers if a.status_code == 429).json()["error"]
     assert refused["code"] == "queue_full"
-    want = expected(ref, [7, 8], 120)[0]
+    want = ref.generate([7, 8], max_new_tokens=250).tolist()
     assert all(a.json()["choices"][0]["token_ids"] == want for a in answers if a.status_code == 200)
     assert metric(base, "tercomp_requests_rejected_total") >= codes.count(429)
     check_serves(ref, client)
@@ -312,27 +313,38 @@ def test_disconnect_mid_stream_frees_the_slot(ref, base, client):
     _wait_idle(base)
     before = metric(base, "tercomp_generation_tokens_total")
     finished = metric(base, "tercomp_requests_finished_total")
-    body = {"model": "tiny", "prompt": [9, 10], "max_tokens": 120, "temperature": 0,
-            "stream": True}
+    body = {"model": "tiny", "prompt": [9, 10], "max_tokens": 250, "temperature": 0,
+            "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60,
                       headers={"Authorization": f"Bearer {KEY}"}) as r:
         first = next(r.iter_lines())
         assert first.startswith("data: ")
     # the connection is closed: the request is cancelled, its slot freed
     _wait_idle(base)
-    assert metric(base, "tercomp_generation_tokens_total") - before < 120
+    assert metric(base, "tercomp_generation_tokens_total") - before < 250
     assert metric(base, "tercomp_requests_finished_total") == finished
     check_serves(ref, client)
 
 
 def test_disconnect_while_waiting_for_a_whole_answer(ref, base, client):
+    # the slots are busy with 4 long requests; a 5th waits for one and its client gives up:
+    # it is dropped without a token generated
     _wait_idle(base)
-    before = metric(base, "tercomp_generation_tokens_total")
-    with pytest.raises(httpx.TimeoutException):
-        post(base, "/v1/completions", {"model": "tiny", "prompt": [11, 12], "max_tokens": 120,
-                                       "temperature": 0}, timeout=0.05)
+    tokens, finished = (metric(base, f"tercomp_{m}_total") for m in ("generation_tokens",
+                                                                      "requests_finished"))
+    long = {"model": "tiny", "prompt": [9, 10], "max_tokens": 250, "temperature": 0,
+            "ignore_eos": True}
+    with cf.ThreadPoolExecutor(SLOTS) as pool:
+        busy = [pool.submit(post, base, "/v1/completions", long) for _ in range(SLOTS)]
+        deadline = time.monotonic() + 10
+        while stats(base)["running"] < SLOTS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(httpx.TimeoutException):
+            post(base, "/v1/completions", {**long, "prompt": [11, 12]}, timeout=0.05)
+        assert all(b.result().status_code == 200 for b in busy)
     _wait_idle(base)
-    assert metric(base, "tercomp_generation_tokens_total") - before < 120
+    assert metric(base, "tercomp_generation_tokens_total") - tokens == SLOTS * 250
+    assert metric(base, "tercomp_requests_finished_total") - finished == SLOTS
     check_serves(ref, client)
 
 
