@@ -12,14 +12,13 @@ users of the machine).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
 from . import cli_generate
 from .errors import TercompError
 
-_NEEDS = ("fastapi", "uvicorn", "prometheus_client")
+DEFAULT_MAX_BATCH = 8
 
 
 def add_parser(sub, positive_int, run):
@@ -31,7 +30,7 @@ def add_parser(sub, positive_int, run):
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
-    s.add_argument("--max-batch", type=positive_int, default=8, metavar="N",
+    s.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="concurrent sequences (cache slots) when compiling (default 8)")
     s.add_argument("--max-seq", type=positive_int, help="context length (prompt and generated "
                    "tokens) when compiling (default: the model's, at most 2048)")
@@ -66,23 +65,31 @@ def model_name(path: str) -> str:
 
 
 def run(args, spinner, usage_error) -> int:
-    missing = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
-    if missing:
-        raise TercompError(f"tercomp serve needs {', '.join(missing)}",
-                           hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
-                                "prometheus-client)")
     if args.api_key is not None and not args.api_key.strip():
         raise usage_error("--api-key is empty")
-    import uvicorn
+    try:    # the serve extra, imported here: the other commands run without it
+        import uvicorn
+        from .serve.app import create_app
+    except ImportError as e:
+        raise TercompError(f"tercomp serve needs {e.name or e}, which is not installed",
+                           hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
+                                "prometheus-client)") from None
     from .runtime.scheduler import Engine
-    from .serve.app import create_app
 
+    asked = {"max_batch": args.max_batch, "max_seq": args.max_seq}
+    if args.max_batch is None:
+        args.max_batch = DEFAULT_MAX_BATCH
     gen = cli_generate._open(args, spinner)
     batch = getattr(gen, "max_batch", 1)
+    # a .tcm is served as it was compiled: say so when the flags asked for another shape
+    for flag, have in (("max_batch", batch), ("max_seq", gen.max_seq)):
+        if asked[flag] is not None and asked[flag] != have:
+            print(f"note: {args.model} was compiled with {flag} {have}; --{flag.replace('_', '-')} "
+                  f"{asked[flag]} applies when compiling a .gguf or Hugging Face model",
+                  file=sys.stderr)
     if batch == 1:
-        print(f"note: {args.model} was compiled without max_batch: requests run one at a time "
-              f"(compile a .gguf or HF model with --max-batch, or save one from "
-              f"tc.compile_lm(lm, max_batch=N))", file=sys.stderr)
+        print(f"note: {args.model} has one cache slot: requests run one at a time (compile "
+              f"with max_batch, e.g. tercomp serve MODEL.gguf --max-batch 8)", file=sys.stderr)
     engine = Engine(gen, max_queue=args.max_queue)
     name = args.name or model_name(args.model)
     app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body)

@@ -7,7 +7,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest

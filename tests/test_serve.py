@@ -7,6 +7,8 @@ import concurrent.futures as cf
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -361,3 +363,18 @@ def test_bounded_load_loses_no_request(ref, base):
     print(f"load: p50 {s['p50_s'] * 1e3:.0f} ms, p99 {s['p99_s'] * 1e3:.0f} ms, "
           f"{s['tokens_per_s']:.0f} tokens/s")
     _wait_idle(base)
+
+
+def test_without_the_serve_extra_says_what_to_install(tmp_path):
+    # fastapi hidden from the import system: the command names the pip install
+    hide = ("import sys, importlib.abc\n"
+            "class Hide(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'fastapi': raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, Hide())\n"
+            "from tercomp.cli import main\n"
+            "sys.exit(main(['serve', 'model.tcm']))\n")
+    r = subprocess.run([sys.executable, "-c", hide], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": bench.ROOT}, timeout=60)
+    assert r.returncode == 1
+    assert "needs fastapi" in r.stderr and "pip install 'tercomp[serve]'" in r.stderr, r.stderr

@@ -311,6 +311,8 @@ async def _collect(runs, request: Request, metrics: Metrics) -> None:
         raise APIError(499, "the client closed the request", code="client_closed")
     try:
         work.result()
+    except EngineClosed as e:
+        raise APIError(503, e.message, type="server_error", code="engine_stopped") from None
     except TercompError as e:
         raise APIError(500, f"generation failed: {e.message}", type="server_error") from None
 
