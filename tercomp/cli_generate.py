@@ -186,7 +186,7 @@ def _open(args, spinner, usage_error, ids, eos):
         gen = compile_lm(lm, max_seq=args.max_seq, kv_dtype=args.kv_dtype, device=args.device,
                          threads=args.threads, cache=not args.no_cache,
                          target=args.target or "llvm-cpu", vulkan_target=args.vulkan_target,
-                         cuda_target=args.cuda_target)
+                         cuda_target=args.cuda_target, max_batch=getattr(args, "max_batch", None))
     if gen.exe.meta.get("cache_hit"):
         print("(compiled module from the compile cache)", file=sys.stderr)
     return gen, prompt, chat_eos

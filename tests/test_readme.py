@@ -1,7 +1,10 @@
 """The README's first-run promises: the main job and the command-line examples run as
 written."""
+import importlib.util
 import os
 import re
+import shlex
+import socket
 import subprocess
 import sys
 
@@ -48,3 +51,44 @@ def test_targets_section_trains_on_vulkan_as_written():
     assert scope["step"].exe.device == "vulkan"
     shown = re.search(r"losses = .*#\s*([\d.]+(?:, [\d.]+)+)\s*$", block, re.M).group(1)
     np.testing.assert_allclose(scope["losses"], [float(v) for v in shown.split(", ")], atol=3e-3)
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None
+                        for m in ("fastapi", "uvicorn", "prometheus_client", "openai")),
+                    reason="needs the serve extra and openai: pip install -e '.[test]'")
+def test_serving_section_runs_as_written(tmp_path):
+    """The Serving section's commands and client code, as written but on a free port
+    (8000 may be taken): the `... &` line is the server, stopped at the end."""
+    section = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read() \
+        .split("## Serving", 1)[1].split("\n## ", 1)[0]
+    bash = section.split("```bash", 1)[1].split("```", 1)[0]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    lines = [ln.replace("8000", port) for ln in bash.splitlines() if ln.strip()]
+    assert any(ln.startswith("tercomp serve") for ln in lines) and "8000" in code
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+           "PYTHONPATH": os.path.abspath(ROOT), "TERCOMP_CACHE_DIR": str(tmp_path / "cache")}
+    server = None
+    try:
+        for line in lines:
+            words = shlex.split(line, comments=True)
+            if words[-1] == "&":
+                server = subprocess.Popen(words[:-1], cwd=tmp_path, env=env,
+                                          stdout=subprocess.DEVNULL,
+                                          stderr=open(tmp_path / "server.log", "w"))
+                continue
+            r = subprocess.run(line, shell=True, cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=300)
+            assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}\n" \
+                                      f"{(tmp_path / 'server.log').read_text()}"
+        r = subprocess.run([sys.executable, "-c", code.replace("8000", port)], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["length 8", "8"]
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)

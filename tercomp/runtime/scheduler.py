@@ -201,6 +201,11 @@ class Engine:
             return {**self.counters, "waiting": len(self._waiting), "running": len(self._running),
                     "slots": self.max_batch, "free_slots": len(self._free)}
 
+    @property
+    def alive(self) -> bool:
+        """True until the engine is closed or its thread stops on an error."""
+        return self._thread.is_alive() and not self._closed and self._failed is None
+
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine: running and waiting requests finish as "cancelled"."""
         with self._cv:

@@ -1,0 +1,103 @@
+"""`tercomp serve`: serve a language model over OpenAI's HTTP API.
+
+    tercomp serve MODEL [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-seq N]
+                  [--api-key KEY] [--threads N] [--max-queue N] [--max-body BYTES]
+
+MODEL is a .gguf file, a Hugging Face directory (compiled with max_batch slots), or an
+LM artifact (.tcm, served as it was compiled: `tercomp generate ... --save` or
+`gen.save()`). Binds 127.0.0.1 unless --host says otherwise. The API key may also come
+from the TERCOMP_API_KEY environment variable (a command line is visible to other
+users of the machine).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import cli_generate
+from .errors import TercompError
+
+DEFAULT_MAX_BATCH = 8
+
+
+def add_parser(sub, positive_int, run):
+    """Add the `serve` command to the subparsers `sub`; `run(args)` executes it."""
+    s = sub.add_parser("serve", help="serve a language model over OpenAI's HTTP API",
+                       description="Serve MODEL (.gguf, Hugging Face directory, or an LM "
+                                   "artifact .tcm) at /v1/completions, /v1/chat/completions, "
+                                   "/v1/models, /health and /metrics.")
+    s.add_argument("model", metavar="MODEL")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
+    s.add_argument("--max-batch", type=positive_int, metavar="N",
+                   help="concurrent sequences (cache slots) when compiling (default 8)")
+    s.add_argument("--max-seq", type=positive_int, help="context length (prompt and generated "
+                   "tokens) when compiling (default: the model's, at most 2048)")
+    s.add_argument("--api-key", metavar="KEY", default=os.environ.get("TERCOMP_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1 (default: $TERCOMP_API_KEY)")
+    s.add_argument("--threads", type=positive_int, help="local-task thread count")
+    s.add_argument("--max-queue", type=positive_int, default=256, metavar="N",
+                   help="requests waiting for a slot beyond which new ones get 429 (default 256)")
+    s.add_argument("--max-body", type=positive_int, default=1 << 20, metavar="BYTES",
+                   help="largest request body accepted (default 1 MiB)")
+    s.add_argument("--name", help="the model name clients pass (default: MODEL's file name "
+                                  "without its extension)")
+    s.add_argument("--kv-dtype", choices=["float16", "float32"],
+                   help="KV cache element type when compiling (default float16)")
+    s.add_argument("--device", help="local-task, local-sync, vulkan or cuda")
+    s.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
+    s.set_defaults(run=run, target=None, vulkan_target=None, cuda_target=None)
+    return s
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {text!r}")
+    return int(text)
+
+
+def model_name(path: str) -> str:
+    """'models/bitnet-2b.gguf' -> 'bitnet-2b'; a directory -> its name."""
+    base = os.path.basename(os.path.normpath(path))
+    stem, ext = os.path.splitext(base)
+    return stem if ext in (".gguf", ".tcm") else base
+
+
+def run(args, spinner, usage_error) -> int:
+    if args.api_key is not None and not args.api_key.strip():
+        raise usage_error("--api-key is empty")
+    try:    # the serve extra, imported here: the other commands run without it
+        import uvicorn
+        from .serve.app import create_app
+    except ImportError as e:
+        raise TercompError(f"tercomp serve needs {e.name or e}, which is not installed",
+                           hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
+                                "prometheus-client)") from None
+    from .runtime.scheduler import Engine
+
+    asked = {"max_batch": args.max_batch, "max_seq": args.max_seq}
+    if args.max_batch is None:
+        args.max_batch = DEFAULT_MAX_BATCH
+    gen = cli_generate._open(args, spinner)
+    batch = getattr(gen, "max_batch", 1)
+    # a .tcm is served as it was compiled: say so when the flags asked for another shape
+    for flag, have in (("max_batch", batch), ("max_seq", gen.max_seq)):
+        if asked[flag] is not None and asked[flag] != have:
+            print(f"note: {args.model} was compiled with {flag} {have}; --{flag.replace('_', '-')} "
+                  f"{asked[flag]} applies when compiling a .gguf or Hugging Face model",
+                  file=sys.stderr)
+    if batch == 1:
+        print(f"note: {args.model} has one cache slot: requests run one at a time (compile "
+              f"with max_batch, e.g. tercomp serve MODEL.gguf --max-batch 8)", file=sys.stderr)
+    engine = Engine(gen, max_queue=args.max_queue)
+    name = args.name or model_name(args.model)
+    app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body)
+    print(f"serving {name} ({batch} slots of {gen.max_seq} tokens) on "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=5)
+    finally:
+        engine.close()
+    return 0

@@ -1,0 +1,475 @@
+"""The OpenAI-compatible HTTP API over an Engine (runtime.scheduler): a FastAPI app.
+
+    GET  /v1/models                the one model served
+    POST /v1/completions           prompt: text, token ids, or a list of either
+    POST /v1/chat/completions      messages rendered by the model's chat template
+    GET  /health                   200 while the engine runs, else 503
+    GET  /metrics                  Prometheus text (serve.metrics)
+
+`stream: true` answers with server-sent events (`data: {chunk}\\n\\n` ..., `data:
+[DONE]\\n\\n`), as OpenAI streams them. Every error is OpenAI's JSON error body with
+a 4xx/5xx status: 401 (API key), 400 (a body that fails validation, a prompt longer
+than the context, ids out of range, ...), 404 (another model's name), 413 (a body over
+`max_body` bytes), 429 (the engine's queue is full), 503 (the engine stopped). A
+client that goes away has its request cancelled: the engine frees its slot at its
+next step.
+
+The engine's thread owns the device; each request's tokens are carried from that
+thread to the event loop by one small thread per request (Request iteration blocks),
+so the loop never waits on the engine.
+
+    >>> engine = Engine(tc.load("model.tcm"))
+    >>> app = create_app(engine, "model", api_key="secret")
+    >>> uvicorn.run(app, host="127.0.0.1", port=8000)
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import threading
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import InputError, TercompError
+from ..models.chat import ChatTemplate, ChatTemplateError
+from ..runtime.scheduler import EngineClosed, QueueFull
+from .metrics import CONTENT_TYPE, Metrics
+from .protocol import ChatRequest, CompletionRequest, error_body
+from .text import TextStream
+
+#: the largest request body accepted, in bytes (create_app's max_body)
+MAX_BODY = 1 << 20
+
+_END = object()
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's JSON error body with `status`."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param=None, code=None):
+        super().__init__(message)
+        self.status, self.body = status, error_body(message, type, param, code)
+
+
+def create_app(engine, model_name: str, api_key: str | None = None,
+               max_body: int = MAX_BODY) -> FastAPI:
+    """The FastAPI app serving `engine` (a runtime.Engine) as `model_name`. With
+    `api_key`, every /v1 request needs `Authorization: Bearer <api_key>` (/health and
+    /metrics stay open, for load balancers and scrapers). The caller owns the engine
+    (closes it after the server stops)."""
+    model = _Model(engine.model)
+    metrics = Metrics(engine)
+    created = int(time.time())
+    app = FastAPI(title="tercomp", summary=f"OpenAI-compatible API serving {model_name}")
+    app.state.engine, app.state.metrics = engine, metrics
+    app.add_middleware(_Guard, api_key=api_key, max_body=max_body, metrics=metrics)
+    _add_error_handlers(app)
+
+    def check_model(name: str):
+        if name != model_name:
+            raise APIError(404, f"The model `{name}` does not exist; this server serves "
+                                f"`{model_name}`", param="model", code="model_not_found")
+
+    @app.get("/health")
+    def health():
+        s = engine.stats()
+        body = {"status": "ok" if engine.alive else "stopped", "model": model_name,
+                **{k: s[k] for k in ("slots", "free_slots", "running", "waiting")}}
+        return JSONResponse(body, status_code=200 if engine.alive else 503)
+
+    @app.get("/metrics")
+    def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    def model_card():
+        return {"id": model_name, "object": "model", "created": created, "owned_by": "tercomp",
+                "max_model_len": model.max_seq}
+
+    @app.get("/v1/models")
+    def list_models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    def get_model(name: str):
+        check_model(name)
+        return model_card()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(body.model)
+        prompts = await run_in_threadpool(lambda: [model.encode(p) for p in body.prompts()])
+        max_tokens = body.max_tokens if body.max_tokens is not None else model.max_seq
+        runs = _submit(engine, model, body, prompts, [max_tokens] * len(prompts), "prompt")
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        head = {"id": rid, "object": "text_completion", "created": int(time.time()),
+                "model": model_name}
+
+        def choice(i, text, ids, finish):
+            return {"index": i, "text": text, "logprobs": None, "finish_reason": finish,
+                    "token_ids": ids}
+
+        if body.stream:
+            return _sse(runs, request, metrics, head, choice, _include_usage(body))
+        await _collect(runs, request, metrics)
+        return {**head, "choices": [choice(i, r.text.text, r.text.tokens, r.finish_reason)
+                                    for i, r in enumerate(runs)], "usage": _usage(runs)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        check_model(body.model)
+        prompt = await run_in_threadpool(model.render_chat, body.messages)
+        limit = body.max_completion_tokens or body.max_tokens or model.max_seq
+        runs = _submit(engine, model, body, [prompt], [limit], "messages")
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "created": int(time.time()), "model": model_name}
+        if body.stream:
+            def delta(i, text, ids, finish):
+                d = {} if finish else {"content": text}
+                return {"index": i, "delta": d, "logprobs": None, "finish_reason": finish}
+            first = {"index": 0, "delta": {"role": "assistant", "content": ""},
+                     "logprobs": None, "finish_reason": None}
+            return _sse(runs, request, metrics, {**head, "object": "chat.completion.chunk"},
+                        delta, _include_usage(body), first=first)
+        await _collect(runs, request, metrics)
+        r = runs[0]
+        return {**head, "choices": [{"index": 0, "logprobs": None, "finish_reason": r.finish_reason,
+                                     "message": {"role": "assistant", "content": r.text.text}}],
+                "usage": _usage(runs)}
+
+    return app
+
+
+# -- the model's text side -------------------------------------------------------------------
+
+class _Model:
+    """What the API needs of the generator: its tokenizer, chat template and eos."""
+
+    def __init__(self, gen):
+        self.tokenizer, self.max_seq, self.vocab_size = gen.tokenizer, gen.max_seq, gen.vocab_size
+        self.template = ChatTemplate.from_dict(gen.chat_template)
+        eos = None
+        if self.template is not None and self.template.eos_token and self.tokenizer is not None:
+            eos = self.tokenizer.token_to_id(self.template.eos_token)
+        self.eos = {eos} if eos is not None else set()
+
+    def encode(self, prompt) -> list:
+        if not isinstance(prompt, str):
+            return prompt
+        if self.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer: pass the prompt as token ids",
+                           param="prompt")
+        return self.tokenizer.encode(prompt).ids
+
+    def render_chat(self, messages) -> list:
+        if self.tokenizer is None or self.template is None:
+            raise APIError(400, "this model's files carry no chat template (or no tokenizer): "
+                                "use /v1/completions", param="messages")
+        try:
+            text = self.template.render([{"role": m.role, "content": m.text()} for m in messages],
+                                        add_generation_prompt=True)
+        except ChatTemplateError as e:
+            raise APIError(400, e.message, param="messages") from None
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+class _Run:
+    """One submitted request (one choice) and its text."""
+
+    def __init__(self, req, text: TextStream):
+        self.req, self.text = req, text
+
+    @property
+    def finish_reason(self) -> str:
+        if self.text.finished:
+            return "stop"
+        return self.req.finish_reason if self.req.finish_reason in ("stop", "length") else "abort"
+
+
+def _submit(engine, model: _Model, body, prompts, limits, param) -> list:
+    """Submit one request per prompt (all or none: a refused one cancels the others)."""
+    if body.stop and model.tokenizer is None:
+        raise APIError(400, "stop strings need the model's tokenizer; this model has none",
+                       param="stop")
+    stop_ids = set(body.stop_token_ids or ()) | (set() if body.ignore_eos else model.eos)
+    temperature = 1.0 if body.temperature is None else body.temperature
+    seed = body.seed if body.seed is not None else secrets.randbits(63)
+    runs = []
+    try:
+        for prompt, limit in zip(prompts, limits):
+            if len(prompt) >= model.max_seq:
+                raise APIError(400, f"This model's maximum context length is {model.max_seq} "
+                                    f"tokens; the prompt has {len(prompt)}", param=param,
+                               code="context_length_exceeded")
+            req = engine.submit(prompt, max_tokens=limit, temperature=temperature,
+                                top_k=body.k, top_p=body.top_p, seed=seed, stop=stop_ids)
+            runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids)))
+    except BaseException as e:
+        for r in runs:
+            r.req.cancel()
+        if isinstance(e, QueueFull):
+            raise APIError(429, f"{e.message}: retry later", type="rate_limit_exceeded",
+                           code="queue_full") from None
+        if isinstance(e, EngineClosed):
+            raise APIError(503, e.message, type="server_error", code="engine_stopped") from None
+        if isinstance(e, InputError):
+            raise APIError(400, f"{e.message}" + (f" ({e.hint})" if e.hint else ""),
+                           param=param) from None
+        raise
+    return runs
+
+
+def _usage(runs) -> dict:
+    prompt = sum(int(r.req.prompt.size) for r in runs)
+    completion = sum(len(r.text.tokens) for r in runs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _include_usage(body) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+# -- from the engine's thread to the event loop ------------------------------------------------
+
+async def _tokens(req):
+    """The request's tokens as they come, without blocking the loop: a thread iterates
+    the request (blocking) and hands each token to the loop."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def put(item):
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:            # the loop is closed: nobody reads this request
+            req.cancel()
+
+    def pump():
+        try:
+            for tok in req:
+                put(tok)
+            put(_END)
+        except BaseException as e:
+            put(e)
+
+    threading.Thread(target=pump, name=f"tercomp-request-{req.id}", daemon=True).start()
+    while True:
+        item = await queue.get()
+        if item is _END:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+async def _pieces(run: _Run, metrics: Metrics):
+    """(text, token ids) pieces of one run as they can be sent; the request is cancelled
+    when a stop string ends it, and when the reader goes away (the generator is closed
+    or its task cancelled: the finally)."""
+    sent = 0
+    try:
+        async for tok in _tokens(run.req):
+            text = run.text.push(tok)
+            if text or run.text.tokenizer is None:
+                yield text, run.text.tokens[sent:]
+                sent = len(run.text.tokens)
+            if run.text.finished:
+                break
+        text = run.text.flush()
+        if text or sent < len(run.text.tokens):
+            yield text, run.text.tokens[sent:]
+    finally:
+        run.req.cancel()
+    metrics.observe(run.req)
+
+
+async def _collect(runs, request: Request, metrics: Metrics) -> None:
+    """Run every request to its end; cancel them all if the client disconnects first."""
+    async def drain(run):
+        async for _ in _pieces(run, metrics):
+            pass
+
+    work = asyncio.ensure_future(asyncio.gather(*(drain(r) for r in runs)))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+            for r in runs:
+                r.req.cancel()
+    if work.cancelled():
+        raise APIError(499, "the client closed the request", code="client_closed")
+    try:
+        work.result()
+    except EngineClosed as e:
+        raise APIError(503, e.message, type="server_error", code="engine_stopped") from None
+    except TercompError as e:
+        raise APIError(500, f"generation failed: {e.message}", type="server_error") from None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (its body was read: the next ASGI message
+    is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _sse(runs, request, metrics, head, choice, include_usage, first=None) -> StreamingResponse:
+    """Server-sent events of every run's pieces, merged as they come: one chunk per
+    piece, a last chunk per choice with its finish_reason, a usage chunk when asked,
+    then `data: [DONE]`. A client that goes away cancels the task reading the runs
+    (Starlette's disconnect listener), whose cleanup cancels the requests."""
+    def event(choices, **extra) -> str:
+        return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+    async def events():
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def drain(i, run):
+            try:
+                async for text, ids in _pieces(run, metrics):
+                    await queue.put((i, text, ids))
+                await queue.put((i, None, None))
+            except BaseException as e:
+                await queue.put((i, e, None))
+
+        tasks = [asyncio.ensure_future(drain(i, r)) for i, r in enumerate(runs)]
+        try:
+            if first is not None:
+                yield event([first])
+            left = len(runs)
+            while left:
+                i, text, ids = await queue.get()
+                if isinstance(text, BaseException):
+                    message = getattr(text, "message", None) or str(text)
+                    yield f"data: {json.dumps(error_body(f'generation failed: {message}', 'server_error'))}\n\n"
+                    left -= 1
+                elif text is None:
+                    yield event([choice(i, "", [], runs[i].finish_reason)])
+                    left -= 1
+                else:
+                    yield event([choice(i, text, ids, None)])
+            if include_usage:
+                yield event([], usage=_usage(runs))
+            yield "data: [DONE]\n\n"
+        finally:
+            for t in tasks:
+                t.cancel()
+            for r in runs:
+                r.req.cancel()
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+# -- errors, keys and body size ----------------------------------------------------------------
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request, e: APIError):
+        return JSONResponse(e.body, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, e: RequestValidationError):
+        err = (e.errors() or [{}])[0]
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        if err.get("type") == "json_invalid":
+            return JSONResponse(error_body("the request body is not valid JSON: "
+                                           f"{err.get('ctx', {}).get('error', '')}".rstrip(": "),
+                                           code="invalid_json"), status_code=400)
+        param = loc[0] if loc else None
+        message = err.get("msg", "invalid request").removeprefix("Value error, ")
+        if not loc and err.get("type") in ("model_attributes_type", "dict_type"):
+            message = "the request body must be a JSON object (Content-Type: application/json)"
+        elif param == "prompt" and err.get("type") != "value_error":
+            message = "prompt must be a string, a list of token ids (ints), or a list of either"
+        elif loc:
+            message = f"{'.'.join(loc)}: {message}"
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, e: StarletteHTTPException):
+        return JSONResponse(error_body(str(e.detail), code=str(e.status_code)),
+                            status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal(request, e: Exception):
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}",
+                                       type="server_error"), status_code=500)
+
+
+class _Guard:
+    """ASGI middleware in front of the app: the API key of /v1 requests (before the body
+    is read), the body size limit, and the error count of /metrics."""
+
+    def __init__(self, app, api_key, max_body, metrics):
+        self.app, self.max_body, self.metrics = app, int(max_body), metrics
+        self.key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                self.metrics.errors.labels(str(message["status"])).inc()
+            await send(message)
+
+        headers = dict(scope.get("headers") or ())
+        if self.key is not None and scope["path"].startswith("/v1/") \
+                and not self._authorized(headers.get(b"authorization", b"")):
+            return await _answer(counted, 401, error_body(
+                "Incorrect or missing API key: pass `Authorization: Bearer <key>`",
+                code="invalid_api_key"))
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            return await _answer(counted, 413, self._too_large())
+        body, more = [], True
+        size = 0
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return                                 # the client went away
+            body.append(message.get("body", b""))
+            size += len(body[-1])
+            more = message.get("more_body", False)
+            if size > self.max_body:
+                return await _answer(counted, 413, self._too_large())
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, counted)
+
+    def _authorized(self, header: bytes) -> bool:
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+    def _too_large(self) -> dict:
+        return error_body(f"the request body is over {self.max_body} bytes",
+                          code="request_too_large")
+
+
+async def _answer(send, status: int, body: dict) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})

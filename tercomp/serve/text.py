@@ -1,0 +1,83 @@
+"""From generated token ids to the text a client sees: incremental detokenization and
+stop strings, as OpenAI's API applies them.
+
+A `TextStream` takes a request's tokens one at a time and returns the text that may be
+sent now. It holds back (a) trailing U+FFFD (a byte-level tokenizer
+splits one character over several tokens; decoding a prefix ends in U+FFFD until the
+rest comes), and (b) a tail that could be the start of a stop string. A stop
+string ends the text before it (the stop string itself is not returned, as OpenAI
+does); a stop token id ends it too (its own text is not returned either). Streamed and
+non-streamed responses both come from this class, so their text is the same by
+construction.
+
+    >>> s = TextStream(tok, stop=["\\n\\n"], stop_ids={eos})
+    >>> for t in req: piece = s.push(t); ...; if s.finished: req.cancel(); break
+    >>> piece = s.flush()          # what was held back, once the request ended
+"""
+from __future__ import annotations
+
+
+class TextStream:
+    """Text of one generated sequence. `tokenizer` is a `tokenizers.Tokenizer` (None: a
+    model without one; then text stays empty and only token ids are reported).
+    Attributes: `tokens` (every id pushed, stop tokens included: the usage count),
+    `text` (all text returned so far), `finished` (a stop string or stop id was seen)."""
+
+    def __init__(self, tokenizer, stop=(), stop_ids=()):
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.stop_ids = set(stop_ids)
+        self.longest = max(map(len, self.stop), default=0)
+        self.tokens: list[int] = []
+        self._text_ids: list[int] = []
+        self.text = ""
+        self.finished = False
+        self._cut = False           # a stop string ended the text
+
+    def push(self, token: int) -> str:
+        """Take the next token; returns the text that can be sent now ("" if none)."""
+        if self.finished:
+            return ""
+        self.tokens.append(int(token))
+        if token in self.stop_ids:
+            self.finished = True
+            return ""
+        if self.tokenizer is None:
+            return ""
+        self._text_ids.append(int(token))
+        # a trailing U+FFFD may be a character whose other bytes are to come: text up to
+        # the last whole character is final (lossy UTF-8 decoding of a prefix is a prefix)
+        full = self.tokenizer.decode(self._text_ids).rstrip("\ufffd")
+        return self._advance(full, final=False)
+
+    def flush(self) -> str:
+        """The request has ended: the text held back, up to a stop string if one is
+        complete in it."""
+        if self._cut or self.tokenizer is None:
+            return ""
+        return self._advance(self.tokenizer.decode(self._text_ids), final=True)
+
+    def _advance(self, full: str, final: bool) -> str:
+        start = len(self.text)
+        if not full.startswith(self.text):
+            # a decoder that rewrote text already sent (not seen with byte-level or
+            # SentencePiece decoders): send what follows it, never resend
+            full = self.text + full[start:]
+        end = len(full)
+        hits = [i for i in (full.find(s, start) for s in self.stop) if i >= 0]
+        if hits:
+            end, self.finished, self._cut = min(hits), True, True
+        elif not final:
+            end -= self._held(full)
+        if end <= start:
+            return ""
+        self.text = full[:end]
+        return full[start:end]
+
+    def _held(self, full: str) -> int:
+        """The length of the longest tail of `full` that begins some stop string."""
+        for k in range(min(self.longest - 1, len(full)), 0, -1):
+            tail = full[-k:]
+            if any(s.startswith(tail) for s in self.stop):
+                return k
+        return 0

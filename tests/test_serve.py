@@ -1,0 +1,380 @@
+"""`tercomp serve` as a real server process on 127.0.0.1, driven by OpenAI's own Python
+client and raw httpx: the answers equal a single-stream generator's, streamed equals
+non-streamed, chat equals the template + generate, every bad request gets its status
+and an OpenAI error body while the server keeps answering the next one correctly, a
+client that goes away frees its slot, and a bounded load loses no request."""
+import concurrent.futures as cf
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+fastapi = pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+import tercomp as tc  # noqa: E402
+from tercomp import models, nn  # noqa: E402
+from tercomp.models.chat import ChatTemplate  # noqa: E402
+from tercomp.models.tokenizer import Tokenizer  # noqa: E402
+
+# bench/serve.py: the load test and the server launcher
+_spec = importlib.util.spec_from_file_location("bench_serve", os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "bench", "serve.py"))
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+KEY = "test-key"
+MAX_SEQ, SLOTS, MAX_QUEUE, MAX_BODY = 256, 4, 8, 64 << 10
+TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def tiny_lm():
+    """A 2-layer random BitNet with a byte-level BPE tokenizer and a chat template."""
+    from tokenizers import Tokenizer as HFTokenizer, decoders, models as tm, pre_tokenizers, trainers
+    tok = HFTokenizer(tm.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["hello world the quick brown fox"] * 20, trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<|user|>", "<|assistant|>", "<|end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    nn.manual_seed(0)
+    lm = models.BitNetLM(models.BitNetConfig(
+        vocab_size=tok.get_vocab_size(), hidden_size=128, intermediate_size=256,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=MAX_SEQ))
+    lm.tokenizer = Tokenizer(tok, ChatTemplate(TEMPLATE, eos_token="<|end|>"))
+    return lm
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(the single-stream reference generator, the server's base URL)."""
+    lm = tiny_lm()
+    path = str(tmp_path_factory.mktemp("serve") / "tiny.tcm")
+    tc.compile_lm(lm, max_seq=MAX_SEQ, max_batch=SLOTS).save(path)
+    ref = tc.compile_lm(lm, max_seq=MAX_SEQ)
+    port = bench.free_port()
+    proc = bench.start_server(path, port, ["--api-key", KEY, "--max-queue", str(MAX_QUEUE),
+                                           "--max-body", str(MAX_BODY)])
+    try:
+        yield ref, f"http://127.0.0.1:{port}"
+    finally:
+        bench.stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def ref(served):
+    return served[0]
+
+
+@pytest.fixture(scope="module")
+def base(served):
+    return served[1]
+
+
+@pytest.fixture(scope="module")
+def client(base):
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+EOS = 2     # <|end|>: the chat template's eos, which ends completions too
+
+
+def expected(ref, ids, n, **kw):
+    """(token ids, text) that the server must answer: the single-stream generator's,
+    the eos token ending the text and left out of it."""
+    out = ref.generate(np.asarray(ids), max_new_tokens=n, eos={EOS}, **kw).tolist()
+    return out, ref.decode_text(out[:-1] if out and out[-1] == EOS else out)
+
+
+def post(base, path, body, key=KEY, timeout=60):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{base}{path}", json=body, headers=headers, timeout=timeout)
+
+
+def stats(base) -> dict:
+    return httpx.get(f"{base}/health", timeout=10).json()
+
+
+def metric(base, name) -> float:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                return s.value
+    raise KeyError(name)
+
+
+def check_serves(ref, client):
+    """The server still answers a greedy completion correctly."""
+    r = client.completions.create(model="tiny", prompt="hello world", max_tokens=6, temperature=0)
+    ids, text = expected(ref, ref.encode("hello world"), 6)
+    assert r.choices[0].model_extra["token_ids"] == ids and r.choices[0].text == text
+
+
+# -- the answers ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt", ["hello world", "the quick brown fox", "hello", [5, 17, 250, 3]])
+def test_greedy_completion_equals_generate(ref, client, prompt):
+    ids = ref.encode(prompt) if isinstance(prompt, str) else prompt
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+    want_ids, want_text = expected(ref, ids, 24)
+    c = r.choices[0]
+    assert c.model_extra["token_ids"] == want_ids and c.text == want_text
+    assert c.finish_reason == ("stop" if want_ids[-1] == EOS else "length")
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == \
+        (len(ids), len(want_ids), len(ids) + len(want_ids))
+    assert r.object == "text_completion" and r.model == "tiny"
+
+
+def test_seeded_sampling_equals_generate(ref, client):
+    r = client.completions.create(model="tiny", prompt="hello", max_tokens=16, temperature=0.9,
+                                  top_p=0.95, seed=7, extra_body={"top_k": 40})
+    assert r.choices[0].model_extra["token_ids"] == expected(
+        ref, ref.encode("hello"), 16, temperature=0.9, top_p=0.95, top_k=40, seed=7)[0]
+
+
+def test_streamed_text_equals_non_streamed(ref, client):
+    for prompt in ["hello world", "the quick brown fox", "fox"]:
+        whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=30,
+                                          temperature=0)
+        chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=30,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
+            whole.choices[0].finish_reason
+        assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+def test_raw_sse_format(base):
+    with httpx.stream("POST", f"{base}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                      json={"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 3,
+                            "temperature": 0, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = r.read().decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks) == 3
+
+
+@pytest.mark.parametrize("prompt,stop", [("hello", "kk"), ("hello world", "FFF"),
+                                         ("hello", " brown"), ("hello world", "ooooX")])
+def test_stop_strings_trim_as_openai(ref, client, prompt, stop):
+    _, full = expected(ref, ref.encode(prompt), 40)
+    cut = full.find(stop)
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0,
+                                  stop=[stop, "never seen"])
+    assert r.choices[0].text == (full if cut < 0 else full[:cut])
+    assert r.choices[0].finish_reason == ("length" if cut < 0 else "stop")
+    streamed = client.completions.create(model="tiny", prompt=prompt, max_tokens=40,
+                                         temperature=0, stop=[stop, "never seen"], stream=True)
+    assert "".join(c.choices[0].text for c in streamed) == r.choices[0].text
+
+
+def test_stop_token_ids(ref, client):
+    ids, _ = expected(ref, ref.encode("hello world"), 20)
+    stop_id = ids[7]
+    r = client.completions.create(model="tiny", prompt="hello world", max_tokens=20,
+                                  temperature=0, extra_body={"stop_token_ids": [stop_id]})
+    got = r.choices[0].model_extra["token_ids"]
+    assert got == ids[:ids.index(stop_id) + 1] and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == ref.decode_text(got[:-1])
+
+
+def test_several_prompts_one_request(ref, client):
+    prompts = [[4, 5, 6], [40, 41], [100]]
+    r = client.completions.create(model="tiny", prompt=prompts, max_tokens=8, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for c, p in zip(r.choices, prompts):
+        assert c.model_extra["token_ids"] == expected(ref, p, 8)[0]
+
+
+def test_chat_equals_template_and_generate(ref, client):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    text = ChatTemplate.from_dict(ref.chat_template).render(messages, add_generation_prompt=True)
+    ids = ref.tokenizer.encode(text, add_special_tokens=False).ids
+    want_ids, want = expected(ref, ids, 20)
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=20,
+                                       temperature=0)
+    assert r.choices[0].message.content == want and r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == len(want_ids)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=20,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+
+
+def test_models_health_and_metrics(base, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    h = stats(base)
+    assert h["status"] == "ok" and h["slots"] == SLOTS
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"tercomp_requests", "tercomp_generation_tokens", "tercomp_requests_waiting",
+            "tercomp_time_to_first_token_seconds", "tercomp_generation_tokens_per_second"} <= names
+    assert metric(base, "tercomp_generation_tokens_total") > 0
+
+
+# -- bad requests ----------------------------------------------------------------------------
+
+BAD = [  # (what, body or raw bytes, key, status, param)
+    ("no key", {"model": "tiny", "prompt": "hi"}, None, 401, None),
+    ("wrong key", {"model": "tiny", "prompt": "hi"}, "nope", 401, None),
+    ("prompt over max_seq", {"model": "tiny", "prompt": [1] * MAX_SEQ}, KEY, 400, "prompt"),
+    ("id out of range", {"model": "tiny", "prompt": [1, 280]}, KEY, 400, "prompt"),
+    ("negative id", {"model": "tiny", "prompt": [-1]}, KEY, 400, "prompt"),
+    ("ids not ints", {"model": "tiny", "prompt": [1.5, True]}, KEY, 400, "prompt"),
+    ("max_tokens 0", {"model": "tiny", "prompt": "hi", "max_tokens": 0}, KEY, 400, "max_tokens"),
+    ("max_tokens < 0", {"model": "tiny", "prompt": "hi", "max_tokens": -3}, KEY, 400, "max_tokens"),
+    ("temperature < 0", {"model": "tiny", "prompt": "hi", "temperature": -0.5}, KEY, 400,
+     "temperature"),
+    ("top_p 0", {"model": "tiny", "prompt": "hi", "top_p": 0}, KEY, 400, "top_p"),
+    ("malformed JSON", b'{"model": "tiny", "prompt": ', KEY, 400, None),
+    ("not an object", b'[1, 2]', KEY, 400, None),
+    ("oversized body", {"model": "tiny", "prompt": "x" * MAX_BODY}, KEY, 413, None),
+    ("another model", {"model": "gpt-4", "prompt": "hi"}, KEY, 404, "model"),
+    ("n > 1", {"model": "tiny", "prompt": "hi", "n": 2}, KEY, 400, "n"),
+    ("logprobs", {"model": "tiny", "prompt": "hi", "logprobs": 3}, KEY, 400, "logprobs"),
+    ("empty prompt", {"model": "tiny", "prompt": []}, KEY, 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("what,body,key,status,param", BAD, ids=[b[0] for b in BAD])
+def test_bad_request_gets_openai_error_and_hurts_no_one(ref, base, client, what, body, key,
+                                                          status, param):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if isinstance(body, bytes):
+        r = httpx.post(f"{base}/v1/completions", content=body, timeout=60,
+                       headers={**headers, "Content-Type": "application/json"})
+    else:
+        r = post(base, "/v1/completions", body, key=key)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param
+    check_serves(ref, client)
+
+
+def test_bad_chat_requests(ref, base, client):
+    for body in ({"model": "tiny", "messages": []},
+                 {"model": "tiny", "messages": [{"content": "no role"}]},
+                 {"model": "tiny", "messages": [{"role": "user", "content": "x" * 4 * MAX_SEQ}]},
+                 {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                  "max_completion_tokens": 0}):
+        r = post(base, "/v1/chat/completions", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] in ("messages", "max_completion_tokens"), r.text
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                       temperature=-1)
+    check_serves(ref, client)
+
+
+def test_full_queue_is_429(ref, base, client):
+    # 4 slots + 8 waiting: of 24 long requests sent at once, some are refused
+    body = {"model": "tiny", "prompt": [7, 8], "max_tokens": 250, "temperature": 0,
+            "ignore_eos": True}
+    with cf.ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(lambda _: post(base, "/v1/completions", body), range(24)))
+    codes = [a.status_code for a in answers]
+    assert 429 in codes and set(codes) <= {200, 429}, codes
+    refused = next(a for a in answers if a.status_code == 429).json()["error"]
+    assert refused["code"] == "queue_full"
+    want = ref.generate([7, 8], max_new_tokens=250).tolist()
+    assert all(a.json()["choices"][0]["token_ids"] == want for a in answers if a.status_code == 200)
+    assert metric(base, "tercomp_requests_rejected_total") >= codes.count(429)
+    check_serves(ref, client)
+
+
+def _wait_idle(base, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = stats(base)
+        if h["running"] == 0 and h["waiting"] == 0 and h["free_slots"] == SLOTS:
+            return h
+        time.sleep(0.05)
+    raise AssertionError(f"the server kept its slots: {stats(base)}")
+
+
+def test_disconnect_mid_stream_frees_the_slot(ref, base, client):
+    _wait_idle(base)
+    before = metric(base, "tercomp_generation_tokens_total")
+    finished = metric(base, "tercomp_requests_finished_total")
+    body = {"model": "tiny", "prompt": [9, 10], "max_tokens": 250, "temperature": 0,
+            "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        first = next(r.iter_lines())
+        assert first.startswith("data: ")
+    # the connection is closed: the request is cancelled, its slot freed
+    _wait_idle(base)
+    assert metric(base, "tercomp_generation_tokens_total") - before < 250
+    assert metric(base, "tercomp_requests_finished_total") == finished
+    check_serves(ref, client)
+
+
+def test_disconnect_while_waiting_for_a_whole_answer(ref, base, client):
+    # the slots are busy with 4 long requests; a 5th waits for one and its client gives up:
+    # it is dropped without a token generated
+    _wait_idle(base)
+    tokens, finished = (metric(base, f"tercomp_{m}_total") for m in ("generation_tokens",
+                                                                      "requests_finished"))
+    long = {"model": "tiny", "prompt": [9, 10], "max_tokens": 250, "temperature": 0,
+            "ignore_eos": True}
+    with cf.ThreadPoolExecutor(SLOTS) as pool:
+        busy = [pool.submit(post, base, "/v1/completions", long) for _ in range(SLOTS)]
+        deadline = time.monotonic() + 10
+        while stats(base)["running"] < SLOTS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(httpx.TimeoutException):
+            post(base, "/v1/completions", {**long, "prompt": [11, 12]}, timeout=0.05)
+        assert all(b.result().status_code == 200 for b in busy)
+    _wait_idle(base)
+    assert metric(base, "tercomp_generation_tokens_total") - tokens == SLOTS * 250
+    assert metric(base, "tercomp_requests_finished_total") - finished == SLOTS
+    check_serves(ref, client)
+
+
+def test_bounded_load_loses_no_request(ref, base):
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 280, rng.integers(1, 40)).tolist() for _ in range(40)]
+    max_tokens = rng.integers(1, 30, 40).tolist()
+    run = bench.load_test(f"{base}/v1", "tiny", prompts, max_tokens, clients=8, api_key=KEY,
+                          timeout=60)
+    assert run["errors"] == []
+    for p, n, r in zip(prompts, max_tokens, run["results"]):
+        assert r["tokens"] == expected(ref, p, n)[0]
+    s = bench.summary(run)
+    print(f"load: p50 {s['p50_s'] * 1e3:.0f} ms, p99 {s['p99_s'] * 1e3:.0f} ms, "
+          f"{s['tokens_per_s']:.0f} tokens/s")
+    _wait_idle(base)
+
+
+def test_without_the_serve_extra_says_what_to_install(tmp_path):
+    # fastapi hidden from the import system: the command names the pip install
+    hide = ("import sys, importlib.abc\n"
+            "class Hide(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'fastapi': raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, Hide())\n"
+            "from tercomp.cli import main\n"
+            "sys.exit(main(['serve', 'model.tcm']))\n")
+    r = subprocess.run([sys.executable, "-c", hide], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": bench.ROOT}, timeout=60)
+    assert r.returncode == 1
+    assert "needs fastapi" in r.stderr and "pip install 'tercomp[serve]'" in r.stderr, r.stderr
