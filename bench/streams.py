@@ -2,9 +2,9 @@
 max_batch) at 1, 4, 8 and 16 concurrent streams, against llama.cpp's own batched
 decoding of the same GGUF with the same threads, in the same run.
 
-    python bench/serve.py                   # bitnet_b1_58-large shape (~700M parameters)
-    python bench/serve.py --layers 4        # quicker
-    python bench/serve.py --no-peer         # tercomp only
+    python bench/streams.py                   # bitnet_b1_58-large shape (~700M parameters)
+    python bench/streams.py --layers 4        # quicker
+    python bench/streams.py --no-peer         # tercomp only
 
 The model is bench/lm.py's random-ternary GGUF (TQ2_0 projections, tied f16 embedding).
 Each engine runs in its own fresh process with `--threads` threads:

@@ -151,6 +151,20 @@ def _open(args, spinner, usage_error, ids, eos):
     """(an LMGenerator for args.model, prompt ids, chat eos or None): a .tcm is loaded,
     anything else compiled; the prompt is made and checked against the model before
     the compile."""
+    made = {}
+
+    def check(tokenizer, template, vocab, max_seq, compiled):
+        made["prompt"], made["eos"] = _prompt(args, tokenizer, template, ids)
+        _check_fits(args, made["prompt"], eos, vocab, max_seq, compiled=compiled)
+    gen = open_model(args, spinner, usage_error, check)
+    return gen, made["prompt"], made["eos"]
+
+
+def open_model(args, spinner, usage_error, check=None):
+    """The generator for args.model (`tercomp generate`'s and `tercomp serve`'s flags): a
+    .tcm is loaded, anything else loaded and compiled (with args.max_batch where the
+    command has one). `check(tokenizer, chat template, vocab size, max_seq, compiled)`
+    runs before the compile (after loading a .tcm)."""
     from .runtime.loader import load
     if _is_artifact(args.model):
         gen = load(args.model, device=args.device, threads=args.threads)
@@ -158,12 +172,12 @@ def _open(args, spinner, usage_error, ids, eos):
             raise TercompError(f"{args.model} is an artifact of a function, not a language model",
                                hint="compile a model with `tercomp generate MODEL.gguf --save OUT.tcm`")
         template = gen.chat_template
-        if template is not None and args.chat is not None:
+        if template is not None and getattr(args, "chat", None) is not None:
             from .models.chat import ChatTemplate
             template = ChatTemplate.from_dict(template)
-        prompt, chat_eos = _prompt(args, gen.tokenizer, template, ids)
-        _check_fits(args, prompt, eos, gen.vocab_size, gen.max_seq, compiled=True)
-        return gen, prompt, chat_eos
+        if check is not None:
+            check(gen.tokenizer, template, gen.vocab_size, gen.max_seq, True)
+        return gen
     try:
         import tercomp as tc
         from . import models
@@ -176,12 +190,13 @@ def _open(args, spinner, usage_error, ids, eos):
     with spinner(f"loading {args.model}"):
         lm = models.load(args.model)
     tok = getattr(lm, "tokenizer", None)
-    prompt, chat_eos = _prompt(args, tok, getattr(tok, "chat_template", None), ids)
     ctx = lm.config.max_position_embeddings
+    if check is not None:
+        check(tok, getattr(tok, "chat_template", None), lm.config.vocab_size,
+              args.max_seq or min(DEFAULT_MAX_SEQ, ctx), False)
     if args.max_seq is not None and args.max_seq > ctx:
         raise TercompError(f"--max-seq {args.max_seq} is more than {args.model}'s context of {ctx} "
                            f"positions (max_position_embeddings)", hint=f"pass --max-seq {ctx} or less")
-    _check_fits(args, prompt, eos, lm.config.vocab_size, args.max_seq or min(DEFAULT_MAX_SEQ, ctx), compiled=False)
     with spinner(f"compiling {args.model}"):
         gen = compile_lm(lm, max_seq=args.max_seq, kv_dtype=args.kv_dtype, device=args.device,
                          threads=args.threads, cache=not args.no_cache,
@@ -189,7 +204,7 @@ def _open(args, spinner, usage_error, ids, eos):
                          cuda_target=args.cuda_target, max_batch=getattr(args, "max_batch", None))
     if gen.exe.meta.get("cache_hit"):
         print("(compiled module from the compile cache)", file=sys.stderr)
-    return gen, prompt, chat_eos
+    return gen
 
 
 def _prompt(args, tokenizer, template, ids):

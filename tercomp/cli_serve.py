@@ -79,7 +79,7 @@ def run(args, spinner, usage_error) -> int:
     asked = {"max_batch": args.max_batch, "max_seq": args.max_seq}
     if args.max_batch is None:
         args.max_batch = DEFAULT_MAX_BATCH
-    gen = cli_generate._open(args, spinner)
+    gen = cli_generate.open_model(args, spinner, usage_error)
     batch = getattr(gen, "max_batch", 1)
     # a .tcm is served as it was compiled: say so when the flags asked for another shape
     for flag, have in (("max_batch", batch), ("max_seq", gen.max_seq)):
