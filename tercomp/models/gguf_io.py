@@ -18,7 +18,10 @@ library); this module maps its tensors onto the BitNetLM module tree:
 
 A `llama` file has no sub-norms, stores q/k rows permuted for interleaved RoPE (so the
 model reads them with rope_style "interleaved"), and may give `attention.key_length`
-(head_dim).
+(head_dim). `rope.scaling.factor` divides every frequency (llama.cpp's linear scaling;
+its converter writes 1.0 for BitNet). The FFN activation is `hidden_activation` when
+the file gives it; no converter does, so without it the family decides (models/families:
+BitNet b1.58 2B4T, relu2, is the `bitnet` file with Llama 3's BPE vocabulary).
 
 A ternary tensor (TQ2_0 / TQ1_0) stores codes in {-1, 0, 1} and an f16 scale per block
 of 256; llama.cpp multiplies the product by the optional f32 `*.scale` tensor. The
@@ -235,7 +238,9 @@ def _config(f: _File) -> BitNetConfig:
     if len(emb.shape) != 2:
         raise f.error("tensor 'token_embd.weight'", f"{len(emb.shape)} dims; an embedding "
                                                     f"is [vocab, hidden]")
-    act = f.field(f"{a}.hidden_activation", "silu", kind=str)
+    act = f.field(f"{a}.hidden_activation", None, kind=str)
+    if act is None:         # no converter writes it: the family knows its files apart
+        act = family.gguf_activation(f.field("tokenizer.ggml.pre", None, kind=str))
     if act not in ACTS_IN:
         raise f.error(f"key '{a}.hidden_activation'",
                       f"activation {act!r} is not supported (silu or relu2)", ConfigError)
@@ -262,6 +267,11 @@ def _config(f: _File) -> BitNetConfig:
             raise f.error("tensor 'rope_freqs.weight'", "must be at most 4096 F32/F16/BF16 "
                                                         "numbers")
         d["rope_freq_factors"] = f._dequantize("rope_freqs.weight", freqs).reshape(-1).tolist()
+    linear = _linear_rope_factor(f, a)
+    if linear != 1.0:       # positions divided by the factor: every frequency is
+        head_dim = d["head_dim"] or (hidden // heads if heads > 0 else 0)
+        d["rope_freq_factors"] = [x * linear for x in
+                                  d.get("rope_freq_factors") or [1.0] * (head_dim // 2)]
     cfg = BitNetConfig.from_dict(d, source=f.path)
     rot = f.field(f"{a}.rope.dimension_count", None, kind=int)
     if rot is not None and rot != cfg.head_dim:
@@ -270,13 +280,29 @@ def _config(f: _File) -> BitNetConfig:
     return cfg
 
 
+def _linear_rope_factor(f: _File, a: str) -> float:
+    """`{a}.rope.scaling.factor` (llama.cpp divides every position by it, whatever the
+    scaling type; llama.cpp's converter writes "linear" with factor 1.0 for BitNet). The
+    types that change more than that (yarn, longrope) are refused."""
+    kind = f.field(f"{a}.rope.scaling.type", "none", kind=str)
+    if kind not in ("none", "linear"):
+        raise f.error(f"key '{a}.rope.scaling.type'", f"RoPE scaling {kind!r} is not "
+                      f"supported (none, linear, or Llama 3's rope_freqs)", ConfigError)
+    factor = f.field(f"{a}.rope.scaling.factor", 0.0, kind=float)
+    if not np.isfinite(factor) or factor < 0:
+        raise f.error(f"key '{a}.rope.scaling.factor'", f"{factor} is not a finite, "
+                      f"non-negative number", ConfigError)
+    return 1.0 if factor == 0 else _f32(factor)     # 0: llama.cpp's "not given"
+
+
 def _norms(cfg: BitNetConfig) -> dict:
     """The per-block norms of `cfg`'s family: NORMS, less the sub-norms without them."""
     return {g: p for g, p in NORMS.items() if cfg.sub_norms or "sub_norm" not in g}
 
 
-def _expected_shapes(cfg: BitNetConfig) -> dict:
-    """GGUF tensor name -> NumPy shape of every tensor the model must have."""
+def _expected_shapes(cfg: BitNetConfig, rope_freqs: bool) -> dict:
+    """GGUF tensor name -> NumPy shape of every tensor the model must have (`rope_freqs`:
+    the file holds Llama 3's frequency factors as a tensor)."""
     h, v, ff, q, kv = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.q_dim,
                        cfg.kv_dim)
     proj = {"attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q),
@@ -285,7 +311,7 @@ def _expected_shapes(cfg: BitNetConfig) -> dict:
     out = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
         out["output.weight"] = (v, h)
-    if cfg.rope_freq_factors is not None:
+    if rope_freqs:
         out["rope_freqs.weight"] = (cfg.head_dim // 2,)
     for i in range(cfg.num_hidden_layers):
         for g in _norms(cfg):
@@ -308,7 +334,7 @@ def load_gguf(path) -> BitNetLM:
         raise f.error(f"key '{cfg.family}.block_count'", f"{cfg.num_hidden_layers} blocks, but the "
                       f"file has tensors for {len(blocks)} (blk.{min(blocks, default=0)}.. "
                       f"blk.{max(blocks, default=0)})")
-    shapes = _expected_shapes(cfg)
+    shapes = _expected_shapes(cfg, "rope_freqs.weight" in f.tensors)
     for name, shape in shapes.items():
         f.tensor(name, shape)
     extra = sorted(n for n in f.tensors if n not in shapes and not (
