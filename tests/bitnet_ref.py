@@ -250,3 +250,23 @@ def peer_vocab(size: int) -> dict:
     tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["\u0120\u0120"]
     tokens += [f"<x{i}>" for i in range(size - len(tokens))]
     return {"model": "gpt2", "tokens": tokens, "merges": ["\u0120 \u0120"]}
+
+
+# ------------------------------------------------------------------- llama.cpp peer
+def peer_logits(llm, ids):
+    """llama.cpp's logits [T, vocab] (float64) of token ids, teacher-forced from a fresh
+    context (`llm` a llama_cpp.Llama made with logits_all=True)."""
+    llm.reset()
+    llm.eval([int(t) for t in ids])
+    return np.array(llm.scores[: len(ids)], dtype=np.float64)
+
+
+def peer_greedy(llm, prompt, n):
+    """llama.cpp's first `n` greedy tokens after `prompt`, by argmax of its logits."""
+    llm.reset()
+    llm.eval([int(t) for t in prompt])
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([out[-1]])
+    return out

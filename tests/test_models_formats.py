@@ -272,6 +272,31 @@ def test_llama_cpp_peer_logits(tmp_path, weights):
     assert n == 0 or agree >= 0.95
 
 
+def test_llama_cpp_agrees_on_what_save_gguf_writes(tmp_path):
+    """The `bitnet` file save_gguf writes (TQ2_0 blocks of scale 1, f32 `.scale`
+    tensors, the activation key): llama.cpp's logits and first 8 greedy tokens equal
+    tc.compile_lm's."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    cfg = dict(CFG, layers=2)
+    src = R.write_gguf(tmp_path / "src.gguf", cfg, R.random_weights(cfg, seed=9),
+                       vocab=R.peer_vocab(cfg["vocab"]))
+    models.save_gguf(models.load(src), tmp_path / "saved.gguf")
+    path = tmp_path / "saved.gguf"
+    peer = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=2, logits_all=True,
+                           verbose=False)
+    ids = IDS[0]
+    theirs = R.peer_logits(peer, ids)
+    gen = tc.compile_lm(models.load(path), max_seq=64)
+    ours = gen.prefill(ids)
+    cos = R.cosine(ours, theirs)
+    top1, n = R.top1_agreement(ours, theirs, margin=0.05)
+    print(f"bitnet save_gguf form: llama.cpp cosine min {cos.min():.6f} mean "
+          f"{cos.mean():.6f}, top-1 {top1:.3f} of {n}")
+    assert cos.min() >= 0.999 and top1 >= 0.95, (cos.min(), top1, n)
+    gen.reset()
+    assert gen.generate(ids[:4], max_new_tokens=8).tolist() == R.peer_greedy(peer, ids[:4], 8)
+
+
 @pytest.mark.slow
 def test_tiny_lm_sample(tmp_path):
     import tiny_lm

@@ -92,3 +92,22 @@ def test_serving_section_runs_as_written(tmp_path):
         if server is not None:
             server.terminate()
             server.wait(10)
+
+
+def test_llama_architecture_chat_section_runs_as_written(tmp_path, monkeypatch):
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text.split("## A llama-architecture model, chatted with", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    command = section.split("```bash", 1)[1].split("```", 1)[0].strip()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TERCOMP_CACHE_DIR", str(tmp_path / "cache"))
+    scope = {}
+    exec(compile(code, "README.md#a-llama-architecture-model-chatted-with", "exec"), scope)
+    assert (scope["lm"].config.family, scope["lm"].config.rope_style) == \
+        ("llama_bitnet", "interleaved")
+    assert 0 < len(scope["reply"]) <= 16
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    r = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, f"{command}\n{r.stdout}\n{r.stderr}"

@@ -1,6 +1,6 @@
 """GGUF files of llama.cpp's `bitnet` and `llama` (1.58-bit) architectures: read into a
-BitNetLM (models/families picks the options by `general.architecture`), write a `bitnet`
-one back.
+BitNetLM (models/families picks the options by `general.architecture`), and write
+either back (`bitnet` for a model with sub-norms, `llama` without).
 
 Reading and writing go through the `gguf` package (gguf-py, llama.cpp's own Python
 library); this module maps its tensors onto the BitNetLM module tree:
@@ -18,7 +18,10 @@ library); this module maps its tensors onto the BitNetLM module tree:
 
 A `llama` file has no sub-norms, stores q/k rows permuted for interleaved RoPE (so the
 model reads them with rope_style "interleaved"), and may give `attention.key_length`
-(head_dim).
+(head_dim). `rope.scaling.factor` divides every frequency (llama.cpp's linear scaling;
+its converter writes 1.0 for BitNet). The FFN activation is `hidden_activation` when
+the file gives it; no converter does, so without it the family decides (models/families:
+BitNet b1.58 2B4T, relu2, is the `bitnet` file with Llama 3's BPE vocabulary).
 
 A ternary tensor (TQ2_0 / TQ1_0) stores codes in {-1, 0, 1} and an f16 scale per block
 of 256; llama.cpp multiplies the product by the optional f32 `*.scale` tensor. The
@@ -36,7 +39,7 @@ import numpy as np
 
 from .. import nn
 from ..errors import TercompError
-from .bitnet import BitNetLM
+from .bitnet import BitNetLM, rope_frequencies
 from . import families
 from .config import BitNetConfig, ConfigError
 from .gguf_scan import GGUFError, scan
@@ -49,7 +52,6 @@ try:
 except ImportError:  # pragma: no cover - gguf is a dependency
     gguf = None
 
-ARCH = "bitnet"
 PROJECTIONS = {  # gguf tensor -> (block, BitLinear) in a DecoderLayer
     "attn_q": ("attn", "q_proj"), "attn_k": ("attn", "k_proj"), "attn_v": ("attn", "v_proj"),
     "attn_output": ("attn", "o_proj"), "ffn_gate": ("mlp", "gate_proj"),
@@ -235,7 +237,9 @@ def _config(f: _File) -> BitNetConfig:
     if len(emb.shape) != 2:
         raise f.error("tensor 'token_embd.weight'", f"{len(emb.shape)} dims; an embedding "
                                                     f"is [vocab, hidden]")
-    act = f.field(f"{a}.hidden_activation", "silu", kind=str)
+    act = f.field(f"{a}.hidden_activation", None, kind=str)
+    if act is None:         # no converter writes it: the family knows its files apart
+        act = family.gguf_activation(f.field("tokenizer.ggml.pre", None, kind=str))
     if act not in ACTS_IN:
         raise f.error(f"key '{a}.hidden_activation'",
                       f"activation {act!r} is not supported (silu or relu2)", ConfigError)
@@ -262,6 +266,11 @@ def _config(f: _File) -> BitNetConfig:
             raise f.error("tensor 'rope_freqs.weight'", "must be at most 4096 F32/F16/BF16 "
                                                         "numbers")
         d["rope_freq_factors"] = f._dequantize("rope_freqs.weight", freqs).reshape(-1).tolist()
+    linear = _linear_rope_factor(f, a)
+    if linear != 1.0:       # positions divided by the factor: every frequency is
+        head_dim = d["head_dim"] or (hidden // heads if heads > 0 else 0)
+        d["rope_freq_factors"] = [x * linear for x in
+                                  d.get("rope_freq_factors") or [1.0] * (head_dim // 2)]
     cfg = BitNetConfig.from_dict(d, source=f.path)
     rot = f.field(f"{a}.rope.dimension_count", None, kind=int)
     if rot is not None and rot != cfg.head_dim:
@@ -270,13 +279,29 @@ def _config(f: _File) -> BitNetConfig:
     return cfg
 
 
+def _linear_rope_factor(f: _File, a: str) -> float:
+    """`{a}.rope.scaling.factor` (llama.cpp divides every position by it, whatever the
+    scaling type; llama.cpp's converter writes "linear" with factor 1.0 for BitNet). The
+    types that change more than that (yarn, longrope) are refused."""
+    kind = f.field(f"{a}.rope.scaling.type", "none", kind=str)
+    if kind not in ("none", "linear"):
+        raise f.error(f"key '{a}.rope.scaling.type'", f"RoPE scaling {kind!r} is not "
+                      f"supported (none, linear, or Llama 3's rope_freqs)", ConfigError)
+    factor = f.field(f"{a}.rope.scaling.factor", 0.0, kind=float)
+    if not np.isfinite(factor) or factor < 0:
+        raise f.error(f"key '{a}.rope.scaling.factor'", f"{factor} is not a finite, "
+                      f"non-negative number", ConfigError)
+    return 1.0 if factor == 0 else _f32(factor)     # 0: llama.cpp's "not given"
+
+
 def _norms(cfg: BitNetConfig) -> dict:
     """The per-block norms of `cfg`'s family: NORMS, less the sub-norms without them."""
     return {g: p for g, p in NORMS.items() if cfg.sub_norms or "sub_norm" not in g}
 
 
-def _expected_shapes(cfg: BitNetConfig) -> dict:
-    """GGUF tensor name -> NumPy shape of every tensor the model must have."""
+def _expected_shapes(cfg: BitNetConfig, rope_freqs: bool) -> dict:
+    """GGUF tensor name -> NumPy shape of every tensor the model must have (`rope_freqs`:
+    the file holds Llama 3's frequency factors as a tensor)."""
     h, v, ff, q, kv = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.q_dim,
                        cfg.kv_dim)
     proj = {"attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q),
@@ -285,7 +310,7 @@ def _expected_shapes(cfg: BitNetConfig) -> dict:
     out = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
         out["output.weight"] = (v, h)
-    if cfg.rope_freq_factors is not None:
+    if rope_freqs:
         out["rope_freqs.weight"] = (cfg.head_dim // 2,)
     for i in range(cfg.num_hidden_layers):
         for g in _norms(cfg):
@@ -308,7 +333,7 @@ def load_gguf(path) -> BitNetLM:
         raise f.error(f"key '{cfg.family}.block_count'", f"{cfg.num_hidden_layers} blocks, but the "
                       f"file has tensors for {len(blocks)} (blk.{min(blocks, default=0)}.. "
                       f"blk.{max(blocks, default=0)})")
-    shapes = _expected_shapes(cfg)
+    shapes = _expected_shapes(cfg, "rope_freqs.weight" in f.tensors)
     for name, shape in shapes.items():
         f.tensor(name, shape)
     extra = sorted(n for n in f.tensors if n not in shapes and not (
@@ -334,40 +359,74 @@ def load_gguf(path) -> BitNetLM:
 
 # ----------------------------------------------------------------------------- writing
 def save_gguf(model: BitNetLM, path) -> None:
-    """Write `model` as a `bitnet`-architecture GGUF file that llama.cpp loads.
+    """Write `model` as a GGUF file that llama.cpp loads and `models.load` reads back
+    with the same logits.
 
-    Projections are TQ2_0 with block scale 1.0 plus an f32 `*.scale` tensor holding the
-    layer's scale, so `models.load` gives back bit-identical ternary weights (and the
-    same logits). The vocabulary is the loaded GGUF's, or the tokenizer's (BPE -> "gpt2",
-    Unigram -> "llama"), or "no_vocab". A projection whose input size is not a multiple
-    of 256 (TQ2_0's block) is written as F32 ternary values instead. llama.cpp's `bitnet` graph always uses the
-    token embedding as output layer, so an untied model is refused.
+    A model with sub-norms is written as llama.cpp's `bitnet` architecture: projections
+    TQ2_0 with block scale 1.0 plus an f32 `*.scale` tensor holding the layer's scale,
+    embedding and norms f32; llama.cpp's `bitnet` graph always uses the token embedding
+    as output layer, so an untied one is refused. A llama-architecture 1.58-bit model
+    (no sub-norms, silu) is written as llama.cpp's converter writes one: arch `llama`,
+    TQ2_0 projections whose block scale is the layer's scale (rounded to f16, as the
+    block stores it), q/k rows permuted for llama.cpp's interleaved RoPE, f16
+    `token_embd` and `output.weight` (when untied), Llama 3's RoPE scaling as
+    `rope_freqs.weight`. A projection whose input size is not a multiple of 256 (TQ2_0's
+    block) is written as float ternary values instead.
+
+    The vocabulary is the loaded GGUF's, or the tokenizer's (BPE -> "gpt2", Unigram ->
+    "llama"), or "no_vocab" (which llama.cpp refuses to load).
 
     >>> models.save_gguf(lm, "tiny.gguf"); lm2 = models.load("tiny.gguf")
     """
     if not isinstance(model, BitNetLM):
         raise TercompError(f"save_gguf expects a models.BitNetLM, got {type(model).__name__}")
     cfg = model.config
-    if not cfg.sub_norms or cfg.q_dim != cfg.hidden_size or cfg.rope_scaling is not None \
-            or cfg.rope_freq_factors is not None:
-        raise TercompError(f"save_gguf writes llama.cpp's 'bitnet' architecture; this "
-                           f"{cfg.family!r} model (sub-norms {cfg.sub_norms}, head_dim "
-                           f"{cfg.head_dim}, RoPE scaling {cfg.rope_scaling is not None or cfg.rope_freq_factors is not None}) "
-                           f"is not one", hint="keep the file it was loaded from")
-    if model.lm_head is not None or not cfg.tie_word_embeddings:
-        raise TercompError(f"save_gguf: the model has a separate output layer (lm_head); "
-                           f"llama.cpp's 'bitnet' graph always uses the token embedding as "
-                           f"output, so the file would compute different logits",
-                           hint="tie the output layer (tie_word_embeddings=True)")
+    family = _written_family(cfg)
+    _check_writable(model, cfg, family)
     _check_vocab(getattr(model, "gguf_vocab", None) or {}, path)
     # written beside the target and moved over it whole: a failure leaves any existing
     # file as it was
     with atomic_target(path, "GGUF file", GGUFError) as tmp:
-        w = gguf.GGUFWriter(tmp, ARCH)
+        w = gguf.GGUFWriter(tmp, family.gguf_arch)
         try:
             _write(w, model, cfg)
         finally:
             w.close()
+
+
+def _written_family(cfg):
+    """The family whose llama.cpp architecture computes this model: `bitnet` with the
+    sub-norms, `llama` without."""
+    return families.by_gguf_arch("bitnet" if cfg.sub_norms else "llama")
+
+
+def _check_writable(model, cfg, family):
+    """Refuse, before anything is written, a model the family's llama.cpp graph would
+    compute differently."""
+    arch = family.gguf_arch
+    scaled = cfg.rope_scaling is not None or cfg.rope_freq_factors is not None
+    if arch == "bitnet" and (cfg.q_dim != cfg.hidden_size or scaled):
+        raise TercompError(f"save_gguf writes a model with sub-norms as llama.cpp's 'bitnet' "
+                           f"architecture; this {cfg.family!r} model (head_dim {cfg.head_dim}, "
+                           f"RoPE scaling {scaled}) is not one",
+                           hint="keep the file it was loaded from")
+    if arch == "bitnet" and (model.lm_head is not None or not cfg.tie_word_embeddings):
+        raise TercompError("save_gguf: the model has a separate output layer (lm_head); "
+                           "llama.cpp's 'bitnet' graph always uses the token embedding as "
+                           "output, so the file would compute different logits",
+                           hint="tie the output layer (tie_word_embeddings=True)")
+    if cfg.rope_style != family.gguf_rope_style and cfg.rope_style != "neox":
+        raise TercompError(f"save_gguf: llama.cpp's {arch!r} graph uses "
+                           f"{family.gguf_rope_style} RoPE; this model uses {cfg.rope_style} "
+                           f"pairs")
+    if arch == "llama" and cfg.hidden_act != "silu":
+        raise TercompError(f"save_gguf: llama.cpp's 'llama' architecture computes silu; this "
+                           f"model without sub-norms uses {cfg.hidden_act!r}")
+    for i, layer in enumerate(model.layers):
+        for g, (block, proj) in PROJECTIONS.items():
+            if getattr(getattr(getattr(layer, block), proj), "bias", None) is not None:
+                raise TercompError(f"save_gguf: layers.{i}.{block}.{proj} has a bias, which "
+                                   f"the {arch!r} architecture does not have")
 
 
 def _check_vocab(vocab: dict, path):
@@ -382,9 +441,18 @@ def _check_vocab(vocab: dict, path):
                             f"{type(value).__name__} {value!r:.60}")
 
 
+def _permute_for_interleaved(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter order of q/k rows: within each head, the rotate-half pairs
+    (i, i + d/2) become adjacent rows (2i, 2i + 1), so its interleaved RoPE rotates
+    what Hugging Face's rotate_half does."""
+    return rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, *rows.shape[1:]) \
+        .swapaxes(1, 2).reshape(rows.shape)
+
+
 def _write(w, model, cfg):
-    a = ARCH
-    w.add_name("tercomp BitNetLM")
+    family = _written_family(cfg)
+    a = family.gguf_arch
+    w.add_name(f"tercomp BitNetLM ({cfg.family})")
     w.add_uint32(f"{a}.vocab_size", cfg.vocab_size)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -395,11 +463,41 @@ def _write(w, model, cfg):
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_rope_freq_base(float(cfg.rope_theta))
     w.add_rope_dimension_count(cfg.head_dim)
+    if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
     w.add_string(f"{a}.hidden_activation", cfg.hidden_act)
-    if cfg.rope_style != "neox":
-        raise TercompError("save_gguf: llama.cpp's 'bitnet' graph uses neox RoPE; this model "
-                           "uses interleaved pairs")
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_TQ2_0))
+    _write_vocab(w, model, cfg)
+    f32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731
+    table = f32 if a == "bitnet" else (lambda x: f32(x).astype(np.float16))
+    w.add_tensor("token_embd.weight", table(model.embed_tokens.weight))
+    w.add_tensor("output_norm.weight", f32(model.norm.weight))
+    if model.lm_head is not None:
+        w.add_tensor("output.weight", table(model.lm_head.weight))
+    if a == "llama" and (cfg.rope_scaling is not None or cfg.rope_freq_factors is not None):
+        base = float(cfg.rope_theta) ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64)
+                                         / cfg.head_dim)
+        w.add_tensor("rope_freqs.weight", f32(base / rope_frequencies(cfg)))
+    # the stored q/k rows follow the file's RoPE pairs; a model that rotates halves
+    # (loaded from Hugging Face) has them permuted as llama.cpp's converter does
+    permute = {}
+    if cfg.rope_style != family.gguf_rope_style:
+        permute = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
+    for i, layer in enumerate(model.layers):
+        for g, path_ in _norms(cfg).items():
+            w.add_tensor(f"blk.{i}.{g}.weight", f32(_get(layer, path_).weight))
+        for g, (block, proj) in PROJECTIONS.items():
+            t, s = getattr(getattr(layer, block), proj).ternary()
+            if g in permute:
+                t = _permute_for_interleaved(t, permute[g])
+            _write_projection(w, f"blk.{i}.{g}", t, float(s), family.gguf_scale)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+
+
+def _write_vocab(w, model, cfg):
     vocab = getattr(model, "gguf_vocab", None)
     if not vocab and model.tokenizer is not None:
         vocab = gguf_vocab_from_tokenizer(model.tokenizer, cfg.vocab_size)
@@ -411,25 +509,15 @@ def _write(w, model, cfg):
             getattr(w, f"add_{kind}")(key, value)
     else:
         w.add_tokenizer_model("no_vocab")
-    f32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731
-    w.add_tensor("token_embd.weight", f32(model.embed_tokens.weight))
-    w.add_tensor("output_norm.weight", f32(model.norm.weight))
-    for i, layer in enumerate(model.layers):
-        for g, path_ in NORMS.items():
-            w.add_tensor(f"blk.{i}.{g}.weight", f32(_get(layer, path_).weight))
-        for g, (block, proj) in PROJECTIONS.items():
-            lin = getattr(getattr(layer, block), proj)
-            if getattr(lin, "bias", None) is not None:
-                raise TercompError(f"save_gguf: layers.{i}.{block}.{proj} has a bias, which "
-                                   f"the 'bitnet' architecture does not have")
-            t, s = lin.ternary()
-            name = f"blk.{i}.{g}"
-            if t.shape[1] % 256 == 0:
-                q = gguf.quants.quantize(t.astype(np.float32), QT.TQ2_0)  # block scale 1.0
-                w.add_tensor(name + ".weight", q, raw_dtype=QT.TQ2_0)
-            else:
-                w.add_tensor(name + ".weight", f32(t))
-            w.add_tensor(name + ".scale", np.array([s], dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+
+
+def _write_projection(w, name, t, s, where):
+    """Ternary codes `t` times scale `s`: TQ2_0 with block scale 1 and a `.scale` tensor
+    ("tensor"), or with the scale in every block ("block")."""
+    vals = t.astype(np.float32) * np.float32(1.0 if where == "tensor" else s)
+    if t.shape[1] % 256 == 0:
+        w.add_tensor(name + ".weight", gguf.quants.quantize(vals, QT.TQ2_0), raw_dtype=QT.TQ2_0)
+    else:       # not whole TQ2_0 blocks: float values (f16, as llama.cpp's converter falls back)
+        w.add_tensor(name + ".weight", vals if where == "tensor" else vals.astype(np.float16))
+    if where == "tensor":
+        w.add_tensor(name + ".scale", np.array([s], dtype=np.float32))

@@ -23,6 +23,11 @@ def by_gguf_arch(arch: str):
     return next((f for f in FAMILIES if f.gguf_arch == arch), None)
 
 
+def by_name(name: str):
+    """The family called `name` (a config's `family`), or None."""
+    return next((f for f in FAMILIES if f.name == name), None)
+
+
 def by_hf_config(d: dict):
     """The family of a config.json dict, by `architectures` and `model_type` (either may
     be missing; when both are there they must agree), or None."""
@@ -42,4 +47,4 @@ def by_hf_config(d: dict):
     return found if (archs is not None or mt is not None) else FAMILIES[0]
 
 
-__all__ = ["Family", "FAMILIES", "by_gguf_arch", "by_hf_config"]
+__all__ = ["Family", "FAMILIES", "by_gguf_arch", "by_hf_config", "by_name"]

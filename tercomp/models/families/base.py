@@ -13,7 +13,14 @@ class Family:
     them (llama.cpp's converter permutes a `llama` model's q/k rows so that its
     interleaved RoPE equals Hugging Face's rotate-half; `bitnet` keeps HF's order).
     `hf_needs_bitnet_quant`: the architecture is also a float model's (Llama), so only a
-    checkpoint whose `quantization_config.quant_method` is "bitnet" is this family."""
+    checkpoint whose `quantization_config.quant_method` is "bitnet" is this family.
+
+    `gguf_scale`: where a GGUF of the family keeps a projection's weight scale: "tensor"
+    (an f32 `*.scale` beside TQ2_0 blocks of scale 1, which llama.cpp's `bitnet` graph
+    multiplies in) or "block" (the TQ2_0 block scale itself: llama.cpp's `llama` graph
+    reads no `*.scale`). `gguf_act_by_tokenizer`: the FFN activation of a GGUF that does
+    not say (`{arch}.hidden_activation` absent), as (`tokenizer.ggml.pre`, activation)
+    pairs; any other file is "silu"."""
     name: str
     gguf_arch: str
     hf_architectures: tuple
@@ -21,3 +28,9 @@ class Family:
     sub_norms: bool
     gguf_rope_style: str
     hf_needs_bitnet_quant: bool = False
+    gguf_scale: str = "tensor"
+    gguf_act_by_tokenizer: tuple = ()
+
+    def gguf_activation(self, tokenizer_pre) -> str:
+        """The activation of a GGUF of this family without an activation key."""
+        return dict(self.gguf_act_by_tokenizer).get(tokenizer_pre, "silu")

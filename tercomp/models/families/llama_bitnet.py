@@ -8,4 +8,4 @@ from .base import Family
 
 FAMILY = Family(name="llama_bitnet", gguf_arch="llama", hf_architectures=("LlamaForCausalLM",),
                 hf_model_types=("llama",), sub_norms=False, gguf_rope_style="interleaved",
-                hf_needs_bitnet_quant=True)
+                hf_needs_bitnet_quant=True, gguf_scale="block")
