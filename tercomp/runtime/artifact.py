@@ -22,11 +22,17 @@ uncompressed, each once, and no others:
       hyperparameters), `max_seq`, `kv_dtype`, `entries` (["step"]), `step_inputs` and
       `tokenizer` (the tokenizer.json text, or null); tc.load then returns an
       LMGenerator (tercomp.runtime.generator)
-- `weights.irpa` (optional): the parameters the module reads, in IREE's archive format.
+- `weights.irpa` (optional): the parameters the module reads, in IREE's archive format,
+  stored last and starting at a multiple of ALIGN bytes in the file (its local header
+  is padded with an extra field, as Android's zipalign pads), so that tc.load maps the
+  file and IREE binds the parameters in place from the page cache: no copy in RAM,
+  shared between processes, loaded in the time of a page-table walk.
 
-Reading checks the zip (no duplicated or unknown member, and no member that inflates
+Reading maps the file and checks the zip (no duplicated or unknown member, and no member that inflates
 past `MAX_INFLATION` times its stored size or the file size limit: a zip bomb is an
-error before anything is inflated), the digests, and that the installed iree.runtime
+error before anything is inflated), the digests (the weights' once per file: a stamp in the compile cache directory, keyed by
+the file's path, size, mtime and inode, records a verified file, so a later load does not
+read every byte again), and that the installed iree.runtime
 has the major.minor version of the compiler that built the vmfb (IREE's bytecode is
 not stable across releases); any failure is an ArtifactError. tc.load then checks
 signature.json against the module itself (loader.check_module). Reading imports only
@@ -41,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import mmap
 import os
 import struct
 import zipfile
@@ -50,7 +57,7 @@ from iree.runtime.version import VERSION as RUNTIME_VERSION
 
 from .. import __version__     # set by tercomp/__init__ before it imports the runtime
 from ..errors import ArtifactError, InputError
-from .files import max_bytes, read_regular, write_atomic
+from .files import check_regular, max_bytes, write_atomic
 from .signature import Signature
 
 FORMAT = "tercomp-artifact"
@@ -62,6 +69,10 @@ MEMBERS = (SIGNATURE, VMFB, WEIGHTS)
 #: (vmfb, JSON), while a zip bomb inflates ~1000x (6.8 MB to 6 GiB).
 MAX_INFLATION = 100
 _FIXED_DATE = (1980, 1, 1, 0, 0, 0)   # identical modules give identical files
+#: weights.irpa's data starts at a multiple of this in the file (a page)
+ALIGN = 4096
+_PAD_ID = 0xD935                      # the extra-field id zipalign's padding uses
+_LOCAL_HEADER = 30                    # bytes of a zip local file header before its name
 # what zipfile raises for a damaged archive: a flipped byte can name an unknown
 # compression method (NotImplementedError) or an encrypted member (RuntimeError)
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError,
@@ -125,8 +136,21 @@ def to_bytes(exe) -> bytes:
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
         for name in (SIGNATURE, VMFB, WEIGHTS):
             if name in members:
-                zf.writestr(zipfile.ZipInfo(name, date_time=_FIXED_DATE), members[name])
+                info = zipfile.ZipInfo(name, date_time=_FIXED_DATE)
+                if name == WEIGHTS:
+                    info.extra = _padding(buf.tell(), name, len(members[name]))
+                zf.writestr(info, members[name])
     return buf.getvalue()
+
+
+def _padding(offset: int, name: str, size: int) -> bytes:
+    """The extra field that makes the data of a member whose local header starts at
+    `offset` start at a multiple of ALIGN (zipfile adds a 20-byte zip64 field to the
+    header of a member of more than ~2 GiB: counted here)."""
+    zip64 = 20 if size * 1.05 > zipfile.ZIP64_LIMIT else 0
+    start = offset + _LOCAL_HEADER + len(name.encode()) + 4 + zip64
+    pad = -start % ALIGN
+    return struct.pack("<HH", _PAD_ID, pad) + bytes(pad)
 
 
 def save(exe, path: str) -> None:
@@ -135,15 +159,18 @@ def save(exe, path: str) -> None:
     write_atomic(path, to_bytes(exe), "artifact", ArtifactError)
 
 
-def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
-    """Check and unpack an artifact: returns (meta dict, vmfb bytes, weights or None)."""
+def read_bytes(data, name: str = "<artifact>", verified=None) -> tuple:
+    """Check and unpack an artifact (bytes, or an mmap of its file): returns (meta dict,
+    vmfb bytes, weights or None). From an mmap, the weights are a memoryview of it
+    where they are stored aligned (else bytes); `verified(digest)` says whether the
+    weights with that digest were checked before (their bytes are then not hashed)."""
     try:
-        zf = zipfile.ZipFile(io.BytesIO(data))
+        zf = zipfile.ZipFile(io.BytesIO(data) if not isinstance(data, mmap.mmap) else _MapReader(data))
     except _ZIP_ERRORS:
         raise ArtifactError(f"{name} is not a tercomp artifact (not a zip archive, or truncated)",
                             hint="artifacts are written by exe.save() or `tercomp compile -o`") from None
     with zf:
-        members = _read_members(zf, name)
+        members = _read_members(zf, name, data if isinstance(data, mmap.mmap) else None)
     try:
         meta = json.loads(members[SIGNATURE].decode("utf-8"))
         if not isinstance(meta, dict):
@@ -172,7 +199,10 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
             raise ArtifactError(f"{name}: {SIGNATURE} has a digest of {member!r}, which is no member",
                                 hint="the file is damaged or was modified")
         try:
-            have = signature_digest(meta) if member == SIGNATURE else _digest(members[member])
+            if member == WEIGHTS and verified is not None and verified(want):
+                have = want         # checked when first loaded (a stamp says so)
+            else:
+                have = signature_digest(meta) if member == SIGNATURE else _digest(members[member])
         except ValueError:          # NaN or Infinity in the JSON
             have = None
         if have != want:
@@ -197,10 +227,11 @@ def read_bytes(data: bytes, name: str = "<artifact>") -> tuple:
     return meta, members[VMFB], members.get(WEIGHTS)
 
 
-def _read_members(zf: zipfile.ZipFile, name: str) -> dict:
+def _read_members(zf: zipfile.ZipFile, name: str, mapped=None) -> dict:
     """The members of an open artifact zip by name, each read at most to its declared
     size after checking the declarations: known names, each once, no member inflating
-    more than MAX_INFLATION times or past the file size limit."""
+    more than MAX_INFLATION times or past the file size limit. With `mapped` (an mmap of
+    the file), stored weights starting at a multiple of ALIGN are a view of it."""
     infos = zf.infolist()
     seen = set()
     for info in infos:
@@ -231,6 +262,10 @@ def _read_members(zf: zipfile.ZipFile, name: str) -> dict:
     members = {}
     try:
         for info in infos:
+            view = _aligned_view(mapped, info) if info.filename == WEIGHTS else None
+            if view is not None:
+                members[info.filename] = view
+                continue
             with zf.open(info) as f:            # reads no more than the declared size
                 members[info.filename] = f.read(info.file_size)
     except _ZIP_ERRORS as e:
@@ -242,6 +277,95 @@ def _read_members(zf: zipfile.ZipFile, name: str) -> dict:
     return members
 
 
+def _aligned_view(mapped, info: zipfile.ZipInfo):
+    """A memoryview of a stored member's data in `mapped` if it starts at a multiple of
+    ALIGN (an artifact this tercomp wrote), else None. Its digest is checked instead
+    of the zip's CRC."""
+    if mapped is None or info.compress_type != zipfile.ZIP_STORED:
+        return None
+    at = info.header_offset
+    header = mapped[at:at + _LOCAL_HEADER]
+    if len(header) < _LOCAL_HEADER or header[:4] != b"PK\x03\x04":
+        return None
+    n, extra = struct.unpack("<HH", header[26:30])
+    start = at + _LOCAL_HEADER + n + extra
+    if start % ALIGN or start + info.file_size > len(mapped):
+        return None
+    return memoryview(mapped)[start:start + info.file_size]
+
+
+class _MapReader(io.RawIOBase):
+    """A seekable read-only file over an mmap (zipfile reads the small members and the
+    directory through it; io.BytesIO would copy the whole file)."""
+
+    def __init__(self, mm: mmap.mmap):
+        self._mm, self._pos = mm, 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self._pos
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._mm)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b):
+        data = self._mm[self._pos:self._pos + len(b)]
+        b[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
 def read(path: str) -> tuple:
-    """read_bytes() of the file at `path` (a regular file within the size limit)."""
-    return read_bytes(read_regular(path, "artifact", ArtifactError), os.fspath(path))
+    """read_bytes() of the file at `path` (a regular file within the size limit), mapped
+    read-only: the weights stay in the page cache, bound in place by IREE."""
+    name = os.fspath(path)
+    size = check_regular(path, "artifact", ArtifactError)
+    try:
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            st = os.fstat(fd)
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else b""
+        finally:
+            os.close(fd)
+    except (OSError, ValueError) as e:
+        raise ArtifactError(f"cannot read the artifact {name}: {getattr(e, 'strerror', None) or e}") \
+            from None
+    if st.st_size != size:
+        raise ArtifactError(f"{name} changed while it was read")
+    stamp = _stamp_path(name, st)
+    meta, vmfb, weights = read_bytes(mapped, name, verified=lambda d: _stamped(stamp, d))
+    if weights is not None and stamp is not None:
+        _write_stamp(stamp, meta["sha256"][WEIGHTS])
+    return meta, vmfb, weights
+
+
+def _stamp_path(name: str, st) -> str | None:
+    """Where the verified-once stamp of this file (path, size, mtime, inode) lives."""
+    from .cache import cache_dir            # runtime.cache reads artifacts: imported late
+    key = f"{os.path.realpath(name)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}"
+    return os.path.join(cache_dir(), "verified", _digest(key.encode()))
+
+
+def _stamped(stamp: str, digest: str) -> bool:
+    try:
+        with open(stamp, encoding="ascii") as f:
+            return f.read() == digest
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _write_stamp(stamp: str, digest: str) -> None:
+    if _stamped(stamp, digest):
+        return
+    try:
+        os.makedirs(os.path.dirname(stamp), exist_ok=True)
+        write_atomic(stamp, digest.encode("ascii"), "stamp", ArtifactError)
+    except (OSError, ArtifactError):
+        pass            # a read-only cache: the file is checked again next time

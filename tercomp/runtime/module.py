@@ -38,9 +38,13 @@ def _plain_arrays_key(args) -> tuple | None:
     return tuple(key)
 
 
-def _page_aligned(data) -> mmap.mmap:
-    """`data` (bytes-like) in anonymous, page-aligned memory."""
+def _page_aligned(data):
+    """`data` (bytes-like) in page-aligned memory: as it is if it is there already (an
+    mmap, or a view of an artifact's mapped file), else copied into anonymous memory."""
     if isinstance(data, mmap.mmap):
+        return data
+    if isinstance(data, memoryview) and len(data) and \
+            np.frombuffer(data, np.uint8).ctypes.data % mmap.PAGESIZE == 0:
         return data
     mem = mmap.mmap(-1, len(data))
     mem[:] = data
@@ -188,7 +192,7 @@ class CompiledModule:
     def weights(self) -> bytes | None:
         """The .irpa archive of the module's parameters (None without parameters)."""
         w = self._weights
-        return bytes(w) if isinstance(w, mmap.mmap) else w
+        return bytes(w) if isinstance(w, (mmap.mmap, memoryview)) else w
 
     @weights.setter
     def weights(self, value):
