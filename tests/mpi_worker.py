@@ -46,7 +46,7 @@ def make_step(seed=0, data_parallel=False, **kw):
     shard = BATCH // tc.distributed.world_size() if data_parallel is True else BATCH
     return tc.compile_train_step(loss_fn, MLP(), tc.optim.AdamW(3e-2, weight_decay=0.01),
                                  x[:shard], y[:shard], clip_norm=0.05, accumulate=2,
-                                 data_parallel=data_parallel, threads=1, **kw)
+                                 data_parallel=data_parallel, **kw)
 
 
 def shard(x, y):
@@ -64,7 +64,7 @@ def say(out, msg):
 def train(out):
     tc.distributed.init(timeout=60)
     # rank 1 starts from other weights: the step must broadcast rank 0's
-    step = make_step(seed=tc.distributed.rank(), data_parallel=True)
+    step = make_step(seed=tc.distributed.rank(), data_parallel=True, threads=1)
     for x, y in batches():
         loss, metrics = step(*shard(x, y))
         say(out, f"loss {loss!r} accuracy {metrics['accuracy']!r}")
@@ -90,7 +90,7 @@ def train(out):
 
 def hang(out):
     tc.distributed.init(timeout=60)
-    step = make_step(data_parallel=True)
+    step = make_step(data_parallel=True, threads=1)   # 2 ranks on 2 cores
     tc.distributed.init(timeout=3)    # after the compile, which rank 1 waits for
     x, y = shard(*batches(1)[0])
     if tc.distributed.rank() == 1:
@@ -100,7 +100,7 @@ def hang(out):
 
 def crash(out):
     tc.distributed.init(timeout=60)
-    step = make_step(data_parallel=True)
+    step = make_step(data_parallel=True, threads=1)   # 2 ranks on 2 cores
     x, y = shard(*batches(1)[0])
     if tc.distributed.rank() == 1:
         raise RuntimeError("rank 1 fails outside the step")
