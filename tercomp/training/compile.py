@@ -192,9 +192,9 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
                         cache=cache, ternary="off", isolate=isolate, check_numerics=check_numerics)
     if data_parallel:
         step = compile_data_parallel(loss_and_grads, update, model, optimizer, params, state,
-                                     example_batch, has_aux=lambda: detected.get("has_aux", False),
-                                     on_nan=on_nan, accumulate=accumulate, clip_norm=clip_norm,
-                                     compile_opts=compile_opts)
+                                     example_batch, on_nan=on_nan, accumulate=accumulate,
+                                     clip_norm=clip_norm, compile_opts=compile_opts)
+        step.has_aux = detected.get("has_aux", False)      # known once traced
         step._name_batch(loss_fn)
         return step
     exe = tc_compile(train_step, params, state, *example_batch, name="train_step", **compile_opts)

@@ -23,6 +23,7 @@ the rank(s) it came from. A rank that dies or hangs is tercomp.distributed's tim
 from __future__ import annotations
 
 import numbers
+import os
 
 import numpy as np
 
@@ -77,7 +78,7 @@ class Layout:
 
 
 def compile_data_parallel(loss_and_grads, update, model, optimizer, params, state,
-                          example_batch, *, has_aux, on_nan, accumulate, clip_norm,
+                          example_batch, *, on_nan, accumulate, clip_norm,
                           compile_opts: dict) -> "DataParallelStep":
     """The two compiled functions of a data-parallel step (see the module docstring),
     built from compile_train_step's `loss_and_grads` and `update`."""
@@ -92,18 +93,20 @@ def compile_data_parallel(loss_and_grads, update, model, optimizer, params, stat
         g, loss = layout.unpack_grads(summed)
         return update(params, opt_state, loss, g)
 
+    def opts(name):        # each function's stages in a folder of its own
+        dump = compile_opts.get("dump_dir")
+        return {**compile_opts, "dump_dir": dump and os.path.join(dump, name), "name": name}
+
     def build():
         grads_exe = tc_compile(grads, params, np.float32(1), *example_batch,
-                               name="train_grads", **compile_opts)
+                               **opts("train_grads"))
         apply_exe = tc_compile(apply, params, state, np.zeros(layout.size, np.float32),
-                               name="train_apply", **compile_opts)
+                               **opts("train_apply"))
         return grads_exe, apply_exe
     grads_exe, apply_exe = _rank0_first(world, build, compile_opts.get("cache", True))
     params, state = _from_rank0(world, params, state)
-    step = DataParallelStep(grads_exe, apply_exe, world, layout, model, optimizer, params,
-                            state, len(example_batch), has_aux() if callable(has_aux) else has_aux,
-                            on_nan, accumulate, clip_norm)
-    return step
+    return DataParallelStep(grads_exe, apply_exe, world, layout, model, optimizer, params,
+                            state, len(example_batch), False, on_nan, accumulate, clip_norm)
 
 
 def _rank0_first(world, build, cache: bool):
