@@ -4,6 +4,7 @@ then compile the trained model for inference and report its test accuracy.
     python samples/train_digits.py                       # ~10 s on 2 cores
     python samples/train_digits.py --epochs 60 --plot loss.png
     python samples/train_digits.py --seconds 20          # cap training time
+    mpiexec -n 2 python samples/train_digits.py --data-parallel   # 2 ranks, half batches each
 
 The data set (1797 8x8 images of the digits 0-9) ships with scikit-learn: no download.
 """
@@ -74,8 +75,16 @@ def _plot(losses, path):
     print(f"loss curve written to {path}")
 
 
-def main(argv=None) -> float:
-    """Train and evaluate; returns the test accuracy of the compiled inference artifact."""
+def _agree(data_parallel, flag) -> bool:
+    """Rank 0's `flag` on every rank (one small broadcast) when data parallel."""
+    if not data_parallel:
+        return flag
+    return bool(tc.distributed.init().broadcast(np.array([flag], np.int8), "--seconds")[0])
+
+
+def main(argv=None) -> float | None:
+    """Train and evaluate; returns the test accuracy of the compiled inference artifact
+    (None on ranks other than 0 with --data-parallel)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch", type=int, default=64)
@@ -85,10 +94,20 @@ def main(argv=None) -> float:
     ap.add_argument("--seconds", type=float, default=None, help="stop training after N seconds")
     ap.add_argument("--plot", metavar="PNG", default=None, help="write a loss curve (matplotlib)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    ap.add_argument("--data-parallel", action="store_true",
+                    help="under mpiexec -n N: each rank trains on 1/N of every batch")
     args = ap.parse_args(argv)
+    # Data parallel: every rank draws the same batches (same seed) and takes its slice;
+    # the step averages the gradients over ranks, and rank 0 alone prints and evaluates.
+    rank, ranks = ((tc.distributed.rank(), tc.distributed.world_size()) if args.data_parallel
+                   else (0, 1))
+    if args.batch % ranks:
+        raise SystemExit(f"--batch {args.batch} does not split into {ranks} equal shards")
+    shard = args.batch // ranks
+    log = print if rank == 0 else (lambda *a, **k: None)
 
     if not HAVE_BITLINEAR:
-        print("nn.BitLinear is not available in this tercomp: training a full-precision "
+        log("nn.BitLinear is not available in this tercomp: training a full-precision "
               "Linear MLP instead")
     x_tr, y_tr, x_te, y_te = load_data(args.seed)
     nn.manual_seed(args.seed)
@@ -99,34 +118,40 @@ def main(argv=None) -> float:
                                             warmup_steps=min(50, total // 10)),
                          weight_decay=1e-4)
     t0 = time.perf_counter()
-    step = tc.compile_train_step(loss_fn, model, opt, x_tr[:args.batch], y_tr[:args.batch],
-                                 clip_norm=1.0)
+    step = tc.compile_train_step(loss_fn, model, opt, x_tr[:shard], y_tr[:shard],
+                                 clip_norm=1.0, data_parallel=args.data_parallel)
     t_compile = time.perf_counter() - t0
+    if args.data_parallel:
+        log(f"data parallel: {ranks} rank(s), {shard} of each batch of {args.batch} per rank")
 
     from tqdm import tqdm
     rng = np.random.default_rng(args.seed)
     losses = []
     t0 = time.perf_counter()
     # a progress bar only on a terminal: piped into a log it would print a line per update
-    bar = tqdm(total=total, disable=args.quiet or not sys.stderr.isatty(), unit="step",
-               desc="train")
+    bar = tqdm(total=total, disable=args.quiet or rank != 0 or not sys.stderr.isatty(),
+               unit="step", desc="train")
     out_of_time = False
     for epoch in range(args.epochs):
         order = rng.permutation(len(x_tr))
         for i in range(steps_per_epoch):
-            idx = order[i * args.batch:(i + 1) * args.batch]
+            idx = order[i * args.batch:(i + 1) * args.batch][rank * shard:(rank + 1) * shard]
             loss, metrics = step(x_tr[idx], y_tr[idx])
             losses.append(loss)
             bar.update(1)
             if i % 10 == 0:
                 bar.set_postfix(epoch=epoch, loss=f"{loss:.3f}", acc=f"{metrics['accuracy']:.2f}")
-            if args.seconds is not None and time.perf_counter() - t0 > args.seconds:
+            # (every rank must stop at the same step: rank 0's clock decides)
+            if args.seconds is not None and _agree(args.data_parallel,
+                                                   time.perf_counter() - t0 > args.seconds):
                 out_of_time = True
                 break
         if out_of_time or step.stopped:
             break
     bar.close()
     t_train = time.perf_counter() - t0
+    if rank != 0:
+        return None
 
     step.sync_to(model)
     ternary = {"ternary": "auto"} if HAVE_BITLINEAR else {}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import bitnet_mlp  # samples/ is on sys.path (tests/conftest.py)
+from tercomp import distributed
 from tercomp.runtime.devices import driver_present
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -111,3 +112,28 @@ def test_llama_architecture_chat_section_runs_as_written(tmp_path, monkeypatch):
     r = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, f"{command}\n{r.stdout}\n{r.stderr}"
+
+
+@pytest.mark.skipif(distributed.mpi4py is None or distributed.launcher() is None,
+                    reason=f"no mpi4py or mpiexec ({distributed.EXTRA})")
+def test_mpi_commands_run_as_written(tmp_path):
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text.split("## Data-parallel training over MPI", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 2)[2].split("```", 1)[0]       # the second: mpiexec lines
+    lines = [ln for ln in block.splitlines() if ln.strip()]
+    assert lines and all(ln.startswith("mpiexec -n 2 ") for ln in lines), lines
+    # mpiexec is found beside python, as after `pip install -e '.[distributed]'`
+    env = {**os.environ, "PATH": os.path.dirname(distributed.launcher()) + os.pathsep
+           + os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+           "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    outs = []
+    for line in lines:
+        r = subprocess.run(line, shell=True, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, f"{line}\n{r.stdout}\n{r.stderr}"
+        outs.append(r.stdout)
+    # (mpiexec merges the ranks' output in chunks: "0 of 21 of 2" happens)
+    assert sorted(re.findall(r"(\d) of 2", outs[0])) == ["0", "1"], outs[0]
+    # rank 0 alone prints the sample's report
+    assert outs[1].count("test accuracy of the compiled") == 1, outs[1]
+    assert "data parallel: 2 rank(s), 32 of each batch of 64 per rank" in outs[1]

@@ -13,6 +13,8 @@ DeviceUnavailable naming the drivers that are.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
 
 import iree.runtime as rt
@@ -109,10 +111,27 @@ def open_device(device: str, threads: int | None = None):
     if driver == "local-task":
         _configure_task_threads(threads)
     try:
-        return rt.get_device(uri)
+        with _mpi_launch_hidden():
+            return rt.get_device(uri)
     except Exception as e:
         raise DeviceUnavailable(f"device {device!r} could not be opened: {e}",
                                 hint=f"available drivers: {', '.join(available_drivers())}") from None
+
+
+# IREE gives a device an MPI channel provider (for its own collectives) when one of these
+# is set, as mpiexec sets them, and then fails to open it unless it finds libmpi.so
+# (iree/hal/utils/mpi_channel_provider.c, iree_hal_mpi_is_configured). tercomp's
+# collectives go through mpi4py (tercomp.distributed), so IREE is not told of the job.
+_MPI_LAUNCH_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPIEXEC_HOSTNAME")
+
+
+@contextlib.contextmanager
+def _mpi_launch_hidden():
+    saved = {k: os.environ.pop(k) for k in _MPI_LAUNCH_VARS if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def pick_device(targets, device: str | None = None) -> str | None:

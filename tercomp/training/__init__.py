@@ -11,9 +11,14 @@ read them:
     ...     loss = step(xb, yb)                      # a Python float
     >>> step.sync_to(model)                          # weights back into the model
     >>> tc.save_checkpoint("ckpt.safetensors", step)
+
+With `data_parallel=True` (under `mpiexec -n N`), data_parallel.py compiles the step as
+two functions around one Allreduce of the gradients and returns a DataParallelStep.
 """
 from .checkpoint import load_checkpoint, save_checkpoint
 from .compile import compile_train_step
+from .data_parallel import DataParallelStep
 from .step import TrainStep
 
-__all__ = ["compile_train_step", "TrainStep", "save_checkpoint", "load_checkpoint"]
+__all__ = ["compile_train_step", "TrainStep", "DataParallelStep", "save_checkpoint",
+           "load_checkpoint"]

@@ -23,12 +23,15 @@ _FORMAT = "tercomp-checkpoint-1"
 def save_checkpoint(path: str, model, opt_state=None) -> None:
     """Save a model's parameters (and an optimizer state) to a safetensors file.
     `model` is an nn.Module or a TrainStep (whose device weights and optimizer state are
-    saved). Written atomically.
+    saved). Written atomically. A data-parallel step's checkpoint is written by rank 0
+    only (every rank holds the same weights); the other ranks return without writing.
 
     >>> tc.save_checkpoint("ckpt.safetensors", model, step.opt_state())
     >>> opt_state = tc.load_checkpoint("ckpt.safetensors", model)
     """
     if isinstance(model, TrainStep):
+        if not model.is_main:
+            return
         params = model.params()
         opt_state = model.opt_state() if opt_state is None else opt_state
     elif callable(getattr(model, "state_dict", None)):

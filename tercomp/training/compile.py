@@ -19,6 +19,7 @@ from ..pytree import tree_map
 from ..trace import api as _t
 from ..trace.tracer import Tracer
 from ..autodiff import value_and_grad
+from .data_parallel import check_options as check_data_parallel, compile_data_parallel
 from .step import TrainStep
 
 ON_NAN = ("raise", "stop")
@@ -32,7 +33,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
                        accumulate_calls: int = 1, clip_norm=None, on_nan: str = "raise", has_aux=None, opt_state=None,
                        target="llvm-cpu", device=None, threads=None, dump_dir=None,
                        cache: bool = True, isolate: bool | None = None,
-                       check_numerics: bool | None = None) -> TrainStep:
+                       check_numerics: bool | None = None, data_parallel: bool = False) -> TrainStep:
     """Compile forward + backward + update of `model` into one IREE function.
 
     `loss_fn(model, *batch)` returns a scalar loss, or `(loss, metrics)` with a dict of
@@ -54,6 +55,20 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     >>> step = tc.compile_train_step(loss_fn, model, tc.optim.SGD(0.1, momentum=0.9),
     ...                              tc.spec(("B", 64)), tc.spec(("B",), "int32"))
     >>> loss = step(x, y)
+
+    `data_parallel=True`, in each rank of `mpiexec -n N python train.py` (or `srun`),
+    trains one model on N shards: every rank calls the step with its shard of the batch,
+    the gradients (after `accumulate`, before clipping) are averaged over the ranks with
+    one Allreduce, weighted by each shard's number of examples (the leading dim of its
+    first batch array), and every rank applies the same update, so parameters stay
+    identical (rank 0's initial ones are broadcast first); the loss and metrics returned
+    are those of the whole global batch. A rank that fails or meets a NaN makes every rank
+    raise (or stop, with on_nan="stop"); see tercomp.distributed for ranks, the timeout and
+    the `distributed` pip extra. Without MPI it runs as a job of one rank.
+
+    >>> step = tc.compile_train_step(loss_fn, model, opt, xb, yb, data_parallel=True)
+    >>> r, n = tc.distributed.rank(), tc.distributed.world_size()
+    >>> loss = step(x[r::n], y[r::n])                  # this rank's shard
     """
     if not isinstance(model, Module):
         raise TercompError(f"compile_train_step: model must be an nn.Module, got {type(model).__name__}")
@@ -74,6 +89,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     if clip_norm is not None:
         clip_norm = check_number("compile_train_step", "clip_norm", clip_norm,
                                         lo=0.0, lo_open=True)
+    check_data_parallel(data_parallel, accumulate_calls)
     if has_aux not in (None, True, False):
         raise TercompError(f"compile_train_step: has_aux must be None, True or False, got {has_aux!r}")
     if not example_batch:
@@ -115,24 +131,34 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         aux = {k: _t.stop_gradient(v) if isinstance(v, Tracer) else np.float32(v) for k, v in aux.items()}
         return loss, aux
 
-    def train_step(params, opt_state, *batch):
+    def loss_and_grads(params, *batch):
+        """(loss, metrics, grads) of one call's batch, after `accumulate`."""
         saved = model.parameters()
         try:
             vg = optim.accumulate_gradients(value_and_grad(loss_of, has_aux=True), accumulate)
             (loss, aux), grads = vg(params, *batch)
         finally:
             model._load_params(saved)
-        if accumulate_calls > 1:
-            return _accumulating_update(params, opt_state, loss, aux, grads)
+        return loss, aux, grads
+
+    def update(params, opt_state, loss, grads):
+        """(new_params, new_state, norm): clip, then the optimizer's update; a NaN or Inf
+        anywhere in loss or grads keeps the old values (the host checks loss and norm)."""
         grads, norm = _clipped(grads)
         new_params, new_state = optimizer.update(grads, opt_state, params)
         if pytree.jsonable(pytree.flatten(new_state)[2]) != state_treedef:
             raise TercompError(f"{type(optimizer).__name__}.update returned a state whose structure "
                                "differs from init(params)'s; the compiled step feeds it back in")
-        # NaN or Inf anywhere in loss or grads: keep the old values (checked on the host).
         ok = _t.abs(loss + norm) <= optim.F32_MAX
         new_params = tree_map(lambda n, o: _t.where(ok, n, o), new_params, params)
         new_state = tree_map(lambda n, o: _t.where(ok, n, o), new_state, opt_state)
+        return new_params, new_state, norm
+
+    def train_step(params, opt_state, *batch):
+        loss, aux, grads = loss_and_grads(params, *batch)
+        if accumulate_calls > 1:
+            return _accumulating_update(params, opt_state, loss, aux, grads)
+        new_params, new_state, norm = update(params, opt_state, loss, grads)
         return new_params, new_state, loss, norm, aux
 
     def _clipped(grads):
@@ -162,10 +188,16 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         new_state = {"opt": new_opt, "accum": {"grads": acc_grads, "calls": acc_calls}}
         return new_params, new_state, loss, norm, aux
 
-    exe = tc_compile(train_step, params, state, *example_batch,
-                     target=target, device=device, threads=threads, dump_dir=dump_dir,
-                     cache=cache, ternary="off", name="train_step", isolate=isolate,
-                     check_numerics=check_numerics)
+    compile_opts = dict(target=target, device=device, threads=threads, dump_dir=dump_dir,
+                        cache=cache, ternary="off", isolate=isolate, check_numerics=check_numerics)
+    if data_parallel:
+        step = compile_data_parallel(loss_and_grads, update, model, optimizer, params, state,
+                                     example_batch, on_nan=on_nan, accumulate=accumulate,
+                                     clip_norm=clip_norm, compile_opts=compile_opts)
+        step.has_aux = detected.get("has_aux", False)      # known once traced
+        step._name_batch(loss_fn)
+        return step
+    exe = tc_compile(train_step, params, state, *example_batch, name="train_step", **compile_opts)
     step = TrainStep(exe, model, optimizer, params, state, len(example_batch),
                      detected.get("has_aux", False), on_nan, accumulate, clip_norm)
     step.accumulate_calls = int(accumulate_calls)

@@ -23,8 +23,11 @@ class TrainStep:
     CompiledModule), `steps` (calls that updated the weights), `stopped`, `grad_norm`
     (the last step's global gradient norm, before clipping), `on_nan`."""
 
+    data_parallel = False
+    is_main = True           # the rank that writes checkpoints (see DataParallelStep)
+
     def __init__(self, exe, model, optimizer, params, opt_state, n_batch,
-                 has_aux, on_nan, accumulate, clip_norm):
+                 has_aux, on_nan, accumulate, clip_norm, n_before=None):
         self.exe = exe
         self.model = model
         self.optimizer = optimizer
@@ -39,10 +42,12 @@ class TrainStep:
         self.grad_norm = float("nan")
         self._p_treedef = pytree.flatten(params)[2]
         self._s_treedef = pytree.flatten(opt_state)[2]
-        n_state = len(pytree.flatten(params)[0]) + len(pytree.flatten(opt_state)[0])
+        # The batch comes after two arguments, params and state (n_before arrays).
+        if n_before is None:
+            n_before = len(pytree.flatten(params)[0]) + len(pytree.flatten(opt_state)[0])
         sig = exe.signature
-        batch_tree = ["tuple", sig.in_tree[1][2:]] if sig.in_tree else None   # after params, state
-        self._batch_sig = Signature(sig.function, sig.inputs[n_state:], [], in_tree=batch_tree)
+        batch_tree = ["tuple", sig.in_tree[1][2:]] if sig.in_tree else None
+        self._batch_sig = Signature(sig.function, sig.inputs[n_before:], [], in_tree=batch_tree)
         self._n_batch = n_batch
         # Device-resident state: host arrays before the first call, then the DeviceArrays
         # each call returns.
@@ -84,23 +89,26 @@ class TrainStep:
         self._check_batch(batch)
         params, state, loss, norm, aux = self.exe(self._params, self._state, *batch,
                                                   keep_on_device=True)
-        loss, norm = float(np.asarray(loss)), float(np.asarray(norm))
-        self.grad_norm = norm
         metrics = {k: float(np.asarray(v)) for k, v in aux.items()}
+        return self._finish(params, state, float(np.asarray(loss)), float(np.asarray(norm)),
+                            metrics)
+
+    def _finish(self, params, state, loss, norm, metrics, where=""):
+        """Keep the step's results; on a NaN or Inf loss or norm (the compiled step kept
+        the old params/state) raise or stop as on_nan says. `where` adds to the message."""
+        self.grad_norm = norm
+        self._params, self._state = params, state
         if not (math.isfinite(loss) and math.isfinite(norm)):
-            # The compiled step kept the old params/state; keep using them.
-            self._params, self._state = params, state
             what = "loss" if not math.isfinite(loss) else "gradient norm"
             msg = (f"training step {self.steps + 1}: the {what} is "
-                   f"{loss if what == 'loss' else norm}; the update was skipped, the "
+                   f"{loss if what == 'loss' else norm}{where}; the update was skipped, the "
                    "weights are those of the last finite step")
             hint = "lower the learning rate, clip gradients (clip_norm=), or check the data"
             if self.on_nan == "raise":
                 raise TercompError(msg, hint=hint)
             self.stopped = True
-            warnings.warn(f"{msg}; training stopped ({hint})", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"{msg}; training stopped ({hint})", RuntimeWarning, stacklevel=3)
             return (loss, metrics) if self.has_aux else loss
-        self._params, self._state = params, state
         self._calls = (self._calls + 1) % self.accumulate_calls
         self.steps += self._calls == 0
         return (loss, metrics) if self.has_aux else loss

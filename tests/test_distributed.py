@@ -1,0 +1,133 @@
+"""Data-parallel training over MPI: `mpiexec -n 2` runs tests/mpi_worker.py, whose ranks
+train on half batches; this process checks them against one process on whole batches.
+Skipped without mpi4py and an mpiexec (pip install -e '.[distributed]')."""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tercomp as tc
+from tercomp import distributed
+from tercomp.training import data_parallel
+
+import mpi_worker  # tests/ is on sys.path (pytest's rootdir insertion)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "mpi_worker.py")
+
+needs_mpi = pytest.mark.skipif(distributed.mpi4py is None or distributed.launcher() is None,
+                               reason=f"no mpi4py or mpiexec ({distributed.EXTRA})")
+
+
+def mpiexec(mode, out, timeout=120):
+    """Run the worker's `mode` on 2 ranks; (returncode, stdout, stderr, seconds)."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.monotonic()
+    r = subprocess.run([distributed.launcher(), "-n", "2", sys.executable, WORKER, mode, str(out)],
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr, time.monotonic() - t0
+
+
+def lines(out, rank, what):
+    """What rank `rank` logged after `what`."""
+    text = (out / f"rank-{rank}.log").read_text()
+    return [ln[len(what) + 1:] for ln in text.splitlines() if ln.startswith(what + " ")]
+
+
+def assert_params_close(got, want, rtol=1e-5):
+    assert set(got) == set(want)
+    for k in want:
+        rel = np.abs(np.asarray(got[k], np.float64) - want[k]).max() / np.abs(want[k]).max()
+        assert rel <= rtol, f"parameter {k}: max relative difference {rel:.2e} > {rtol}"
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """One process on whole batches: the losses and parameters after each step."""
+    step = mpi_worker.make_step(seed=0)
+    losses, params = [], []
+    for x, y in mpi_worker.batches(mpi_worker.STEPS + 2):
+        losses.append(step(x, y)[0])
+        params.append(step.params())
+    return losses, params
+
+
+@needs_mpi
+def test_two_ranks_train_as_one_process_and_stop_together(tmp_path, reference):
+    rc, out, err, _ = mpiexec("train", tmp_path)
+    assert rc == 0, f"{out}\n{err}"
+    ref_losses, ref_params = reference
+    n = mpi_worker.STEPS
+    for rank in (0, 1):
+        # the loss of the whole batch on every rank, step after step
+        got = [float(ln.split()[0]) for ln in lines(tmp_path, rank, "loss")]
+        np.testing.assert_allclose(got, ref_losses[:n], rtol=1e-5, err_msg=f"rank {rank}")
+        # a NaN on rank 1 stops both, naming rank 1; a bad batch on rank 1 too
+        assert lines(tmp_path, rank, "nan error:") == [
+            f"training step {n + 1}: the loss is nan (from rank(s) 1 of 2); the update was "
+            "skipped, the weights are those of the last finite step"], out
+        assert lines(tmp_path, rank, "steps") == [str(n)]
+    assert lines(tmp_path, 0, "failure error:") == [
+        f"TercompError: training step {n + 1}: rank(s) 1 failed (their error says why); "
+        "every rank stops"], out
+    assert lines(tmp_path, 1, "failure error:")[0].startswith("InputError: training step: input x: "
+                                                         "expected shape [8, 12], got [8, 11]")
+    p0, p1 = (dict(np.load(tmp_path / f"params-{r}.npz")) for r in (0, 1))
+    for k in p0:                            # identical, not merely close, on every rank
+        np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
+    assert_params_close(p0, ref_params[n - 1])
+
+    # the checkpoint rank 0 wrote (and rank 1 did not) resumes in one process
+    assert not (tmp_path / "ckpt-1.safetensors").exists()
+    step = mpi_worker.make_step(seed=7)
+    tc.load_checkpoint(str(tmp_path / "ckpt-0.safetensors"), step)
+    for x, y in mpi_worker.batches(n + 2)[n:]:
+        step(x, y)
+    assert_params_close(step.params(), ref_params[-1])
+
+
+@needs_mpi
+def test_a_rank_that_hangs_aborts_the_job_after_the_timeout(tmp_path):
+    rc, out, err, seconds = mpiexec("hang", tmp_path)
+    assert rc != 0 and seconds < 60, (rc, seconds)
+    assert re.search(r"rank 0: training step 1: the gradient Allreduce: the other ranks did not "
+                     r"answer within 3 s", err), err
+
+
+@needs_mpi
+def test_an_uncaught_exception_on_one_rank_aborts_every_rank(tmp_path):
+    rc, out, err, seconds = mpiexec("crash", tmp_path)
+    assert rc != 0 and seconds < 60, (rc, seconds)
+    assert "RuntimeError: rank 1 fails outside the step" in err
+    assert "rank 1: an uncaught RuntimeError ended this rank; aborting every rank" in err
+
+
+def test_one_rank_without_mpi_computes_the_single_process_step(reference):
+    # outside mpiexec a data-parallel step is a job of one rank: the same numbers
+    step = mpi_worker.make_step(seed=0, data_parallel=True)
+    assert isinstance(step, data_parallel.DataParallelStep) and step.world.size == 1
+    for x, y in mpi_worker.batches():
+        step(x, y)
+    assert_params_close(step.params(), reference[1][mpi_worker.STEPS - 1])
+
+
+def test_under_a_launcher_without_mpi4py_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setattr(distributed, "mpi4py", None)
+    monkeypatch.setattr(distributed, "_world", None)
+    monkeypatch.setenv("PMI_SIZE", "2")
+    with pytest.raises(tc.TercompError, match=r"started as one of 2 MPI ranks, but mpi4py is not "
+                                              r"installed(.|\n)*pip install -e '\.\[distributed\]'"):
+        distributed.init()
+
+
+def test_data_parallel_options_are_checked():
+    with pytest.raises(tc.TercompError, match="data_parallel must be True or False"):
+        mpi_worker.make_step(data_parallel="yes")
+    with pytest.raises(tc.TercompError, match="does not take accumulate_calls"):
+        mpi_worker.make_step(data_parallel=True, accumulate_calls=2)
+    with pytest.raises(tc.TercompError, match="timeout must be a positive number"):
+        distributed.init(timeout=0)
