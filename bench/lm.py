@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,9 @@ import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import machine  # noqa: E402  (bench/machine.py)
 
 
 # -------------------------------------------------------------------------- the model
@@ -133,7 +137,9 @@ def worker_tercomp_compile(a):
 
 def worker_tercomp_run(a):
     import tercomp as tc
+    t = time.perf_counter()
     gen = tc.load(a.artifact, threads=a.threads)
+    load_s = time.perf_counter() - t
     prompt = np.random.default_rng(1).integers(0, a.vocab, a.prompt).astype(np.int32)
     gen.prefill(prompt)                                     # warm-up
     # as llama.cpp's eval and generate: the logits of the last position only
@@ -149,6 +155,10 @@ def worker_tercomp_run(a):
         return time.perf_counter() - t
     out["decode_tps"] = a.gen / min(decode() for _ in range(a.repeat))
     out["rss_mb"] = rss_mb()
+    out["load_s"] = load_s
+    # what a decode step reads: every parameter (the 2-bit projections, the output table)
+    # once; the cache rows are small next to them at this position
+    out["bytes_per_token_mb"] = len(gen.exe._weights) / 2**20 if gen.exe._weights is not None else None
     if os.path.exists(a.artifact + ".128"):
         short = tc.load(a.artifact + ".128", threads=a.threads)
         out["decode_pos64_ms"], out["decode_pos64_ms_seq128"] = _decode_at_64(
@@ -176,7 +186,8 @@ def worker_llama(a):
     t = time.perf_counter()
     llm = llama_cpp.Llama(a.model, n_ctx=a.max_seq, n_threads=a.threads, n_batch=a.prompt,
                           verbose=False)
-    out = {"compile_cold_s": time.perf_counter() - t}
+    out = {"compile_cold_s": time.perf_counter() - t, "load_s": time.perf_counter() - t,
+           "bytes_per_token_mb": os.path.getsize(a.model) / 2**20}
     prompt = np.random.default_rng(1).integers(0, a.vocab, a.prompt).tolist()
 
     def prefill():      # logits_all=False (the default): the last position's logits only
@@ -196,8 +207,23 @@ def worker_llama(a):
     return out
 
 
+def worker_stream(a):
+    """A plain streaming read with `threads` threads (NumPy sums of 512 MiB, each thread
+    its part; NumPy releases the GIL): the memory bandwidth a decode step can hope for."""
+    from concurrent.futures import ThreadPoolExecutor
+    buf = np.ones(64 << 20, np.int64)           # 512 MiB, touched once
+    parts = np.array_split(buf, a.threads)
+    with ThreadPoolExecutor(a.threads) as pool:
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - t)
+    return {"stream_gbs": buf.nbytes / best / 1e9}
+
+
 WORKERS = {"tercomp-compile": worker_tercomp_compile, "tercomp-run": worker_tercomp_run,
-           "llama": worker_llama}
+           "llama": worker_llama, "stream": worker_stream}
 
 
 def run_worker(name, a, extra=()):
@@ -235,7 +261,10 @@ def main():
                         "list of float16, int8, float32: one tercomp column each")
     p.add_argument("--no-scaling", dest="scaling", action="store_false",
                    help="skip the max_seq 128 compile of the O(position) check")
-    p.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "tercomp-bench-lm"))
+    p.add_argument("--dir", default=None, help="where the GGUF and artifacts go (default: a "
+                   "temporary directory, removed at the end unless --keep)")
+    p.add_argument("--keep", action="store_true", help="keep the default directory's files "
+                   "(reused by the next run with --keep)")
     p.add_argument("--worker", choices=sorted(WORKERS))
     p.add_argument("--model")
     p.add_argument("--artifact")
@@ -249,7 +278,20 @@ def main():
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
+    cleanup = None
+    if a.dir is None:
+        a.dir = os.path.join(tempfile.gettempdir(), "tercomp-bench-lm")
+        if not a.keep:
+            cleanup = a.dir
     os.makedirs(a.dir, exist_ok=True)
+    try:
+        report(p, a)
+    finally:
+        if cleanup:
+            shutil.rmtree(cleanup, ignore_errors=True)
+
+
+def report(p, a):
     tag = f"L{a.layers}-h{a.hidden}-f{a.ffn}-H{a.heads}-v{a.vocab}"
     if a.arch != "bitnet" or a.kv_heads not in (0, a.heads):
         tag = f"{a.arch}-{tag}-kv{a.kv_heads or a.heads}"
@@ -290,9 +332,14 @@ def main():
                 old = rows[name].get(k)
                 better = max if k.endswith("_tps") or k == "rss_mb" else min   # RSS: the worst
                 rows[name][k] = v if old is None else better(old, v)
+    print(f"CPU: {machine.cpu()}; {machine.load()} before the run")
+    stream = run_worker("stream", a) or {}
     keys = [("decode_tps", "decode tokens/s", "{:.1f}"), ("prefill_tps", f"prefill pp{a.prompt} tokens/s", "{:.1f}"),
             ("prefill_all_tps", f"prefill pp{a.prompt}, all logits", "{:.1f}"),
-            ("rss_mb", "resident memory MiB", "{:.0f}"), ("compile_cold_s", "compile cold s", "{:.1f}"),
+            ("rss_mb", "resident memory MiB", "{:.0f}"), ("load_s", "load s (tc.load / Llama())", "{:.2f}"),
+            ("bytes_per_token_mb", "weights read per token MiB", "{:.0f}"),
+            ("gbs", "decode GB/s (weights x tokens/s)", "{:.1f}"),
+            ("compile_cold_s", "compile cold s", "{:.1f}"),
             ("compile_cached_s", "compile cached s", "{:.1f}"),
             ("compile_peak_mb", "compile peak memory MiB", "{:.0f}"),
             ("decode_pos64_ms", f"decode @64, max_seq {a.max_seq} ms", "{:.2f}"),
@@ -302,6 +349,12 @@ def main():
     print(f"model {tag}, {a.threads} threads, prompt {a.prompt}, {a.gen} new tokens, best of "
           f"{a.repeat} in each of {a.rounds} rounds taken in turns; tercomp's output layer "
           f"stored as {', '.join(dtypes)}")
+    for r in rows.values():
+        if r.get("bytes_per_token_mb") and r.get("decode_tps"):
+            r["gbs"] = r["bytes_per_token_mb"] * 2**20 * r["decode_tps"] / 1e9
+    if stream:
+        print(f"a plain streaming read with {a.threads} threads: {stream['stream_gbs']:.1f} GB/s "
+              f"(the ceiling of the decode GB/s row)")
     names = list(rows)
     ratios = [n for n in names if n != "llama.cpp"] if peer else []
     print(f"{'':34}" + "".join(f"{n:>16}" for n in names) +

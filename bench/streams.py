@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import machine  # noqa: E402  (bench/machine.py)
 from lm import write_model  # noqa: E402  (bench/lm.py)
 
 
@@ -171,18 +171,6 @@ def run_worker(name, a):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def cpu_features() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return platform.processor()
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    have = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni") if f in flags]
-    return f"{name} ({', '.join(have) or 'no avx2'}), {os.cpu_count()} cores"
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=24)
@@ -216,8 +204,7 @@ def main():
     try:
         if not os.path.exists(a.model):
             write_model(a.model, a)
-        print(f"CPU: {cpu_features()}; {a.threads} threads; load average "
-              f"{os.getloadavg()[0]:.2f} before the run")
+        print(f"CPU: {machine.cpu()}; {a.threads} threads; {machine.load()} before the run")
         print(f"model: {a.layers} layers, hidden {a.hidden}, ffn {a.ffn}, vocab {a.vocab}; "
               f"prompt {a.prompt} per stream, {a.gen} decode steps, max_seq {a.max_seq}")
         ours = run_worker("tercomp", a)
@@ -240,7 +227,7 @@ def main():
             lcs = f"{lc:13.1f}" if lc else f"{'-':>13}"
             ratio = f"{step / lc:10.2f}" if lc else f"{'-':>10}"
             print(f"{b:7d} {step:9.1f} {step / ours['single_tps']:8.2f} {eng:10.1f} {lcs} {ratio}")
-        print(f"load average {os.getloadavg()[0]:.2f} after the run")
+        print(f"{machine.load()} after the run")
     finally:
         if not a.keep and a.dir is None:
             shutil.rmtree(d, ignore_errors=True)
