@@ -23,6 +23,7 @@ from .errors import (TercompError, TraceError, ParseError, VerifyError, CompileE
 from .runtime.module import CompiledModule, DeviceArray
 from .runtime.loader import load
 from .runtime.generator import LMGenerator
+from .runtime.batched import BatchedLMGenerator
 
 class CompilerMissing(TercompError, AttributeError):
     """A compiler-side name (tc.compile, tc.trace, tc.nn, ...) asked for where only

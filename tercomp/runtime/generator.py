@@ -1,9 +1,9 @@
 """LMGenerator: token generation with a compiled language model (tc.compile_lm, or
 tc.load of a saved LM artifact).
 
-The module (see tercomp/generate.py) has two entry points, `prefill(ids [T], start)` and
-`decode(ids [1], start)`, over a KV cache held in the module's globals on the device.
-This class keeps the position (how many cache rows are filled), checks every input on
+The module (see tercomp/generate.py) has one entry point, `step(ids [T], start, rows [L])`,
+over a KV cache held in the module's globals on the device: `prefill` calls it with the
+prompt, `decode` with one token. This class keeps the position (how many cache rows are filled), checks every input on
 the host BEFORE calling IREE (so a rejected call leaves the cache as it was), samples,
 and times the calls. Like the rest of tercomp.runtime it needs only NumPy and
 iree.runtime (and `tokenizers`, optionally, for text).
