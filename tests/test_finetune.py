@@ -2,6 +2,7 @@
 freeze=...)`, `tc.compile_train_step`, `step.sync_to`, then `models.save_gguf` (which
 llama.cpp runs with tercomp's logits) and `models.save_hf` (which loads back with the
 same logits), for both families (bitnet, llama_bitnet) and both formats (GGUF, HF).
+samples/finetune_lm.py runs in tests/test_readme.py (the README's fine-tune commands).
 
 The files are the ones the family tests write (tests/test_models_formats.py,
 tests/test_llama_family.py), made small: 1-2 layers, a 300/512-token vocabulary that
@@ -190,26 +191,3 @@ def test_save_hf_of_the_fine_tuned_model_loads_back(tuned, tmp_path):
     # a llama GGUF's q/k rows are un-permuted to rotate-half order: same sums, reordered
     np.testing.assert_allclose(back(IDS), want, rtol=0, atol=1e-6 * np.abs(want).max())
 
-
-def test_finetune_sample_runs_on_a_tiny_byte_model(tmp_path, capsys):
-    """samples/finetune_lm.py at a small size, on the kind of file tiny_lm.py saves (a
-    byte-level bitnet GGUF with its tokenizer): the held-out loss drops, the GGUF and the
-    Hugging Face directory it writes load, and it generates text."""
-    import finetune_lm
-    import tiny_lm
-    nn.manual_seed(0)
-    lm = models.BitNetLM(models.BitNetConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32))
-    lm.tokenizer = tiny_lm.byte_tokenizer()
-    models.save_gguf(lm, tmp_path / "tiny.gguf")
-    before, after = finetune_lm.main([str(tmp_path / "tiny.gguf"), "--steps", "8",
-                                      "--batch", "4", "--seq", "32", "--lr", "1e-2",
-                                      "--tokens", "8", "--out", str(tmp_path / "tuned.gguf"),
-                                      "--hf-out", str(tmp_path / "tuned_hf")])
-    out = capsys.readouterr().out
-    assert after < before - 0.1, out
-    assert "continues 'def '" in out
-    gguf_lm, hf_lm = models.load(tmp_path / "tuned.gguf"), models.load(tmp_path / "tuned_hf")
-    assert gguf_lm.tokenizer.encode("def ").ids == [100, 101, 102, 32]
-    np.testing.assert_array_equal(hf_lm(IDS % 256), gguf_lm(IDS % 256))
