@@ -34,8 +34,11 @@ from tercomp import models
 def default_text() -> str:
     """The standard library's json package: Python, but not what tiny_lm.py trained on."""
     root = os.path.dirname(json.__file__)
-    return "\n".join(open(os.path.join(root, n), encoding="utf-8").read()
-                     for n in ("__init__.py", "decoder.py", "encoder.py", "scanner.py"))
+    parts = []
+    for name in ("__init__.py", "decoder.py", "encoder.py", "scanner.py"):
+        with open(os.path.join(root, name), encoding="utf-8") as fh:
+            parts.append(fh.read())
+    return "\n".join(parts)
 
 
 def tokenize(lm, text: str) -> np.ndarray:
@@ -81,7 +84,11 @@ def main(argv=None):
     lm = models.load(args.model, trainable=True, freeze=args.freeze or None)
     cfg = lm.config
     seq = min(args.seq, cfg.max_position_embeddings)
-    text = open(args.text, encoding="utf-8").read() if args.text else default_text()
+    if args.text:
+        with open(args.text, encoding="utf-8") as fh:
+            text = fh.read()
+    else:
+        text = default_text()
     ids = tokenize(lm, text)
     split = int(0.9 * len(ids))
     train, held = ids[:split], ids[split:]
