@@ -6,10 +6,10 @@
 
 The text is a handful of modules of the standard library (no download). The model is a
 `models.BitNetLM` (llama.cpp's `bitnet` graph: ternary BitLinear projections, sub-norms,
-RoPE, GQA) over a 256-token vocabulary, one token per byte, trained with
+RoPE, GQA) over a byte vocabulary (token i is byte i; see `byte_tokenizer`), trained with
 `tc.compile_train_step`. It is saved with `models.save_gguf` (TQ2_0) together with its
-byte-level tokenizer (a GGUF "gpt2" vocabulary whose token i is byte i), so the file
-takes text prompts; it is loaded back with `models.load` and continues a prompt through
+byte-level tokenizer (a GGUF "gpt2" vocabulary), so the file takes text prompts, in
+tercomp and in llama.cpp; it is loaded back with `models.load` and continues a prompt through
 `tc.compile_lm` (the KV-cache generator). `samples/finetune_lm.py` fine-tunes the file.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ import tercomp as tc
 from tercomp import models, nn
 from tercomp.models.tokenizer import Tokenizer
 
+VOCAB = 257     # the 256 bytes and the one merge of byte_tokenizer
 FILES = ("textwrap.py", "string.py", "shlex.py", "fnmatch.py", "glob.py", "bisect.py",
          "heapq.py", "colorsys.py", "keyword.py", "operator.py", "functools.py")
 
@@ -45,7 +46,7 @@ def load_text() -> bytes:
 
 
 def config(args) -> models.BitNetConfig:
-    return models.BitNetConfig(vocab_size=256, hidden_size=args.hidden,
+    return models.BitNetConfig(vocab_size=VOCAB, hidden_size=args.hidden,
                                intermediate_size=2 * args.hidden, num_hidden_layers=args.layers,
                                num_attention_heads=4, num_key_value_heads=2,
                                rope_theta=10000.0, hidden_act="silu",
@@ -53,8 +54,8 @@ def config(args) -> models.BitNetConfig:
 
 
 def loss_fn(lm, x, y):
-    logits = lm(x)                                   # [B, T, 256]
-    return tc.cross_entropy(logits.reshape(-1, 256), y.reshape(-1))
+    logits = lm(x)                                   # [B, T, VOCAB]
+    return tc.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
 
 
 def batches(data, batch, seq, rng):
@@ -66,14 +67,17 @@ def batches(data, batch, seq, rng):
 
 
 def byte_tokenizer() -> Tokenizer:
-    """Token i is byte i: a byte-level BPE without merges whose vocabulary lists GPT-2's
-    printable stand-ins of the 256 bytes in byte order (written to the GGUF as a "gpt2"
-    vocabulary, read back by models.load)."""
+    """Token i is byte i (i < 256): a byte-level BPE whose vocabulary lists GPT-2's
+    printable stand-ins of the 256 bytes in byte order, written to the GGUF as a "gpt2"
+    vocabulary. llama.cpp refuses such a vocabulary without merges, so it has one, of
+    two NUL bytes (token 256, which text never produces)."""
     from tokenizers import Tokenizer as HFTokenizer, decoders, models as tm, pre_tokenizers
     printable = [b for r in ((33, 127), (161, 173), (174, 256)) for b in range(*r)]
     char = {b: chr(b) for b in printable}
     char.update({b: chr(256 + i) for i, b in enumerate(x for x in range(256) if x not in char)})
-    tok = HFTokenizer(tm.BPE({char[b]: b for b in range(256)}, []))
+    vocab = {char[b]: b for b in range(256)}
+    vocab[char[0] * 2] = 256
+    tok = HFTokenizer(tm.BPE(vocab, [(char[0], char[0])]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return Tokenizer(tok)
@@ -145,7 +149,7 @@ def main(argv=None):
             break
     step.sync_to(lm)
     print(f"loss: {np.mean(losses[:10]):.3f} (first 10 steps) -> {np.mean(losses[-10:]):.3f} "
-          f"(last 10); a uniform guess is {np.log(256):.3f}")
+          f"(last 10); a uniform guess is {np.log(VOCAB):.3f}")
     if args.plot and plot(losses, args.plot):
         print(f"loss curve written to {args.plot}")
 
