@@ -184,6 +184,59 @@ def ternarize_with_scale(w: np.ndarray, scale) -> tuple[np.ndarray, np.float32]:
     return t, s
 
 
+def absmean_latent(t: np.ndarray, scale) -> np.ndarray:
+    """Float weights W [N, K] that `absmean_ternarize` maps back to exactly (t, scale):
+    the latent of a trainable layer over stored ternary weights.
+
+    ``scale * t`` would not do: its absmean is ``scale * density`` (the share of non-zero
+    codes), so re-quantizing it changes the scale. Here every non-zero code becomes
+    ``±v`` with ``v ~= scale / density`` (>= scale, so it rounds to ±1 whatever the
+    density) and every zero code stays 0; the first non-zero one is moved by a few ulps
+    so that the float64 absmean rounds to `scale` itself (one magnitude alone cannot
+    always hit a float32 scale exactly). An all-zero `t` gives zeros.
+
+    >>> t = np.array([[1, 0, -1, 0]], np.int8)
+    >>> w = absmean_latent(t, 0.25)
+    >>> w.tolist(), absmean_ternarize(w)[0].tolist(), float(absmean_ternarize(w)[1])
+    ([[0.5, 0.0, -0.5, 0.0]], [[1, 0, -1, 0]], 0.25)
+    """
+    t = np.asarray(t)
+    s = np.float32(scale)
+    if t.ndim != 2 or t.size == 0 or not np.isin(t, (-1, 0, 1)).all():
+        raise TercompError(f"absmean_latent expects a non-empty ternary matrix [N, K], got "
+                           f"shape {t.shape}")
+    if not (np.isfinite(s) and s >= SCALE_EPS):
+        raise TercompError(f"absmean_latent: the scale must be finite and at least "
+                           f"{SCALE_EPS}, got {scale!r}")
+    nnz = int(np.count_nonzero(t))
+    w = t.astype(np.float32)
+    if nnz == 0:
+        return w
+    v = np.float32(np.float64(s) * t.size / nnz)
+    # the float64 sum of float32 magnitudes this close together is exact, so np.mean
+    # rounds once: (rest + first) / size
+    rest = np.float64(v) * (nnz - 1)
+    first = np.float32(np.float64(s) * t.size - rest)
+    best = first
+    for step in range(16):          # the neighbours, nearest first
+        cands = [_nudge(first, step), _nudge(first, -step)]
+        hit = [c for c in cands if np.float32((rest + np.float64(c)) / t.size) == s]
+        if hit:
+            best = hit[0]
+            break
+    w *= v
+    i = np.flatnonzero(t)[0]
+    w.flat[i] = np.sign(w.flat[i]) * best
+    return w
+
+
+def _nudge(v: np.float32, steps: int) -> np.float32:
+    """`v` moved `steps` float32 ulps (negative: down)."""
+    for _ in range(abs(steps)):
+        v = np.nextafter(v, np.float32(np.inf if steps > 0 else -np.inf), dtype=np.float32)
+    return np.float32(v)
+
+
 def act_quant(x: np.ndarray, eps: float = ACT_EPS) -> tuple[np.ndarray, np.ndarray]:
     """Per-row absmax int8 quantization of activations (BitNet b1.58).
 

@@ -95,6 +95,73 @@ def test_serving_section_runs_as_written(tmp_path):
             server.wait(10)
 
 
+# flags appended to finetune_lm.py's command in the default test (the section as written
+# takes minutes; the slow test runs it so)
+FINETUNE_SHRINK = {"samples/finetune_lm.py": ["--steps", "8", "--seq", "64", "--lr", "1e-2",
+                                              "--tokens", "4"]}
+
+
+def run_finetune_section(tmp_path, shrink, skip_first=False):
+    """Run the Fine-tuning section's commands in order (the sample ones with `shrink`'s
+    flags appended; `skip_first`: not tiny_lm.py's); returns their outputs."""
+    section = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read() \
+        .split("## Fine-tuning a stored model", 1)[1].split("\n## ", 1)[0]
+    bash = section.split("```bash", 1)[1].split("```", 1)[0]
+    lines = [shlex.split(ln, comments=True) for ln in bash.splitlines() if ln.strip()]
+    assert [w[:2] for w in lines] == [["python", "samples/tiny_lm.py"],
+                                      ["python", "samples/finetune_lm.py"],
+                                      ["tercomp", "generate"]]
+    os.symlink(os.path.join(ROOT, "samples"), tmp_path / "samples")
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+           "PYTHONPATH": os.path.abspath(ROOT), "TERCOMP_CACHE_DIR": str(tmp_path / "cache")}
+    outs = [None] if skip_first else []
+    for words in lines[1:] if skip_first else lines:
+        words = [sys.executable if w == "python" else w for w in words]
+        words += shrink.get(words[1], [])
+        r = subprocess.run(words, cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=900)
+        assert r.returncode == 0, f"{words}\n{r.stdout}\n{r.stderr}"
+        outs.append(r.stdout)
+    return outs
+
+
+def check_finetune_outputs(tmp_path, outs):
+    from tercomp import models
+    before = float(re.search(r"held-out loss before: ([\d.]+)", outs[1]).group(1))
+    after = float(re.search(r"held-out loss after: +([\d.]+)", outs[1]).group(1))
+    assert after < before, outs[1]
+    assert "def " in outs[2]
+    tuned, tuned_hf = models.load(tmp_path / "tuned.gguf"), models.load(tmp_path / "tuned_hf")
+    assert tuned.tokenizer.encode("def ").ids == [100, 101, 102, 32]    # bytes, as trained
+    ids = np.arange(32, dtype=np.int32).reshape(2, 16)
+    np.testing.assert_array_equal(tuned_hf(ids), tuned(ids))
+    return before, after
+
+
+def test_finetune_section_runs_small(tmp_path):
+    """finetune_lm.py -> tercomp generate as the README writes them, at a small size
+    (FINETUNE_SHRINK), on an untrained stand-in of what tiny_lm.py writes (a byte-level
+    `bitnet` GGUF with its tokenizer, 1 layer of 64)."""
+    import tiny_lm
+    from tercomp import models, nn
+    nn.manual_seed(0)
+    lm = models.BitNetLM(tiny_lm.config(tiny_lm.argparse.Namespace(hidden=64, layers=1,
+                                                                  seq=64)))
+    lm.tokenizer = tiny_lm.byte_tokenizer()
+    models.save_gguf(lm, tmp_path / "tiny.gguf")
+    outs = run_finetune_section(tmp_path, FINETUNE_SHRINK, skip_first=True)
+    before, after = check_finetune_outputs(tmp_path, outs)
+    assert after < before - 0.1
+
+
+@pytest.mark.slow
+def test_finetune_section_runs_as_written(tmp_path):
+    outs = run_finetune_section(tmp_path, {})
+    print(*outs, sep="\n")
+    check_finetune_outputs(tmp_path, outs)
+
+
 def test_llama_architecture_chat_section_runs_as_written(tmp_path, monkeypatch):
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     section = text.split("## A llama-architecture model, chatted with", 1)[1].split("\n## ", 1)[0]

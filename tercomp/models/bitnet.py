@@ -74,6 +74,11 @@ def apply_rope(x, cos, sin, style: str):
     return apply("rope", x, cos, sin, style=style)
 
 
+#: the BitLinear projections of a block, by block attribute
+PROJECTION_NAMES = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+                    "mlp": ("gate_proj", "up_proj", "down_proj")}
+
+
 def _placeholder(in_features: int, out_features: int) -> nn.BitLinear:
     """An all-zero stored layer (2 bits per weight) for loaders that fill in every weight:
     a random float init would cost 4 bytes per weight only to be thrown away."""
@@ -258,6 +263,47 @@ class BitNetLM(nn.Module):
         if self.lm_head is None:
             view.embed_tokens = nn.StoredEmbedding(table)
         return view
+
+    def projections(self):
+        """(name, block, attribute) of every BitLinear projection, in layer order:
+        ("layers.0.attn.q_proj", layers[0].attn, "q_proj"), ..."""
+        for i, layer in enumerate(self.layers):
+            for block in ("attn", "mlp"):
+                owner = getattr(layer, block)
+                for attr in PROJECTION_NAMES[block]:
+                    yield f"layers.{i}.{block}.{attr}", owner, attr
+
+    def make_trainable(self, freeze=None) -> "BitNetLM":
+        """Make the model trainable in place (what `models.load(path, trainable=True)`
+        does) and return it: every stored ternary projection becomes an ordinary
+        BitLinear whose float latent weights quantize back to exactly its codes and scale
+        (`nn.StoredBitLinear.trainable`), so the first forward computes what the stored
+        model computes, and training moves the latents through the straight-through
+        estimators. Embedding, norms and an untied output layer are parameters already.
+
+        `freeze` keeps parameters fixed, as `requires_grad = False` does in PyTorch: a
+        glob pattern or a list of them over the parameter names (`embed_tokens`,
+        `layers.0`, `*.attn.*`, `*norm*`; a pattern matches a name or any dotted prefix
+        of it), or a predicate `name -> bool` (see `nn.Module.freeze`). A frozen
+        projection stays stored (2-bit codes and scale, bit-identical); a frozen float
+        array stays as it is, read as a constant.
+
+        >>> lm = models.load("model.gguf").make_trainable(freeze=["embed_tokens", "layers.0"])
+        >>> "embed_tokens.weight" in lm.parameters()
+        False
+        """
+        stored = {}
+        for name, owner, attr in self.projections():
+            layer = getattr(owner, attr)
+            if isinstance(layer, nn.StoredBitLinear):
+                stored[name] = layer
+                setattr(owner, attr, layer.trainable())
+        if freeze is not None:
+            frozen = set(self.freeze(freeze))
+            for name, owner, attr in self.projections():
+                if name in stored and f"{name}.weight" in frozen:
+                    setattr(owner, attr, stored[name])  # the 2-bit form, as it was loaded
+        return self
 
     def forward(self, ids, cache=None):
         """Logits [B, T, vocab] of token ids [B, T]; `cache` as in hidden_states."""

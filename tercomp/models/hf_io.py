@@ -16,7 +16,8 @@ A projection is one of:
 - a plain float `weight`: an ordinary BitLinear, ternarized by absmean when compiled.
 
 Files are read with `safetensors.deserialize` (no pickle; BF16 is widened here, since
-NumPy has no bfloat16).
+NumPy has no bfloat16). `save_hf` writes the first form (packed codes + weight_scale,
+float32 tables and norms), which both transformers and `load_hf` read.
 """
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ import re
 
 import numpy as np
 import safetensors
+from safetensors.numpy import save as safetensors_save
 
 from .. import nn
 from . import families
 from ..errors import TercompError
-from ..runtime.files import read_regular
+from ..runtime.files import read_regular, write_atomic
 from .bitnet import BitNetLM
 from .config import BitNetConfig, ConfigError
 from .tokenizer import tokenizer_from_hf
@@ -249,3 +251,121 @@ def load_hf(directory) -> BitNetLM:
                               f"({len(extra)} unexpected tensor(s))")
     lm.tokenizer = tokenizer_from_hf(directory)
     return lm
+
+
+# ----------------------------------------------------------------------------- writing
+_HF_QUANT = {"quant_method": "bitnet", "linear_class": "bitlinear",
+             "quantization_mode": "offline"}
+
+
+def pack_hf_ternary(t: np.ndarray) -> np.ndarray:
+    """transformers' 2B4T packing of T int8 [out, in]: uint8 [ceil(out/4), in], output row
+    j * rows + r in bits 2j..2j+1 of row r as the code T + 1 (`unpack_hf_ternary`'s
+    inverse)."""
+    out, rows = t.shape[0], -(-t.shape[0] // 4)
+    codes = np.zeros((4 * rows, t.shape[1]), np.uint8)
+    codes[:out] = (np.asarray(t) + 1).astype(np.uint8)
+    packed = np.zeros((rows, t.shape[1]), np.uint8)
+    for j in range(4):
+        packed |= codes[j * rows:(j + 1) * rows] << np.uint8(2 * j)
+    return packed
+
+
+def _weight_scale(s: np.float32) -> np.ndarray:
+    """The divisor transformers stores (`weight_scale` [1]: the output is divided by it)
+    for the layer scale `s`: a float32 whose reciprocal load_hf turns back into `s`
+    exactly, or, where no float32 does (the float32 reciprocals do not cover every
+    float32), the float64 1 / s, which always does."""
+    ws = np.float32(1.0 / np.float64(s))
+    for cand in (ws, *(np.nextafter(ws, np.float32(d), dtype=np.float32)
+                       for d in (np.inf, -np.inf))):
+        if np.float32(1.0 / np.float64(cand)) == s:
+            return np.array([cand], np.float32)
+    return np.array([1.0 / np.float64(s)], np.float64)
+
+
+def _hf_config(model: BitNetLM) -> dict:
+    cfg = model.config
+    family = families.by_name(cfg.family) or families.FAMILIES[0]
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+            "rope_theta", "hidden_act", "tie_word_embeddings", "max_position_embeddings")
+    d = {"architectures": [family.hf_architectures[0]], "model_type": family.hf_model_types[0],
+         **{k: getattr(cfg, k) for k in keep}}
+    if cfg.rope_scaling is not None:
+        d["rope_scaling"] = dict(cfg.rope_scaling)
+    if cfg.rope_freq_factors is not None:       # a GGUF's rope_freqs: tercomp's own field
+        d["rope_freq_factors"] = list(cfg.rope_freq_factors)
+    d.update(attention_bias=False, mlp_bias=False, torch_dtype="float32",
+             quantization_config=dict(_HF_QUANT))
+    return d
+
+
+def _hf_rows(t: np.ndarray, n_head: int) -> np.ndarray:
+    """q/k rows stored for interleaved RoPE (pairs 2i, 2i+1) back in Hugging Face's
+    rotate-half order (pairs i, i + d/2): the inverse of llama.cpp's converter
+    permutation."""
+    return t.reshape(n_head, t.shape[0] // n_head // 2, 2, *t.shape[1:]).swapaxes(1, 2) \
+        .reshape(t.shape)
+
+
+def save_hf(model: BitNetLM, directory) -> None:
+    """Write `model` as a Hugging Face checkpoint directory that `models.load` reads
+    back with the same logits: config.json (`BitNetForCausalLM`, or `LlamaForCausalLM`
+    with BitNet's quantization_config for the llama family), model.safetensors with
+    transformers' packed projections (uint8 codes, 4 rows a byte, and a `weight_scale`
+    that divides the output: float32, or float64 where no float32 gives the scale back
+    exactly) and float32 embedding, norms and lm_head,
+    and the tokenizer (tokenizer.json, tokenizer_config.json with the chat template)
+    when the model has one. A model whose q/k rows follow llama.cpp's interleaved RoPE
+    (loaded from a `llama` GGUF) is written in Hugging Face's rotate-half order.
+
+    >>> models.save_hf(lm, "out_dir"); lm2 = models.load("out_dir")
+    """
+    if not isinstance(model, BitNetLM):
+        raise TercompError(f"save_hf expects a models.BitNetLM, got {type(model).__name__}")
+    cfg = model.config
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    f32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731
+    st = {"model.embed_tokens.weight": f32(model.embed_tokens.weight),
+          "model.norm.weight": f32(model.norm.weight)}
+    if model.lm_head is not None:
+        st["lm_head.weight"] = f32(model.lm_head.weight)
+    heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}"
+        st[f"{p}.input_layernorm.weight"] = f32(layer.input_layernorm.weight)
+        st[f"{p}.post_attention_layernorm.weight"] = f32(layer.post_attention_layernorm.weight)
+        if cfg.sub_norms:
+            st[f"{p}.self_attn.attn_sub_norm.weight"] = f32(layer.attn.attn_sub_norm.weight)
+            st[f"{p}.mlp.ffn_sub_norm.weight"] = f32(layer.mlp.ffn_sub_norm.weight)
+        for hf_block, (block, projs) in _PROJ.items():
+            for proj in projs:
+                lin = getattr(getattr(layer, block), proj)
+                if getattr(lin, "bias", None) is not None:
+                    raise TercompError(f"save_hf: layers.{i}.{block}.{proj} has a bias, which "
+                                       f"a {cfg.family} checkpoint does not have")
+                t, s = lin.ternary()
+                if cfg.rope_style == "interleaved" and proj in heads:
+                    t = _hf_rows(t, heads[proj])
+                st[f"{p}.{hf_block}.{proj}.weight"] = pack_hf_ternary(t)
+                st[f"{p}.{hf_block}.{proj}.weight_scale"] = _weight_scale(s)
+    write_atomic(os.path.join(directory, "model.safetensors"),
+                 safetensors_save(st, metadata={"format": "pt"}), "safetensors", CheckpointError)
+    write_atomic(os.path.join(directory, "config.json"),
+                 json.dumps(_hf_config(model), indent=2).encode(), "config", CheckpointError)
+    _save_tokenizer(model.tokenizer, directory)
+
+
+def _save_tokenizer(tok, directory):
+    if tok is None:
+        return
+    write_atomic(os.path.join(directory, "tokenizer.json"), tok.to_str().encode(),
+                 "tokenizer", CheckpointError)
+    template = getattr(tok, "chat_template", None)
+    if template is not None:
+        conf = {"chat_template": template.source, "bos_token": template.bos_token,
+                "eos_token": template.eos_token}
+        write_atomic(os.path.join(directory, "tokenizer_config.json"),
+                     json.dumps(conf, indent=2).encode(), "tokenizer config", CheckpointError)

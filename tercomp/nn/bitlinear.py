@@ -15,7 +15,9 @@ Training sees the quantized values in the forward pass and straight-through grad
 weights, packs W_t 4 per byte and emits add/sub kernels (`tc.compile(..., ternary=)`).
 
 `BitLinear.from_ternary(T, scale)` builds a layer from *stored* ternary weights (a loaded
-checkpoint): it keeps the 2-bit codes and the scale (no f32 copy) and is frozen.
+checkpoint): it keeps the 2-bit codes and the scale (no f32 copy) and is frozen;
+`layer.trainable()` turns it into an ordinary BitLinear whose float latent weights
+quantize back to exactly those codes and that scale (`ternary_pack.absmean_latent`).
 """
 from __future__ import annotations
 
@@ -80,8 +82,7 @@ class BitLinear(Module):
         float32 copy); `layer.weight` materializes ``scale * T`` on each access and
         `layer.ternary()` gives (T, scale) back exactly. It is **frozen**: the weights are
         not a parameter (only a bias is), so `tc.grad` and `tc.compile_train_step` leave
-        them alone; to fine-tune, build an ordinary BitLinear and load ``layer.weight``
-        into it. The `ternary` pass packs them with their own scale, losslessly.
+        them alone; to fine-tune, `layer.trainable()` gives the float-latent layer. The `ternary` pass packs them with their own scale, losslessly.
 
         >>> layer = nn.BitLinear.from_ternary(np.array([[1, 0, -1]]), 0.25)
         >>> layer.ternary()[0].tolist(), float(layer.ternary()[1])
@@ -112,6 +113,24 @@ class StoredBitLinear(BitLinear):
                 raise TercompError(f"BitLinear.from_ternary: bias of shape {bias.shape}, "
                                    f"expected ({self.out_features},)")
         self.bias = bias
+
+    def trainable(self) -> BitLinear:
+        """An ordinary (trainable) BitLinear computing what this layer computes: its float
+        latent weight W is chosen so that absmean quantization gives back exactly T and
+        the stored scale (``scale * T`` would re-quantize to ``scale * density``), and
+        training moves W through the straight-through estimators.
+
+        >>> layer = nn.BitLinear.from_ternary(np.array([[1, 0, -1, 0]]), 0.25).trainable()
+        >>> layer.ternary()[0].tolist(), float(layer.ternary()[1])
+        ([[1, 0, -1, 0]], 0.25)
+        """
+        t, s = self.ternary()
+        layer = BitLinear.__new__(BitLinear)
+        layer.in_features, layer.out_features = self.in_features, self.out_features
+        layer.act_quant = self.act_quant
+        layer.weight = tp.absmean_latent(t, s)
+        layer.bias = None if self.bias is None else np.array(self.bias, np.float32)
+        return layer
 
     @property
     def weight(self) -> np.ndarray:

@@ -3,8 +3,12 @@
 `module.parameters()` is an ordered name -> array dict (`{"fc1.weight": ..., ...}`).
 Tracing swaps the arrays for traced values (constants when the module is compiled,
 inputs when a function takes the module as an argument) and puts them back after.
+`module.freeze(...)` takes arrays out of `parameters()` without taking them out of the
+forward (PyTorch's `requires_grad_(False)`).
 """
 from __future__ import annotations
+
+import fnmatch
 
 import numpy as np
 
@@ -37,15 +41,42 @@ class Module:
                     yield f"{k}.{i}", m
 
     def parameters(self) -> dict:
-        """Ordered dict name -> array of every parameter, nested modules included."""
+        """Ordered dict name -> array of every parameter, nested modules included
+        (frozen arrays are not parameters: see `freeze`)."""
         out = {}
+        frozen = vars(self).get("_frozen", ())
         for k, v in vars(self).items():
-            if not k.startswith("_") and _is_param(v):
+            if not k.startswith("_") and _is_param(v) and k not in frozen:
                 out[k] = v
         for prefix, m in self._children():
             for n, v in m.parameters().items():
                 out[f"{prefix}.{n}"] = v
         return out
+
+    def freeze(self, which) -> list:
+        """Keep the parameters `which` selects fixed, as setting `requires_grad = False`
+        on them does in PyTorch; returns their names.
+
+        `which` is a glob pattern (fnmatch) or a list of them, each matched against a
+        parameter's dotted name and every prefix of it ("embed_tokens" and "layers.0"
+        select whole modules, "*norm*" every norm), or a predicate `name -> bool`. A
+        frozen array stays where it is and the forward reads it (a constant when
+        traced), but it leaves `parameters()`: `tc.grad`, `tc.compile_train_step`,
+        `state_dict()` and checkpoints no longer see it, so training leaves it
+        bit-identical. A pattern that selects nothing is an error (a typo would
+        otherwise train everything).
+
+        >>> model.freeze(["embed_tokens", "layers.0.*"])
+        ['embed_tokens.weight', 'layers.0.input_layernorm.weight', ...]
+        """
+        names = select(list(self.parameters()), which, "freeze")
+        for name in names:
+            *path, leaf = name.split(".")
+            owner = self
+            for p in path:
+                owner = owner[int(p)] if isinstance(owner, (list, tuple)) else getattr(owner, p)
+            owner._frozen = frozenset(vars(owner).get("_frozen", ())) | {leaf}
+        return names
 
     def _load_params(self, values: dict):
         """Set parameters by dotted name (used by tracing and load_state_dict)."""
@@ -82,6 +113,31 @@ class Module:
     def __repr__(self):
         params = ", ".join(f"{k}{tuple(np.shape(v))}" for k, v in self.parameters().items())
         return f"{type(self).__name__}({params})"
+
+
+def select(names: list, which, what: str = "select") -> list:
+    """The names (in order) that `which` selects: a glob pattern or a list of them,
+    matched against a dotted name and each of its prefixes, or a predicate name -> bool
+    (see Module.freeze). A pattern that matches no name is a TercompError."""
+    if callable(which):
+        return [n for n in names if which(n)]
+    patterns = [which] if isinstance(which, str) else list(which) \
+        if isinstance(which, (list, tuple, set, frozenset)) else None
+    if patterns is None or not all(isinstance(p, str) for p in patterns):
+        raise TercompError(f"{what}: expected a name pattern, a list of them or a predicate "
+                           f"name -> bool, got {which!r:.80}")
+
+    def prefixes(n):
+        parts = n.split(".")
+        return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    chosen = set()
+    for p in patterns:
+        hit = {n for n in names if any(fnmatch.fnmatchcase(q, p) for q in prefixes(n))}
+        if not hit:
+            raise TercompError(f"{what}: pattern {p!r} matches no parameter",
+                               hint=f"parameter names look like {', '.join(names[:3])}")
+        chosen |= hit
+    return [n for n in names if n in chosen]
 
 
 pytree.register_module_class(Module)     # flattened to its parameters
