@@ -50,9 +50,10 @@ def check_module(meta: dict, vmfb: bytes, name: str) -> None:
         wrong = None
         if declared is not None:        # a module tercomp did not build may not say
             inputs, outputs = declared
-            if meta.get("numerics") and outputs:
+            sig = Signature.from_json(meta["signature"])
+            if meta.get("numerics") and outputs and len(outputs) == len(sig.outputs) + 1:
                 outputs = outputs[:-1]         # check_numerics' flags, after the results
-            wrong = Signature.from_json(meta["signature"]).mismatch(inputs, outputs)
+            wrong = sig.mismatch(inputs, outputs)
     if wrong is not None:
         raise ArtifactError(f"{name}: {artifact.SIGNATURE} does not describe its module: {wrong}",
                             hint="the file was modified; compile or save the model again")
