@@ -50,7 +50,7 @@ from .ir import TensorType
 from .models.bitnet import BitNetLM
 from .models.kv_cache import SlotKVCache, StaticKVCache
 from .passes import Dumper, run_pipeline
-from .passes.kernels import kernel_table
+from .codegen.kernel_table import table_key
 from .passes.numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
 from .runtime.loader import from_parts
@@ -200,7 +200,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
         # the passes and the lowering, which cost more than IREE for a large model.
         key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv, max_batch,
                                 ternary, output_dtype, opts.cache_parts(), STEP, numerics,
-                                repr(sorted(kernel_table(opts.names).items())),
+                                table_key(opts.names),
                                 __version__, IREE_VERSION)
         hit = compile_cache.lookup(key)
         if hit is not None:

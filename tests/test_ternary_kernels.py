@@ -21,9 +21,11 @@ from iree.compiler.dialects import arith, func  # noqa: E402
 from tercomp.codegen import ternary_blocked  # noqa: E402
 from tercomp.codegen.iree_session import (HOST_CPU_FLAGS, build_and_compile,  # noqa: E402
                                           new_session)
-from tercomp.codegen.ternary_strategies import (GEMV_MAX_M, NAMES, STRATEGIES,  # noqa: E402
-                                                AVX2, TABLE, VNNI, check_strategy,
-                                                choose_strategy, host_cpu_features,
+from tercomp.codegen import kernel_table  # noqa: E402
+from tercomp.codegen.kernel_table import (AVX2, GEMV_MAX_M, VNNI,  # noqa: E402
+                                          host_cpu_features)
+from tercomp.codegen.ternary_strategies import (CODES, EMIT, NAMES, STRATEGIES,  # noqa: E402
+                                                TABLE, check_strategy, choose_strategy,
                                                 emit_ternary_matmul, flags_for,
                                                 strategy_flags)
 
@@ -396,8 +398,7 @@ def test_avx2_gemv_with_runtime_packed_weights_and_the_ir_it_dispatches():
 
 
 def test_avx2_is_refused_where_it_cannot_compile(monkeypatch):
-    from tercomp.codegen import ternary_strategies
-    monkeypatch.setattr(ternary_strategies, "target_features", lambda targets: frozenset())
+    monkeypatch.setattr(kernel_table, "target_features", lambda targets: frozenset())
     with pytest.raises(TercompError, match="'avx2' needs a CPU with avx2"):
         check_strategy("avx2", ["llvm-cpu"])
     with pytest.raises(TercompError, match="does not compile for llvm-cpu-generic"):
@@ -474,11 +475,15 @@ def test_auto_never_picks_a_cpu_only_kernel_for_a_gpu(targets):
 
 
 def test_every_strategy_is_in_one_table():
-    assert NAMES == tuple(r.name for r in TABLE)
+    """The strategies are the ternary_matmul rows of the one kernel table, and each has
+    an emitter."""
+    assert TABLE == kernel_table.rows("ternary_matmul")
+    assert NAMES == tuple(r.kernel for r in TABLE)
     assert {"dispatch-vnni", "dispatch", "avx2", "vnni", "blocked", "addsub", "int8",
             "f32"} == set(NAMES)
+    assert set(EMIT) == set(NAMES) and set(CODES) <= set(NAMES)
     for r in TABLE:
-        assert r.targets and r.summary and callable(r.emit) and callable(r.auto)
+        assert r.targets and r.why and callable(EMIT[r.kernel]) and callable(r.rule)
 
 
 def test_strategy_flags():

@@ -20,7 +20,7 @@ from __future__ import annotations
 from iree.compiler import ir
 
 from .executables import dispatch, ensure_executable, load_row, split_rows
-from .ternary_strategies import host_cpu_features
+from .kernel_table import host_cpu_features
 from .executables import executable_text as wrap_executable
 
 ROWS = 4

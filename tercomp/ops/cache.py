@@ -34,12 +34,12 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, scf, tensor
 
 from ..codegen import attention_cpu, rows_cpu
+from ..codegen.kernel_table import kernel_names
 from ..codegen.builders import (PARALLEL, REDUCTION, elem_type, index_const, scalar_const,
                                 tensor_type)
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
-from .composite import ROW_KERNELS
 from .registry import OpDef, REQUIRED, register
 from .shape_util import SLICE_END, same_dim
 
@@ -167,15 +167,11 @@ def _attn_infer(types, a):
     if not (is_static(h) and is_static(kv) and h % kv == 0 and q.shape[2] == k.shape[2]):
         raise TraceError(f"cached_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
                          "static multiple of the kv heads KV, and the head dims D equal")
-    if a["kernel"] not in ATTENTION_KERNELS:
-        raise TraceError(f"cached_attention: kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
-                         f"got {a['kernel']!r}")
+    if a["kernel"] not in kernel_names("cached_attention"):
+        raise TraceError(f"cached_attention: kernel must be one of "
+                         f"{', '.join(kernel_names('cached_attention'))}, got {a['kernel']!r}")
     return [q]
 
-
-#: cached_attention's kernels: "generic" (linalg) and "cpu" (one hand-written dispatch,
-#: for a module compiled for llvm-cpu only)
-ATTENTION_KERNELS = ("generic", "cpu")
 
 
 def _attn_ref(xs, a):
@@ -335,9 +331,9 @@ ROPE_STYLES = ("neox", "interleaved")
 
 def _rope_infer(types, a):
     x, cos, sin = types
-    if a["style"] not in ROPE_STYLES or a["kernel"] not in ROW_KERNELS:
+    if a["style"] not in ROPE_STYLES or a["kernel"] not in kernel_names("rope"):
         raise TraceError(f"rope: style must be one of {', '.join(ROPE_STYLES)} and kernel one of "
-                         f"{', '.join(ROW_KERNELS)}, got {a['style']!r}, {a['kernel']!r}")
+                         f"{', '.join(kernel_names('rope'))}, got {a['style']!r}, {a['kernel']!r}")
     if x.rank < 3 or not is_float(x.dtype) or not is_static(x.shape[-1]) or x.shape[-1] % 2 \
             or cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype \
             or cos.rank != 2 or not same_dim(cos.shape[0], x.shape[-3]) \

@@ -25,11 +25,12 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, tensor
 
 from ..codegen import attention_cpu
+from ..codegen.kernel_table import kernel_names
 from ..codegen.builders import PARALLEL, REDUCTION, elem_type, index_const, scalar_const
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
-from .cache import ATTENTION_KERNELS, _dim, _empty, _filled, _fmt, _generic
+from .cache import _dim, _empty, _filled, _fmt, _generic
 from .registry import OpDef, REQUIRED, register
 from .shape_util import same_dim
 
@@ -115,9 +116,9 @@ def _attn_infer(types, a):
     if not (is_static(h) and h % kv == 0 and q.shape[2] == k.shape[3]):
         raise TraceError(f"slot_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
                          "static multiple of the kv heads KV, and the head dims D equal")
-    if a["kernel"] not in ATTENTION_KERNELS:
-        raise TraceError(f"slot_attention: kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
-                         f"got {a['kernel']!r}")
+    if a["kernel"] not in kernel_names("slot_attention"):
+        raise TraceError(f"slot_attention: kernel must be one of "
+                         f"{', '.join(kernel_names('slot_attention'))}, got {a['kernel']!r}")
     _check_index([slots, positions], "slot_attention", q.shape[0])
     return [q]
 

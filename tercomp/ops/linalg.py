@@ -18,6 +18,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math
 
 from ..codegen import dense_avx2
+from ..codegen.kernel_table import kernel_names
 from ..codegen.builders import PARALLEL, REDUCTION, affine_map
 from ..errors import TraceError
 from ..ir import TensorType
@@ -141,9 +142,9 @@ def _wm_infer(types, attrs):
                             or not same_dim(types[2].shape[0], w.shape[0])):
         raise TraceError(f"widening_matmul: the scale must be [N] f32 for weights {w.mlir()}, "
                          f"got {types[2].mlir()}")
-    if attrs["kernel"] not in ("avx2", "generic"):
-        raise TraceError(f"widening_matmul: kernel must be 'avx2' or 'generic', got "
-                         f"{attrs['kernel']!r}")
+    if attrs["kernel"] not in kernel_names("widening_matmul"):
+        raise TraceError(f"widening_matmul: kernel must be one of "
+                         f"{', '.join(kernel_names('widening_matmul'))}, got {attrs['kernel']!r}")
     return [TensorType((x.shape[0], w.shape[0]), "f32")]
 
 

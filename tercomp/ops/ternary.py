@@ -26,7 +26,8 @@ from ..errors import TraceError
 from ..ir import TensorType
 from ..ir.types import is_float
 from ..codegen.ternary_kernels import unpack_codes
-from ..codegen.ternary_strategies import NAMES, emit_ternary_matmul
+from ..codegen.kernel_table import kernel_names
+from ..codegen.ternary_strategies import emit_ternary_matmul
 from .. import ternary_pack as tp
 from .registry import OpDef, REQUIRED, register
 
@@ -148,7 +149,7 @@ register(OpDef("ternary_weight", "ternary", _tw_infer, _tw_reference, num_operan
 
 
 # -- ternary_matmul ------------------------------------------------------------------------
-STRATEGIES = ("auto", *NAMES)
+STRATEGIES = ("auto", *kernel_names("ternary_matmul"))
 
 
 def _tm_infer(types, a):
