@@ -265,13 +265,14 @@ def _build(step, inputs, config, cache_type, ternary, opts: BuildOptions, dump_d
 
 @functools.lru_cache(maxsize=1)
 def _source_digest() -> str:
-    """sha256 of tercomp's own source files: a compile-cache key part that changes with
-    any change to the compiler, since the key is taken before tracing."""
+    """sha256 of tercomp's own source files (its kernel templates too): a compile-cache
+    key part that changes with any change to the compiler, since the key is taken before
+    tracing."""
     root = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
     for d, _, files in sorted(os.walk(root)):
         for f in sorted(files):
-            if f.endswith(".py"):
+            if f.endswith((".py", ".mlir")):
                 with open(os.path.join(d, f), "rb") as fh:
                     h.update(f.encode() + b"\0" + fh.read())
     return h.hexdigest()

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from iree.compiler import ir
 
-from .executables import dispatch, ensure_executable, load_row, split_rows
+from .executables import dispatch, ensure_executable, split_rows
 from .kernel_table import host_cpu_features
-from .executables import executable_text as wrap_executable
+from .template import render
 
 ROWS = 4
 LANES = 16
@@ -48,100 +48,15 @@ def fits(k: int) -> bool:
     return k % LANES == 0
 
 
-#: the weight element types and how a vector of them is widened to f32
-WIDEN = {"f16": "arith.extf", "i8": "arith.sitofp"}
-
-
-def _row_block(rows: int, k: int, xt: str, wt: str, ot: str, tag: str, el: str,
-               bases=None, mb: int = 1, m_range=("%c0", "%m")) -> str:
-    """The loop nest for `rows` rows starting at %r{tag}, or for the rows `bases` (one
-    per stream, each prefetched STREAM_AHEAD rows ahead into L1), over the rows of x in
-    `m_range`, `mb` of them at a time: each weight vector is loaded and widened once for
-    all `mb` (rows x mb accumulators)."""
-    vf, vh = f"vector<{LANES}xf32>", f"vector<{LANES}x{el}>"
-    r = f"%r{tag}"
-    xs = [f"%xm{j} = affine.apply affine_map<(d0) -> (d0 + {j})>(%mi)" for j in range(mb)]
-    loads = [f"%xv{j} = vector.load %x[%xm{j}, %c] : {xt}, {vf}" for j in range(mb)]
-    for i in range(rows):
-        loads += (load_row("wh", i, r, "%c", "%w", wt, vh, PREFETCH_ROWS) if bases is None else
-                  load_row("wh", i, bases[i], "%c", "%w", wt, vh, STREAM_AHEAD, locality=3,
-                           offset=0)) + [f"%wf{i} = {WIDEN[el]} %wh{i} : {vh} to {vf}"]
-        loads += [f"%n{i}_{j} = vector.fma %wf{i}, %xv{j}, %a{i}_{j} : {vf}" for j in range(mb)]
-    pairs = [(i, j) for i in range(rows) for j in range(mb)]
-    accs = ", ".join(f"%a{i}_{j} = %zf" for i, j in pairs)
-    types = ", ".join([vf] * len(pairs))
-    stores = []
-    for i in range(rows):
-        row = f"%orow{i}" if bases is None else bases[i]
-        if bases is None:
-            stores.append(f"{row} = affine.apply affine_map<(d0) -> (d0 + {i})>({r})")
-        if el == "i8":
-            stores.append(f"%s{i} = memref.load %sc[{row}] : memref<?xf32>")
-        for j in range(mb):
-            y = f"%y{i}_{j}"
-            stores.append(f"{y} = vector.reduction <add>, %acc#{i * mb + j} : {vf} into f32")
-            if el == "i8":
-                stores += [f"%ys{i}_{j} = arith.mulf {y}, %s{i} : f32"]
-                y = f"%ys{i}_{j}"
-            stores.append(f"memref.store {y}, %o[%xm{j}, {row}] : {ot}")
-    nl = "\n"
-    return f"""
-          scf.for %mi = {m_range[0]} to {m_range[1]} step %c{mb} {{
-            {nl.join(xs)}
-            %acc:{len(pairs)} = scf.for %c = %c0 to %ck step %cl iter_args({accs}) -> ({types}) {{
-              {nl.join(loads)}
-              scf.yield {", ".join(f"%n{i}_{j}" for i, j in pairs)} : {types}
-            }}
-            {nl.join(stores)}
-          }}"""
-
-
 def executable_text(name: str, n: int, k: int, el: str = "f16", mb: int = 1) -> str:
-    """`stream.executable @name` whose export `@name` maps x [M, K] f32 and w [N, K] `el`
-    (and for i8, scale [N] f32) to x @ f32(w)^T (* scale) [M, N] f32; `mb` rows of x
-    share each widened weight vector (M_BLOCK)."""
+    """`stream.executable @name` (templates/dense_avx2.mlir) whose export `@name` maps
+    x [M, K] f32 and w [N, K] `el` (f16, i8; and for i8, scale [N] f32) to
+    x @ f32(w)^T (* scale) [M, N] f32; `mb` rows of x share each widened weight vector
+    (m_block)."""
     rpw, groups = split_rows(n, WORKGROUPS, ROWS)
-    bases = [f"%rs{i}" for i in range(ROWS)]
-    mb_const = f"\n      %c{mb} = arith.constant {mb} : index" if mb > 1 else ""
-    # stream i reads rows r0 + i * groups + j, j = 0 .. groups - 1
-    streams = "\n        ".join(
-        f"%rs{i} = affine.apply affine_map<(d0)[s0] -> (d0 + s0 * {i})>(%rb)[%groups]"
-        for i in range(ROWS))
-    xt, wt, ot = f"memref<?x{k}xf32>", f"memref<{n}x{k}x{el}>", f"memref<?x{n}xf32>"
-    scale = f"""
-      %sc = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xf32>{{%cn}}""" \
-        if el == "i8" else ""
-    body = f"""      %c0 = arith.constant 0 : index
-      %c1 = arith.constant 1 : index{mb_const}
-      %cr = arith.constant {ROWS} : index
-      %ck = arith.constant {k} : index
-      %cl = arith.constant {LANES} : index
-      %cn = arith.constant {n} : index
-      %rpw = arith.constant {rpw} : index
-      %zf = arith.constant dense<0.0> : vector<{LANES}xf32>
-      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {xt}{{%m}}
-      %w = stream.binding.subspan %bw[%c0] : !stream.binding -> {wt}
-      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {ot}{{%m}}{scale}
-      %wg = stream.dispatch.workgroup.id[0] : index
-      %r0 = arith.muli %wg, %rpw : index
-      %r1u = arith.addi %r0, %rpw : index
-      %r1 = arith.minui %r1u, %cn : index
-      %span = arith.subi %r1, %r0 : index
-      %groups = arith.divui %span, %cr : index
-      %whole = arith.muli %groups, %cr : index
-      %rg = arith.addi %r0, %whole : index
-      %rq = arith.addi %r0, %groups : index
-      %mblocks = arith.divui %m, %c{mb} : index
-      %mwhole = arith.muli %mblocks, %c{mb} : index
-      scf.for %rb = %r0 to %rq step %c1 {{
-        {streams}{_row_block(ROWS, k, xt, wt, ot, "b", el, bases, mb, ("%c0", "%mwhole"))}
-        {_row_block(ROWS, k, xt, wt, ot, "b", el, bases, 1, ("%mwhole", "%m")) if mb > 1 else ""}
-      }}
-      scf.for %rt = %rg to %r1 step %c1 {{{_row_block(1, k, xt, wt, ot, "t", el)}
-      }}"""
-    bindings = "%bx: !stream.binding, %bw: !stream.binding, " + \
-        ("%bs: !stream.binding, " if el == "i8" else "") + "%bo: !stream.binding, %m: index"
-    return wrap_executable(name, groups, bindings, body)
+    return render("dense_avx2", name=name, n=n, k=k, el=el, mb=mb, rows=ROWS, lanes=LANES,
+                  groups=groups, rows_per_group=rpw,
+                  prefetch_rows=PREFETCH_ROWS, stream_ahead=STREAM_AHEAD)
 
 
 def emit(x: ir.Value, w: ir.Value, m_dim: ir.Value, n: int, k: int,
