@@ -17,11 +17,11 @@ shared 2-core AVX2 machine).
 
 The step (`_Step.forward`) is the model's own forward (`lm.hidden_states` with a
 models.StaticKVCache: this call's k/v rows go into the cache at `start`, attention reads
-cache rows 0..start+T-1; tercomp/ops/cache.py) and its output layer on the rows asked
+cache rows 0..start+T-1; tercomp/ops/kv_cache_ops.py) and its output layer on the rows asked
 for; this file holds no layer math, so a changed model is the model compiled. For a
 module compiled for llvm-cpu alone, the `kernels` pass (passes/kernels.py) gives
 attention, `rms_norm`, `rope` and the output layer their hand-written CPU dispatches
-(codegen/attention_cpu.py, rows_cpu.py, dense_avx2.py). The module is built as
+(tercomp/kernels/: attention_cpu, rows_cpu, widening_avx2). The module is built as
 tc.compile's are (tercomp/build.py). The compile cache is keyed on the model's arrays
 and the options, so a cached compile skips tracing. The runtime side (validation,
 sampling, `generate`, saving) is tercomp/runtime/generator.py.
@@ -50,8 +50,8 @@ from .ir import TensorType
 from .models.bitnet import BitNetLM
 from .models.kv_cache import SlotKVCache, StaticKVCache
 from .passes import Dumper, run_pipeline
-from .codegen.kernel_table import table_key
-from .passes.numerics import enabled as numerics_enabled
+from .kernels.table import table_key
+from .passes.check_numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
 from .runtime.loader import from_parts
 from .runtime.batched import BatchedLMGenerator

@@ -153,7 +153,7 @@ def test_output_table_is_f16_and_shared_with_the_embedding(gen, lm_file, full):
     layer is the hand-written f16 GEMV. output_dtype="float32" keeps the model's f32
     arrays; both agree with the reference."""
     from conftest import run_filecheck
-    from tercomp.codegen.kernel_table import AVX2, host_cpu_features
+    from tercomp.kernels.table import AVX2, host_cpu_features
     # one global holds the table; no f32 copy of it (nor of any [*, hidden] matrix)
     run_filecheck(gen.exe.ir("mlir"), r"""
 # CHECK-NOT: util.global private @{{.*}} : tensor<{{[0-9]+}}x256xf32>
@@ -186,7 +186,7 @@ def test_int8_output_table(lm_file, full):
     embedding and the output layer (the i8 GEMV on an AVX2 host); the logits stay within
     the issue's tolerance of the float64 reference and of the f16 table's."""
     from conftest import run_filecheck
-    from tercomp.codegen.kernel_table import AVX2, host_cpu_features
+    from tercomp.kernels.table import AVX2, host_cpu_features
     from tercomp.nn import quantize_rows
     lm = models.load(lm_file)
     q8 = tc.compile_lm(lm, max_seq=MAX_SEQ, output_dtype="int8")

@@ -1,4 +1,4 @@
-"""The one kernel table (tercomp/codegen/kernel_table.py): every kernel an op can take is
+"""The one kernel table (tercomp/kernels/table.py): every kernel an op can take is
 a row of it, the `kernels` pass settles each op from it, and the compile cache key of
 tc.compile_lm follows it."""
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 
 import tercomp as tc
 from conftest import run_filecheck
-from tercomp.codegen import kernel_table as kt
-from tercomp.codegen import ternary_strategies
+from tercomp.kernels import table as kt
+from tercomp.kernels.ternary import strategies as ternary_strategies
 from tercomp.ir import TensorType
 from tercomp.ops import get
 from tercomp.passes import run_pipeline

@@ -1,11 +1,15 @@
-"""The hand-written kernels are templates (tercomp/codegen/templates/*.mlir): each lists its
+"""The hand-written kernels are templates (tercomp/kernels/templates/*.mlir): each lists its
 parameters, a render refuses a missing or an unknown one, and one rendered instance per
 kernel parses as MLIR and is pinned here with FileCheck."""
 import pytest
 
 from conftest import run_filecheck
-from tercomp.codegen import (attention_cpu, dense_avx2, rows_cpu, template, ternary_avx2,
-                             ternary_avx2_quant)
+from tercomp.kernels import template
+from tercomp.kernels.attention import attention_cpu
+from tercomp.kernels.dense import widening_avx2 as dense_avx2
+from tercomp.kernels.rows import rows_cpu
+from tercomp.kernels.ternary import avx2 as ternary_avx2
+from tercomp.kernels.ternary import avx2_quant as ternary_avx2_quant
 from tercomp.errors import TercompError
 
 ir = pytest.importorskip("iree.compiler.ir")

@@ -1,6 +1,6 @@
 """Ternary packing (tercomp/ternary_pack.py), the compiled ternary matmul kernels
-(tercomp/codegen/ternary_kernels.py, ternary_vnni.py) against their NumPy reference, and
-the strategy table that picks them (tercomp/codegen/ternary_strategies.py)."""
+(tercomp/kernels/ternary/builder.py, ternary_vnni.py) against their NumPy reference, and
+the strategy table that picks them (tercomp/kernels/ternary/strategies.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,13 +18,13 @@ iree_rt = pytest.importorskip("iree.runtime")
 from iree.compiler import ir  # noqa: E402
 from iree.compiler.dialects import arith, func  # noqa: E402
 
-from tercomp.codegen import ternary_blocked  # noqa: E402
+from tercomp.kernels.ternary import blocked as ternary_blocked  # noqa: E402
 from tercomp.codegen.iree_session import (HOST_CPU_FLAGS, build_and_compile,  # noqa: E402
                                           new_session)
-from tercomp.codegen import kernel_table  # noqa: E402
-from tercomp.codegen.kernel_table import (AVX2, GEMV_MAX_M, VNNI,  # noqa: E402
+from tercomp.kernels import table as kernel_table  # noqa: E402
+from tercomp.kernels.table import (AVX2, GEMV_MAX_M, VNNI,  # noqa: E402
                                           host_cpu_features)
-from tercomp.codegen.ternary_strategies import (CODES, EMIT, NAMES, STRATEGIES,  # noqa: E402
+from tercomp.kernels.ternary.strategies import (CODES, EMIT, NAMES, STRATEGIES,  # noqa: E402
                                                 TABLE, check_strategy, choose_strategy,
                                                 emit_ternary_matmul, flags_for,
                                                 strategy_flags)

@@ -1,6 +1,6 @@
 """Hand-written dispatches: a `stream.executable` given as MLIR text (vector code over
 memref bindings, compiled by IREE like any dispatch; rendered from a kernel template,
-codegen/template.py) is added once to the module being built, and `dispatch` calls one
+kernels/template.py) is added once to the module being built, and `dispatch` calls one
 of its exports with `flow.dispatch` at the current insertion point."""
 from __future__ import annotations
 

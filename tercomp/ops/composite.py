@@ -13,8 +13,8 @@ import sympy
 from iree.compiler import ir
 from iree.compiler.dialects import tensor
 
-from ..codegen import rows_cpu
-from ..codegen.kernel_table import kernel_names
+from ..kernels.rows import rows_cpu
+from ..kernels.table import kernel_names
 from ..codegen.builders import tensor_type
 from ..errors import TraceError
 from ..ir import TensorType, is_static, numpy_dtype
@@ -196,7 +196,7 @@ def _rms_norm_decompose(b, operands, a):
 
 
 def _rms_norm_lower(ctx, op, xs):
-    """kernel "cpu": the hand-written row kernel (codegen/rows_cpu.py) for x [..., N] f32,
+    """kernel "cpu": the hand-written row kernel (kernels/rows/rows_cpu.py) for x [..., N] f32,
     its leading dims taken as rows; None (the decomposition) otherwise."""
     x_t = op.operands[0].type
     if op.attrs["kernel"] != "cpu" or x_t.rank < 2 or x_t.dtype != "f32" \

@@ -1,5 +1,5 @@
 """The `kernels` pass: which kernel each op takes, settled from the ONE kernel table
-(codegen/kernel_table.py) for the compile's targets, so that the traced IR is the same on
+(kernels/table.py) for the compile's targets, so that the traced IR is the same on
 every host and only this pass looks at the host.
 
 A model traces its ops with their generic kernel (`kernel="generic"`: the op's own
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ternary_pack as tp
-from ..codegen import kernel_table as kt
-from ..codegen.ternary_strategies import check_strategy, choose_row, weight_codes
+from ..kernels import table as kt
+from ..kernels.ternary.strategies import check_strategy, choose_row, weight_codes
 from ..ir import Graph
 from .manager import register_pass
 from .rewrite import dce, rewrite

@@ -9,7 +9,7 @@ at compile time, so no f32 copy of the weights remains; a stored ternary weight
 (`nn.BitLinear.from_ternary`, `ternary_weight`) is already packed and is used as it is,
 except that a kernel that reads other 2-bit codes (`weight_codes`: the avx2 kernel's w + 1)
 gets its constant re-coded, under the same name. `strategy` is "auto", a ternary_matmul
-kernel of the kernel table (`tercomp.codegen.kernel_table`), or "off" (the pass does
+kernel of the kernel table (`tercomp.kernels.table`), or "off" (the pass does
 nothing). `targets` are the compile's target names: "auto" is settled per target and per
 shape by the table's rule (`choose_strategy`, the rule the `kernels` pass applies; a
 symbolic batch gets a kernel that dispatches on the batch size at run time), when the
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph
-from ..codegen.ternary_strategies import check_strategy, choose_strategy, weight_codes
+from ..kernels.ternary.strategies import check_strategy, choose_strategy, weight_codes
 from .kernels import recode, settle_patterns, take_names
 from .. import ternary_pack as tp
 from ..ops.shape_util import same_dim

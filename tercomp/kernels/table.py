@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 
 from ..errors import TercompError
 from ..ir import TensorType, is_static
-from . import ternary_avx2
+from .ternary import avx2
 
 CPU_TARGETS = ("llvm-cpu", "llvm-cpu-generic")
 ALL_TARGETS = CPU_TARGETS + ("vulkan", "cuda")
@@ -110,8 +110,8 @@ def _prefill(types, attrs):
 
 
 def avx2_fits(k: int, n: int) -> bool:
-    """Whether the avx2 ternary kernel takes a [N, K] weight (ternary_avx2.fits)."""
-    return ternary_avx2.fits(-(-k // 4), n)
+    """Whether the avx2 ternary kernel takes a [N, K] weight (avx2.fits)."""
+    return avx2.fits(-(-k // 4), n)
 
 
 def _avx2_rule(types, attrs):
@@ -136,7 +136,7 @@ TABLE = (
               "single rows, 1 weight row x 4 x rows a step above); the fastest measured at "
               "every M on an AVX2 host, with no data tiling (no scf.if on M, no per-call "
               "re-layout)",
-              (f"--iree-llvmcpu-stack-allocation-limit={ternary_avx2.STACK_LIMIT}",),
+              (f"--iree-llvmcpu-stack-allocation-limit={avx2.STACK_LIMIT}",),
               needs_feature=True),
     KernelRow(_T, "dispatch-vnni", CPU_TARGETS, VNNI, _symbolic,
               f"symbolic batch: scf.if on M, vnni for M <= {GEMV_MAX_M}, blocked above",

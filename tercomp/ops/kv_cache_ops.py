@@ -14,13 +14,13 @@ updated cache. The generation driver binds a step's cache inputs and outputs to 
   cache rows 0..start+T-1 (query t sees rows 0..start+t). H must be a multiple of KV
   (grouped-query attention: query head h reads kv head h // (H / KV)). Only those
   start+T rows are read, so a decode step costs O(position), not O(S). `kernel` "cpu"
-  (a module for llvm-cpu only) is the hand-written dispatch of codegen/attention_cpu.py
+  (a module for llvm-cpu only) is the hand-written dispatch of kernels/attention/attention_cpu.py
   for every T; "generic" (default) is linalg (its decode form for T <= DECODE_MAX_T).
 
 - `rope(x [T, H, D], cos [T, D/2], sin [T, D/2]) {style, kernel}`: the rotary position
   embedding of T rows by their angles' tables; "neox" rotates the pairs (i, i + D/2),
   "interleaved" the pairs (2i, 2i + 1). A composite (slices, products, a concatenate);
-  `kernel` "cpu" takes the row kernel of codegen/rows_cpu.py for "neox".
+  `kernel` "cpu" takes the row kernel of kernels/rows/rows_cpu.py for "neox".
 
 `start` is an i32 scalar (rank 0). Writing or reading past row S is undefined in the
 compiled code (the NumPy reference raises): callers check bounds before the call.
@@ -33,8 +33,9 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, scf, tensor
 
-from ..codegen import attention_cpu, rows_cpu
-from ..codegen.kernel_table import kernel_names
+from ..kernels.attention import attention_cpu
+from ..kernels.rows import rows_cpu
+from ..kernels.table import kernel_names
 from ..codegen.builders import (PARALLEL, REDUCTION, elem_type, index_const, scalar_const,
                                 tensor_type)
 from ..errors import TraceError
@@ -393,7 +394,7 @@ def _shape_attr(shape) -> list:
 
 
 def _rope_lower(ctx, op, xs):
-    """kernel "cpu": the row kernel (codegen/rows_cpu.py) for "neox" on x [T, H, D] or
+    """kernel "cpu": the row kernel (kernels/rows/rows_cpu.py) for "neox" on x [T, H, D] or
     [1, T, H, D] (one sequence); None (the decomposition) otherwise."""
     x_t = op.operands[0].type
     lead = list(x_t.shape[:-3])

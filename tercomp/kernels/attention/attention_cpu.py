@@ -1,5 +1,5 @@
 """The attention of a language model on a CPU: `cached_attention` over a KV cache as one
-hand-written dispatch (vector code compiled by IREE like `ternary_avx2`), for any number
+hand-written dispatch (vector code compiled by IREE like `kernels.ternary.avx2`), for any number
 of queries T. IREE's codegen of the linalg form (a dot product with dynamic sizes per
 head, then the softmax passes, each its own dispatch, behind an `scf.if` on T) cost
 ~0.65 ms a layer of a decode step at position ~160 of the 700M shape, about 40% of the
@@ -22,8 +22,8 @@ from __future__ import annotations
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from .executables import dispatch, ensure_executable
-from .template import render
+from ...codegen.executables import dispatch, ensure_executable
+from ..template import render
 
 CHUNK = 256
 

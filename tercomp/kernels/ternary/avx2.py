@@ -35,10 +35,10 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from ..ternary_pack import ACT_MAX
-from .executables import dispatch, ensure_executable
-from .template import render
-from .ternary_avx2_quant import quant_literals, quantized
+from ...ternary_pack import ACT_MAX
+from ...codegen.executables import dispatch, ensure_executable
+from ..template import render
+from .avx2_quant import quant_literals, quantized
 
 #: Output rows that share one pass over x.
 ROWS = 4
@@ -100,7 +100,7 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
     offset codes w + 1 when `offset`, else the signed codes) and `wscale` (the ternary
     scale / 127), out [M, N] f32 = dequant(act_quant(x) @ T^T), T the ternary matrix of
     w: MB rows of x at a time through the GEMM loop, the remaining rows one by one
-    through the GEMV loop. `prequantized`: x comes quantized by `ternary_avx2_quant`'s
+    through the GEMV loop. `prequantized`: x comes quantized by `avx2_quant`'s
     dispatch (its q and stats instead of x); else each workgroup quantizes the rows of x
     it needs itself, which costs every workgroup a read of all of x (nothing for a
     decode's row; slower at 128 rows: bench/RESULTS.md)."""
@@ -113,7 +113,7 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
 
 
 def emit(kern) -> ir.Value:
-    """y [M, N] f32 for the `_Kernel` `kern` (activation quantization always on). For a
+    """y [M, N] f32 for the `TernaryBuilder` `kern` (activation quantization always on). For a
     static M below MB (a decode) the matmul's dispatch quantizes x itself; for any other
     M (a symbolic one too) a dispatch of its own quantizes x first, once for every
     matmul of x. (A symbolic decode measured alike, within the noise and in both load

@@ -1,7 +1,7 @@
 """The output-layer kernel of a language model on an AVX2 host: y[M, N] = x[M, K] @ W^T
 with W [N, K] stored in f16 and widened in registers (`vcvtph2ps`), so a decode step
 reads 2 bytes per weight; or stored in int8 with a per-row f32 scale (y[m, r] = scale[r]
-* sum_k x[m, k] f32(W[r, k]), widened by `vpmovsxbd` + `vcvtdq2ps`): 1 byte per weight. A hand-written dispatch like `ternary_avx2` (same reasons:
+* sum_k x[m, k] f32(W[r, k]), widened by `vpmovsxbd` + `vcvtdq2ps`): 1 byte per weight. A hand-written dispatch like `kernels.ternary.avx2` (same reasons:
 IREE's data tiling re-lays out a widening matmul's weights on every call, 146 ms a
 token at the 700M shape, and without data tiling its generic GEMV ran at ~5 GB/s):
 
@@ -19,16 +19,16 @@ from __future__ import annotations
 
 from iree.compiler import ir
 
-from .executables import dispatch, ensure_executable, split_rows
-from .kernel_table import host_cpu_features
-from .template import render
+from ...codegen.executables import dispatch, ensure_executable, split_rows
+from ..table import host_cpu_features
+from ..template import render
 
 ROWS = 4
 LANES = 16
 PREFETCH_ROWS = 8
 #: The 4 rows of a step come from 4 streams, a quarter of the workgroup's rows each,
 #: prefetched into L1 this many rows ahead: far-apart streams keep more DRAM reads in
-#: flight than adjacent rows (see `ternary_avx2.STREAM_AHEAD`).
+#: flight than adjacent rows (see `kernels.ternary.avx2.STREAM_AHEAD`).
 STREAM_AHEAD = 2
 WORKGROUPS = 32
 

@@ -1,4 +1,4 @@
-"""Activation quantization for the "avx2" ternary kernel (`ternary_avx2`): a row of x
+"""Activation quantization for the "avx2" ternary kernel (`avx2`): a row of x
 quantized as `ternary_pack.act_quant` does (the macros of templates/avx2_quant_lib.mlir),
 inside a kernel's own dispatch or by a dispatch of its own (`quantize_text`) whose codes
 and row statistics every matmul of the same x reads (`quantized`).
@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 from iree.compiler import ir
 
-from ..ternary_pack import ACT_EPS, ACT_MAX
-from .executables import dispatch, ensure_executable
-from .template import render
+from ...ternary_pack import ACT_EPS, ACT_MAX
+from ...codegen.executables import dispatch, ensure_executable
+from ..template import render
 
 
 def _f(v) -> str:

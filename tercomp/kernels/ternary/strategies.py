@@ -1,5 +1,5 @@
 """The ternary matmul strategies: the rows of op `ternary_matmul` in the one kernel
-table (codegen/kernel_table.py: their targets, CPU features, shape rules, IREE flags and
+table (kernels/table.py: their targets, CPU features, shape rules, IREE flags and
 why), and here what each emits and which 2-bit codes it reads. Read by the `ternary`
 pass (which settles "auto" per target and per shape), the lowering (the IREE flags of
 the strategies a module uses, codegen.lower) and the CLI (`--ternary` choices).
@@ -15,7 +15,7 @@ without act_quant), made at load; f32 is the exact reference.
 Every strategy but int8 reads only the 2-bit constant, so one copy of each weight
 exists at run time (blocked unpacks NT rows at a time into a cache-sized temporary).
 "avx2" is llvm-cpu (compiled for the host) on a CPU with AVX2, for K/4 a multiple of
-32 and N of 4 (`ternary_avx2.fits`); it is a hand-scheduled dispatch (`ternary_avx2`) and
+32 and N of 4 (`avx2.fits`); it is a hand-scheduled dispatch (`avx2`) and
 the only strategy that does not compile without its feature, so asking for it elsewhere
 fails by name. It comes first: on this project's AVX2 host it is the fastest kernel
 measured at every M, and needs no data tiling (so no scf.if on M, no per-call re-layout);
@@ -31,15 +31,15 @@ from typing import Callable, Sequence
 from iree.compiler import ir
 from iree.compiler.dialects import arith, scf
 
-from ..errors import TercompError
-from ..ir import TensorType
-from . import kernel_table as kt
-from . import ternary_avx2
-from .builders import const
-from .kernel_table import GEMV_MAX_M, avx2_fits
-from .ternary_blocked import blocked
-from .ternary_kernels import _Kernel, check_packed
-from .ternary_vnni import vnni
+from ...errors import TercompError
+from ...ir import TensorType
+from .. import table as kt
+from . import avx2
+from ...codegen.builders import const
+from ..table import GEMV_MAX_M, avx2_fits
+from .blocked import blocked
+from .builder import TernaryBuilder, check_packed
+from .vnni import vnni
 
 OP = "ternary_matmul"
 #: The strategies, in table order (the rows of op ternary_matmul).
@@ -50,7 +50,7 @@ NAMES = tuple(STRATEGIES)
 CHOICES = ("auto", *NAMES, "off")
 
 
-def _f32(kern: _Kernel, act_quant: bool) -> ir.Value:
+def _f32(kern: TernaryBuilder, act_quant: bool) -> ir.Value:
     return kern.addsub(integer=False, act_quant=act_quant)
 
 
@@ -63,7 +63,7 @@ def _int_only(emit):
 def _dispatch(small: str, large: str):
     """scf.if on the batch size, one kernel for M <= GEMV_MAX_M and another above;
     both read the same 2-bit constant (a static M gets its branch directly)."""
-    def emit(kern: _Kernel, aq: bool) -> ir.Value:
+    def emit(kern: TernaryBuilder, aq: bool) -> ir.Value:
         if kern.m is not None:
             return EMIT[small if kern.m <= GEMV_MAX_M else large](kern, aq)
         kern.pin_weights()      # else IREE folds each branch's view into its own constant
@@ -78,15 +78,15 @@ def _dispatch(small: str, large: str):
     return emit
 
 
-def _avx2(kern: _Kernel) -> ir.Value:
+def _avx2(kern: TernaryBuilder) -> ir.Value:
     # a packed matrix whose KB or N the kernel does not take gets the portable kernel
-    if not ternary_avx2.fits(kern.kb, kern.n):
+    if not avx2.fits(kern.kb, kern.n):
         return kern.addsub(integer=True, act_quant=True)
-    return ternary_avx2.emit(kern)
+    return avx2.emit(kern)
 
 
 #: strategy -> (kernel, act_quant) -> y: what each row of the table emits
-EMIT: dict[str, Callable[[_Kernel, bool], ir.Value]] = {
+EMIT: dict[str, Callable[[TernaryBuilder, bool], ir.Value]] = {
     "avx2": _int_only(_avx2),
     "dispatch-vnni": _dispatch("vnni", "blocked"),
     "dispatch": _dispatch("addsub", "blocked"),
@@ -208,4 +208,4 @@ def emit_ternary_matmul(x: ir.Value, packed, k: int, n: int, scale: float, *,
         raise TercompError(f"the {strategy!r} ternary kernel for {n}x{k} weights does not "
                            f"read {codes!r} 2-bit codes",
                            hint="pass the weights in the signed codes of pack_ternary")
-    return EMIT[strategy](_Kernel(x, m, k, n, packed, float(scale), codes), act_quant)
+    return EMIT[strategy](TernaryBuilder(x, m, k, n, packed, float(scale), codes), act_quant)

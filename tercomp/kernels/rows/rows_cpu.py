@@ -1,5 +1,5 @@
 """Row-wise kernels of a language model's step on a CPU, as hand-written dispatches
-(vector code compiled by IREE like `ternary_avx2`): `rms_norm` over the rows of
+(vector code compiled by IREE like `kernels.ternary.avx2`): `rms_norm` over the rows of
 x [R, N], and `rope` (the "neox" rotation) over the rows of x [T, H, D].
 
 Why by hand: with a dynamic row count R, IREE 3.13 tiles the rows by 8 and masks the
@@ -14,8 +14,8 @@ from __future__ import annotations
 from iree.compiler import ir
 from iree.compiler.dialects import arith
 
-from .executables import dispatch, ensure_executable
-from .template import render
+from ...codegen.executables import dispatch, ensure_executable
+from ..template import render
 
 ROWS = 8
 
