@@ -38,9 +38,8 @@ def m_block() -> int:
     m_block accumulators of LANES floats stay in registers, 16 zmm of AVX-512's 32 for
     4 (the hot loop has no spill: checked in the dumped assembly). AVX2 has 16 ymm,
     which 4 x 1 pairs of accumulators and the loads already use: one row at a time
-    there. On the 2-core Xeon with AVX-512 VNNI, 32002 x 1536 f16, 2 threads, one x row
-    at a time cost 4.3 / 9.6 / 19.5 / 42.7 ms at M = 1 / 4 / 8 / 16 (the weights
-    widened again for every row); 4 at a time 3.9 ms at M = 4 (a loaded machine)."""
+    there. One x row at a time widens the weights again for every row, so a batched
+    decode's cost grew with M (bench/RESULTS.md)."""
     return 4 if "avx512f" in host_cpu_features() else 1
 
 

@@ -44,19 +44,13 @@ from .avx2_quant import quant_literals, quantized
 ROWS = 4
 #: Packed bytes per row that one vector covers (32 bytes: 128 weights).
 CHUNK = 32
-#: How many rows ahead the GEMM loop prefetches each row's bytes (two row groups).
-#: Without it one core streamed ~5 GB/s; with it the 4096x4096 layer went from 0.41-0.60
-#: ms to 0.26-0.36 ms on the 2-core Zen 3 host (4, 8 and 16 rows ahead measured alike).
+#: How many rows ahead the GEMM loop prefetches each row's bytes (two row groups):
+#: without a prefetch one core streamed far below the memory's rate (bench/RESULTS.md).
 PREFETCH_ROWS = 8
 #: The GEMV loop reads its ROWS rows from ROWS streams, one per quarter of the
 #: workgroup's rows, each prefetched into L1 this many rows ahead. Far-apart streams keep
-#: more DRAM reads in flight than adjacent rows do: on the 2-core Zen 3 VM a plain read
-#: went from ~24 GB/s with one or two streams per core to ~37-41 GB/s with four to
-#: eight, and a C model of this loop over 16 cold 4096x4096 layers from ~210 us a layer
-#: (adjacent rows, prefetchnta 8 rows ahead) to ~105-125 us. In IREE, 16 cold layers
-#: chained at M = 1, both kernels loaded twice in one process in both orders, median /
-#: min per layer: 0.10x-0.12x / 0.08x-0.10x NumPy's with streams, 0.15x-0.20x /
-#: 0.13x-0.15x with adjacent rows (2026-11-24). One or four rows ahead measured alike.
+#: more DRAM reads in flight than adjacent rows do, which made cold decode about 1.5x
+#: faster (bench/RESULTS.md).
 STREAM_AHEAD = 2
 
 
@@ -64,9 +58,7 @@ STREAM_AHEAD = 2
 MB = 4
 #: Weight rows decoded per GEMM step (GEMM_ROWS x MB i16 and i32 accumulators). One row
 #: keeps its 4 code planes and the MB i16 sums in registers; two rows (8 + 8 vectors of
-#: AVX2's 16) spilled: at 128x4096x4096, 0.20x NumPy's median with one row against 0.29x
-#: with two, at 128x2048x2048 0.20x against 0.27x (2026-11-24, 2-core Zen 3 under load;
-#: 8 rows of x with one weight row measured 0.17x-0.27x, within the noise of 4).
+#: AVX2's 16) spilled and were slower (bench/RESULTS.md).
 GEMM_ROWS = 1
 #: Chunks summed in i16 before widening in the GEMM loop (16 * 4 planes * 508 < 32767).
 I16_CHUNKS = 16
@@ -79,11 +71,9 @@ MAX_KP = 8192
 STACK_LIMIT = 65536
 #: Workgroups per dispatch: few (where a workgroup quantizes x itself, a static decode,
 #: every extra one quantizes x once more), but enough for both cores and, for a block of
-#: rows (M >= MB), to even out a core that the host takes away: at
-#: 128x4096x4096, 8 gave 0.44x NumPy's median against 0.60x with 4 (2026-11-24, 2-core
-#: Zen 3 VM with ~50% steal time). Decode (M = 1) measured the same with either at
-#: 4096x4096, and every extra workgroup quantizes x once more, so M < MB gets 4.
-#: (16 workgroups, 256 KiB of weights each, measured alike with 8 at 128x4096x4096.)
+#: rows (M >= MB), to even out a core that the host takes away (8 beat 4 at 128 rows;
+#: 16 measured alike with 8). Decode (M = 1) measured the same with either, and every
+#: extra workgroup quantizes x once more, so M < MB gets 4 (bench/RESULTS.md).
 WORKGROUPS = 8
 DECODE_WORKGROUPS = 4
 
@@ -116,10 +106,8 @@ def emit(kern) -> ir.Value:
     """y [M, N] f32 for the `TernaryBuilder` `kern` (activation quantization always on). For a
     static M below MB (a decode) the matmul's dispatch quantizes x itself; for any other
     M (a symbolic one too) a dispatch of its own quantizes x first, once for every
-    matmul of x. (A symbolic decode measured alike, within the noise and in both load
-    orders, with x quantized in the matmul's dispatch, by this dispatch, or by this
-    dispatch for whole blocks of MB rows only: 0.17x-0.22x NumPy's median for one call
-    of one 4096x4096 layer, 0.09x-0.14x a layer for 16 cold layers a call, 2026-11-24.)"""
+    matmul of x. (A symbolic decode measured alike whichever dispatch quantizes x:
+    bench/RESULTS.md.)"""
     offset = kern.codes == "offset"
     prequantized = kern.m is None or kern.m >= MB
     name = (f"tern_avx2_gemv_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
