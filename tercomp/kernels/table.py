@@ -82,10 +82,16 @@ class KernelRow:
         return all(t in self.targets for t in targets)
 
     def describe(self) -> str:
-        """The row as one line: what the main job prints beside each layer's kernel."""
-        where = "+".join(self.targets if self.targets != ALL_TARGETS else ("all targets",))
+        """Why the pass gives an op this kernel, in one line (the main job prints it
+        beside each layer's kernel).
+
+        >>> print(row("ternary_matmul", "blocked").describe())
+        ternary_matmul kernel 'blocked' (llvm-cpu, llvm-cpu-generic), picked for M > 4: prefill: NT weight rows unpacked at a time, i8 matmul ukernel per block
+        """
+        where = ", ".join(self.targets) if self.targets != ALL_TARGETS else "all targets"
         feature = f" with {self.feature}" if self.feature else ""
-        return f"{self.op} kernel {self.kernel!r} ({where}{feature}): {self.why}"
+        return (f"{self.op} kernel {self.kernel!r} ({where}{feature}), picked for "
+                f"{self.rule.__doc__}: {self.why}")
 
 
 # ------------------------------------------------------------------ shape rules
@@ -96,15 +102,18 @@ def ternary_shape(types, attrs) -> tuple[int | None, int, int]:
 
 
 def _symbolic(types, attrs):
+    """a symbolic batch M"""
     return ternary_shape(types, attrs)[0] is None
 
 
 def _decode(types, attrs):
+    """M <= 4"""
     m = ternary_shape(types, attrs)[0]
     return m is not None and m <= GEMV_MAX_M
 
 
 def _prefill(types, attrs):
+    """M > 4"""
     m = ternary_shape(types, attrs)[0]
     return m is not None and m > GEMV_MAX_M
 
@@ -115,15 +124,18 @@ def avx2_fits(k: int, n: int) -> bool:
 
 
 def _avx2_rule(types, attrs):
+    """every M where K/4 is a multiple of 32 and N of 4"""
     _, k, n = ternary_shape(types, attrs)
     return avx2_fits(k, n)
 
 
 def _always(types, attrs):
+    """every shape"""
     return True
 
 
 def _never(types, attrs):
+    """no shape (asked for by name only)"""
     return False
 
 

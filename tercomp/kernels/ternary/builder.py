@@ -95,7 +95,16 @@ def unpack_codes(w: ir.Value, n: int, kb: int, elem: ir.Type) -> ir.Value:
 
 
 class TernaryBuilder:
-    """Shared state of one emitted kernel: x, its (possibly dynamic) M, the weights."""
+    """What every ternary matmul kernel is emitted from: x (`tensor<M x K x f32>`, M
+    static or None when dynamic), the packed weights (a uint8 [N, KB] array or an i8
+    value, in `codes`), K, N and the scale, with the pieces kernels share: `weights()` /
+    `pin_weights()`, the activation quantizer (`row_absmax`, `quantize`, `pad_k`,
+    `planes`), `unpack` and `dequant`, and the portable kernels `addsub` and
+    `int8_matmul`. A new kernel is a function `(TernaryBuilder) -> y` registered as a
+    ternary_matmul row of tercomp/kernels/table.py with its emitter in
+    `strategies.EMIT`; `emit_ternary_matmul` builds one and calls it, at the current
+    insertion point.
+    """
 
     def __init__(self, x: ir.Value, m: int | None, k: int, n: int,
                  packed: np.ndarray | ir.Value, scale: float, codes: str = "signed"):
