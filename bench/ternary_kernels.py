@@ -32,9 +32,10 @@ from iree.compiler import ir  # noqa: E402
 from iree.compiler.dialects import arith, func, linalg, tensor  # noqa: E402
 
 from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session  # noqa: E402
-from tercomp.codegen.ternary_strategies import (STRATEGIES, choose_strategy,  # noqa: E402
-                                                emit_ternary_matmul, host_cpu_features,
-                                                strategy_flags, weight_codes)
+from tercomp.kernels.table import host_cpu_features  # noqa: E402
+from tercomp.kernels.ternary.strategies import (STRATEGIES, choose_strategy,  # noqa: E402
+                                                emit_ternary_matmul, strategy_flags,
+                                                weight_codes)
 from tercomp.ternary_pack import absmean_ternarize, pack_ternary, to_offset_codes  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 4096, 4096)]

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import tercomp as tc  # noqa: E402
 from tercomp import nn  # noqa: E402
-from tercomp.codegen.ternary_strategies import choose_strategy  # noqa: E402
+from tercomp.kernels.ternary.strategies import choose_strategy  # noqa: E402
 from tercomp.ternary_pack import absmean_ternarize  # noqa: E402
 from ternary_kernels import DENSE_FLAGS, SHAPES, interleaved_medians, print_rows  # noqa: E402
 

@@ -5,7 +5,8 @@ compiled once into 2-bit packed kernels, checked against NumPy and timed against
     python samples/bitnet_mlp.py --hidden 1024   # smaller and quicker
 
 It prints the ternary stage of the IR (each BitLinear became one `tern.ternary_matmul`
-on a packed i8 constant), the packed size against f32, the largest difference from the
+on a packed i8 constant) with, under each layer, why the kernel table
+(tercomp/kernels/table.py) gave it its kernel, the packed size against f32, the largest difference from the
 NumPy reference of the same arithmetic (int8 activations, ternary weights), and the
 time of one call against NumPy's f32 matmuls on the same weights (medians of the same
 run; machines are noisy, so read the ratio, not the milliseconds).
@@ -13,6 +14,7 @@ run; machines are noisy, so read the ratio, not the milliseconds).
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 import numpy as np
@@ -20,6 +22,7 @@ import numpy as np
 import tercomp as tc
 from tercomp import nn
 from tercomp import ternary_pack as tp
+from tercomp.kernels import table
 
 
 class BitMLP(nn.Module):
@@ -74,9 +77,11 @@ def main(argv=None):
     exe = tc.compile(model, tc.spec(("B", 784), "float32"))   # ternary="auto"
     kernels = [line.strip() for line in exe.ir("ternary").splitlines()
                if "tern.ternary_matmul" in line]
-    print("ternary stage (one kernel per BitLinear):")
+    print("ternary stage (one kernel per BitLinear), and why each layer got its kernel:")
     for line in kernels:
-        print("   ", line[:150] + (" ..." if len(line) > 150 else ""))
+        strategy = re.search(r'strategy = "([\w-]+)"', line).group(1)
+        print("   ", line)
+        print("      why:", table.row("ternary_matmul", strategy).describe())
     n_weights = sum(layer.in_features * layer.out_features for layer in layers(model))
     packed = sum(tp.pack_ternary(layer.ternary()[0]).nbytes for layer in layers(model))
     print(f"weights: {n_weights / 1e6:.1f} M, packed {packed / 2**20:.1f} MiB "

@@ -41,7 +41,7 @@ def _load_compiler_side() -> None:
     from . import nn  # noqa: F401
     from .compiler import compile  # noqa: F401
     from .autodiff import grad, value_and_grad, vjp, jvp, custom_vjp  # noqa: F401
-    from .trace.loops import scan, checkpoint, associative_scan  # noqa: F401
+    from .trace.control_flow import scan, checkpoint, associative_scan  # noqa: F401
     from . import optim  # noqa: F401
     from .training import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
     from .generate import compile_lm  # noqa: F401

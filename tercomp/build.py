@@ -31,7 +31,7 @@ from .codegen.iree_session import compile_vmfb, new_session
 from .codegen.lower import check_storage
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
 from .codegen.targets import check_extra_flags, needs_isolation, resolve_targets, target_flags
-from .codegen.ternary_strategies import check_strategy
+from .kernels.ternary.strategies import check_strategy
 from .errors import TercompError
 from .passes import Dumper
 from .runtime import cache as compile_cache

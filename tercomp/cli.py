@@ -37,7 +37,7 @@ from .dtypes import ALIASES, DTYPES, dtype_name, numpy_dtype
 from .errors import TercompError
 
 try:    # the strategy table needs iree-base-compiler; without it, compiling is refused anyway
-    from .codegen.ternary_strategies import CHOICES as _TERNARY_CHOICES
+    from .kernels.ternary.strategies import CHOICES as _TERNARY_CHOICES
 except ImportError:
     _TERNARY_CHOICES = None
 

@@ -11,7 +11,7 @@ from .codegen.lower import to_mlir
 from .codegen.params import check_mode
 from .ir import Graph
 from .passes import Dumper, run_pipeline
-from .passes.numerics import enabled as numerics_enabled
+from .passes.check_numerics import enabled as numerics_enabled
 from .runtime.module import CompiledModule
 from .runtime.signature import Signature
 from .trace import trace
@@ -47,7 +47,7 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
 
     `check_numerics=True` (default: $TERCOMP_CHECK_NUMERICS=1) makes every call check
     each op's result and raise NumericsError naming the first op, and its source line,
-    that produced a NaN or Inf, or a cross_entropy label out of range (passes/numerics.py).
+    that produced a NaN or Inf, or a cross_entropy label out of range (passes/check_numerics.py).
 
     `isolate=True` runs IREE in a subprocess (the iree-compile tool), so that a compiler
     crash becomes a CompileError with IREE's message instead of ending the process;

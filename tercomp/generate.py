@@ -17,11 +17,11 @@ shared 2-core AVX2 machine).
 
 The step (`_Step.forward`) is the model's own forward (`lm.hidden_states` with a
 models.StaticKVCache: this call's k/v rows go into the cache at `start`, attention reads
-cache rows 0..start+T-1; tercomp/ops/cache.py) and its output layer on the rows asked
+cache rows 0..start+T-1; tercomp/ops/kv_cache_ops.py) and its output layer on the rows asked
 for; this file holds no layer math, so a changed model is the model compiled. For a
 module compiled for llvm-cpu alone, the `kernels` pass (passes/kernels.py) gives
 attention, `rms_norm`, `rope` and the output layer their hand-written CPU dispatches
-(codegen/attention_cpu.py, rows_cpu.py, dense_avx2.py). The module is built as
+(tercomp/kernels/: attention_cpu, rows_cpu, widening_avx2). The module is built as
 tc.compile's are (tercomp/build.py). The compile cache is keyed on the model's arrays
 and the options, so a cached compile skips tracing. The runtime side (validation,
 sampling, `generate`, saving) is tercomp/runtime/generator.py.
@@ -50,8 +50,8 @@ from .ir import TensorType
 from .models.bitnet import BitNetLM
 from .models.kv_cache import SlotKVCache, StaticKVCache
 from .passes import Dumper, run_pipeline
-from .passes.kernels import kernel_table
-from .passes.numerics import enabled as numerics_enabled
+from .kernels.table import table_key
+from .passes.check_numerics import enabled as numerics_enabled
 from .runtime import cache as compile_cache
 from .runtime.loader import from_parts
 from .runtime.batched import BatchedLMGenerator
@@ -200,7 +200,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
         # the passes and the lowering, which cost more than IREE for a large model.
         key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv, max_batch,
                                 ternary, output_dtype, opts.cache_parts(), STEP, numerics,
-                                repr(sorted(kernel_table(opts.names).items())),
+                                table_key(opts.names),
                                 __version__, IREE_VERSION)
         hit = compile_cache.lookup(key)
         if hit is not None:
@@ -265,13 +265,14 @@ def _build(step, inputs, config, cache_type, ternary, opts: BuildOptions, dump_d
 
 @functools.lru_cache(maxsize=1)
 def _source_digest() -> str:
-    """sha256 of tercomp's own source files: a compile-cache key part that changes with
-    any change to the compiler, since the key is taken before tracing."""
+    """sha256 of tercomp's own source files (its kernel templates too): a compile-cache
+    key part that changes with any change to the compiler, since the key is taken before
+    tracing."""
     root = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
     for d, _, files in sorted(os.walk(root)):
         for f in sorted(files):
-            if f.endswith(".py"):
+            if f.endswith((".py", ".mlir")):
                 with open(os.path.join(d, f), "rb") as fh:
                     h.update(f.encode() + b"\0" + fh.read())
     return h.hexdigest()

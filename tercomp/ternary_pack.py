@@ -1,5 +1,5 @@
 """Ternary weights: absmean quantization, 2-bit planar packing, and the NumPy semantics
-of the ternary matmul kernels (`tercomp/codegen/ternary_kernels.py`). A leaf module
+of the ternary matmul kernels (`tercomp/kernels/ternary/builder.py`). A leaf module
 (NumPy only): the ops (tern.ternary_matmul lowers through codegen) and the codegen
 kernels (which need its constants) both import it, so it sits in neither package.
 
@@ -57,7 +57,7 @@ KO_MAX = 64
 KI_BASE = 64
 
 #: BitNet b1.58's constants, one definition for the NumPy reference, the tern decompositions
-#: (ops/ternary.py) and the compiled kernels (codegen/ternary_kernels.py):
+#: (ops/ternary.py) and the compiled kernels (kernels/ternary/builder.py):
 #: activations are quantized to [-ACT_MAX, ACT_MAX] with s = ACT_MAX / max(amax, ACT_EPS),
 #: and the absmean weight scale is at least SCALE_EPS.
 ACT_MAX = 127

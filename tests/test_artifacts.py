@@ -290,7 +290,7 @@ def test_the_runtime_imports_only_the_runtime_and_leaf_modules():
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("module", ["tercomp.codegen.ternary_strategies", "tercomp.ir",
+@pytest.mark.parametrize("module", ["tercomp.kernels.ternary.strategies", "tercomp.ir",
                                     "tercomp.ops", "tercomp.passes", "tercomp.models",
                                     "tercomp.generate"])
 def test_each_package_imports_first(module):

@@ -9,7 +9,7 @@ import pytest
 
 import tercomp as tc
 from tercomp import models, nn
-from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+from tercomp.kernels.table import AVX2, host_cpu_features
 from tercomp.errors import InputError, TercompError
 from tercomp.nn.stored import StoredTable
 from tercomp.ops import get

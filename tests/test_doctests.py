@@ -7,8 +7,9 @@ import importlib
 import pytest
 
 MODULES = ["tercomp.ternary_pack", "tercomp.dimexpr", "tercomp.dtypes", "tercomp.ir.literals",
-           "tercomp.codegen.ternary_strategies", "tercomp.codegen.ternary_kernels",
-           "tercomp.codegen.ternary_blocked", "tercomp.codegen.targets",
+           "tercomp.kernels.table", "tercomp.kernels.template",
+           "tercomp.kernels.ternary.strategies", "tercomp.kernels.ternary.builder",
+           "tercomp.kernels.ternary.blocked", "tercomp.codegen.targets",
            "tercomp.models.config", "tercomp.runtime.sampling"]
 
 

@@ -153,7 +153,7 @@ def test_output_table_is_f16_and_shared_with_the_embedding(gen, lm_file, full):
     layer is the hand-written f16 GEMV. output_dtype="float32" keeps the model's f32
     arrays; both agree with the reference."""
     from conftest import run_filecheck
-    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    from tercomp.kernels.table import AVX2, host_cpu_features
     # one global holds the table; no f32 copy of it (nor of any [*, hidden] matrix)
     run_filecheck(gen.exe.ir("mlir"), r"""
 # CHECK-NOT: util.global private @{{.*}} : tensor<{{[0-9]+}}x256xf32>
@@ -162,10 +162,10 @@ def test_output_table_is_f16_and_shared_with_the_embedding(gen, lm_file, full):
 """)
     if AVX2 in host_cpu_features():
         run_filecheck(gen.exe.ir("mlir"), r"""
-# CHECK: stream.executable private @tern_avx2_f16_gemv_300x256
+# CHECK: stream.executable private @[[NAME:tern_avx2_f16_gemv_300x256(_m[0-9]+)?]]
 # CHECK: util.global private @[[T:[a-z_0-9]+]] = {{.*}} : tensor<300x256xf16>
 # CHECK: %[[W:.*]] = util.global.load immutable @[[T]] : tensor<300x256xf16>
-# CHECK: flow.dispatch @tern_avx2_f16_gemv_300x256::@tern_avx2_f16_gemv_300x256[%{{.*}}](%{{.*}}, %[[W]], %{{.*}})
+# CHECK: flow.dispatch @[[NAME]]::@[[NAME]][%{{.*}}](%{{.*}}, %[[W]], %{{.*}})
 """)
     f32 = tc.compile_lm(models.load(lm_file), max_seq=MAX_SEQ, output_dtype="float32")
     run_filecheck(f32.exe.ir("mlir"), r"""
@@ -186,7 +186,7 @@ def test_int8_output_table(lm_file, full):
     embedding and the output layer (the i8 GEMV on an AVX2 host); the logits stay within
     the issue's tolerance of the float64 reference and of the f16 table's."""
     from conftest import run_filecheck
-    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    from tercomp.kernels.table import AVX2, host_cpu_features
     from tercomp.nn import quantize_rows
     lm = models.load(lm_file)
     q8 = tc.compile_lm(lm, max_seq=MAX_SEQ, output_dtype="int8")
@@ -197,8 +197,8 @@ def test_int8_output_table(lm_file, full):
 """)
     if AVX2 in host_cpu_features():
         run_filecheck(q8.exe.ir("mlir"), r"""
-# CHECK: stream.executable private @tern_avx2_i8_gemv_300x256
-# CHECK: flow.dispatch @tern_avx2_i8_gemv_300x256::@tern_avx2_i8_gemv_300x256[%{{.*}}](%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x256xf32>{%{{.*}}}, tensor<300x256xi8>, tensor<300xf32>, index)
+# CHECK: stream.executable private @[[NAME:tern_avx2_i8_gemv_300x256(_m[0-9]+)?]]
+# CHECK: flow.dispatch @[[NAME]]::@[[NAME]][%{{.*}}](%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x256xf32>{%{{.*}}}, tensor<300x256xi8>, tensor<300xf32>, index)
 """)
     w, _ = R.read_gguf_weights(lm_file)
     ref = R.reference_logits(w, CFG, IDS[None], act="token")[0]

@@ -1,5 +1,5 @@
 """The hand-written CPU kernels of a language model's step (kernel="cpu"):
-cached_attention (codegen/attention_cpu.py), rms_norm and rope (codegen/rows_cpu.py),
+cached_attention (kernels/attention/attention_cpu.py), rms_norm and rope (kernels/rows/rows_cpu.py),
 each compiled alone with a dynamic row count and checked against the op's reference,
 and the IR they leave (one dispatch, no masked linalg)."""
 import numpy as np

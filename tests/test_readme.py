@@ -22,6 +22,8 @@ def test_main_job_sample_checks_itself(capsys):
     bitnet_mlp.main(["--hidden", "256", "--repeat", "2"])
     out = capsys.readouterr().out
     assert out.count('"tern.ternary_matmul"') == 3 and "bitnet_mlp: OK" in out
+    # each layer's kernel in full (its IR line is not cut) and the table row that chose it
+    assert out.count("why: ternary_matmul kernel ") == 3 and " ..." not in out
     assert re.search(r"packed [\d.]+ MiB vs f32 [\d.]+ MiB \(1[2-6]\.\dx smaller\)", out), out
 
 

@@ -267,7 +267,7 @@ def test_errors_name_the_users_line():
 def test_dynamic_carry_with_fused_producers():
     """IREE 3.13 returned a wrong final carry for this loop (dynamic batch and length, the
     scanned xs a transpose of the input, y independent of the carry) until the lowering
-    fenced the loop's operands (ops/loops.py, _fence)."""
+    fenced the loop's operands (ops/body_ops.py, _fence)."""
     x = rng.standard_normal((2, 6, 8)).astype(np.float32)
 
     def f(x):
@@ -340,7 +340,7 @@ def test_grad_through_a_scan_in_a_scan():
 
 @pytest.mark.parametrize("reverse", [False, True])
 def test_long_scans_run_in_chunks(reverse):
-    """A symbolic length runs as chunks of CHUNK steps (ops/loops.py): lengths around and
+    """A symbolic length runs as chunks of CHUNK steps (ops/body_ops.py): lengths around and
     past the chunk size, forward and reverse, against the reference."""
     W = (rng.standard_normal((4, 4)) * 0.5).astype(np.float32)
 

@@ -94,7 +94,7 @@ def test_pass_stores_the_codes_its_kernel_reads(strategy, codes):
     """The pass re-codes a constant weight to the format its kernel reads fastest (the
     avx2 kernel multiplies the offset codes w + 1 as unsigned bytes) and says so in the
     op's `codes`; the tern interpreter gives the traced model's result either way."""
-    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    from tercomp.kernels.table import AVX2, host_cpu_features
     if strategy == "avx2" and AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
     nn.manual_seed(3)
@@ -115,7 +115,7 @@ def test_a_weight_read_twice_is_recoded_once():
     """Two kernels reading one stored weight (one constant after cse) share one re-coded
     constant, which keeps the weight's name: one 2-bit copy at run time, whatever the
     codes."""
-    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    from tercomp.kernels.table import AVX2, host_cpu_features
     if AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
     t = np.random.default_rng(4).choice([-1, 0, 1], size=(8, 256)).astype(np.int8)

@@ -1,6 +1,6 @@
 """Ternary packing (tercomp/ternary_pack.py), the compiled ternary matmul kernels
-(tercomp/codegen/ternary_kernels.py, ternary_vnni.py) against their NumPy reference, and
-the strategy table that picks them (tercomp/codegen/ternary_strategies.py)."""
+(tercomp/kernels/ternary/builder.py, ternary_vnni.py) against their NumPy reference, and
+the strategy table that picks them (tercomp/kernels/ternary/strategies.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,12 +18,14 @@ iree_rt = pytest.importorskip("iree.runtime")
 from iree.compiler import ir  # noqa: E402
 from iree.compiler.dialects import arith, func  # noqa: E402
 
-from tercomp.codegen import ternary_blocked  # noqa: E402
+from tercomp.kernels.ternary import blocked as ternary_blocked  # noqa: E402
 from tercomp.codegen.iree_session import (HOST_CPU_FLAGS, build_and_compile,  # noqa: E402
                                           new_session)
-from tercomp.codegen.ternary_strategies import (GEMV_MAX_M, NAMES, STRATEGIES,  # noqa: E402
-                                                AVX2, TABLE, VNNI, check_strategy,
-                                                choose_strategy, host_cpu_features,
+from tercomp.kernels import table as kernel_table  # noqa: E402
+from tercomp.kernels.table import (AVX2, GEMV_MAX_M, VNNI,  # noqa: E402
+                                          host_cpu_features)
+from tercomp.kernels.ternary.strategies import (CODES, EMIT, NAMES, STRATEGIES,  # noqa: E402
+                                                TABLE, check_strategy, choose_strategy,
                                                 emit_ternary_matmul, flags_for,
                                                 strategy_flags)
 
@@ -396,8 +398,7 @@ def test_avx2_gemv_with_runtime_packed_weights_and_the_ir_it_dispatches():
 
 
 def test_avx2_is_refused_where_it_cannot_compile(monkeypatch):
-    from tercomp.codegen import ternary_strategies
-    monkeypatch.setattr(ternary_strategies, "target_features", lambda targets: frozenset())
+    monkeypatch.setattr(kernel_table, "target_features", lambda targets: frozenset())
     with pytest.raises(TercompError, match="'avx2' needs a CPU with avx2"):
         check_strategy("avx2", ["llvm-cpu"])
     with pytest.raises(TercompError, match="does not compile for llvm-cpu-generic"):
@@ -440,8 +441,8 @@ def test_widening_matmul_matches_numpy(kernel):
         if kernel == "avx2":
             el = "f16" if sc is None else "i8"
             run_filecheck(exe.ir("mlir"), rf"""
-# CHECK: stream.executable private @tern_avx2_{el}_gemv_{n}x48
-# CHECK: flow.dispatch @tern_avx2_{el}_gemv_{n}x48::@tern_avx2_{el}_gemv_{n}x48[%{{{{.*}}}}](%arg0, %{{{{.*}}}}) : (tensor<?x48xf32>{{%{{{{.*}}}}}}, tensor<{n}x48x{el}>, {f"tensor<{n}xf32>, " if sc is not None else ""}index) -> tensor<?x{n}xf32>
+# CHECK: stream.executable private @[[NAME:tern_avx2_{el}_gemv_{n}x48(_m[0-9]+)?]]
+# CHECK: flow.dispatch @[[NAME]]::@[[NAME]][%{{{{.*}}}}](%arg0, %{{{{.*}}}}) : (tensor<?x48xf32>{{%{{{{.*}}}}}}, tensor<{n}x48x{el}>, {f"tensor<{n}xf32>, " if sc is not None else ""}index) -> tensor<?x{n}xf32>
 """)
         for b in (1, 3, 9):
             x = rng.standard_normal((b, 48)).astype(np.float32)
@@ -474,11 +475,15 @@ def test_auto_never_picks_a_cpu_only_kernel_for_a_gpu(targets):
 
 
 def test_every_strategy_is_in_one_table():
-    assert NAMES == tuple(r.name for r in TABLE)
+    """The strategies are the ternary_matmul rows of the one kernel table, and each has
+    an emitter."""
+    assert TABLE == kernel_table.rows("ternary_matmul")
+    assert NAMES == tuple(r.kernel for r in TABLE)
     assert {"dispatch-vnni", "dispatch", "avx2", "vnni", "blocked", "addsub", "int8",
             "f32"} == set(NAMES)
+    assert set(EMIT) == set(NAMES) and set(CODES) <= set(NAMES)
     for r in TABLE:
-        assert r.targets and r.summary and callable(r.emit) and callable(r.auto)
+        assert r.targets and r.why and callable(EMIT[r.kernel]) and callable(r.rule)
 
 
 def test_strategy_flags():

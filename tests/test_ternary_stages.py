@@ -114,7 +114,7 @@ def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
     quantizes x, no branch on the batch,
     and no optimization barrier (a host-side op that would split the command buffer).
     The constant holds the offset codes w + 1 that the kernel multiplies directly."""
-    from tercomp.codegen.ternary_strategies import AVX2, host_cpu_features
+    from tercomp.kernels.table import AVX2, host_cpu_features
     if AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
     auto = _compile("auto")

@@ -64,7 +64,7 @@ def test_cpu_only_strategy_for_a_gpu_fails_before_iree(no_iree, target, strategy
 
 def test_cli_lists_the_strategy_table():
     from tercomp.cli import build_parser
-    from tercomp.codegen.ternary_strategies import CHOICES
+    from tercomp.kernels.ternary.strategies import CHOICES
     compile_cmd = build_parser()._subparsers._group_actions[0].choices["compile"]
     ternary = next(a for a in compile_cmd._actions if a.dest == "ternary")
     assert tuple(ternary.choices) == CHOICES
@@ -97,7 +97,7 @@ def test_the_lowering_reports_the_flags_of_its_kernels():
     against the targets before IREE runs."""
     from tercomp.codegen.iree_session import new_session
     from tercomp.codegen.lower import to_mlir
-    from tercomp.codegen.ternary_strategies import flags_for, strategy_flags
+    from tercomp.kernels.ternary.strategies import flags_for, strategy_flags
     from tercomp.passes import run_pipeline
 
     class Two(nn.Module):
@@ -125,7 +125,7 @@ def test_the_lowering_reports_the_flags_of_its_kernels():
 
 def test_compile_passes_the_kernels_flags_on():
     from tercomp.codegen.targets import target_flags
-    from tercomp.codegen.ternary_strategies import strategy_flags
+    from tercomp.kernels.ternary.strategies import strategy_flags
     exe = tc.compile(_layer(), SPECS["symbolic"], ternary="int8", weights="inline", cache=False)
     assert exe.meta["ternary"] == ["int8"]
     assert exe.meta["flags"] == target_flags("llvm-cpu") + strategy_flags("int8")

@@ -10,7 +10,7 @@ Importing this package installs those rules; ops never import it.
 """
 from .ad import (GradFn, backward, custom_vjp, grad, jvp, saved_for_backward, value_and_grad, vjp,
                  zeros_like)
-from . import loops  # noqa: F401  installs the VJPs of tern.scan and tern.checkpoint
+from . import body_vjps  # noqa: F401  installs the VJPs of tern.scan and tern.checkpoint
 
 __all__ = ["GradFn", "backward", "custom_vjp", "grad", "jvp", "saved_for_backward", "value_and_grad",
            "vjp", "zeros_like"]

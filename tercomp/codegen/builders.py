@@ -144,7 +144,7 @@ class LowerCtx:
         self.targets = tuple(targets)
         self._dim_cache: dict = {}
         self.lower_op: Callable | None = None   # (ctx, tern op) -> None; set by codegen.lower
-        # The ternary strategies the lowered ops emitted (names of ternary_strategies.TABLE,
+        # The ternary strategies the lowered ops emitted (names of kernels.ternary.strategies.TABLE,
         # shared with op bodies): codegen.lower reports their IREE flags with the module.
         self.kernels: set = set()
 

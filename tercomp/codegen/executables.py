@@ -1,8 +1,7 @@
 """Hand-written dispatches: a `stream.executable` given as MLIR text (vector code over
-memref bindings, compiled by IREE like any dispatch) is added once to the module being
-built, and `dispatch` calls one of its exports with `flow.dispatch` at the current
-insertion point. The kernels are `ternary_avx2` (the ternary decode GEMV) and
-`dense_avx2` (the narrow-weight output layer)."""
+memref bindings, compiled by IREE like any dispatch; rendered from a kernel template,
+kernels/template.py) is added once to the module being built, and `dispatch` calls one
+of its exports with `flow.dispatch` at the current insertion point."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -48,57 +47,3 @@ def split_rows(n: int, workgroups: int, align: int) -> tuple[int, int]:
     per = -(-n // workgroups)
     rows = max(align, -(-per // align) * align)
     return rows, -(-n // rows)
-
-
-def load_row(dst: str, i: int, base: str, col: str, mem: str, mem_type: str, vec_type: str,
-             ahead: int, prefetch: bool = True, locality: int = 0,
-             offset: int | None = None) -> list[str]:
-    """MLIR lines loading `vec_type` from row `base` + `offset` (default i) of `mem` at
-    column `col` into %{dst}{i}, and (with `prefetch`) prefetching the same column
-    `ahead` rows further on (past the last row that address is in no row: x86 prefetches
-    never fault), with `locality` 0 (prefetchnta) to 3 (prefetcht0)."""
-    lines = [
-        f"%row{dst}{i} = affine.apply affine_map<(d0) -> (d0 + {i if offset is None else offset})>({base})",
-        f"%{dst}{i} = vector.load {mem}[%row{dst}{i}, {col}] : {mem_type}, {vec_type}",
-    ]
-    if prefetch:
-        lines += [
-            f"%pre{dst}{i} = affine.apply affine_map<(d0) -> (d0 + {ahead})>(%row{dst}{i})",
-            f"memref.prefetch {mem}[%pre{dst}{i}, {col}], read, locality<{locality}>, data : "
-            f"{mem_type}",
-        ]
-    return lines
-
-
-def executable_text(name: str, groups, params: str, body: str,
-                    per_group: int | None = None) -> str:
-    """`stream.executable @name` with one export `@name` over `groups` workgroups (along
-    x; None: ceil(m / per_group) of them; (few, many, m_min): `many` when m >= m_min, else
-    `few`) whose function takes `params` (stream bindings and scalars, the last
-    `%m: index`, the workload) and runs `body` (the statements before `return`)."""
-    if isinstance(groups, tuple):
-        few, many, m_min = groups
-        count = (f"%few = arith.constant {few} : index\n    "
-                 f"%many = arith.constant {many} : index\n    "
-                 f"%mmin = arith.constant {m_min} : index\n    "
-                 f"%big = arith.cmpi uge, %m, %mmin : index\n    "
-                 f"%g = arith.select %big, %many, %few : index")
-    elif groups is not None:
-        count = f"%g = arith.constant {groups} : index"
-    else:
-        count = f"%g = affine.apply affine_map<()[s0] -> (s0 ceildiv {per_group})>()[%m]"
-    return f"""
-stream.executable private @{name} {{
-  stream.executable.export public @{name} workgroups(%m: index) -> (index, index, index) {{
-    %c1 = arith.constant 1 : index
-    {count}
-    stream.return %g, %c1, %c1 : index, index, index
-  }}
-  builtin.module {{
-    func.func @{name}({params}) {{
-{body}
-      return
-    }}
-  }}
-}}
-"""

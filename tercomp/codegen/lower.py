@@ -10,7 +10,7 @@ can crash the interpreter). With a `ParamTable` (codegen.params), constants whos
 value is a `Parameter` become `util.global`s of `#flow.parameter.named` values.
 
 The lowering reports, with the module, the IREE flags its kernels need on top of the
-target's (the ternary strategies' flags, ternary_strategies.TABLE): the drivers
+target's (the ternary strategies' flags, kernels.ternary.strategies.TABLE): the drivers
 (tc.compile, tc.compile_lm) pass them on to IREE.
 
     >>> lowered = to_mlir(graph, ctx, targets=["llvm-cpu"])
@@ -29,7 +29,7 @@ from ..ir.graph import regions
 from ..ops import GraphBuilder, get
 from .builders import LowerCtx, tensor_type
 from .targets import WITH_16BIT_STORAGE
-from .ternary_strategies import flags_for
+from ..kernels.ternary.strategies import flags_for
 
 LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "scf", "flow", "util", "hal",
                   "iree_linalg_ext")

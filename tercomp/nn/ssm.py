@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import TercompError
 from ..trace import api as _t
-from ..trace.loops import associative_scan, scan
+from ..trace.control_flow import associative_scan, scan
 from .bitlinear import BitLinear
 from .layers import Linear, RMSNorm, _rng
 from .module import Module

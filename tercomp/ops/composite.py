@@ -13,7 +13,8 @@ import sympy
 from iree.compiler import ir
 from iree.compiler.dialects import tensor
 
-from ..codegen import rows_cpu
+from ..kernels.rows import rows_cpu
+from ..kernels.table import kernel_names
 from ..codegen.builders import tensor_type
 from ..errors import TraceError
 from ..ir import TensorType, is_static, numpy_dtype
@@ -195,7 +196,7 @@ def _rms_norm_decompose(b, operands, a):
 
 
 def _rms_norm_lower(ctx, op, xs):
-    """kernel "cpu": the hand-written row kernel (codegen/rows_cpu.py) for x [..., N] f32,
+    """kernel "cpu": the hand-written row kernel (kernels/rows/rows_cpu.py) for x [..., N] f32,
     its leading dims taken as rows; None (the decomposition) otherwise."""
     x_t = op.operands[0].type
     if op.attrs["kernel"] != "cpu" or x_t.rank < 2 or x_t.dtype != "f32" \
@@ -215,16 +216,11 @@ def _rms_norm_lower(ctx, op, xs):
 
 
 def _rms_norm_infer(types, a):
-    if a["kernel"] not in ROW_KERNELS:
-        raise TraceError(f"rms_norm: kernel must be one of {', '.join(ROW_KERNELS)}, got "
-                         f"{a['kernel']!r}")
+    if a["kernel"] not in kernel_names("rms_norm"):
+        raise TraceError(f"rms_norm: kernel must be one of {', '.join(kernel_names('rms_norm'))}, "
+                         f"got {a['kernel']!r}")
     return _norm_infer("rms_norm", 1)(types, a)
 
-
-#: kernels of the row-wise ops (rms_norm here, rope in cache.py): "generic" (the
-#: decomposition), "cpu" (a hand-written dispatch where the shape fits, for a module
-#: compiled for llvm-cpu only)
-ROW_KERNELS = ("generic", "cpu")
 
 register(OpDef("rms_norm", "composite", _rms_norm_infer, _rms_norm_ref,
                num_operands=2, attrs={"eps": 1e-6, "kernel": "generic"},

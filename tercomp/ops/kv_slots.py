@@ -10,8 +10,8 @@ prompt; the "ragged batch" of vLLM's attention backends).
 - `slot_attention(q [T, H, D], k [N, S, KV, D], v, slots [T], positions [T]) {scale,
   kernel}`: causal softmax attention of query t over the rows 0..positions[t] of its
   slot slots[t] (which this call's kv_scatter has written up to positions[t]).
-  Grouped-query as cached_attention (ops/cache.py). `kernel` "cpu" is the hand-written
-  dispatch of codegen/attention_cpu.py (rows past a query's position are never read);
+  Grouped-query as cached_attention (ops/kv_cache_ops.py). `kernel` "cpu" is the hand-written
+  dispatch of kernels/attention/attention_cpu.py (rows past a query's position are never read);
   "generic" is linalg over all S rows, masked (for the GPU targets).
 
 slots and positions are i32 [T]; out-of-range values are undefined in the compiled code
@@ -24,12 +24,13 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, tensor
 
-from ..codegen import attention_cpu
+from ..kernels.attention import attention_cpu
+from ..kernels.table import kernel_names
 from ..codegen.builders import PARALLEL, REDUCTION, elem_type, index_const, scalar_const
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
-from .cache import ATTENTION_KERNELS, _dim, _empty, _filled, _fmt, _generic
+from .kv_cache_ops import _dim, _empty, _filled, _fmt, _generic
 from .registry import OpDef, REQUIRED, register
 from .shape_util import same_dim
 
@@ -115,9 +116,9 @@ def _attn_infer(types, a):
     if not (is_static(h) and h % kv == 0 and q.shape[2] == k.shape[3]):
         raise TraceError(f"slot_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
                          "static multiple of the kv heads KV, and the head dims D equal")
-    if a["kernel"] not in ATTENTION_KERNELS:
-        raise TraceError(f"slot_attention: kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
-                         f"got {a['kernel']!r}")
+    if a["kernel"] not in kernel_names("slot_attention"):
+        raise TraceError(f"slot_attention: kernel must be one of "
+                         f"{', '.join(kernel_names('slot_attention'))}, got {a['kernel']!r}")
     _check_index([slots, positions], "slot_attention", q.shape[0])
     return [q]
 
@@ -150,7 +151,7 @@ def _attn_lower(ctx, op, xs):
 def _generic_attention(q, k, v, slots, positions, t, qt, kt, scale):
     """linalg: every query over all S rows of its slot (gathered with tensor.extract in
     the loop bodies), rows past its position masked; the heads as (kv head, group
-    member), row statistics laid out [T, KV, G] (see ops/cache.py for why)."""
+    member), row statistics laid out [T, KV, G] (see ops/kv_cache_ops.py for why)."""
     heads, kvh, hd, s_len = int(qt.shape[1]), int(kt.shape[2]), int(qt.shape[2]), int(kt.shape[1])
     group = heads // kvh
     f32, idx = ir.F32Type.get(), ir.IndexType.get()

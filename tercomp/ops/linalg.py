@@ -4,7 +4,7 @@ the rhs given transposed (`transpose_b`: b is [..., N, K], as nn.Linear stores w
 widening_matmul(x, w[, scale]): y[M, N] = x[M, K] @ f32(w)[N, K]^T (* scale[N]) for f32 x
 and weights stored narrower (f16, int8 with a per-row f32 scale): the weights are widened
 inside the kernel, so they stay narrow in memory. `kernel` "avx2" takes the hand-written
-GEMV of codegen/dense_avx2.py (f16, or int8 with a scale; K a multiple of 16; compile_lm
+GEMV of kernels/dense/widening_avx2.py (f16, or int8 with a scale; K a multiple of 16; compile_lm
 picks it for an AVX2 host), "generic" one linalg contraction. Inference only (a language
 model's output layer).
 
@@ -17,7 +17,8 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math
 
-from ..codegen import dense_avx2
+from ..kernels.dense import widening_avx2
+from ..kernels.table import kernel_names
 from ..codegen.builders import PARALLEL, REDUCTION, affine_map
 from ..errors import TraceError
 from ..ir import TensorType
@@ -141,9 +142,9 @@ def _wm_infer(types, attrs):
                             or not same_dim(types[2].shape[0], w.shape[0])):
         raise TraceError(f"widening_matmul: the scale must be [N] f32 for weights {w.mlir()}, "
                          f"got {types[2].mlir()}")
-    if attrs["kernel"] not in ("avx2", "generic"):
-        raise TraceError(f"widening_matmul: kernel must be 'avx2' or 'generic', got "
-                         f"{attrs['kernel']!r}")
+    if attrs["kernel"] not in kernel_names("widening_matmul"):
+        raise TraceError(f"widening_matmul: kernel must be one of "
+                         f"{', '.join(kernel_names('widening_matmul'))}, got {attrs['kernel']!r}")
     return [TensorType((x.shape[0], w.shape[0]), "f32")]
 
 
@@ -157,9 +158,9 @@ def _wm_lower(ctx, op, xs):
     x_t, w_t = (v.type for v in op.operands[:2])
     n, k = w_t.shape
     scaled = len(xs) == 3
-    if op.attrs["kernel"] == "avx2" and dense_avx2.fits(k) and \
+    if op.attrs["kernel"] == "avx2" and widening_avx2.fits(k) and \
             (w_t.dtype == "f16" and not scaled or w_t.dtype == "i8" and scaled):
-        return [dense_avx2.emit(xs[0], xs[1], ctx.dim(x_t.shape[0]), n, k,
+        return [widening_avx2.emit(xs[0], xs[1], ctx.dim(x_t.shape[0]), n, k,
                                 xs[2] if scaled else None)]
     f32 = ir.F32Type.get()
 

@@ -14,7 +14,7 @@
   ``y[M, N] = scale * x @ T^T`` with T ternary, packed 2-bit planar as an i8 tensor
   [N, KB] (see ternary_pack) in the "signed" codes, or, with ``codes = "offset"``, the
   codes w + 1 that the ternary pass stores for a kernel that reads them; emitted by
-  codegen.ternary_kernels. Produced by the `ternary` pass; inference only.
+  kernels.ternary.builder. Produced by the `ternary` pass; inference only.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ from iree.compiler.dialects import arith, math, tensor
 from ..errors import TraceError
 from ..ir import TensorType
 from ..ir.types import is_float
-from ..codegen.ternary_kernels import unpack_codes
-from ..codegen.ternary_strategies import NAMES, emit_ternary_matmul
+from ..kernels.ternary.builder import unpack_codes
+from ..kernels.table import kernel_names
+from ..kernels.ternary.strategies import emit_ternary_matmul
 from .. import ternary_pack as tp
 from .registry import OpDef, REQUIRED, register
 
@@ -148,7 +149,7 @@ register(OpDef("ternary_weight", "ternary", _tw_infer, _tw_reference, num_operan
 
 
 # -- ternary_matmul ------------------------------------------------------------------------
-STRATEGIES = ("auto", *NAMES)
+STRATEGIES = ("auto", *kernel_names("ternary_matmul"))
 
 
 def _tm_infer(types, a):

@@ -8,20 +8,22 @@ W [N, K] is ternarized (absmean, or the ternarize op's `scale`) and packed 2-bit
 at compile time, so no f32 copy of the weights remains; a stored ternary weight
 (`nn.BitLinear.from_ternary`, `ternary_weight`) is already packed and is used as it is,
 except that a kernel that reads other 2-bit codes (`weight_codes`: the avx2 kernel's w + 1)
-gets its constant re-coded here, under the same name. `strategy` is "auto", a kernel of
-the strategy table
-(`tercomp.codegen.ternary_strategies`), or "off" (the pass does nothing). `targets` are
-the compile's target names: "auto" is settled here per target and per shape (a symbolic
-batch gets a kernel that dispatches on the batch size at run time), so the module only
-gets the kernels and flags it uses; an explicit strategy that does not compile for a
-target is refused here, by name.
+gets its constant re-coded, under the same name. `strategy` is "auto", a ternary_matmul
+kernel of the kernel table (`tercomp.kernels.table`), or "off" (the pass does
+nothing). `targets` are the compile's target names: "auto" is settled per target and per
+shape by the table's rule (`choose_strategy`, the rule the `kernels` pass applies; a
+symbolic batch gets a kernel that dispatches on the batch size at run time), when the
+op is created, because its weight constant's codes follow the kernel; ternary matmuls
+already in the IR are settled by the kernels pass's own patterns. An explicit strategy
+that does not compile for a target is refused here, by name.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir import Graph
-from ..codegen.ternary_strategies import check_strategy, choose_strategy, weight_codes
+from ..kernels.ternary.strategies import check_strategy, choose_strategy, weight_codes
+from .kernels import recode, settle_patterns, take_names
 from .. import ternary_pack as tp
 from ..ops.shape_util import same_dim
 from .manager import register_pass
@@ -54,42 +56,6 @@ def _packed_weight(w):
     return tp.pack_ternary(t), n, k, float(scale)
 
 
-def _coded(b, packed, codes: str, recoded: dict):
-    """(packed i8 Value, attrs) in the 2-bit `codes` (ternary_pack.CODES) that the kernel
-    reads fastest (`weight_codes`), with the `codes` attribute when not "signed".
-    `packed` is a signed-code array (packed here) or Value; a constant Value is re-coded
-    once into a new constant (`recoded`: id of the signed Value -> (new Value, the name
-    it should take over)), shared by every kernel that reads it; any other Value stays as
-    it is (every kernel reads signed codes)."""
-    attrs = {} if codes == "signed" else {"codes": codes}
-    if isinstance(packed, np.ndarray):
-        data = tp.to_offset_codes(packed) if codes == "offset" else packed
-        return b.constant(data.view(np.int8), name="packed"), attrs
-    value = const_value(packed)
-    if codes == "signed" or value is None:
-        return packed, {}
-    if id(packed) not in recoded:
-        # a name of its own until `_take_names`: taking `packed_1` here would rename the
-        # signed constant copied next
-        new = b.constant(tp.to_offset_codes(value.view(np.uint8)).view(np.int8),
-                         name=f"{packed.name}.offset")
-        recoded[id(packed)] = (new, packed.name)
-    return recoded[id(packed)][0], attrs
-
-
-def _take_names(graph: Graph, recoded) -> Graph:
-    """Give each re-coded constant its signed original's name where that one is gone
-    (the usual case), so parameter names (`fc1.weight`, `packed`) do not depend on the
-    kernel."""
-    taken = set(graph.all_names())
-    for v, name in recoded.values():
-        if name not in taken:
-            taken.discard(v.name)
-            v.name = name
-            taken.add(name)
-    return graph
-
-
 def _pattern(strategy, targets, recoded):
     def pat(b, op, xs):
         if not op.attrs.get("transpose_b"):
@@ -112,31 +78,12 @@ def _pattern(strategy, targets, recoded):
         chosen = choose_strategy(m if isinstance(m, int) else None, int(k), int(n), targets) \
             if strategy == "auto" else strategy
         codes = weight_codes(chosen, int(k), int(n)) if aq else "signed"
-        packed, coded = _coded(b, packed, codes, recoded)
+        packed, coded = recode(b, packed, codes, recoded)
         y = b.ternary_matmul(x2, packed, k=int(k), n=int(n), scale=float(scale),
                              strategy=chosen, act_quant=aq, name=op.results[0].name, **coded)
         if x.type.rank != 2:
             y = b.reshape(y, shape=[_dim(d) for d in lead] + [int(n)])
         return y
-    return pat
-
-
-def _settle_auto(strategy, targets, recoded):
-    """A ternary_matmul already in the IR (parsed, or built by a model) with strategy
-    "auto" gets the kernel for `targets` too; an explicit strategy argument wins."""
-    def pat(b, op, xs):
-        if op.attrs.get("strategy") != "auto":
-            return None
-        x, p = xs
-        m = x.type.shape[0]
-        k, n = int(op.attrs["k"]), int(op.attrs["n"])
-        chosen = choose_strategy(m if isinstance(m, int) else None, k, n, targets) \
-            if strategy == "auto" else strategy
-        coded = {}
-        if op.attrs["act_quant"] and op.attrs.get("codes", "signed") == "signed":
-            p, coded = _coded(b, p, weight_codes(chosen, k, n), recoded)
-        return b.ternary_matmul(x, p, **{**op.attrs, "strategy": chosen, **coded},
-                                name=op.results[0].name)
     return pat
 
 
@@ -148,6 +95,7 @@ def ternary(graph: Graph, strategy: str = "auto", targets=("llvm-cpu",)) -> Grap
     if check_strategy(strategy, targets) == "off":
         return graph
     recoded = {}
-    out = dce(rewrite(graph, {"matmul": [_pattern(strategy, targets, recoded)],
-                              "ternary_matmul": [_settle_auto(strategy, targets, recoded)]}))
-    return _take_names(out, recoded)
+    # the ternary matmuls already in the IR are settled by the kernels pass's rule
+    patterns = {"matmul": [_pattern(strategy, targets, recoded)],
+                **settle_patterns(targets, ("ternary_matmul",), strategy, recoded)}
+    return take_names(dce(rewrite(graph, patterns)), recoded)

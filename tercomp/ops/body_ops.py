@@ -16,7 +16,7 @@ captured values) to (new carries, per-step outputs); its results are the final c
 and the per-step outputs stacked along a new leading axis of size `length` (an int or a
 symbolic dim). With `reverse` the steps run from the last index to the first, and the
 outputs stay at the index of their step (jax.lax.scan semantics). It lowers to one
-`scf.for` over tensors. Their VJPs are installed by tercomp.autodiff.loops.
+`scf.for` over tensors. Their VJPs are installed by tercomp.autodiff.body_vjps.
 """
 from __future__ import annotations
 

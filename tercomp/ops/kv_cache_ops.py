@@ -14,13 +14,13 @@ updated cache. The generation driver binds a step's cache inputs and outputs to 
   cache rows 0..start+T-1 (query t sees rows 0..start+t). H must be a multiple of KV
   (grouped-query attention: query head h reads kv head h // (H / KV)). Only those
   start+T rows are read, so a decode step costs O(position), not O(S). `kernel` "cpu"
-  (a module for llvm-cpu only) is the hand-written dispatch of codegen/attention_cpu.py
+  (a module for llvm-cpu only) is the hand-written dispatch of kernels/attention/attention_cpu.py
   for every T; "generic" (default) is linalg (its decode form for T <= DECODE_MAX_T).
 
 - `rope(x [T, H, D], cos [T, D/2], sin [T, D/2]) {style, kernel}`: the rotary position
   embedding of T rows by their angles' tables; "neox" rotates the pairs (i, i + D/2),
   "interleaved" the pairs (2i, 2i + 1). A composite (slices, products, a concatenate);
-  `kernel` "cpu" takes the row kernel of codegen/rows_cpu.py for "neox".
+  `kernel` "cpu" takes the row kernel of kernels/rows/rows_cpu.py for "neox".
 
 `start` is an i32 scalar (rank 0). Writing or reading past row S is undefined in the
 compiled code (the NumPy reference raises): callers check bounds before the call.
@@ -33,13 +33,14 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, scf, tensor
 
-from ..codegen import attention_cpu, rows_cpu
+from ..kernels.attention import attention_cpu
+from ..kernels.rows import rows_cpu
+from ..kernels.table import kernel_names
 from ..codegen.builders import (PARALLEL, REDUCTION, elem_type, index_const, scalar_const,
                                 tensor_type)
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
-from .composite import ROW_KERNELS
 from .registry import OpDef, REQUIRED, register
 from .shape_util import SLICE_END, same_dim
 
@@ -167,15 +168,11 @@ def _attn_infer(types, a):
     if not (is_static(h) and is_static(kv) and h % kv == 0 and q.shape[2] == k.shape[2]):
         raise TraceError(f"cached_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
                          "static multiple of the kv heads KV, and the head dims D equal")
-    if a["kernel"] not in ATTENTION_KERNELS:
-        raise TraceError(f"cached_attention: kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
-                         f"got {a['kernel']!r}")
+    if a["kernel"] not in kernel_names("cached_attention"):
+        raise TraceError(f"cached_attention: kernel must be one of "
+                         f"{', '.join(kernel_names('cached_attention'))}, got {a['kernel']!r}")
     return [q]
 
-
-#: cached_attention's kernels: "generic" (linalg) and "cpu" (one hand-written dispatch,
-#: for a module compiled for llvm-cpu only)
-ATTENTION_KERNELS = ("generic", "cpu")
 
 
 def _attn_ref(xs, a):
@@ -335,9 +332,9 @@ ROPE_STYLES = ("neox", "interleaved")
 
 def _rope_infer(types, a):
     x, cos, sin = types
-    if a["style"] not in ROPE_STYLES or a["kernel"] not in ROW_KERNELS:
+    if a["style"] not in ROPE_STYLES or a["kernel"] not in kernel_names("rope"):
         raise TraceError(f"rope: style must be one of {', '.join(ROPE_STYLES)} and kernel one of "
-                         f"{', '.join(ROW_KERNELS)}, got {a['style']!r}, {a['kernel']!r}")
+                         f"{', '.join(kernel_names('rope'))}, got {a['style']!r}, {a['kernel']!r}")
     if x.rank < 3 or not is_float(x.dtype) or not is_static(x.shape[-1]) or x.shape[-1] % 2 \
             or cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype \
             or cos.rank != 2 or not same_dim(cos.shape[0], x.shape[-3]) \
@@ -397,7 +394,7 @@ def _shape_attr(shape) -> list:
 
 
 def _rope_lower(ctx, op, xs):
-    """kernel "cpu": the row kernel (codegen/rows_cpu.py) for "neox" on x [T, H, D] or
+    """kernel "cpu": the row kernel (kernels/rows/rows_cpu.py) for "neox" on x [T, H, D] or
     [1, T, H, D] (one sequence); None (the decomposition) otherwise."""
     x_t = op.operands[0].type
     lead = list(x_t.shape[:-3])

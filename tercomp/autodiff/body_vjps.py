@@ -20,7 +20,7 @@ import numpy as np
 from ..ir import Graph, TensorType, Value
 from ..ir.types import is_float
 from ..ops import GraphBuilder, get
-from ..ops.loops import scan_length
+from ..ops.body_ops import scan_length
 from ..passes.rewrite import dce
 from .ad import backward, zeros_like
 

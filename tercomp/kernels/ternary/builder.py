@@ -1,9 +1,9 @@
 """MLIR emitters for `y[M, N] = scale * x[M, K] @ T[N, K]^T` with T ternary and packed
 2-bit planar (`tercomp/ternary_pack.py`), built with IREE's MLIR Python builders:
-the state one kernel shares (`_Kernel`: x, its static or dynamic M, the weights, the
+the state one kernel shares (`TernaryBuilder`: x, its static or dynamic M, the weights, the
 activation quantizer and the final scaling) and the portable kernels, the formulations
 measured in `shared/kernels/` (README there). The CPU "vnni" family is in
-`ternary_vnni`; which kernel a module gets is the table in `ternary_strategies`.
+`vnni`; which kernel a module gets is the table in `strategies`.
 
 ``addsub``  (ref_d) int8 activations (per-row absmax, held in i16 lanes) and a fused
             masked add/sub over the 2-bit constant: no multiplies, no widened weights.
@@ -25,7 +25,7 @@ Every kernel computes `ternary_matmul_reference` (up to float rounding):
 >>> import iree.runtime
 >>> from iree.compiler.dialects import func
 >>> from tercomp.codegen.iree_session import HOST_CPU_FLAGS, build_and_compile
->>> from tercomp.codegen.ternary_strategies import emit_ternary_matmul, strategy_flags
+>>> from tercomp.kernels.ternary.strategies import emit_ternary_matmul, strategy_flags
 >>> from tercomp.ternary_pack import absmean_ternarize, pack_ternary
 >>> t, scale = absmean_ternarize(np.random.default_rng(0).standard_normal((6, 10)))
 >>> packed = pack_ternary(t)
@@ -47,9 +47,9 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, tensor, util
 
-from ..errors import TercompError
-from ..ternary_pack import ACT_EPS, ACT_MAX, k_split
-from .builders import PARALLEL, REDUCTION, affine_map, const, generic
+from ...errors import TercompError
+from ...ternary_pack import ACT_EPS, ACT_MAX, k_split
+from ...codegen.builders import PARALLEL, REDUCTION, affine_map, const, generic
 
 
 # ---------------------------------------------------------------------- validation
@@ -94,8 +94,17 @@ def unpack_codes(w: ir.Value, n: int, kb: int, elem: ir.Type) -> ir.Value:
     return tensor.collapse_shape(ir.RankedTensorType.get([n, 4 * kb], elem), wu, [[0], [1, 2]])
 
 
-class _Kernel:
-    """Shared state of one emitted kernel: x, its (possibly dynamic) M, the weights."""
+class TernaryBuilder:
+    """What every ternary matmul kernel is emitted from: x (`tensor<M x K x f32>`, M
+    static or None when dynamic), the packed weights (a uint8 [N, KB] array or an i8
+    value, in `codes`), K, N and the scale, with the pieces kernels share: `weights()` /
+    `pin_weights()`, the activation quantizer (`row_absmax`, `quantize`, `pad_k`,
+    `planes`), `unpack` and `dequant`, and the portable kernels `addsub` and
+    `int8_matmul`. A new kernel is a function `(TernaryBuilder) -> y` registered as a
+    ternary_matmul row of tercomp/kernels/table.py with its emitter in
+    `strategies.EMIT`; `emit_ternary_matmul` builds one and calls it, at the current
+    insertion point.
+    """
 
     def __init__(self, x: ir.Value, m: int | None, k: int, n: int,
                  packed: np.ndarray | ir.Value, scale: float, codes: str = "signed"):

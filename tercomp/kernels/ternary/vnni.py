@@ -8,7 +8,7 @@ It computes `sum_k c_k x_k - sum_k x_k = sum_k w_k x_k` with the u8 codes c = w 
 the only copy of the weights: recoding it ahead would make IREE hoist a second, recoded
 copy to module load when the weights are .irpa parameters), and the int8-quantized x.
 The tiling is fixed by a CPU-only `#iree_codegen.compilation_info`: GPU targets never
-get this kernel (the strategy table in `ternary_strategies`).
+get this kernel (the strategy table in `strategies`).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, tensor
 
-from .builders import PARALLEL, REDUCTION, affine_map, const, generic
-from .ternary_kernels import _Kernel
+from ...codegen.builders import PARALLEL, REDUCTION, affine_map, const, generic
+from .builder import TernaryBuilder
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Tiles:
 GEMV = Tiles(dist=(1, 32), vec=(1, 2))
 
 
-def vnni(kern: _Kernel) -> ir.Value:
+def vnni(kern: TernaryBuilder) -> ir.Value:
     """y = scale * x @ T^T with int8-quantized x, for any (small) M."""
     i8, i32, kb = kern.i8, kern.i32, kern.kb
     amax = kern.row_absmax()
@@ -57,7 +57,7 @@ def vnni(kern: _Kernel) -> ir.Value:
     return kern.dequant(total, amax)
 
 
-def _products(kern: _Kernel, xe: ir.Value, w: ir.Value, tiles: Tiles) -> ir.Value:
+def _products(kern: TernaryBuilder, xe: ir.Value, w: ir.Value, tiles: Tiles) -> ir.Value:
     """sum over (plane j, KB) of extui(code) * extsi(x) as tensor<M x N x i32>.
 
     One reduction generic over (M, N, j, KB) whose body extracts plane j's 2-bit code,

@@ -17,8 +17,8 @@ from __future__ import annotations
 from iree.compiler import ir
 from iree.compiler.dialects import linalg, scf, tensor
 
-from .builders import affine_map, const
-from .ternary_kernels import _Kernel
+from ...codegen.builders import affine_map, const
+from .builder import TernaryBuilder
 
 #: int8 bytes of one unpacked block of weights (NT * KP).
 BLOCK_BYTES = 2 << 20
@@ -38,7 +38,7 @@ def block_rows(n: int, kp: int) -> int:
     return best
 
 
-def blocked(kern: _Kernel) -> ir.Value:
+def blocked(kern: TernaryBuilder) -> ir.Value:
     """y for int8-quantized x (act_quant), the weights unpacked NT rows at a time."""
     i8, i32, index = kern.i8, kern.i32, kern.index
     amax = kern.row_absmax()

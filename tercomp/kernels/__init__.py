@@ -1,0 +1,16 @@
+"""The hand-written kernels and the one table that chooses them.
+
+    table.py        every kernel an op can take: (op, kernel, targets, CPU feature,
+                    shape rule, why); the `kernels` pass settles each op from it.
+                    Registering a new kernel is a row here.
+    template.py     renders the kernel templates (templates/*.mlir, named parameters)
+    ternary/        ternary_matmul: strategies (what each table row emits), builder
+                    (TernaryBuilder, the portable addsub/int8/f32 kernels), vnni,
+                    blocked, avx2 and avx2_quant (hand-written dispatches)
+    dense/          widening_matmul: widening_avx2 (the f16/int8 output-layer GEMV)
+    attention/      cached_attention, slot_attention: attention_cpu
+    rows/           rms_norm, rope: rows_cpu
+
+The ops keep their generic lowering (tercomp/ops/); the table's kernels replace it per
+target. The lowering driver that calls them is tercomp/codegen/.
+"""

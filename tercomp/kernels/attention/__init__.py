@@ -1,0 +1,1 @@
+"""attention kernels (see tercomp/kernels/__init__.py)."""

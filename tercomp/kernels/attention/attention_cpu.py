@@ -1,0 +1,82 @@
+"""The attention of a language model on a CPU: `cached_attention` over a KV cache as one
+hand-written dispatch (vector code compiled by IREE like `kernels.ternary.avx2`), for any number
+of queries T. IREE's codegen of the linalg form (a dot product with dynamic sizes per
+head, then the softmax passes, each its own dispatch, behind an `scf.if` on T) cost
+~0.65 ms a layer of a decode step at position ~160 of the 700M shape, about 40% of the
+step; this kernel costs ~0.05 ms there, and a 128-token prefill is ~12% faster with it.
+
+One workgroup per query head h (reading K/V head h // group), for each query t (it sees
+cache rows 0..start+t), over chunks of CHUNK rows with a running max (the online
+softmax of flash attention, rescaled once per chunk):
+
+    scores[j] = scale * (q[t, h] . f32(k[c0 + j, kh]))          one D-wide dot per row
+    m' = max(m, max_j scores);  acc *= exp(m - m');  l *= exp(m - m')
+    acc += exp(scores[j] - m') * f32(v[c0 + j, kh]);  l += exp(scores[j] - m')
+    out[t, h] = acc / l
+
+The scores of a chunk live in a CHUNK-float stack buffer, so the cache length does not
+bound the stack. Only rows 0..start+T-1 are read: a step's cost grows with the position.
+"""
+from __future__ import annotations
+
+from iree.compiler import ir
+from iree.compiler.dialects import arith
+
+from ...codegen.executables import dispatch, ensure_executable
+from ..template import render
+
+CHUNK = 256
+
+
+def fits(head_dim: int, kv_dtype: str) -> bool:
+    return kv_dtype in ("f16", "f32") and head_dim % 8 == 0 and head_dim <= 512
+
+
+def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: str,
+                    slots: int = 0) -> str:
+    """`stream.executable @name` (templates/attention.mlir): (q [T, H, D] f32, k, v
+    [S, KV, D] kel, scale: f32, start: index, T: index) -> out [T, H, D] f32; with
+    `slots` = N > 0 (the batched cache of ops/kv_slots.py) the caches are [N, S, KV, D]
+    and `start` is replaced by two i32 [T] bindings: query t reads rows 0..positions[t]
+    of slot slots[t].
+
+    Written on 8-lane vectors with the D/8 lanes of a row unrolled (IREE's codegen of
+    one D-wide vector spilled it lane by lane): q's row stays in registers for the dot
+    products; exp runs 8 scores at a time over the chunk buffer; the weighted sum of V
+    rows keeps one 8-lane accumulator per pass over the chunk's rows."""
+    return render("attention", name=name, heads=heads, kv_heads=kv_heads, d=d, s=s, kel=kel,
+                  slots=slots, chunk=CHUNK)
+
+
+def emit(q: ir.Value, k: ir.Value, v: ir.Value, start: ir.Value, t: ir.Value,
+         scale: float) -> ir.Value:
+    """out [T, H, D] f32 for q tensor<? x H x D x f32> (T = the index value `t`), the caches
+    k, v tensor<S x KV x D x f16|f32> and the index value `start`."""
+    qt, kt = ir.RankedTensorType(q.type), ir.RankedTensorType(k.type)
+    heads, d = qt.get_dim_size(1), qt.get_dim_size(2)
+    s, kv_heads = kt.get_dim_size(0), kt.get_dim_size(1)
+    kel = str(kt.element_type)
+    name = f"tern_attention_{heads}x{kv_heads}x{d}x{s}_{kel}"
+    ensure_executable(name, lambda: executable_text(name, heads, kv_heads, d, s, kel))
+    dynamic = qt.is_dynamic_dim(0)
+    dims = [t] if dynamic else []
+    scale_v = arith.constant(ir.F32Type.get(), float(scale))
+    return dispatch(name, name, [t], [q, k, v, scale_v, start, t], dims, q.type, dims)
+
+
+def emit_slots(q: ir.Value, k: ir.Value, v: ir.Value, slots: ir.Value, positions: ir.Value,
+               t: ir.Value, scale: float) -> ir.Value:
+    """out [T, H, D] f32 for q tensor<? x H x D x f32>, the slot caches k, v
+    tensor<N x S x KV x D x f16|f32> and the i32 [T] tensors `slots` and `positions`
+    (ops/kv_slots.py's slot_attention)."""
+    qt, kt = ir.RankedTensorType(q.type), ir.RankedTensorType(k.type)
+    heads, d = qt.get_dim_size(1), qt.get_dim_size(2)
+    n, s, kv_heads = kt.get_dim_size(0), kt.get_dim_size(1), kt.get_dim_size(2)
+    kel = str(kt.element_type)
+    name = f"tern_slot_attention_{heads}x{kv_heads}x{d}x{n}x{s}_{kel}"
+    ensure_executable(name, lambda: executable_text(name, heads, kv_heads, d, s, kel, slots=n))
+    dims = [t] if qt.is_dynamic_dim(0) else []
+    idx_dims = [t] if ir.RankedTensorType(slots.type).is_dynamic_dim(0) else []
+    scale_v = arith.constant(ir.F32Type.get(), float(scale))
+    return dispatch(name, name, [t], [q, k, v, slots, positions, scale_v, t],
+                    dims + idx_dims + idx_dims, q.type, dims)

@@ -1,0 +1,1 @@
+"""dense kernels (see tercomp/kernels/__init__.py)."""

@@ -1,0 +1,1 @@
+"""rows kernels (see tercomp/kernels/__init__.py)."""

@@ -1,0 +1,130 @@
+{# params: name, heads, kv_heads, d, s, kel, slots, chunk #}
+{#
+  (q [T, H, D] f32, k, v [S, KV, D] kel, scale: f32, start: index, T: index) ->
+  out [T, H, D] f32; with `slots` = N > 0 the caches are [N, S, KV, D] and `start` is
+  replaced by two i32 [T] bindings: query t reads rows 0..positions[t] of slot slots[t].
+  One workgroup per query head; an online softmax over chunks of `chunk` cache rows,
+  whose scores live in a stack buffer. Written on 8-lane vectors with the D/8 lanes of
+  a row unrolled (D % 8 == 0).
+#}
+%% import "lib.mlir" as lib
+%% set lanes = d // 8
+%% set v8 = "vector<8xf32>"
+%% set vk = "vector<8x%s>" % kel
+%% set qt = "memref<?x%dx%dxf32>" % (heads, d)
+{# the cache row of position %s: [%s] or [%slot, %s] #}
+%% set kt = "memref<%dx%dx%dx%dx%s>" % (slots, s, kv_heads, d, kel) if slots else "memref<%dx%dx%dx%s>" % (s, kv_heads, d, kel)
+%% set row = "%slot, %s" if slots else "%s"
+%% set bindings = "%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, " ~ ("%bs: !stream.binding, %bp: !stream.binding, %bo: !stream.binding, %scale: f32, %m: index" if slots else "%bo: !stream.binding, %scale: f32, %p: index, %m: index")
+%% set st = "memref<%dxf32>" % chunk
+%% set at = "memref<%dxf32>" % d
+%% macro widen(dst, src)
+%%   if kel == "f32"
+{{ dst }} = arith.addf {{ src }}, %z8 : {{ v8 }}
+%%   else
+{{ dst }} = arith.extf {{ src }} : {{ vk }} to {{ v8 }}
+%%   endif
+%% endmacro
+%% call lib.executable(name, bindings, groups=heads)
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c8 = arith.constant 8 : index
+%% for i in range(lanes)
+      %col{{ i }} = arith.constant {{ 8 * i }} : index
+%% endfor
+      %cchunk = arith.constant {{ chunk }} : index
+      %cgroup = arith.constant {{ heads // kv_heads }} : index
+      %ninf = arith.constant 0xFF800000 : f32
+      %zero = arith.constant 0.0 : f32
+      %one = arith.constant 1.0 : f32
+      %z8 = arith.constant dense<0.0> : {{ v8 }}
+      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {{ qt }}{%m}
+      %k = stream.binding.subspan %bk[%c0] : !stream.binding -> {{ kt }}
+      %v = stream.binding.subspan %bv[%c0] : !stream.binding -> {{ kt }}
+      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {{ qt }}{%m}
+%% if slots
+      %sl = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xi32>{%m}
+      %pos = stream.binding.subspan %bp[%c0] : !stream.binding -> memref<?xi32>{%m}
+%% endif
+      %sc = memref.alloca() : {{ st }}
+      %acc = memref.alloca() : {{ at }}
+      %h = stream.dispatch.workgroup.id[0] : index
+      %kh = arith.divui %h, %cgroup : index
+      scf.for %t = %c0 to %m step %c1 {
+%% for i in range(lanes)
+        %q{{ i }} = vector.load %q[%t, %h, %col{{ i }}] : {{ qt }}, {{ v8 }}
+%% endfor
+%% for i in range(lanes)
+        vector.store %z8, %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
+%% endfor
+%% if slots
+        %slot32 = memref.load %sl[%t] : memref<?xi32>
+        %slot = arith.index_cast %slot32 : i32 to index
+        %last32 = memref.load %pos[%t] : memref<?xi32>
+        %last = arith.index_cast %last32 : i32 to index
+%% else
+        %last = arith.addi %p, %t : index
+%% endif
+        %n = arith.addi %last, %c1 : index
+        %res:2 = scf.for %cs = %c0 to %n step %cchunk
+            iter_args(%mx = %ninf, %l = %zero) -> (f32, f32) {
+          %ceu = arith.addi %cs, %cchunk : index
+          %ce = arith.minui %ceu, %n : index
+          %len = arith.subi %ce, %cs : index
+          %cm = scf.for %s = %cs to %ce step %c1 iter_args(%m1 = %ninf) -> (f32) {
+%% for i in range(lanes)
+            %k{{ i }} = vector.load %k[{{ row }}, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
+            {{ widen("%%kf%d" % i, "%%k%d" % i) }}
+            %d{{ i }} = vector.fma %q{{ i }}, %kf{{ i }}, {{ "%z8" if i < 2 else "%%d%d" % (i - 2) }} : {{ v8 }}
+%% endfor
+            %dsum = arith.addf %d{{ lanes - 1 }}, {{ "%%d%d" % (lanes - 2) if lanes > 1 else "%z8" }} : {{ v8 }}
+            %dt = vector.reduction <add>, %dsum fastmath<reassoc> : {{ v8 }} into f32
+            %sd = arith.mulf %dt, %scale : f32
+            %j = arith.subi %s, %cs : index
+            memref.store %sd, %sc[%j] : {{ st }}
+            %m2 = arith.maximumf %m1, %sd : f32
+            scf.yield %m2 : f32
+          }
+          %mn = arith.maximumf %mx, %cm : f32
+          %dm = arith.subf %mx, %mn : f32
+          %corr = math.exp %dm : f32
+          %corrv = vector.broadcast %corr : f32 to {{ v8 }}
+          %mnv = vector.broadcast %mn : f32 to {{ v8 }}
+          scf.for %j = %c0 to %len step %c8 {
+            %x = vector.load %sc[%j] : {{ st }}, {{ v8 }}
+            %xd = arith.subf %x, %mnv : {{ v8 }}
+            %e = math.exp %xd : {{ v8 }}
+            vector.store %e, %sc[%j] : {{ st }}, {{ v8 }}
+          }
+          %lc = scf.for %j = %c0 to %len step %c1 iter_args(%ls = %zero) -> (f32) {
+            %e = memref.load %sc[%j] : {{ st }}
+            %ls2 = arith.addf %ls, %e : f32
+            scf.yield %ls2 : f32
+          }
+          %l0 = arith.mulf %l, %corr : f32
+          %l1 = arith.addf %l0, %lc : f32
+%% for i in range(lanes)
+          %a{{ i }} = vector.load %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
+          %as{{ i }} = arith.mulf %a{{ i }}, %corrv : {{ v8 }}
+          %w{{ i }} = scf.for %s = %cs to %ce step %c1 iter_args(%wa = %as{{ i }}) -> ({{ v8 }}) {
+            %j = arith.subi %s, %cs : index
+            %e = memref.load %sc[%j] : {{ st }}
+            %eb = vector.broadcast %e : f32 to {{ v8 }}
+            %vr = vector.load %v[{{ row }}, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
+            {{ widen("%vf", "%vr") }}
+            %wn = vector.fma %eb, %vf, %wa : {{ v8 }}
+            scf.yield %wn : {{ v8 }}
+          }
+          vector.store %w{{ i }}, %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
+%% endfor
+          scf.yield %mn, %l1 : f32, f32
+        }
+        %inv = arith.divf %one, %res#1 : f32
+        %invv = vector.broadcast %inv : f32 to {{ v8 }}
+%% for i in range(lanes)
+        %f{{ i }} = vector.load %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
+        %g{{ i }} = arith.mulf %f{{ i }}, %invv : {{ v8 }}
+        vector.store %g{{ i }}, %o[%t, %h, %col{{ i }}] : {{ qt }}, {{ v8 }}
+%% endfor
+      }
+%% endcall

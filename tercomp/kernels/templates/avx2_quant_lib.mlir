@@ -1,0 +1,65 @@
+{# Activation quantization for the avx2 ternary kernel (no parameters of its own). #}
+{#
+  common: the constants the quantization and the kernels use (index constants %c0 ..
+  %c{n_index - 1} among them); `eps`, `c127`, `lo`, `hi` are f32 literals.
+#}
+%% macro common(kp, n_index, eps, c127, lo, hi)
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+%% for b in range(2, n_index)
+      %c{{ b }} = arith.constant {{ b }} : index
+%% endfor
+      %c8 = arith.constant 8 : index
+      %ckp = arith.constant {{ kp }} : index
+      %eps = arith.constant {{ eps }} : f32
+      %c127 = arith.constant {{ c127 }} : f32
+      %lov = arith.constant dense<{{ lo }}> : vector<8xf32>
+      %hiv = arith.constant dense<{{ hi }}> : vector<8xf32>
+      %zf8 = arith.constant dense<0.0> : vector<8xf32>
+      %zi8 = arith.constant dense<0> : vector<8xi32>
+%% endmacro
+{#
+  quantize_row: x[row, :] (x: %x, memref<?xKPxf32>) quantized into dst[dst_row, :] (i8) as
+  ternary_pack.act_quant does (roundeven(x * (127 / max(amax, eps))) clipped to +-127, in
+  f32 and in that order, so the codes agree exactly); defines `sum` (the sum of the
+  codes, i32) and `amc` (max(amax, eps): the codes times amc / 127 are x's
+  approximation); `b` tags its other values.
+#}
+%% macro quantize_row(kp, b, row, dst, dst_row, dst_type, sum, amc)
+%% set vf, vi, vb = "vector<8xf32>", "vector<8xi32>", "vector<8xi8>"
+%% set xt = "memref<?x%dxf32>" % kp
+          %amv{{ b }} = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zf8) -> ({{ vf }}) {
+            %v = vector.load %x[{{ row }}, %k] : {{ xt }}, {{ vf }}
+            %av = math.absf %v : {{ vf }}
+            %an = arith.maximumf %a, %av : {{ vf }}
+            scf.yield %an : {{ vf }}
+          }
+          %amax{{ b }} = vector.reduction <maximumf>, %amv{{ b }} : {{ vf }} into f32
+          {{ amc }} = arith.maximumf %amax{{ b }}, %eps : f32
+          %qs{{ b }} = arith.divf %c127, {{ amc }} : f32
+          %qsv{{ b }} = vector.broadcast %qs{{ b }} : f32 to {{ vf }}
+          %sxv{{ b }} = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zi8) -> ({{ vi }}) {
+            %v = vector.load %x[{{ row }}, %k] : {{ xt }}, {{ vf }}
+            %sc = arith.mulf %v, %qsv{{ b }} : {{ vf }}
+            %rd = math.roundeven %sc : {{ vf }}
+            %lo = arith.maximumf %rd, %lov : {{ vf }}
+            %cl = arith.minimumf %lo, %hiv : {{ vf }}
+            %qi = arith.fptosi %cl : {{ vf }} to {{ vi }}
+            %qb = arith.trunci %qi : {{ vi }} to {{ vb }}
+            vector.store %qb, {{ dst }}[{{ dst_row }}, %k] : {{ dst_type }}, {{ vb }}
+            %an = arith.addi %a, %qi : {{ vi }}
+            scf.yield %an : {{ vi }}
+          }
+          {{ sum }} = vector.reduction <add>, %sxv{{ b }} : {{ vi }} into i32
+%% endmacro
+{#
+  row_stats: `sum` and `fm` (the dequantization factor amc * wscale) of quantized row
+  `row` of x, from the quantize dispatch's statistics (%xs [M, 2]: sum, amc); `b` tags
+  its other values.
+#}
+%% macro row_stats(b, row, sum, fm)
+          %sxf{{ b }} = memref.load %xs[{{ row }}, %c0] : memref<?x2xf32>
+          {{ sum }} = arith.fptosi %sxf{{ b }} : f32 to i32
+          %amc{{ b }} = memref.load %xs[{{ row }}, %c1] : memref<?x2xf32>
+          {{ fm }} = arith.mulf %amc{{ b }}, %wscale : f32
+%% endmacro

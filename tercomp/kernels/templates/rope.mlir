@@ -1,0 +1,40 @@
+{# params: name, heads, d, rows #}
+{#
+  (x [T, H, D] f32, cos [T, D/2], sin [T, D/2], T: index) -> x rotated in the pairs
+  (i, i + D/2): (x1 c - x2 s, x2 c + x1 s); `rows` positions a workgroup, 8 lanes at a
+  time (D % 16 == 0).
+#}
+%% import "lib.mlir" as lib
+%% import "rows_lib.mlir" as rl
+%% set v8 = "vector<8xf32>"
+%% set half = d // 2
+%% set xt = "memref<?x%dx%dxf32>" % (heads, d)
+%% set tt = "memref<?x%dxf32>" % half
+%% call lib.executable(name, "%bx: !stream.binding, %bc: !stream.binding, %bs: !stream.binding, %bo: !stream.binding, %m: index", per_group=rows)
+{{ rl.rows_prologue(rows) }}
+      %ch = arith.constant {{ heads }} : index
+      %chalf = arith.constant {{ half }} : index
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {{ xt }}{%m}
+      %cs = stream.binding.subspan %bc[%c0] : !stream.binding -> {{ tt }}{%m}
+      %sn = stream.binding.subspan %bs[%c0] : !stream.binding -> {{ tt }}{%m}
+      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {{ xt }}{%m}
+      scf.for %t = %r0 to %r1 step %c1 {
+        scf.for %i = %c0 to %chalf step %c8 {
+          %c = vector.load %cs[%t, %i] : {{ tt }}, {{ v8 }}
+          %s = vector.load %sn[%t, %i] : {{ tt }}, {{ v8 }}
+          %j = arith.addi %i, %chalf : index
+          scf.for %h = %c0 to %ch step %c1 {
+            %x1 = vector.load %x[%t, %h, %i] : {{ xt }}, {{ v8 }}
+            %x2 = vector.load %x[%t, %h, %j] : {{ xt }}, {{ v8 }}
+            %x1c = arith.mulf %x1, %c : {{ v8 }}
+            %x2s = arith.mulf %x2, %s : {{ v8 }}
+            %y1 = arith.subf %x1c, %x2s : {{ v8 }}
+            %x2c = arith.mulf %x2, %c : {{ v8 }}
+            %x1s = arith.mulf %x1, %s : {{ v8 }}
+            %y2 = arith.addf %x2c, %x1s : {{ v8 }}
+            vector.store %y1, %o[%t, %h, %i] : {{ xt }}, {{ v8 }}
+            vector.store %y2, %o[%t, %h, %j] : {{ xt }}, {{ v8 }}
+          }
+        }
+      }
+%% endcall

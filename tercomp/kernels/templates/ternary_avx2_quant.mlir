@@ -1,0 +1,27 @@
+{# params: name, kb, rows, eps, c127, lo, hi #}
+{#
+  The quantize dispatch of the avx2 ternary kernel: x [M, 4 KB] f32 quantized once for
+  every matmul that reads it into q [M, 4 KB] i8 (the codes) and stats [M, 2] f32 (the
+  codes' sum, exact in f32 below 2^24, and max(amax, eps)), `rows` rows a workgroup.
+#}
+%% import "lib.mlir" as lib
+%% import "avx2_quant_lib.mlir" as quant
+%% set kp = 4 * kb
+%% set qt = "memref<?x%dxi8>" % kp
+%% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %m: index", per_group=rows)
+{{ quant.common(kp, 2, eps, c127, lo, hi) }}
+      %crows = arith.constant {{ rows }} : index
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{{ kp }}xf32>{%m}
+      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {{ qt }}{%m}
+      %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2xf32>{%m}
+      %wg = stream.dispatch.workgroup.id[0] : index
+      %row0 = arith.muli %wg, %crows : index
+      %row1u = arith.addi %row0, %crows : index
+      %row1 = arith.minui %row1u, %m : index
+      scf.for %row = %row0 to %row1 step %c1 {
+{{ quant.quantize_row(kp, 0, "%row", "%q", "%row", qt, "%sx0", "%amc0") }}
+        %sxf0 = arith.sitofp %sx0 : i32 to f32
+        memref.store %sxf0, %xs[%row, %c0] : memref<?x2xf32>
+        memref.store %amc0, %xs[%row, %c1] : memref<?x2xf32>
+      }
+%% endcall

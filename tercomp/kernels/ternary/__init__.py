@@ -1,0 +1,1 @@
+"""ternary kernels (see tercomp/kernels/__init__.py)."""

@@ -1,0 +1,155 @@
+"""The hand-written kernels are templates (tercomp/kernels/templates/*.mlir): each lists its
+parameters, a render refuses a missing or an unknown one, and one rendered instance per
+kernel parses as MLIR and is pinned here with FileCheck."""
+import pytest
+
+from conftest import run_filecheck
+from tercomp.kernels import template
+from tercomp.kernels.attention import attention_cpu
+from tercomp.kernels.dense import widening_avx2 as dense_avx2
+from tercomp.kernels.rows import rows_cpu
+from tercomp.kernels.ternary import avx2 as ternary_avx2
+from tercomp.kernels.ternary import avx2_quant as ternary_avx2_quant
+from tercomp.errors import TercompError
+
+ir = pytest.importorskip("iree.compiler.ir")
+
+KERNELS = ["attention", "dense_avx2", "rms_norm", "rope", "ternary_avx2", "ternary_avx2_quant"]
+
+
+def test_every_template_declares_exactly_the_parameters_it_reads():
+    assert template.names() == KERNELS
+    for name in KERNELS:
+        assert set(template.params(name)) == template.used(name), name
+
+
+def test_render_refuses_a_missing_or_an_unknown_parameter():
+    with pytest.raises(TercompError, match="rms_norm.mlir: missing rows; unknown m"):
+        template.render("rms_norm", name="k", n=8, m=1)
+
+
+def parsed(text: str) -> str:
+    with ir.Context():
+        return str(ir.Operation.parse(text))
+
+
+def check(text: str, checks: str):
+    parsed(text)                    # IREE's parser takes it
+    run_filecheck(text, checks)
+
+
+def test_rms_norm():
+    check(rows_cpu.rms_norm_text("tern_rms_norm_64", 64), """
+CHECK-LABEL: stream.executable private @tern_rms_norm_64
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 8)>()[%m]
+CHECK:   func.func @tern_rms_norm_64(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %eps: f32, %m: index)
+CHECK:     %nf = arith.constant 64.0 : f32
+CHECK:     %[[ACC:.*]] = scf.for %c = %c0 to %cn step %c8 iter_args(%a = %z8) -> (vector<8xf32>)
+CHECK:       vector.fma %xv, %xv, %a : vector<8xf32>
+CHECK:     vector.reduction <add>, %[[ACC]] fastmath<reassoc>
+CHECK:     math.rsqrt
+CHECK:     vector.store %yw, %o[%r, %c] : memref<?x64xf32>, vector<8xf32>
+""")
+
+
+def test_rope():
+    check(rows_cpu.rope_text("tern_rope_2x32", 2, 32), """
+CHECK-LABEL: stream.executable private @tern_rope_2x32
+CHECK:   func.func @tern_rope_2x32(%bx: !stream.binding, %bc: !stream.binding, %bs: !stream.binding, %bo: !stream.binding, %m: index)
+CHECK:     %chalf = arith.constant 16 : index
+CHECK:     %j = arith.addi %i, %chalf : index
+CHECK:     %y1 = arith.subf %x1c, %x2s : vector<8xf32>
+CHECK:     %y2 = arith.addf %x2c, %x1s : vector<8xf32>
+CHECK:     vector.store %y2, %o[%t, %h, %j] : memref<?x2x32xf32>, vector<8xf32>
+""")
+
+
+def test_attention():
+    check(attention_cpu.executable_text("tern_attention", 4, 2, 16, 64, "f16"), """
+CHECK-LABEL: stream.executable private @tern_attention
+CHECK:   %g = arith.constant 4 : index
+CHECK:   func.func @tern_attention(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bo: !stream.binding, %scale: f32, %p: index, %m: index)
+CHECK:     %col1 = arith.constant 8 : index
+CHECK:     %cgroup = arith.constant 2 : index
+CHECK:     %k = stream.binding.subspan %bk[%c0] : !stream.binding -> memref<64x2x16xf16>
+CHECK:     %last = arith.addi %p, %t : index
+CHECK:     %k1 = vector.load %k[%s, %kh, %col1] : memref<64x2x16xf16>, vector<8xf16>
+CHECK:     %kf1 = arith.extf %k1 : vector<8xf16> to vector<8xf32>
+CHECK:     %dsum = arith.addf %d1, %d0 : vector<8xf32>
+CHECK:     math.exp %xd : vector<8xf32>
+CHECK:     vector.store %g1, %o[%t, %h, %col1]
+""")
+    check(attention_cpu.executable_text("tern_slot_attention", 4, 4, 8, 16, "f32", slots=3), """
+CHECK:   func.func @tern_slot_attention(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bs: !stream.binding, %bp: !stream.binding, %bo: !stream.binding, %scale: f32, %m: index)
+CHECK:     %slot = arith.index_cast %slot32 : i32 to index
+CHECK:     %k0 = vector.load %k[%slot, %s, %kh, %col0] : memref<3x16x4x8xf32>, vector<8xf32>
+CHECK:     %kf0 = arith.addf %k0, %z8 : vector<8xf32>
+CHECK:     %dsum = arith.addf %d0, %z8 : vector<8xf32>
+""")
+
+
+def test_dense_avx2():
+    check(dense_avx2.executable_text("tern_avx2_i8_gemv_40x32_m2", 40, 32, "i8", 2), """
+CHECK-LABEL: stream.executable private @tern_avx2_i8_gemv_40x32_m2
+CHECK:   %g = arith.constant 10 : index
+CHECK:   func.func @tern_avx2_i8_gemv_40x32_m2(%bx: !stream.binding, %bw: !stream.binding, %bs: !stream.binding, %bo: !stream.binding, %m: index)
+CHECK:     %rpw = arith.constant 4 : index
+CHECK:     %sc = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xf32>{%cn}
+CHECK:     %rs3 = affine.apply affine_map<(d0)[s0] -> (d0 + s0 * 3)>(%rb)[%groups]
+CHECK:     scf.for %mi = %c0 to %mwhole step %c2
+CHECK:       %acc:8 = scf.for %c = %c0 to %ck step %cl
+CHECK:         memref.prefetch %w[%prewh0, %c], read, locality<3>, data : memref<40x32xi8>
+CHECK:         %wf0 = arith.sitofp %wh0 : vector<16xi8> to vector<16xf32>
+CHECK:         %n0_1 = vector.fma %wf0, %xv1, %a0_1 : vector<16xf32>
+CHECK:       %ys3_1 = arith.mulf %y3_1, %s3 : f32
+CHECK:     scf.for %mi = %mwhole to %m step %c1
+CHECK:   scf.for %rt = %rg to %r1 step %c1
+CHECK:     memref.prefetch %w[%prewh0, %c], read, locality<0>, data : memref<40x32xi8>
+""")
+
+
+def test_ternary_avx2():
+    check(ternary_avx2.executable_text("tern_avx2_gemv_8x32", 8, 32), """
+CHECK-LABEL: stream.executable private @tern_avx2_gemv_8x32
+CHECK:   %g = arith.select %big, %many, %few : index
+CHECK:   func.func @tern_avx2_gemv_8x32(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
+CHECK:     %buf = memref.alloca() : memref<4x128xi8>
+CHECK:     scf.for %mrow = %c0 to %mfull step %cmb
+CHECK:       %sx3 = vector.reduction <add>, %sxv3 : vector<8xi32> into i32
+CHECK:       %fm3 = arith.mulf %amc3, %wscale : f32
+CHECK:       scf.for %r = %r0 to %r1 step %cg
+CHECK:         %u0 = arith.subi %lp0, %hi0 : vector<32xi8>
+CHECK:         %q0_3 = arith.shrui %u0, %s6 : vector<32xi8>
+CHECK:         %e0_3_3 = llvm.call_intrinsic "llvm.x86.avx2.pmadd.ub.sw"(%q0_3, %x3_3)
+CHECK:         %n0_3 = arith.addi %s0_3, %g0_3 : vector<16xi16>
+CHECK:       %dif0_3 = arith.subi %red0_3, %sx3 : i32
+CHECK:     scf.for %mrow = %mfull to %m step %c1
+CHECK:       %rq3 = arith.addi %rj, %qoff3 : index
+CHECK:         memref.prefetch %w[%preraw3_0, %c], read, locality<3>, data : memref<8x32xi8>
+CHECK:         %q3_3 = arith.andi %t3_2, %twelve : vector<32xi8>
+CHECK:         %h3 = arith.addi %ph3, %f3b : vector<16xi16>
+CHECK:       %wl3 = llvm.call_intrinsic "llvm.x86.avx2.pmadd.wd"(%part#6, %fours16)
+CHECK:       %red3_0 = arith.shrsi %red43_0, %c2i32 : i32
+CHECK:       memref.store %y3_0, %o[%ocol3_0, %rq3] : memref<?x8xf32>
+""")
+    check(ternary_avx2.executable_text("tern_avx2_gemv_8x32_offset_q", 8, 32, True, True), """
+CHECK:   func.func @tern_avx2_gemv_8x32_offset_q(%bq: !stream.binding, %bs: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
+CHECK:     %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2xf32>{%m}
+CHECK:       %sx0 = arith.fptosi %sxf0 : f32 to i32
+CHECK-NOT:   %u0 =
+CHECK:         %q0_0 = arith.andi %raw0_0, %three : vector<32xi8>
+""")
+
+
+def test_ternary_avx2_quant():
+    check(ternary_avx2_quant.quantize_text("tern_avx2_quant_16", 16), """
+CHECK-LABEL: stream.executable private @tern_avx2_quant_16
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 8)>()[%m]
+CHECK:   func.func @tern_avx2_quant_16(%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %m: index)
+CHECK:     %c127 = arith.constant 1.270000000e+02 : f32
+CHECK:     scf.for %row = %row0 to %row1 step %c1
+CHECK:       %rd = math.roundeven %sc : vector<8xf32>
+CHECK:       vector.store %qb, %q[%row, %k] : memref<?x64xi8>, vector<8xi8>
+CHECK:       %sxf0 = arith.sitofp %sx0 : i32 to f32
+CHECK:       memref.store %amc0, %xs[%row, %c1] : memref<?x2xf32>
+""")
