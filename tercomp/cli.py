@@ -433,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: for GPU targets and extra --flag only)")
     c.add_argument("--ternary", default="auto", choices=_TERNARY_CHOICES,
                    help="ternary matmul kernels for BitLinear layers (default auto: per target "
-                        "and shape; see tercomp.codegen.ternary_strategies)")
+                        "and shape; see tercomp/kernels/table.py)")
     c.add_argument("--weights", default="auto", choices=["auto", "inline", "irpa"],
                    help="weights inline in the module or as .irpa parameters (default auto)")
     c.set_defaults(run=cmd_compile)

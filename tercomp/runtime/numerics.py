@@ -1,4 +1,4 @@
-"""The runtime half of check_numerics (tercomp/passes/numerics.py has the compile half):
+"""The runtime half of check_numerics (tercomp/passes/check_numerics.py has the compile half):
 read a module's `__numerics` output and name the first op that produced a NaN or Inf."""
 from __future__ import annotations
 
