@@ -346,7 +346,9 @@ def test_disconnect_while_waiting_for_a_whole_answer(ref, base, client):
             post(base, "/v1/completions", {**long, "prompt": [11, 12]}, timeout=0.05)
         assert all(b.result().status_code == 200 for b in busy)
     _wait_idle(base)
-    assert metric(base, "tercomp_generation_tokens_total") - tokens == SLOTS * 250
+    # the 5th is dropped when its client goes: none of its 250 tokens, or (on a machine
+    # too busy to notice the disconnect before a slot frees) far fewer
+    assert SLOTS * 250 <= metric(base, "tercomp_generation_tokens_total") - tokens < SLOTS * 250 + 125
     assert metric(base, "tercomp_requests_finished_total") - finished == SLOTS
     check_serves(ref, client)
 
