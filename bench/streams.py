@@ -14,10 +14,11 @@ Each engine runs in its own fresh process with `--threads` threads:
 - tercomp batched: one generator with max_batch = the largest stream count; every
   stream is prefilled with its own prompt, then B streams decode together, one call of
   the step per token of all B (`gen.step`), `--gen` steps, best of `--repeat`;
-- tercomp engine: the same through runtime.Engine (continuous batching, sampling and
+- tercomp engine e2e: the same through runtime.Engine (continuous batching, sampling and
   bookkeeping on the host included): B requests of `--gen` tokens submitted at once,
   generated tokens over the wall time from the first submit to the last token, which
-  includes the B prompts' prefill;
+  includes the B prompts' prefill (with the defaults, 32 prompt tokens a request for 16
+  generated: most of that time is prefill; not a decode rate);
 - llama.cpp: llama-cpp-python's low-level API (llama_batch with one sequence id per
   stream, a unified KV cache of n_ctx = B x max_seq, as llama-batched-bench decodes):
   every stream prefilled, then B tokens per llama_decode.
@@ -219,7 +220,7 @@ def main():
             sys.exit(1)
         print(f"single-stream generator (max_batch 1): {ours['single_tps']:.1f} t/s; "
               f"batched compile {ours['compile_batched_s']:.1f} s")
-        print(f"{'streams':>7} {'step t/s':>9} {'x single':>8} {'engine t/s':>10} "
+        print(f"{'streams':>7} {'step t/s':>9} {'x single':>8} {'engine e2e':>10} "
               f"{'llama.cpp t/s':>13} {'step/llama':>10}")
         for b in (int(s) for s in a.streams.split(",")):
             step, eng = ours[f"step_{b}"], ours[f"engine_{b}"]
