@@ -264,11 +264,11 @@ def test_a_long_prompt_does_not_stall_running_streams(batched, single):
     short = _prompts(1, seed=7, lo=3, hi=4)[0]
     long = np.random.default_rng(8).integers(0, 96, 40).astype(np.int32)
     with Engine(batched, chunk=4) as engine:
-        a = engine.submit(short, max_tokens=16)
+        a = engine.submit(short, max_tokens=40)          # still decoding when b comes
         first = next(iter(a))                       # a is decoding
         b = engine.submit(long, max_tokens=3)
         ra, rb = a.result(60), b.result(60)
-    np.testing.assert_array_equal(ra, single.generate(short, max_new_tokens=16))
+    np.testing.assert_array_equal(ra, single.generate(short, max_new_tokens=40))
     np.testing.assert_array_equal(rb, single.generate(long, max_new_tokens=3))
     assert ra[0] == first
     # b's 40 prompt tokens took 10 steps of 4, and each of them decoded a token of a
