@@ -57,7 +57,7 @@ from iree.runtime.version import VERSION as RUNTIME_VERSION
 
 from .. import __version__     # set by tercomp/__init__ before it imports the runtime
 from ..errors import ArtifactError, InputError
-from .files import check_regular, max_bytes, write_atomic
+from .files import cache_dir, check_regular, max_bytes, write_atomic
 from .signature import Signature
 
 FORMAT = "tercomp-artifact"
@@ -348,7 +348,6 @@ def read(path: str) -> tuple:
 
 def _stamp_path(name: str, st) -> str | None:
     """Where the verified-once stamp of this file (path, size, mtime, inode) lives."""
-    from .cache import cache_dir            # runtime.cache reads artifacts: imported late
     key = f"{os.path.realpath(name)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}"
     return os.path.join(cache_dir(), "verified", _digest(key.encode()))
 

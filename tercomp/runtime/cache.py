@@ -16,11 +16,7 @@ import warnings
 
 from ..errors import ArtifactError, TercompError
 from . import artifact
-from .files import write_atomic
-
-
-def cache_dir() -> str:
-    return os.environ.get("TERCOMP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tercomp")
+from .files import cache_dir, write_atomic
 
 
 def key(*parts) -> str:
