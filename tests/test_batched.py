@@ -187,7 +187,7 @@ def test_a_slot_does_not_disturb_the_others(batched):
     (lambda g: g.step([1], [4]), "slot must be an int from 0 to 3"),
     (lambda g: g.step([1], [2]), "slot 2 is empty"),
     (lambda g: g.step([96], [0]), "out of range"),
-    (lambda g: g.prefill([1] * (MAX_SEQ + 1), slot=1), "a slot holds 1 to"),
+    (lambda g: g.prefill([1] * (MAX_SEQ + 1), slot=1), "the cache holds 1 to"),
     (lambda g: g.forward([1, 2], [0, 0], [9, 11]), "consecutive"),
     (lambda g: g.forward([1], [0], [MAX_SEQ]), "past the cache"),
     (lambda g: g.forward([1], [0], [3], rows=[1]), "rows must pick"),

@@ -25,7 +25,7 @@ import numbers
 
 import numpy as np
 
-from ..errors import InputError, TercompError
+from ..errors import InputError
 from .generator import BATCH_STEP_INPUTS, STEP, LMGenerator, _ids
 
 
@@ -95,18 +95,10 @@ class BatchedLMGenerator(LMGenerator):
 
     def _prefill(self, ids, logits_to_keep, slot: int = 0) -> np.ndarray:
         slot = self._slot(slot)
-        arr = _ids(ids, self.vocab_size, "prefill")
-        if not 1 <= arr.size <= self.max_seq:
-            raise InputError(f"prefill: {arr.size} tokens; a slot holds 1 to {self.max_seq}",
-                             hint="compile with a larger max_seq, or shorten the prompt")
-        keep = arr.size if logits_to_keep is None else logits_to_keep
-        if isinstance(keep, (bool, np.bool_)) or not isinstance(keep, numbers.Integral) \
-                or not 1 <= keep <= arr.size:
-            raise InputError(f"prefill: logits_to_keep must be an int from 1 to {arr.size}, "
-                             f"got {logits_to_keep!r}")
+        arr, rows = self._prompt(ids, logits_to_keep)
         self.filled[slot] = 0
         return self._forward(arr, np.full(arr.size, slot, np.int32), np.arange(arr.size, dtype=np.int32),
-                             np.arange(arr.size - keep, arr.size, dtype=np.int32))
+                             rows)
 
     def step(self, tokens, slots) -> np.ndarray:
         """Append one token to each of the sequences in `slots` (distinct, each holding

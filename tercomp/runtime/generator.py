@@ -206,6 +206,14 @@ class LMGenerator:
             return self._prefill(ids, logits_to_keep)
 
     def _prefill(self, ids, logits_to_keep):
+        arr, rows = self._prompt(ids, logits_to_keep)
+        logits = self._run(self._fn(), (arr, np.array(0, np.int32), rows))
+        self.position = arr.size
+        return logits
+
+    def _prompt(self, ids, logits_to_keep) -> tuple:
+        """(ids as int32 [T], the rows whose logits prefill returns), checked: 1 <= T <=
+        max_seq, logits_to_keep None (all) or an int from 1 to T."""
         arr = _ids(ids, self.vocab_size, "prefill")
         if not 1 <= arr.size <= self.max_seq:
             raise InputError(f"prefill: {arr.size} tokens; the cache holds 1 to {self.max_seq}",
@@ -215,10 +223,7 @@ class LMGenerator:
                 or not 1 <= keep <= arr.size:
             raise InputError(f"prefill: logits_to_keep must be an int from 1 to the prompt "
                              f"length {arr.size}, got {logits_to_keep!r}")
-        logits = self._run(self._fn(), (arr, np.array(0, np.int32),
-                                        np.arange(arr.size - keep, arr.size, dtype=np.int32)))
-        self.position = arr.size
-        return logits
+        return arr, np.arange(arr.size - keep, arr.size, dtype=np.int32)
 
     def decode(self, token) -> np.ndarray:
         """Append one token at the current position; returns the next-token logits [vocab]."""
