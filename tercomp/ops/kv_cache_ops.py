@@ -222,6 +222,29 @@ def _generic(ins, maps, init, iters, body):
     return gop.result
 
 
+def _softmax_parts(scores, tkgs):
+    """(exp(scores - row max), the row sums) of masked scores [T, KV, G, S]: the row
+    statistics laid out [T, KV, G], as the output rows that read them (see below)."""
+    ident4, row = "(t, c, g, s) -> (t, c, g, s)", "(t, c, g, s) -> (t, c, g)"
+    tkg = list(tkgs[:3])
+    mx = _generic([scores], [ident4, row], _filled(tkg, float("-inf")), [PARALLEL] * 3 + [REDUCTION],
+                  lambda x, acc: arith.MaximumFOp(acc, x).result)
+    ex = _generic([scores, mx], [ident4, row, ident4], _empty(tkgs), [PARALLEL] * 4,
+                  lambda x, m, _acc: math.ExpOp(arith.SubFOp(x, m).result).result)
+    den = _generic([ex], [ident4, row], _filled(tkg, 0.0), [PARALLEL] * 3 + [REDUCTION],
+                   lambda x, acc: arith.AddFOp(acc, x).result)
+    return ex, den
+
+
+def _normalized(acc, den, tkgd, tq, heads):
+    """acc [T, KV, G, D] / den [T, KV, G], as the attention's output [T, H, D] f32."""
+    ident = "(t, c, g, d) -> (t, c, g, d)"
+    out = _generic([acc, den], [ident, "(t, c, g, d) -> (t, c, g)", ident], _empty(tkgd),
+                   [PARALLEL] * 4, lambda x, s, _acc: arith.DivFOp(x, s).result)
+    return tensor.CollapseShapeOp(ir.RankedTensorType.get([tq, heads, tkgd[3]], ir.F32Type.get()),
+                                  out, [[0], [1, 2], [3]]).result
+
+
 #: the most queries cached_attention computes with its decode form
 DECODE_MAX_T = 4
 
@@ -283,25 +306,14 @@ def _attn_lower(ctx, op, xs):
             return arith.SelectOp(ok, arith.MulFOp(x, scale).result, neg_inf).result
         ident4 = "(t, c, g, s) -> (t, c, g, s)"
         scores = _generic([dot], [ident4, ident4], _empty(tkgs), [PARALLEL] * 4, mask)
-        tkg = [t, kvh, group]
-        row = "(t, c, g, s) -> (t, c, g)"
-        mx = _generic([scores], [ident4, row], _filled(tkg, float("-inf")), [PARALLEL] * 3 + [REDUCTION],
-                     lambda x, acc: arith.MaximumFOp(acc, x).result)
-        ex = _generic([scores, mx], [ident4, row, ident4], _empty(tkgs), [PARALLEL] * 4,
-                     lambda x, m, _acc: math.ExpOp(arith.SubFOp(x, m).result).result)
-        den = _generic([ex], [ident4, row], _filled(tkg, 0.0), [PARALLEL] * 3 + [REDUCTION],
-                      lambda x, acc: arith.AddFOp(acc, x).result)
+        ex, den = _softmax_parts(scores, tkgs)
         tkgd = [t, kvh, group, hd]
         # out[t, kv, g, d] = sum_s ex[t, kv, g, s] v[s, kv, d] / den[t, kv, g]
         acc = _generic([ex, vv], ["(t, c, g, d, s) -> (t, c, g, s)", "(t, c, g, d, s) -> (s, c, d)",
                                  "(t, c, g, d, s) -> (t, c, g, d)"],
                       _filled(tkgd, 0.0), [PARALLEL] * 4 + [REDUCTION],
                       lambda e, y, acc: madd(e, widen(y), acc))
-        ident = "(t, c, g, d) -> (t, c, g, d)"
-        out = _generic([acc, den], [ident, "(t, c, g, d) -> (t, c, g)", ident],
-                      _empty(tkgd), [PARALLEL] * 4, lambda x, s, _acc: arith.DivFOp(x, s).result)
-        return tensor.CollapseShapeOp(ir.RankedTensorType.get([tq, heads, hd], f32), out,
-                                      [[0], [1, 2], [3]]).result
+        return _normalized(acc, den, tkgd, tq, heads)
 
     if op.attrs["kernel"] == "cpu" and attention_cpu.fits(hd, kt.dtype):
         # every T: an scf.if on T splits the step's command buffer at every layer (~0.17

@@ -30,7 +30,7 @@ from ..codegen.builders import PARALLEL, REDUCTION, elem_type, index_const, scal
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
-from .kv_cache_ops import _dim, _empty, _filled, _fmt, _generic
+from .kv_cache_ops import _dim, _empty, _filled, _fmt, _generic, _normalized, _softmax_parts
 from .registry import OpDef, REQUIRED, register
 from .shape_util import same_dim
 
@@ -141,7 +141,7 @@ def _attn_ref(xs, a):
 def _attn_lower(ctx, op, xs):
     q, k, v, slots, positions = xs
     qt, kt = op.operands[0].type, op.operands[1].type
-    heads, hd = int(qt.shape[1]), int(qt.shape[2])
+    hd = int(qt.shape[2])
     t = _dim(q, 0)
     if op.attrs["kernel"] == "cpu" and attention_cpu.fits(hd, kt.dtype):
         return [attention_cpu.emit_slots(q, k, v, slots, positions, t, float(op.attrs["scale"]))]
@@ -173,7 +173,7 @@ def _generic_attention(q, k, v, slots, positions, t, qt, kt, scale):
         return widen(tensor.ExtractOp(cache, [b, linalg.IndexOp(s_dim).result, c,
                                               linalg.IndexOp(d_dim).result]).result)
 
-    tkgs, tkg, tkgd = [tv, kvh, group, s_len], [tv, kvh, group], [tv, kvh, group, hd]
+    tkgs, tkgd = [tv, kvh, group, s_len], [tv, kvh, group, hd]
     dot = _generic([qg, slots], ["(t, c, g, s, d) -> (t, c, g, d)", "(t, c, g, s, d) -> (t)",
                                  "(t, c, g, s, d) -> (t, c, g, s)"],
                    _filled(tkgs, 0.0), [PARALLEL] * 4 + [REDUCTION],
@@ -185,24 +185,15 @@ def _generic_attention(q, k, v, slots, positions, t, qt, kt, scale):
         si = arith.IndexCastOp(i32, linalg.IndexOp(3).result).result
         ok = arith.CmpIOp(arith.CmpIPredicate.sle, si, p).result
         return arith.SelectOp(ok, arith.MulFOp(x, scale_v).result, neg_inf).result
-    ident4, row = "(t, c, g, s) -> (t, c, g, s)", "(t, c, g, s) -> (t, c, g)"
+    ident4 = "(t, c, g, s) -> (t, c, g, s)"
     scores = _generic([dot, positions], [ident4, "(t, c, g, s) -> (t)", ident4], _empty(tkgs),
                       [PARALLEL] * 4, mask)
-    mx = _generic([scores], [ident4, row], _filled(tkg, float("-inf")), [PARALLEL] * 3 + [REDUCTION],
-                  lambda x, acc: arith.MaximumFOp(acc, x).result)
-    ex = _generic([scores, mx], [ident4, row, ident4], _empty(tkgs), [PARALLEL] * 4,
-                  lambda x, m, _acc: math.ExpOp(arith.SubFOp(x, m).result).result)
-    den = _generic([ex], [ident4, row], _filled(tkg, 0.0), [PARALLEL] * 3 + [REDUCTION],
-                   lambda x, acc: arith.AddFOp(acc, x).result)
+    ex, den = _softmax_parts(scores, tkgs)
     acc = _generic([ex, slots], ["(t, c, g, d, s) -> (t, c, g, s)", "(t, c, g, d, s) -> (t)",
                                  "(t, c, g, d, s) -> (t, c, g, d)"],
                    _filled(tkgd, 0.0), [PARALLEL] * 4 + [REDUCTION],
                    lambda e, b, acc: math.FmaOp(e, read(v, b, 4, 3), acc).result)
-    ident = "(t, c, g, d) -> (t, c, g, d)"
-    out = _generic([acc, den], [ident, "(t, c, g, d) -> (t, c, g)", ident], _empty(tkgd),
-                   [PARALLEL] * 4, lambda x, s, _acc: arith.DivFOp(x, s).result)
-    return tensor.CollapseShapeOp(ir.RankedTensorType.get([tq, heads, hd], f32), out,
-                                  [[0], [1, 2], [3]]).result
+    return _normalized(acc, den, tkgd, tq, heads)
 
 
 register(OpDef("slot_attention", "cache", _attn_infer, _attn_ref, num_operands=5,
