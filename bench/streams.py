@@ -23,7 +23,9 @@ Each engine runs in its own fresh process with `--threads` threads:
   stream, a unified KV cache of n_ctx = B x max_seq, as llama-batched-bench decodes):
   every stream prefilled, then B tokens per llama_decode.
 
-Aggregate tokens/s = B x steps / seconds. Ratios are from the same run.
+Aggregate tokens/s = B x steps / seconds. The engines take turns (`--rounds`), each
+round in fresh processes; the table gives the median and the best of every timing, and
+the ratios of both, from the same run.
 """
 from __future__ import annotations
 
@@ -51,8 +53,9 @@ def _prompts(a, n):
     return [rng.integers(0, a.vocab, a.prompt).astype(np.int32) for _ in range(n)]
 
 
-def _best(fn, repeat):
-    return min(fn() for _ in range(repeat))
+def _times(fn, repeat):
+    """`repeat` timings of fn() (seconds)."""
+    return [fn() for _ in range(repeat)]
 
 
 def worker_tercomp(a):
@@ -72,7 +75,7 @@ def worker_tercomp(a):
             single.decode(int(prompt[i % a.prompt]))
         return time.perf_counter() - t
     one()
-    out["single_tps"] = a.gen / _best(one, a.repeat)
+    out["single_tps"] = [a.gen / t for t in _times(one, a.repeat)]
     del single
     t = time.perf_counter()
     gen = tc.compile_lm(lm, max_seq=a.max_seq, max_batch=max(streams), threads=a.threads)
@@ -90,7 +93,7 @@ def worker_tercomp(a):
                 tok = gen.step(tok, slots).argmax(-1).astype(np.int32)
             return time.perf_counter() - t
         run()
-        out[f"step_{b}"] = b * a.gen / _best(run, a.repeat)
+        out[f"step_{b}"] = [b * a.gen / t for t in _times(run, a.repeat)]
     engine = Engine(gen)
     for b in streams:
         def served():
@@ -99,7 +102,7 @@ def worker_tercomp(a):
             n = sum(len(r.result(timeout=600)) for r in reqs)
             return (time.perf_counter() - t) / n
         served()
-        out[f"engine_{b}"] = 1.0 / _best(served, a.repeat)
+        out[f"engine_{b}"] = [1.0 / t for t in _times(served, a.repeat)]
     engine.close()
     return out
 
@@ -152,7 +155,7 @@ def worker_llama(a):
                 tok = [argmax(i) for i in range(b)]
             return time.perf_counter() - t
         run()
-        out[f"step_{b}"] = b * a.gen / _best(run, a.repeat)
+        out[f"step_{b}"] = [b * a.gen / t for t in _times(run, a.repeat)]
     L.llama_batch_free(batch)
     L.llama_free(ctx)
     L.llama_model_free(model)
@@ -183,6 +186,7 @@ def main():
     p.add_argument("--prompt", type=int, default=32, help="prompt tokens per stream")
     p.add_argument("--gen", type=int, default=32, help="decode steps measured")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2, help="turns each engine gets")
     p.add_argument("--max-seq", type=int, default=256, help="cache rows per stream")
     p.add_argument("--streams", default="1,4,8,16")
     p.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
@@ -208,26 +212,38 @@ def main():
         print(f"CPU: {machine.cpu()}; {a.threads} threads; {machine.load()} before the run")
         print(f"model: {a.layers} layers, hidden {a.hidden}, ffn {a.ffn}, vocab {a.vocab}; "
               f"prompt {a.prompt} per stream, {a.gen} decode steps, max_seq {a.max_seq}")
-        ours = run_worker("tercomp", a)
-        peer = None
-        if not a.no_peer:
+        peer = not a.no_peer
+        if peer:
             try:
                 import llama_cpp  # noqa: F401
-                peer = run_worker("llama", a)
             except ImportError:
-                print("llama.cpp: not installed (pip install -e '.[peer]'); its column is empty")
-        if ours is None:
+                print("llama.cpp: not installed (pip install -e '.[peer]'); its columns are empty")
+                peer = False
+        # the engines take turns, each round in fresh processes: a change in the shared
+        # machine's load hits both alike; every timing of every round is kept
+        ours, theirs = {}, {}
+        for _ in range(a.rounds):
+            for name, into in (("tercomp", ours), ("llama", theirs)) if peer else (("tercomp", ours),):
+                for k, v in (run_worker(name, a) or {}).items():
+                    into.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+        if not ours:
             sys.exit(1)
-        print(f"single-stream generator (max_batch 1): {ours['single_tps']:.1f} t/s; "
-              f"batched compile {ours['compile_batched_s']:.1f} s")
-        print(f"{'streams':>7} {'step t/s':>9} {'x single':>8} {'engine e2e':>10} "
-              f"{'llama.cpp t/s':>13} {'step/llama':>10}")
+        med = {k: float(np.median(v)) for k, v in ours.items()}
+        best = {k: float(np.max(v)) for k, v in ours.items()}
+        pmed = {k: float(np.median(v)) for k, v in theirs.items()}
+        pbest = {k: float(np.max(v)) for k, v in theirs.items()}
+        print(f"tokens/s, median / best of {a.rounds} rounds x {a.repeat} runs, engines in turns; "
+              f"single-stream generator (max_batch 1): {med['single_tps']:.1f} / "
+              f"{best['single_tps']:.1f}; batched compile {best['compile_batched_s']:.1f} s")
+        print(f"{'streams':>7} {'tercomp':>13} {'x single':>11} {'llama.cpp':>13} "
+              f"{'tercomp/llama':>13} {'engine e2e':>13}")
         for b in (int(s) for s in a.streams.split(",")):
-            step, eng = ours[f"step_{b}"], ours[f"engine_{b}"]
-            lc = peer.get(f"step_{b}") if peer else None
-            lcs = f"{lc:13.1f}" if lc else f"{'-':>13}"
-            ratio = f"{step / lc:10.2f}" if lc else f"{'-':>10}"
-            print(f"{b:7d} {step:9.1f} {step / ours['single_tps']:8.2f} {eng:10.1f} {lcs} {ratio}")
+            k = f"step_{b}"
+            ratio = f"{med[k] / pmed[k]:6.2f} /{best[k] / pbest[k]:5.2f}" if k in pmed else "-"
+            lc = f"{pmed[k]:6.1f} /{pbest[k]:6.1f}" if k in pmed else "-"
+            print(f"{b:7d} {med[k]:6.1f} /{best[k]:6.1f} {med[k] / med['single_tps']:4.2f} /"
+                  f"{best[k] / best['single_tps']:5.2f} {lc:>13} {ratio:>13} "
+                  f"{med[f'engine_{b}']:6.1f} /{best[f'engine_{b}']:5.1f}")
         print(f"{machine.load()} after the run")
     finally:
         if not a.keep and a.dir is None:
