@@ -16,6 +16,10 @@ import numpy as np
 
 import gguf
 from gguf import GGMLQuantizationType as QT
+from tokenizers import pre_tokenizers
+
+import tercomp as tc
+from tercomp import models
 
 PROJ = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -191,6 +195,16 @@ def write_gguf(path, cfg, w, qtype=QT.TQ2_0, block_scale=0.5, arch="bitnet", wit
     return path
 
 
+#: A one-layer GQA model: the small LM the generator's runtime tests compile
+TINY_CFG = dict(hidden=256, ff=256, vocab=300, heads=4, kv_heads=2, layers=1, eps=1e-5,
+                theta=10000.0, ctx=128)
+
+
+def tiny_gguf(directory):
+    """TINY_CFG's random model (seed 7) written as a GGUF in `directory`."""
+    return write_gguf(directory / "tiny.gguf", TINY_CFG, random_weights(TINY_CFG, seed=7))
+
+
 def cosine(a, b):
     a = np.asarray(a, np.float64).reshape(-1, a.shape[-1])
     b = np.asarray(b, np.float64).reshape(-1, b.shape[-1])
@@ -246,7 +260,6 @@ def save_safetensors(path, tensors, bf16_names=()):
 def peer_vocab(size: int) -> dict:
     """A gpt2-style GGUF vocabulary of `size` tokens that llama.cpp loads (it refuses one
     without merges): the byte-level alphabet, one merge and its token, then fillers."""
-    from tokenizers import pre_tokenizers
     tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["\u0120\u0120"]
     tokens += [f"<x{i}>" for i in range(size - len(tokens))]
     return {"model": "gpt2", "tokens": tokens, "merges": ["\u0120 \u0120"]}
@@ -270,3 +283,21 @@ def peer_greedy(llm, prompt, n):
         out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
         llm.eval([out[-1]])
     return out
+
+
+def check_llama_cpp_agrees(llama_cpp, path, ids, label: str) -> None:
+    """llama.cpp (the `peer` extra) and tc.compile_lm on the same file: teacher-forced
+    logits (cosine >= 0.999 at every position, top-1 >= 0.95 at clear-margin ones) and
+    the first 8 greedy tokens after ids[:4]; prints the cosines."""
+    ids = np.asarray(ids, np.int32)
+    peer = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=2, logits_all=True,
+                           verbose=False)
+    gen = tc.compile_lm(models.load(path), max_seq=64)
+    ours, theirs = gen.prefill(ids), peer_logits(peer, ids)
+    cos = cosine(ours, theirs)
+    top1, n = top1_agreement(ours, theirs, margin=0.05)
+    print(f"{label}: llama.cpp cosine min {cos.min():.6f} mean {cos.mean():.6f}, "
+          f"top-1 {top1:.3f} of {n}")
+    assert cos.min() >= 0.999 and top1 >= 0.95, (cos.min(), top1, n)
+    gen.reset()
+    assert gen.generate(ids[:4], max_new_tokens=8).tolist() == peer_greedy(peer, ids[:4], 8)

@@ -12,16 +12,14 @@ from tercomp import models
 
 import bitnet_ref as R
 
-CFG = dict(hidden=256, ff=256, vocab=300, heads=4, kv_heads=2, layers=1, eps=1e-5,
-           theta=10000.0, ctx=128)
+CFG = R.TINY_CFG
 MAX_SEQ = 32
 PROMPT = [5, 17, 250, 3]
 
 
 @pytest.fixture(scope="module")
 def gen(tmp_path_factory):
-    path = R.write_gguf(tmp_path_factory.mktemp("lm") / "tiny.gguf", CFG, R.random_weights(CFG, seed=7))
-    return tc.compile_lm(models.load(path), max_seq=MAX_SEQ)
+    return tc.compile_lm(models.load(R.tiny_gguf(tmp_path_factory.mktemp("lm"))), max_seq=MAX_SEQ)
 
 
 def _request(i):

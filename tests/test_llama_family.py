@@ -300,16 +300,4 @@ def test_llama_cpp_agrees_on_the_llama_gguf(tmp_path, shape):
     models.save_gguf(models.load(path), tmp_path / "saved.gguf")
     ids = IDS[0] % cfg["vocab"]
     for src in (path, tmp_path / "saved.gguf"):
-        peer = llama_cpp.Llama(model_path=str(src), n_ctx=64, n_threads=2, logits_all=True,
-                               verbose=False)
-        theirs = R.peer_logits(peer, ids)
-        gen = tc.compile_lm(models.load(src), max_seq=64)
-        ours = gen.prefill(ids.astype(np.int32))
-        cos = R.cosine(ours, theirs)
-        top1, n = R.top1_agreement(ours, theirs, margin=0.05)
-        print(f"{shape} {src.name}: llama.cpp cosine min {cos.min():.6f} mean "
-              f"{cos.mean():.6f}, top-1 {top1:.3f} of {n}")
-        assert cos.min() >= 0.999 and top1 >= 0.95, (cos.min(), top1, n)
-        gen.reset()
-        assert gen.generate(ids[:4].astype(np.int32), max_new_tokens=8).tolist() == \
-            R.peer_greedy(peer, ids[:4], 8)
+        R.check_llama_cpp_agrees(llama_cpp, src, ids, f"{shape} {src.name}")

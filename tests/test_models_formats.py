@@ -281,20 +281,7 @@ def test_llama_cpp_agrees_on_what_save_gguf_writes(tmp_path):
     src = R.write_gguf(tmp_path / "src.gguf", cfg, R.random_weights(cfg, seed=9),
                        vocab=R.peer_vocab(cfg["vocab"]))
     models.save_gguf(models.load(src), tmp_path / "saved.gguf")
-    path = tmp_path / "saved.gguf"
-    peer = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=2, logits_all=True,
-                           verbose=False)
-    ids = IDS[0]
-    theirs = R.peer_logits(peer, ids)
-    gen = tc.compile_lm(models.load(path), max_seq=64)
-    ours = gen.prefill(ids)
-    cos = R.cosine(ours, theirs)
-    top1, n = R.top1_agreement(ours, theirs, margin=0.05)
-    print(f"bitnet save_gguf form: llama.cpp cosine min {cos.min():.6f} mean "
-          f"{cos.mean():.6f}, top-1 {top1:.3f} of {n}")
-    assert cos.min() >= 0.999 and top1 >= 0.95, (cos.min(), top1, n)
-    gen.reset()
-    assert gen.generate(ids[:4], max_new_tokens=8).tolist() == R.peer_greedy(peer, ids[:4], 8)
+    R.check_llama_cpp_agrees(llama_cpp, tmp_path / "saved.gguf", IDS[0], "bitnet save_gguf form")
 
 
 @pytest.mark.slow
