@@ -173,6 +173,27 @@ def test_gguf_bad_inputs(tmp_path, weights):
     _load_error(tmp_path / "junk.gguf", "not a GGUF file")
 
 
+def test_gguf_tq2_0_blocks_load_exactly(tmp_path, weights):
+    """TQ2_0 projections go straight into tercomp's packed layout: the loaded layer's
+    (T, scale) is the file's, a block whose f16 scale is 0 loads as zeros (as llama.cpp
+    computes it), and a code 3 is refused with the tensor named."""
+    t = weights["blk.0.ffn_gate.weight"]                               # int8 [512, 256]
+    blocks = gguf.quants.quantize(t.astype(np.float32) * np.float32(0.5), QT.TQ2_0)
+    raw = blocks.reshape(-1, 66).copy()
+    raw[3, 64:] = np.frombuffer(np.float16(0).tobytes(), np.uint8)    # block 3: scale 0
+    path = R.write_gguf(tmp_path / "z.gguf", CFG, weights,
+                        override={"blk.0.ffn_gate.weight": (raw.reshape(blocks.shape), QT.TQ2_0)})
+    got_t, got_s = models.load(path).layers[0].mlp.gate_proj.ternary()
+    want = t.copy()
+    want[3] = 0                               # K = 256: block 3 is row 3
+    np.testing.assert_array_equal(got_t, want)
+    assert got_s == np.float32(0.5 * weights["blk.0.ffn_gate.scale"])
+    raw[5, 7] = 0b11_01_10_00                                          # a code 3 in block 5
+    path = R.write_gguf(tmp_path / "c3.gguf", CFG, weights,
+                        override={"blk.0.ffn_gate.weight": (raw.reshape(blocks.shape), QT.TQ2_0)})
+    _load_error(path, "'blk.0.ffn_gate.weight'.*invalid TQ2_0 code 3")
+
+
 def test_gguf_truncated_never_crashes(tmp_path, weights):
     whole = R.write_gguf(tmp_path / "ok.gguf", CFG, weights).read_bytes()
     for cut in (len(whole) - 1000, len(whole) // 2, 600, 40, 10):

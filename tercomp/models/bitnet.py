@@ -82,7 +82,7 @@ PROJECTION_NAMES = {"attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
 def _placeholder(in_features: int, out_features: int) -> nn.BitLinear:
     """An all-zero stored layer (2 bits per weight) for loaders that fill in every weight:
     a random float init would cost 4 bytes per weight only to be thrown away."""
-    return nn.BitLinear.from_ternary(np.zeros((out_features, in_features), np.int8), 1.0)
+    return nn.StoredBitLinear.zeros(in_features, out_features)
 
 
 class Attention(nn.Module):

@@ -38,6 +38,7 @@ import re
 import numpy as np
 
 from .. import nn
+from .. import ternary_pack as tp
 from ..errors import TercompError
 from .bitnet import BitNetLM, rope_frequencies
 from . import families
@@ -159,6 +160,8 @@ class _File:
         extra = self.scale_tensor(name + ".scale")
         if qname in _TERNARY_TYPES:
             tern, block = self._ternary_blocks(name + ".weight", t, shape)
+            if tern.dtype == np.uint8:      # already in tercomp's packed layout
+                return nn.StoredBitLinear.from_packed(tern, shape[1], np.float32(block * extra))
             return nn.BitLinear.from_ternary(tern, np.float32(block * extra))
         if qname not in _FLOAT_TYPES:
             raise self.error(f"tensor {name + '.weight'!r}",
@@ -180,6 +183,17 @@ class _File:
             raise self.error(f"tensor {name!r}", "its data is not a whole number of blocks")
         blocks = raw.reshape(-1, block_bytes)
         d = blocks[:, -2:].copy().view(np.float16).astype(np.float64).reshape(-1)  # f16 d is last
+        n, k = shape
+        if t.tensor_type == gguf.GGMLQuantizationType.TQ2_0 and tp.padded_k(k) == k:
+            # straight into tercomp's packed layout, 8 bytes at a time, no int8 values
+            qs = blocks[:, :64]
+            if (d == 0).any():              # a zero scale zeroes its block: code 1 (w + 1)
+                qs = qs.copy()
+                qs[d == 0] = 0x55           # four codes 1 a byte
+            packed = tp.from_tq2_0(qs, n, k)
+            if packed is None:
+                raise self.error(f"tensor {name!r}", "holds the invalid TQ2_0 code 3")
+            return packed, self._one_scale(name, t, d, (qs != 0x55).any(axis=1))
         if t.tensor_type == gguf.GGMLQuantizationType.TQ2_0:
             tern = _tq2_values(blocks)
             if tern is None:
@@ -191,7 +205,12 @@ class _File:
                 tern = np.where(d[:, None] != 0, vals / d[:, None], 0.0)
             if not np.all(np.isin(tern, (-1.0, 0.0, 1.0))):
                 raise self.error(f"tensor {name!r}", "decodes to values that are not ternary")
-        used = np.unique(d[np.any(tern != 0, axis=1)])
+        block = self._one_scale(name, t, d, np.any(tern != 0, axis=1))
+        return tern.reshape(shape).astype(np.int8, copy=False), block
+
+    def _one_scale(self, name, t, d, nonzero) -> float:
+        """The one block scale of the blocks holding a non-zero weight (1.0 if none)."""
+        used = np.unique(d[nonzero])
         if used.size > 1:
             raise self.error(f"tensor {name!r}",
                              f"its {t.tensor_type.name} blocks carry {used.size} different "
@@ -200,8 +219,7 @@ class _File:
         if used.size and not (np.isfinite(used[0]) and used[0] > 0):
             raise self.error(f"tensor {name!r}", f"block scale {used[0]} is not finite and "
                                                  f"positive")
-        block = float(used[0]) if used.size else 1.0
-        return tern.reshape(shape).astype(np.int8, copy=False), block
+        return float(used[0]) if used.size else 1.0
 
 
 def _tq2_values(blocks: np.ndarray) -> np.ndarray | None:

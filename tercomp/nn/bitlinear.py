@@ -106,6 +106,36 @@ class StoredBitLinear(BitLinear):
         self.out_features, self.in_features = (int(d) for d in t.shape)
         self.act_quant = bool(act_quant)
         self._packed = tp.pack_ternary(t)        # checks the values are in {-1, 0, 1}
+        self._set_scale_bias(s, bias)
+
+    @classmethod
+    def zeros(cls, in_features: int, out_features: int) -> "StoredBitLinear":
+        """An all-zero layer (scale 1) for loaders that fill in every weight: its packed
+        bytes are zeros, allocated lazily by the OS, so a model's skeleton costs nothing
+        before its weights are read."""
+        packed = np.zeros((int(out_features), tp.padded_k(int(in_features)) // 4), np.uint8)
+        return cls.from_packed(packed, in_features, 1.0)
+
+    @classmethod
+    def from_packed(cls, packed, in_features: int, scale, act_quant: bool = True
+                    ) -> "StoredBitLinear":
+        """The layer over an already packed matrix (`ternary_pack.pack_ternary`'s layout,
+        [out, padded_k(in) // 4] signed codes) that a loader converted from its file's own
+        layout; the caller vouches for the codes (`ternary_pack.from_tq2_0` checks them)."""
+        packed = np.asarray(packed)
+        k = int(in_features)
+        if packed.dtype != np.uint8 or packed.ndim != 2 or packed.shape[1] != tp.padded_k(k) // 4:
+            raise TercompError(f"StoredBitLinear.from_packed: packed {packed.dtype} "
+                               f"{packed.shape} is not [out, {tp.padded_k(k) // 4}] uint8 for "
+                               f"{k} input features")
+        layer = cls.__new__(cls)
+        layer.out_features, layer.in_features = int(packed.shape[0]), k
+        layer.act_quant = bool(act_quant)
+        layer._packed = packed
+        layer._set_scale_bias(np.float32(scale), None)
+        return layer
+
+    def _set_scale_bias(self, s, bias):
         self._scale = s
         if bias is not None:
             bias = np.asarray(bias, dtype=np.float32)
