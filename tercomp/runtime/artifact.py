@@ -57,7 +57,7 @@ from iree.runtime.version import VERSION as RUNTIME_VERSION
 
 from .. import __version__     # set by tercomp/__init__ before it imports the runtime
 from ..errors import ArtifactError, InputError
-from .files import cache_dir, check_regular, max_bytes, write_atomic
+from .files import atomic_target, cache_dir, check_regular, max_bytes, write_atomic
 from .signature import Signature
 
 FORMAT = "tercomp-artifact"
@@ -73,6 +73,7 @@ _FIXED_DATE = (1980, 1, 1, 0, 0, 0)   # identical modules give identical files
 ALIGN = 4096
 _PAD_ID = 0xD935                      # the extra-field id zipalign's padding uses
 _LOCAL_HEADER = 30                    # bytes of a zip local file header before its name
+_CHUNK = 64 << 20                     # bytes written per call
 # what zipfile raises for a damaged archive: a flipped byte can name an unknown
 # compression method (NotImplementedError) or an encrypted member (RuntimeError)
 _ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError,
@@ -107,11 +108,12 @@ def seal(meta: dict) -> dict:
     return {**meta, "sha256": digests, "content_hash": content_hash(digests)}
 
 
-def to_bytes(exe) -> bytes:
-    """The artifact file of CompiledModule `exe`, as bytes."""
-    members = {VMFB: bytes(exe.vmfb)}
+def _members_and_meta(exe) -> tuple[dict, bytes]:
+    """({member: bytes or memoryview} for module.vmfb and weights.irpa, the
+    signature.json bytes) of CompiledModule `exe`."""
+    members = {VMFB: memoryview(exe.vmfb)}
     if exe.weights is not None:
-        members[WEIGHTS] = bytes(exe.weights)
+        members[WEIGHTS] = memoryview(exe.weights)
     digests = {name: _digest(data) for name, data in members.items()}
     meta = {
         "format": FORMAT,
@@ -131,15 +133,33 @@ def to_bytes(exe) -> bytes:
         meta["weights_scope"] = exe.weights_scope
     if exe.meta.get("lm") is not None:
         meta["lm"] = exe.meta["lm"]
-    members[SIGNATURE] = json.dumps(seal(meta), indent=1, sort_keys=True).encode()
+    return members, json.dumps(seal(meta), indent=1, sort_keys=True).encode()
+
+
+def write_to(exe, f) -> None:
+    """Write the artifact file of CompiledModule `exe` into the seekable binary file `f`
+    (at its start): the members are written from the module's own buffers, one pass,
+    no copy of the weights in memory."""
+    members, signature = _members_and_meta(exe)
+    members = {SIGNATURE: memoryview(signature), **members}
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as zf:
+        for name in MEMBERS:
+            if name not in members:
+                continue
+            data = members[name].cast("B")
+            info = zipfile.ZipInfo(name, date_time=_FIXED_DATE)
+            info.file_size = data.nbytes
+            if name == WEIGHTS:
+                info.extra = _padding(f.tell(), name, data.nbytes)
+            with zf.open(info, "w", force_zip64=data.nbytes * 1.05 > zipfile.ZIP64_LIMIT) as out:
+                for i in range(0, data.nbytes, _CHUNK):
+                    out.write(data[i:i + _CHUNK])
+
+
+def to_bytes(exe) -> bytes:
+    """The artifact file of CompiledModule `exe`, as bytes."""
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-        for name in (SIGNATURE, VMFB, WEIGHTS):
-            if name in members:
-                info = zipfile.ZipInfo(name, date_time=_FIXED_DATE)
-                if name == WEIGHTS:
-                    info.extra = _padding(buf.tell(), name, len(members[name]))
-                zf.writestr(info, members[name])
+    write_to(exe, buf)
     return buf.getvalue()
 
 
@@ -156,7 +176,17 @@ def _padding(offset: int, name: str, size: int) -> bytes:
 def save(exe, path: str) -> None:
     """Write CompiledModule `exe` to `path` as one artifact file (format: module doc).
     The write is atomic, respects the umask and writes through symlinks (runtime.files)."""
-    write_atomic(path, to_bytes(exe), "artifact", ArtifactError)
+    write(exe, path, "artifact", ArtifactError)
+
+
+def write(exe, path: str, what: str = "artifact", error=ArtifactError, durable: bool = True,
+          make_dirs: bool = False) -> None:
+    """`save`, streamed into a temporary file beside `path` and moved over it
+    (runtime.files.atomic_target); `durable=False` skips the fsync (a compile-cache entry,
+    which a damaged copy after a crash only turns into a miss)."""
+    with atomic_target(path, what, error, make_dirs=make_dirs, durable=durable) as tmp:
+        with open(tmp, "wb") as f:
+            write_to(exe, f)
 
 
 def read_bytes(data, name: str = "<artifact>", verified=None) -> tuple:

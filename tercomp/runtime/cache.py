@@ -16,7 +16,7 @@ import warnings
 
 from ..errors import ArtifactError, TercompError
 from . import artifact
-from .files import cache_dir, write_atomic
+from .files import cache_dir
 
 
 def key(*parts) -> str:
@@ -51,6 +51,8 @@ def lookup(k: str):
 def store(k: str, exe) -> None:
     """Write CompiledModule `exe` as entry `k`; a cache that cannot be written only warns."""
     try:
-        write_atomic(entry_path(k), artifact.to_bytes(exe), "compile cache entry", make_dirs=True)
+        # no fsync: after a crash a damaged entry fails its digest and is a miss
+        artifact.write(exe, entry_path(k), "compile cache entry", TercompError, durable=False,
+                       make_dirs=True)
     except TercompError as e:
         warnings.warn(f"tercomp: cannot write the compile cache {cache_dir()}: {e}", stacklevel=3)

@@ -96,11 +96,13 @@ def write_atomic(path, data: bytes, what: str = "file", error=TercompError, make
 
 
 @contextlib.contextmanager
-def atomic_target(path, what: str = "file", error=TercompError, make_dirs: bool = False):
+def atomic_target(path, what: str = "file", error=TercompError, make_dirs: bool = False,
+                  durable: bool = True):
     """A temporary path beside `path` (through a symlink, beside its target) for a
-    writer to fill; on leaving the block without an error it is synced and moved over
-    `path` (keeping the mode of a file it replaces, else 0o666 less the umask), else
-    removed and `path` is left as it was. Devices, FIFOs and directories are refused."""
+    writer to fill; on leaving the block without an error it is synced (unless not
+    `durable`) and moved over `path` (keeping the mode of a file it replaces, else 0o666
+    less the umask), else removed and `path` is left as it was. Devices, FIFOs and
+    directories are refused."""
     if "\0" in os.fspath(path):
         raise error(f"the {what} path {os.fspath(path)!r} contains a NUL character")
     path = os.path.realpath(os.fspath(path))      # through symlinks, to the file they name
@@ -132,8 +134,9 @@ def atomic_target(path, what: str = "file", error=TercompError, make_dirs: bool 
         raise error(f"cannot write the {what} {path}: {e.strerror or e}") from None
     try:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as e:
