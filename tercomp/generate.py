@@ -49,6 +49,7 @@ from .errors import TercompError
 from .ir import TensorType
 from .models.bitnet import BitNetLM
 from .models.kv_cache import SlotKVCache, StaticKVCache
+from .nn.stored import choose_table
 from .passes import Dumper, run_pipeline
 from .kernels.table import table_key
 from .passes.check_numerics import enabled as numerics_enabled
@@ -76,8 +77,8 @@ class _Step(nn.Module):
     layer (and, tied, the token embedding: one copy) reads a table stored as
     `output_dtype` (BitNetLM.with_stored_output)."""
 
-    def __init__(self, lm: BitNetLM, kv_dtype: str, output_dtype: str = "float16"):
-        self.lm = lm.with_stored_output(output_dtype)
+    def __init__(self, lm: BitNetLM, kv_dtype: str, output_dtype: str = "float16", table=None):
+        self.lm = lm.with_stored_output(output_dtype, table)
         self._kv_dtype = kv_dtype
 
     def forward(self, ids, start, rows, caches):
@@ -100,8 +101,9 @@ class _BatchStep(_Step):
         return self.lm.logits(last), cache.updated
 
 
-#: compile_lm's output_dtype choices: how the output table is stored
-OUTPUT_DTYPES = ("float16", "int8", "float32")
+#: compile_lm's output_dtype choices: how the output table is stored ("auto": int8 where
+#: it keeps the model's top-1 token, nn.stored.choose_table)
+OUTPUT_DTYPES = ("auto", "float16", "int8", "float32")
 
 
 def _check_args(lm, max_seq, kv_dtype):
@@ -141,11 +143,14 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
 
     `output_dtype` is how the output layer (and the token embedding, when tied: one
     table serves both) is stored and read on every step, which at 700M parameters is
-    more than a third of a decode step's memory traffic: "float16" (default; llama.cpp
-    keeps it so, and a GGUF's f16 embedding is exact in it), "int8" (one scale per row,
-    half the bytes of f16; the logits move by the rounding of each weight to 1/254 of its
-    row's largest) or "float32" (the model's own arrays, twice the bytes of f16; the
-    default where kv_dtype's is float32).
+    more than a third of a decode step's memory traffic: "auto" (the default): "int8" for
+    a table of 2^23 elements or more when it gives the model's top-1 token on 32 probe
+    hidden states, else "float16" (nn.stored.choose_table; the choice and why are in
+    `gen.exe.meta["lm"]["output"]`); "float16" (as llama.cpp keeps it; a GGUF's f16
+    embedding is exact in it); "int8" (one scale per row, half the bytes of f16; the
+    logits move by the rounding of each weight to 1/254 of its row's largest); or
+    "float32" (the model's own arrays, twice the bytes of f16; the default where
+    kv_dtype's is float32).
 
     `target`, `vulkan_target`, `cuda_target`, `device` and `threads` are as in tc.compile:
     the step compiles for "llvm-cpu" (with the hand-written CPU attention, norm and RoPE
@@ -185,7 +190,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
                                     f"that stores f16: {', '.join(map(repr, WITH_16BIT_STORAGE))}, ...")
     max_seq, kv = _check_args(lm, max_seq, kv_dtype or narrow)
     max_batch = _check_batch(max_batch)
-    output_dtype = output_dtype or narrow
+    output_dtype = output_dtype or ("auto" if narrow == "float16" else narrow)
     if output_dtype not in OUTPUT_DTYPES:
         raise TercompError(f"compile_lm: output_dtype must be one of "
                            f"{', '.join(map(repr, OUTPUT_DTYPES))}, got {output_dtype!r}")
@@ -209,11 +214,19 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
                              cache_key=key, cache_hit=True, lm=lm_meta)
             return wrap(exe)
     rows = (max_seq, c.num_key_value_heads, c.head_dim)
+    table = None
+    if output_dtype == "auto":
+        w = lm.lm_head.weight if lm.lm_head is not None else lm.embed_tokens.weight
+        output_dtype, table, why = choose_table(w, lm.norm.weight)
+        lm_meta["output"] = {"dtype": output_dtype, "why": why}
+    else:
+        lm_meta["output"] = {"dtype": output_dtype, "why": "asked for"}
     if max_batch == 1:
-        step, inputs = _Step(lm, kv, output_dtype), [spec(("T",), "int32"), spec((), "int32")]
+        step = _Step(lm, kv, output_dtype, table)
+        inputs = [spec(("T",), "int32"), spec((), "int32")]
         cache_type = TensorType(rows, kv)
     else:
-        step, inputs = _BatchStep(lm, kv, output_dtype), [spec(("T",), "int32")] * 3
+        step, inputs = _BatchStep(lm, kv, output_dtype, table), [spec(("T",), "int32")] * 3
         cache_type = TensorType((max_batch,) + rows, kv)
     exe = _build(step, inputs, c, cache_type, ternary, opts, dump_dir, meta={"lm": lm_meta},
                  numerics=numerics, cache_key=key)

@@ -154,6 +154,9 @@ def test_output_table_is_f16_and_shared_with_the_embedding(gen, lm_file, full):
     arrays; both agree with the reference."""
     from conftest import run_filecheck
     from tercomp.kernels.table import AVX2, host_cpu_features
+    # the default ("auto") keeps a table this small in f16, and says why
+    assert gen.exe.meta["lm"]["output"]["dtype"] == "float16"
+    assert "stays float16" in gen.exe.meta["lm"]["output"]["why"]
     # one global holds the table; no f32 copy of it (nor of any [*, hidden] matrix)
     run_filecheck(gen.exe.ir("mlir"), r"""
 # CHECK-NOT: util.global private @{{.*}} : tensor<{{[0-9]+}}x256xf32>
@@ -208,6 +211,30 @@ def test_int8_output_table(lm_file, full):
     q, scale = quantize_rows(lm.embed_tokens.weight)
     err = np.abs(q * scale[:, None] - lm.embed_tokens.weight).max(axis=1)
     assert (err <= scale / 2 + 1e-7).all() and q.dtype == np.int8
+
+
+def test_auto_output_table_keeps_the_top_1_token():
+    """output_dtype="auto" (nn.stored.choose_table): a large table is int8 when it gives
+    the float32 table's top-1 token on every probe, float16 when the int8 rounding
+    changes it (here every row's scale is set by a component the final norm zeroes, so
+    int8 rounds the rest of each row to 0)."""
+    from tercomp.nn.stored import AUTO_INT8_MIN, choose_table
+    rng = np.random.default_rng(3)
+    rows, dim = AUTO_INT8_MIN // 512, 512
+    # rows of spread norms: the top logit stands out, as a trained model's does
+    w = rng.standard_normal((rows, dim)).astype(np.float32) \
+        * np.geomspace(0.1, 1.0, rows, dtype=np.float32)[:, None]
+    dtype, table, why = choose_table(w)
+    assert dtype == "int8" and table.values.dtype == np.int8 and "32/32" in why
+    w[:, 1:] *= 0.01
+    w[:, 0] = 100.0
+    norm = np.ones(dim, np.float32)
+    norm[0] = 0.0
+    dtype, table, why = choose_table(w, norm)
+    assert dtype == "float16" and table.values.dtype == np.float16 and table.scale is None
+    assert why.startswith("int8 changes the top-1 token on")
+    dtype, _, why = choose_table(w[:1000])
+    assert dtype == "float16" and "stays float16" in why
 
 
 def test_artifact_of_an_older_step_is_refused(gen):

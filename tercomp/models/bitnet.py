@@ -249,16 +249,16 @@ class BitNetLM(nn.Module):
             return self.lm_head(h)
         return _t.matmul(h, self.embed_tokens.weight, transpose_b=True)
 
-    def with_stored_output(self, dtype: str) -> "BitNetLM":
+    def with_stored_output(self, dtype: str, table=None) -> "BitNetLM":
         """A shallow copy whose output layer reads one table stored as `dtype`
-        ("float16", or "int8" with a scale per row: nn.StoredTable), and whose token
-        embedding, when tied to it, reads the same table; "float32" gives self. The
-        layers are shared, not copied."""
+        ("float16", or "int8" with a scale per row: nn.StoredTable; `table`: that table,
+        made already), and whose token embedding, when tied to it, reads the same table;
+        "float32" gives self. The layers are shared, not copied."""
         if dtype == "float32":
             return self
         view = copy.copy(self)
         w = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
-        table = nn.StoredTable.from_weight(w, dtype)
+        table = table if table is not None else nn.StoredTable.from_weight(w, dtype)
         view.lm_head = nn.StoredLinear(table)
         if self.lm_head is None:
             view.embed_tokens = nn.StoredEmbedding(table)

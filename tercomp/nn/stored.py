@@ -27,10 +27,12 @@ def quantize_rows(w) -> tuple[np.ndarray, np.ndarray]:
     largest magnitude / 127, rounded to nearest (llama.cpp's Q8_0 does the same per 32
     weights; one scale a row keeps the kernel's inner loop free of scales)."""
     w = np.asarray(w, np.float32)
-    top = np.abs(w).max(axis=1)
+    top = np.maximum(w.max(axis=1), -w.min(axis=1))        # no |w| temporary
     scale = np.where(top > 0, top / 127.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
-    return q, scale
+    q = w / scale[:, None]
+    np.rint(q, out=q)
+    np.clip(q, -127, 127, out=q)
+    return q.astype(np.int8), scale
 
 
 class StoredTable:
@@ -46,6 +48,49 @@ class StoredTable:
         if dtype == "int8":
             return cls(*quantize_rows(w))
         raise ValueError(f"a stored table is one of {TABLE_DTYPES}, got {dtype!r}")
+
+
+#: tables smaller than this (elements) stay float16 under "auto": their read is a small
+#: share of a step, and the int8 rounding would move a small model's logits for nothing
+AUTO_INT8_MIN = 1 << 23
+#: hidden states the "auto" choice checks top-1 agreement on
+AUTO_PROBES = 32
+
+
+def choose_table(w, norm_weight=None, *, probes: int = AUTO_PROBES, seed: int = 0
+                 ) -> tuple[str, "StoredTable", str]:
+    """("int8" or "float16", the StoredTable, why) for output table `w` [vocab, dim]: int8
+    (half the bytes of a decode step's largest read) where the table is large
+    (>= AUTO_INT8_MIN elements) and gives the top-1 token of the model's own float32
+    table on every one of `probes` hidden states (unit Gaussian vectors times the final
+    norm's weight `norm_weight`, as the output layer sees them); float16 otherwise.
+
+    >>> dtype, table, why = choose_table(lm.embed_tokens.weight, lm.norm.weight)
+    """
+    w = np.asarray(w, np.float32)
+    if w.size < AUTO_INT8_MIN:
+        return "float16", StoredTable.from_weight(w, "float16"), \
+            f"a table of {w.size} < {AUTO_INT8_MIN} elements stays float16"
+    i8 = StoredTable.from_weight(w, "int8")
+    h = np.random.default_rng(seed).standard_normal((probes, w.shape[1])).astype(np.float32)
+    if norm_weight is not None:
+        h *= np.asarray(norm_weight, np.float32)
+    top = {"ref": np.full(probes, -np.inf, np.float32), "int8": np.full(probes, -np.inf, np.float32)}
+    arg = {"ref": np.zeros(probes, np.int64), "int8": np.zeros(probes, np.int64)}
+    for lo in range(0, w.shape[0], 4096):        # a slice of rows at a time: bounded memory
+        hi = min(lo + 4096, w.shape[0])
+        for name, logits in (("ref", h @ w[lo:hi].T),
+                             ("int8", (h @ i8.values[lo:hi].astype(np.float32).T) * i8.scale[lo:hi])):
+            m = logits.max(axis=1)
+            better = m > top[name]
+            top[name] = np.where(better, m, top[name])
+            arg[name] = np.where(better, lo + logits.argmax(axis=1), arg[name])
+    differ = int((arg["ref"] != arg["int8"]).sum())
+    if differ == 0:
+        return "int8", i8, (f"int8 keeps the float32 table's top-1 token on {probes}/{probes} "
+                            f"probe hidden states")
+    return "float16", StoredTable.from_weight(w, "float16"), \
+        f"int8 changes the top-1 token on {differ}/{probes} probe hidden states"
 
 
 class StoredEmbedding(Module):
