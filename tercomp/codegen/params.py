@@ -32,6 +32,7 @@ How tc.compile uses it:
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
 import tempfile
@@ -135,8 +136,10 @@ class ParamTable:
             self._globals.add(param.name)
         return util.GlobalLoadOp(type_, param.name, is_immutable=True).result
 
-    def archive(self) -> bytes | None:
-        """The `.irpa` archive of every parameter, or None when there are none."""
+    def archive(self) -> memoryview | None:
+        """The `.irpa` archive of every parameter, or None when there are none: a map of
+        the file IREE wrote (unlinked at once), so the archive lives in the page cache,
+        not in the process's own memory (a model's weights are its largest part)."""
         if not self.arrays:
             return None
         index = rt.ParameterIndex()
@@ -149,7 +152,7 @@ class ParamTable:
         try:
             index.create_archive_file(path)
             with open(path, "rb") as f:
-                return f.read()
+                return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
         finally:
             os.unlink(path)
 

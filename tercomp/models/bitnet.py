@@ -252,8 +252,9 @@ class BitNetLM(nn.Module):
     def with_stored_output(self, dtype: str, table=None) -> "BitNetLM":
         """A shallow copy whose output layer reads one table stored as `dtype`
         ("float16", or "int8" with a scale per row: nn.StoredTable; `table`: that table,
-        made already), and whose token embedding, when tied to it, reads the same table;
-        "float32" gives self. The layers are shared, not copied."""
+        made already), and whose token embedding reads the same table when tied to it,
+        else its own float16 table where float16 holds it exactly; "float32" gives self. The layers are shared, not
+        copied."""
         if dtype == "float32":
             return self
         view = copy.copy(self)
@@ -262,6 +263,12 @@ class BitNetLM(nn.Module):
         view.lm_head = nn.StoredLinear(table)
         if self.lm_head is None:
             view.embed_tokens = nn.StoredEmbedding(table)
+        else:       # an untied embedding: f16 where that is exact (a GGUF's f16 table)
+            emb = nn.StoredTable.from_weight(self.embed_tokens.weight, "float16")
+            w = self.embed_tokens.weight
+            if all(np.array_equal(emb.values[i:i + 4096], w[i:i + 4096])   # bounded temps
+                   for i in range(0, len(w), 4096)):
+                view.embed_tokens = nn.StoredEmbedding(emb)
         return view
 
     def projections(self):

@@ -33,6 +33,7 @@ BitLinear (ternarized by absmean when compiled).
 """
 from __future__ import annotations
 
+import mmap
 import re
 
 import numpy as np
@@ -88,6 +89,18 @@ class _File:
                             hint="the file may be truncated or not GGUF at all") from None
         self.tensors = {t.name: t for t in self.reader.tensors}
 
+    def release(self, t) -> None:
+        """Drop tensor `t`'s pages from this process's map of the file once its values
+        are converted (the page cache keeps them): the load's resident memory is the
+        model's own arrays, not those plus the whole file."""
+        m = getattr(self.reader.data, "_mmap", None)
+        if m is None or not hasattr(m, "madvise"):
+            return
+        lo = -(-int(t.data_offset) // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = (int(t.data_offset) + int(t.n_bytes)) // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo:
+            m.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
     def error(self, what, msg, cls=GGUFError):
         return cls(f"{self.path}: {what}: {msg}")
 
@@ -125,7 +138,11 @@ class _File:
         if qname not in _FLOAT_TYPES:
             raise self.error(f"tensor {name!r}", f"type {qname} is not supported here "
                                                  f"(expected one of {', '.join(_FLOAT_TYPES)})")
-        return self._finite(name, self._dequantize(name, t).reshape(shape))
+        arr = self._finite(name, self._dequantize(name, t).reshape(shape))
+        if np.may_share_memory(arr, self.reader.data):
+            arr = arr.copy()    # a view would keep the file's map (and its pages) alive
+        self.release(t)
+        return arr
 
     def _finite(self, name, arr):
         if not np.isfinite(arr).all():
@@ -160,6 +177,7 @@ class _File:
         extra = self.scale_tensor(name + ".scale")
         if qname in _TERNARY_TYPES:
             tern, block = self._ternary_blocks(name + ".weight", t, shape)
+            self.release(t)
             if tern.dtype == np.uint8:      # already in tercomp's packed layout
                 return nn.StoredBitLinear.from_packed(tern, shape[1], np.float32(block * extra))
             return nn.BitLinear.from_ternary(tern, np.float32(block * extra))

@@ -85,8 +85,24 @@ def _major_minor(version: str) -> tuple:
     return tuple(parts[:2])
 
 
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _digest(data) -> str:
+    h = hashlib.sha256()
+    for chunk in _chunks(data):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _chunks(data):
+    """`data` (bytes-like) in pieces of _CHUNK bytes. When `data` is a whole mapped file
+    (a module's weights fresh from the compiler), each piece's pages leave this process's
+    map once used: writing or hashing gigabytes of weights does not make them resident
+    (the page cache keeps them for the next reader)."""
+    view = memoryview(data).cast("B")
+    whole_map = isinstance(view.obj, mmap.mmap) and len(view.obj) == view.nbytes
+    for i in range(0, view.nbytes, _CHUNK):
+        yield view[i:i + _CHUNK]
+        if whole_map and hasattr(mmap, "MADV_DONTNEED"):
+            view.obj.madvise(mmap.MADV_DONTNEED, i, min(_CHUNK, view.nbytes - i))
 
 
 def content_hash(digests: dict) -> str:
@@ -112,8 +128,8 @@ def _members_and_meta(exe) -> tuple[dict, bytes]:
     """({member: bytes or memoryview} for module.vmfb and weights.irpa, the
     signature.json bytes) of CompiledModule `exe`."""
     members = {VMFB: memoryview(exe.vmfb)}
-    if exe.weights is not None:
-        members[WEIGHTS] = memoryview(exe.weights)
+    if exe.weights_view is not None:
+        members[WEIGHTS] = exe.weights_view
     digests = {name: _digest(data) for name, data in members.items()}
     meta = {
         "format": FORMAT,
@@ -129,7 +145,7 @@ def _members_and_meta(exe) -> tuple[dict, bytes]:
     for k in ("cache_key", "numerics", "ternary"):
         if exe.meta.get(k):
             meta[k] = exe.meta[k]
-    if exe.weights is not None:
+    if exe.weights_view is not None:
         meta["weights_scope"] = exe.weights_scope
     if exe.meta.get("lm") is not None:
         meta["lm"] = exe.meta["lm"]
@@ -152,8 +168,8 @@ def write_to(exe, f) -> None:
             if name == WEIGHTS:
                 info.extra = _padding(f.tell(), name, data.nbytes)
             with zf.open(info, "w", force_zip64=data.nbytes * 1.05 > zipfile.ZIP64_LIMIT) as out:
-                for i in range(0, data.nbytes, _CHUNK):
-                    out.write(data[i:i + _CHUNK])
+                for chunk in _chunks(data):
+                    out.write(chunk)
 
 
 def to_bytes(exe) -> bytes:

@@ -198,6 +198,11 @@ class CompiledModule:
     def weights(self, value):
         self._weights = value
 
+    @property
+    def weights_view(self) -> memoryview | None:
+        """`weights` without a copy: a view of the archive where it lies (a mapped file)."""
+        return None if self._weights is None else memoryview(self._weights)
+
     def function(self, name: str):
         """The iree.runtime function `name` of the loaded module, called with NumPy arrays
         and returning iree.runtime DeviceArrays, unchecked. Every function of one module
