@@ -44,14 +44,18 @@ import machine  # noqa: E402  (bench/machine.py)
 
 
 # -------------------------------------------------------------------------- the model
-def write_model(path, a):
+def write_model(path, a, projection=None, tokens=None):
     """A random ternary GGUF. `bitnet`: projections in TQ2_0 (block scale 1 and an f32
     `.scale` per tensor), sub-norms, tied f16 token embedding. `llama` (the 1.58-bit
     llama family): TQ2_0 blocks whose scale is the weight scale, no sub-norms, an untied
     f16 `output.weight`. Written one tensor at a time (a model of 8B parameters is
-    never whole in memory as floats)."""
+    never whole in memory as floats).
+
+    The same weights in another form: `projection(writer, gguf, name, codes, scale,
+    arch)` writes each projection (codes -1/0/1 as float32) instead of TQ2_0, and
+    `tokens` replaces the token strings (then no space prefix and no BOS; bitnet_cpp.py
+    uses both)."""
     import gguf
-    from gguf import GGMLQuantizationType as QT
     rng = np.random.default_rng(0)
     h, ff, v, L = a.hidden, a.ffn, a.vocab, a.layers
     llama = a.arch == "llama"
@@ -67,8 +71,11 @@ def write_model(path, a):
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>" for i in range(v)])
+    w.add_token_list(tokens or [f"<t{i}>" for i in range(v)])
     w.add_token_scores([0.0] * v)
+    if tokens:
+        w.add_add_space_prefix(False)
+        w.add_add_bos_token(False)
     w.add_tensor("token_embd.weight", (rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16))
     w.add_tensor("output_norm.weight", np.ones(h, np.float32))
     if llama:
@@ -81,15 +88,25 @@ def write_model(path, a):
         for n, size in norms:
             w.add_tensor(f"blk.{i}.{n}.weight", np.ones(size, np.float32))
         for n, shape in shapes.items():
-            t = rng.integers(-1, 2, size=shape).astype(np.float32) * np.float32(0.02 if llama else 1)
-            w.add_tensor(f"blk.{i}.{n}.weight", gguf.quants.quantize(t, QT.TQ2_0), raw_dtype=QT.TQ2_0)
+            t = rng.integers(-1, 2, size=shape).astype(np.float32)
+            (projection or tq2_projection)(w, gguf, f"blk.{i}.{n}", t, 0.02, a.arch)
             del t
-            if not llama:
-                w.add_tensor(f"blk.{i}.{n}.scale", np.array([0.02], np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def tq2_projection(w, gguf, name, t, scale, arch):
+    """The bench's own form: TQ2_0 codes whose block scale is the weight scale (`llama`),
+    or 1 with the scale in an f32 `.scale` tensor (`bitnet`, as BitNet's GGUFs)."""
+    QT = gguf.GGMLQuantizationType
+    if arch == "llama":
+        w.add_tensor(f"{name}.weight", gguf.quants.quantize(t * np.float32(scale), QT.TQ2_0),
+                     raw_dtype=QT.TQ2_0)
+    else:
+        w.add_tensor(f"{name}.weight", gguf.quants.quantize(t, QT.TQ2_0), raw_dtype=QT.TQ2_0)
+        w.add_tensor(f"{name}.scale", np.array([scale], np.float32))
 
 
 def rss_mb() -> float:
