@@ -3,6 +3,7 @@
     python bench/lm.py                      # bitnet_b1_58-large shape (~700M parameters)
     python bench/lm.py --layers 4           # a quicker, smaller run
     python bench/lm.py --no-peer            # tercomp only
+    python bench/lm.py --bitnet-cpp BUILD   # and bitnet.cpp (bench/build_bitnet_cpp.sh)
     python bench/lm.py --preset 8b          # Llama3-8B-1.58's shape (llama arch, ~3.9 GB)
 
 Writes a random-ternary GGUF (TQ2_0 projections, tied f16 embedding) of the
@@ -21,7 +22,12 @@ tercomp runs once per output-layer storage (--output-dtype, default "float16,int
 f16 table llama.cpp also reads, and an int8 table with a per-row scale at half the bytes).
 
 llama.cpp runs through llama-cpp-python when it is installed (the `peer` extra); its
-rows are skipped otherwise. Ratios are tercomp / llama.cpp from the same run.
+rows are skipped otherwise. bitnet.cpp (Microsoft's BitNet engine) runs from a build
+given with --bitnet-cpp: one column per ternary kernel, I2_S and TL2, on files holding the
+same weights (bench/bitnet_cpp.py makes them and checks its logits against tercomp's).
+Ratios are tercomp / llama.cpp and tercomp / bitnet.cpp's best kernel in each row (of
+those whose logits agree), from the same run; speeds are the best of the rounds, and
+their median is shown too.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bitnet_cpp  # noqa: E402  (bench/bitnet_cpp.py)
 import machine  # noqa: E402  (bench/machine.py)
 
 
@@ -240,7 +247,9 @@ def worker_stream(a):
 
 
 WORKERS = {"tercomp-compile": worker_tercomp_compile, "tercomp-run": worker_tercomp_run,
-           "llama": worker_llama, "stream": worker_stream}
+           "llama": worker_llama, "stream": worker_stream,
+           "bitnet-cpp": bitnet_cpp.worker_bench, "bitnet-check": bitnet_cpp.worker_check,
+           "bitnet-tl2": lambda a: bitnet_cpp.write_tl2(a, write_model)}
 
 
 def run_worker(name, a, extra=()):
@@ -273,6 +282,8 @@ def main():
                    help="fresh-process runs of each engine, taken in turns (best kept)")
     p.add_argument("--max-seq", type=int, default=2048)
     p.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    p.add_argument("--bitnet-cpp", metavar="BUILD", help="bitnet.cpp's build directory (from "
+                   "bench/build_bitnet_cpp.sh): adds its I2_S and TL2 rows (bitnet arch only)")
     p.add_argument("--output-dtype", default="float16,int8",
                    help="tercomp's output layer (compile_lm output_dtype), a comma-separated "
                         "list of float16, int8, float32: one tercomp column each")
@@ -285,6 +296,7 @@ def main():
     p.add_argument("--worker", choices=sorted(WORKERS))
     p.add_argument("--model")
     p.add_argument("--artifact")
+    p.add_argument("--bitnet-files", help=argparse.SUPPRESS)     # the check worker's input
     a = p.parse_args()
     if a.preset == "8b":
         a.layers, a.hidden, a.ffn, a.heads, a.kv_heads, a.vocab, a.arch = \
@@ -292,6 +304,9 @@ def main():
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
                      ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab", "arch", "threads",
                       "prompt", "gen", "repeat", "max-seq")] + ([] if a.scaling else ["--no-scaling"])
+    if a.bitnet_cpp:
+        a.bitnet_cpp = os.path.abspath(a.bitnet_cpp)
+        a.passthrough.append(f"--bitnet-cpp={a.bitnet_cpp}")
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
@@ -340,6 +355,10 @@ def report(p, a):
     if peer:
         rows["llama.cpp"] = {}
         runs["llama.cpp"] = ("llama", a.artifact, [])
+    bitnet_files = bitnet_cpp_files(a, tag)
+    for name, path in bitnet_files.items():
+        rows[name] = {}
+        runs[name] = ("bitnet-cpp", path, [])
     # the engines take turns, each round in fresh processes, and the best of the rounds
     # is kept: a change in the shared machine's load then hits every engine alike
     for _ in range(a.rounds):
@@ -349,9 +368,31 @@ def report(p, a):
                 old = rows[name].get(k)
                 better = max if k.endswith("_tps") or k == "rss_mb" else min   # RSS: the worst
                 rows[name][k] = v if old is None else better(old, v)
+                if k in ("decode_tps", "prefill_tps"):
+                    rows[name].setdefault(k + "_rounds", []).append(v)
+    for r in rows.values():
+        for k in ("decode_tps", "prefill_tps"):
+            if r.get(k + "_rounds"):
+                r[k + "_median"] = float(np.median(r[k + "_rounds"]))
     print(f"CPU: {machine.cpu()}; {machine.load()} before the run")
+    wrong = set()           # (row, key): figures of kernels whose logits are wrong
+    if bitnet_files:        # the same weights? bitnet.cpp's logits against tercomp's
+        a.artifact = runs[f"tercomp {dtypes[0]}"][1]
+        files = [f"--bitnet-files={json.dumps(bitnet_files)}"]
+        for name, c in (run_worker("bitnet-check", a, files) or {}).items():
+            batch, one = c["prefill"], c["step"]
+            print(f"{name} vs tercomp {dtypes[0]}, logits: a 32-token prompt in one batch, "
+                  f"cosine min {batch['cos_min']:.5f} mean {batch['cos_mean']:.5f} (top-1 "
+                  f"agrees at {batch['top1']:.2f}); one token alone, cosine {one['cos_min']:.5f}")
+            for key, check in (("prefill_tps", batch), ("decode_tps", one)):
+                if check["cos_min"] < 0.99:
+                    wrong.add((name, key))
+                    print(f"  {name}: {key} left out of bitnet.cpp's best: its logits are wrong")
     stream = run_worker("stream", a) or {}
-    keys = [("decode_tps", "decode tokens/s", "{:.1f}"), ("prefill_tps", f"prefill pp{a.prompt} tokens/s", "{:.1f}"),
+    keys = [("decode_tps", "decode tokens/s", "{:.1f}"),
+            ("decode_tps_median", "decode tokens/s, median of rounds", "{:.1f}"),
+            ("prefill_tps", f"prefill pp{a.prompt} tokens/s", "{:.1f}"),
+            ("prefill_tps_median", f"prefill pp{a.prompt}, median of rounds", "{:.1f}"),
             ("prefill_all_tps", f"prefill pp{a.prompt}, all logits", "{:.1f}"),
             ("rss_mb", "resident memory MiB", "{:.0f}"), ("load_s", "load s (tc.load / Llama())", "{:.2f}"),
             ("bytes_per_token_mb", "weights read per token MiB", "{:.0f}"),
@@ -372,21 +413,55 @@ def report(p, a):
     if stream:
         print(f"a plain streaming read with {a.threads} threads: {stream['stream_gbs']:.1f} GB/s "
               f"(the ceiling of the decode GB/s row)")
+    # each tercomp row against each peer; bitnet.cpp's best kernel in each row, of those
+    # whose logits agree with tercomp's
+    derived = {"decode_tps_median": "decode_tps", "gbs": "decode_tps",
+               "prefill_tps_median": "prefill_tps"}
+
+    def wrong_cell(n, k):
+        return (n, derived.get(k, k)) in wrong
+    groups = {"llama": ["llama.cpp"] if peer else [], "bitnet.cpp": list(bitnet_files)}
+    groups = {g: members for g, members in groups.items() if members}
     names = list(rows)
-    ratios = [n for n in names if n != "llama.cpp"] if peer else []
+    ours = [n for n in names if n.startswith("tercomp ")]
+    ratios = [(n, g) for g in groups for n in ours]
     print(f"{'':34}" + "".join(f"{n:>16}" for n in names) +
-          "".join(f"{n.replace('tercomp ', '') + ' / llama':>16}" for n in ratios))
+          "".join(f"{n.replace('tercomp ', '') + ' / ' + g:>22}" for n, g in ratios))
     for k, label, fmt in keys:
         vals = [rows[n].get(k) for n in names]
         if all(v is None for v in vals):
             continue
-        line = f"{label:34}" + "".join(f"{fmt.format(v) if v is not None else '-':>16}" for v in vals)
-        peer_v = rows.get("llama.cpp", {}).get(k)
-        for n in ratios:
+        line = f"{label:34}" + "".join(
+            f"{(fmt.format(v) if v is not None else '-') + (' (wrong)' if wrong_cell(n, k) else ''):>16}"
+            for n, v in zip(names, vals))
+        best = max if "_tps" in k or k == "gbs" else min
+        for n, g in ratios:
             v = rows[n].get(k)
-            line += f"{v / peer_v:>15.2f}x" if v is not None and peer_v else f"{'-':>16}"
+            peer_vals = [rows[m][k] for m in groups[g]
+                         if rows[m].get(k) is not None and not wrong_cell(m, k)]
+            peer_v = best(peer_vals) if peer_vals else None
+            line += f"{v / peer_v:>21.2f}x" if v is not None and peer_v else f"{'-':>22}"
         print(line)
+    if len(bitnet_files) > 1:
+        fastest = max(bitnet_files, key=lambda m: 0 if (m, "decode_tps") in wrong
+                      else rows[m].get("decode_tps") or 0)
+        print(f"bitnet.cpp's fastest decode: {fastest}")
+    print(f"{machine.load()} after the run")
 
+
+def bitnet_cpp_files(a, tag) -> dict:
+    """bitnet.cpp's files of the model, {row name: path}, or {} with the reason printed."""
+    if not a.bitnet_cpp:
+        print("bitnet.cpp rows skipped: no --bitnet-cpp BUILD (bench/build_bitnet_cpp.sh "
+              "builds one)", file=sys.stderr)
+        return {}
+    problem = bitnet_cpp.find(a.bitnet_cpp)
+    if problem is None and a.arch != "bitnet":
+        problem = "its files are made for the bitnet arch only"
+    if problem:
+        print(f"bitnet.cpp rows skipped: {problem}", file=sys.stderr)
+        return {}
+    return bitnet_cpp.prepare(a, write_model, run_worker, tag)
 
 if __name__ == "__main__":
     main()
