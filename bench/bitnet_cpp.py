@@ -37,10 +37,11 @@ import resource
 import subprocess
 import sys
 import types
+from configparser import ConfigParser
+from typing import Tuple
 
 import numpy as np
 
-KERNELS = ("I2_S", "TL2")
 TOOLS = ("llama-quantize", "llama-batched-bench", "llama-embedding")
 
 
@@ -58,7 +59,6 @@ def find(build: str) -> str | None:
 
 def tl2_shapes(build: str) -> set[tuple[int, int]]:
     """The (rows, columns) of the projections the build's TL2 kernels were generated for."""
-    from configparser import ConfigParser
     config = ConfigParser()
     config.read(os.path.join(build, "source", "include", "kernel_config.ini"))
     return {(int(config.get(s, "m")), int(config.get(s, "k"))) for s in config.sections()}
@@ -104,8 +104,7 @@ def converter_tl2(source: str):
     if {n.name for n in body} != wanted:
         raise RuntimeError(f"{path} lacks {sorted(wanted - {n.name for n in body})}: a "
                            f"BitNet checkout this bench does not know")
-    from typing import Tuple
-    scope = {"np": np, "Tuple": Tuple}
+    scope = {"np": np, "Tuple": Tuple}     # the names the functions use
     exec(compile(ast.Module(body=body, type_ignores=[]), path, "exec"), scope)
     return scope["transform_to_tl2"]
 
@@ -129,13 +128,12 @@ def write_tl2(a, write_model) -> dict:
     convert = converter_tl2(source)
     out = os.path.abspath(a.artifact)
     os.chdir(source)
-    a.arch = "bitnet"
     write_model(out, a, projection=tl2_projection(convert), tokens=char_tokens(a.vocab))
     return {"path": out}
 
 
 def prepare(a, write_model, run_worker, tag) -> dict:
-    """bitnet.cpp's files of the bench's model, {row name: path}; made once per
+    """bitnet.cpp's files of the bench's model, {column name: path}; made once per
     directory (reused with --keep, like the bench's GGUF). Kernels the build cannot run
     for this shape are left out with a message."""
     bin_dir = os.path.join(a.bitnet_cpp, "bin")

@@ -450,7 +450,7 @@ def report(p, a):
 
 
 def bitnet_cpp_files(a, tag) -> dict:
-    """bitnet.cpp's files of the model, {row name: path}, or {} with the reason printed."""
+    """bitnet.cpp's files of the model, {column name: path}, or {} with the reason printed."""
     if not a.bitnet_cpp:
         print("bitnet.cpp rows skipped: no --bitnet-cpp BUILD (bench/build_bitnet_cpp.sh "
               "builds one)", file=sys.stderr)
