@@ -3,6 +3,7 @@
     python bench/lm.py                      # bitnet_b1_58-large shape (~700M parameters)
     python bench/lm.py --layers 4           # a quicker, smaller run
     python bench/lm.py --no-peer            # tercomp only
+    python bench/lm.py --bitnet-cpp BUILD   # and bitnet.cpp (bench/build_bitnet_cpp.sh)
     python bench/lm.py --preset 8b          # Llama3-8B-1.58's shape (llama arch, ~3.9 GB)
 
 Writes a random-ternary GGUF (TQ2_0 projections, tied f16 embedding) of the
@@ -21,7 +22,12 @@ tercomp runs once per output-layer storage (--output-dtype, default "float16,int
 f16 table llama.cpp also reads, and an int8 table with a per-row scale at half the bytes).
 
 llama.cpp runs through llama-cpp-python when it is installed (the `peer` extra); its
-rows are skipped otherwise. Ratios are tercomp / llama.cpp from the same run.
+rows are skipped otherwise. bitnet.cpp (Microsoft's BitNet engine) runs from a build
+given with --bitnet-cpp: one column per ternary kernel, I2_S and TL2, on files holding the
+same weights (bench/bitnet_cpp.py makes them and checks its logits against tercomp's).
+Ratios are tercomp / llama.cpp and tercomp / bitnet.cpp's best kernel in each row (of
+those whose logits agree), from the same run; speeds are the best of the rounds, and
+their median is shown too.
 """
 from __future__ import annotations
 
@@ -40,18 +46,23 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bitnet_cpp  # noqa: E402  (bench/bitnet_cpp.py)
 import machine  # noqa: E402  (bench/machine.py)
 
 
 # -------------------------------------------------------------------------- the model
-def write_model(path, a):
+def write_model(path, a, projection=None, tokens=None):
     """A random ternary GGUF. `bitnet`: projections in TQ2_0 (block scale 1 and an f32
     `.scale` per tensor), sub-norms, tied f16 token embedding. `llama` (the 1.58-bit
     llama family): TQ2_0 blocks whose scale is the weight scale, no sub-norms, an untied
     f16 `output.weight`. Written one tensor at a time (a model of 8B parameters is
-    never whole in memory as floats)."""
+    never whole in memory as floats).
+
+    The same weights in another form: `projection(writer, gguf, name, codes, scale,
+    arch)` writes each projection (codes -1/0/1 as float32) instead of TQ2_0, and
+    `tokens` replaces the token strings (then no space prefix and no BOS; bitnet_cpp.py
+    uses both)."""
     import gguf
-    from gguf import GGMLQuantizationType as QT
     rng = np.random.default_rng(0)
     h, ff, v, L = a.hidden, a.ffn, a.vocab, a.layers
     llama = a.arch == "llama"
@@ -67,8 +78,11 @@ def write_model(path, a):
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_tokenizer_model("llama")
-    w.add_token_list([f"<t{i}>" for i in range(v)])
+    w.add_token_list(tokens or [f"<t{i}>" for i in range(v)])
     w.add_token_scores([0.0] * v)
+    if tokens:
+        w.add_add_space_prefix(False)
+        w.add_add_bos_token(False)
     w.add_tensor("token_embd.weight", (rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16))
     w.add_tensor("output_norm.weight", np.ones(h, np.float32))
     if llama:
@@ -81,15 +95,25 @@ def write_model(path, a):
         for n, size in norms:
             w.add_tensor(f"blk.{i}.{n}.weight", np.ones(size, np.float32))
         for n, shape in shapes.items():
-            t = rng.integers(-1, 2, size=shape).astype(np.float32) * np.float32(0.02 if llama else 1)
-            w.add_tensor(f"blk.{i}.{n}.weight", gguf.quants.quantize(t, QT.TQ2_0), raw_dtype=QT.TQ2_0)
+            t = rng.integers(-1, 2, size=shape).astype(np.float32)
+            (projection or tq2_projection)(w, gguf, f"blk.{i}.{n}", t, 0.02, a.arch)
             del t
-            if not llama:
-                w.add_tensor(f"blk.{i}.{n}.scale", np.array([0.02], np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def tq2_projection(w, gguf, name, t, scale, arch):
+    """The bench's own form: TQ2_0 codes whose block scale is the weight scale (`llama`),
+    or 1 with the scale in an f32 `.scale` tensor (`bitnet`, as BitNet's GGUFs)."""
+    QT = gguf.GGMLQuantizationType
+    if arch == "llama":
+        w.add_tensor(f"{name}.weight", gguf.quants.quantize(t * np.float32(scale), QT.TQ2_0),
+                     raw_dtype=QT.TQ2_0)
+    else:
+        w.add_tensor(f"{name}.weight", gguf.quants.quantize(t, QT.TQ2_0), raw_dtype=QT.TQ2_0)
+        w.add_tensor(f"{name}.scale", np.array([scale], np.float32))
 
 
 def rss_mb() -> float:
@@ -223,7 +247,9 @@ def worker_stream(a):
 
 
 WORKERS = {"tercomp-compile": worker_tercomp_compile, "tercomp-run": worker_tercomp_run,
-           "llama": worker_llama, "stream": worker_stream}
+           "llama": worker_llama, "stream": worker_stream,
+           "bitnet-cpp": bitnet_cpp.worker_bench, "bitnet-check": bitnet_cpp.worker_check,
+           "bitnet-tl2": lambda a: bitnet_cpp.write_tl2(a, write_model)}
 
 
 def run_worker(name, a, extra=()):
@@ -256,6 +282,8 @@ def main():
                    help="fresh-process runs of each engine, taken in turns (best kept)")
     p.add_argument("--max-seq", type=int, default=2048)
     p.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    p.add_argument("--bitnet-cpp", metavar="BUILD", help="bitnet.cpp's build directory (from "
+                   "bench/build_bitnet_cpp.sh): adds its I2_S and TL2 rows (bitnet arch only)")
     p.add_argument("--output-dtype", default="float16,int8",
                    help="tercomp's output layer (compile_lm output_dtype), a comma-separated "
                         "list of float16, int8, float32: one tercomp column each")
@@ -268,6 +296,7 @@ def main():
     p.add_argument("--worker", choices=sorted(WORKERS))
     p.add_argument("--model")
     p.add_argument("--artifact")
+    p.add_argument("--bitnet-files", help=argparse.SUPPRESS)     # the check worker's input
     a = p.parse_args()
     if a.preset == "8b":
         a.layers, a.hidden, a.ffn, a.heads, a.kv_heads, a.vocab, a.arch = \
@@ -275,6 +304,9 @@ def main():
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
                      ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab", "arch", "threads",
                       "prompt", "gen", "repeat", "max-seq")] + ([] if a.scaling else ["--no-scaling"])
+    if a.bitnet_cpp:
+        a.bitnet_cpp = os.path.abspath(a.bitnet_cpp)
+        a.passthrough.append(f"--bitnet-cpp={a.bitnet_cpp}")
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
@@ -323,6 +355,10 @@ def report(p, a):
     if peer:
         rows["llama.cpp"] = {}
         runs["llama.cpp"] = ("llama", a.artifact, [])
+    bitnet_files = bitnet_cpp_files(a, tag)
+    for name, path in bitnet_files.items():
+        rows[name] = {}
+        runs[name] = ("bitnet-cpp", path, [])
     # the engines take turns, each round in fresh processes, and the best of the rounds
     # is kept: a change in the shared machine's load then hits every engine alike
     for _ in range(a.rounds):
@@ -332,9 +368,31 @@ def report(p, a):
                 old = rows[name].get(k)
                 better = max if k.endswith("_tps") or k == "rss_mb" else min   # RSS: the worst
                 rows[name][k] = v if old is None else better(old, v)
+                if k in ("decode_tps", "prefill_tps"):
+                    rows[name].setdefault(k + "_rounds", []).append(v)
+    for r in rows.values():
+        for k in ("decode_tps", "prefill_tps"):
+            if r.get(k + "_rounds"):
+                r[k + "_median"] = float(np.median(r[k + "_rounds"]))
     print(f"CPU: {machine.cpu()}; {machine.load()} before the run")
+    wrong = set()           # (row, key): figures of kernels whose logits are wrong
+    if bitnet_files:        # the same weights? bitnet.cpp's logits against tercomp's
+        a.artifact = runs[f"tercomp {dtypes[0]}"][1]
+        files = [f"--bitnet-files={json.dumps(bitnet_files)}"]
+        for name, c in (run_worker("bitnet-check", a, files) or {}).items():
+            batch, one = c["prefill"], c["step"]
+            print(f"{name} vs tercomp {dtypes[0]}, logits: a 32-token prompt in one batch, "
+                  f"cosine min {batch['cos_min']:.5f} mean {batch['cos_mean']:.5f} (top-1 "
+                  f"agrees at {batch['top1']:.2f}); one token alone, cosine {one['cos_min']:.5f}")
+            for key, check in (("prefill_tps", batch), ("decode_tps", one)):
+                if check["cos_min"] < 0.99:
+                    wrong.add((name, key))
+                    print(f"  {name}: {key} left out of bitnet.cpp's best: its logits are wrong")
     stream = run_worker("stream", a) or {}
-    keys = [("decode_tps", "decode tokens/s", "{:.1f}"), ("prefill_tps", f"prefill pp{a.prompt} tokens/s", "{:.1f}"),
+    keys = [("decode_tps", "decode tokens/s", "{:.1f}"),
+            ("decode_tps_median", "decode tokens/s, median of rounds", "{:.1f}"),
+            ("prefill_tps", f"prefill pp{a.prompt} tokens/s", "{:.1f}"),
+            ("prefill_tps_median", f"prefill pp{a.prompt}, median of rounds", "{:.1f}"),
             ("prefill_all_tps", f"prefill pp{a.prompt}, all logits", "{:.1f}"),
             ("rss_mb", "resident memory MiB", "{:.0f}"), ("load_s", "load s (tc.load / Llama())", "{:.2f}"),
             ("bytes_per_token_mb", "weights read per token MiB", "{:.0f}"),
@@ -355,21 +413,55 @@ def report(p, a):
     if stream:
         print(f"a plain streaming read with {a.threads} threads: {stream['stream_gbs']:.1f} GB/s "
               f"(the ceiling of the decode GB/s row)")
+    # each tercomp row against each peer; bitnet.cpp's best kernel in each row, of those
+    # whose logits agree with tercomp's
+    derived = {"decode_tps_median": "decode_tps", "gbs": "decode_tps",
+               "prefill_tps_median": "prefill_tps"}
+
+    def wrong_cell(n, k):
+        return (n, derived.get(k, k)) in wrong
+    groups = {"llama": ["llama.cpp"] if peer else [], "bitnet.cpp": list(bitnet_files)}
+    groups = {g: members for g, members in groups.items() if members}
     names = list(rows)
-    ratios = [n for n in names if n != "llama.cpp"] if peer else []
+    ours = [n for n in names if n.startswith("tercomp ")]
+    ratios = [(n, g) for g in groups for n in ours]
     print(f"{'':34}" + "".join(f"{n:>16}" for n in names) +
-          "".join(f"{n.replace('tercomp ', '') + ' / llama':>16}" for n in ratios))
+          "".join(f"{n.replace('tercomp ', '') + ' / ' + g:>22}" for n, g in ratios))
     for k, label, fmt in keys:
         vals = [rows[n].get(k) for n in names]
         if all(v is None for v in vals):
             continue
-        line = f"{label:34}" + "".join(f"{fmt.format(v) if v is not None else '-':>16}" for v in vals)
-        peer_v = rows.get("llama.cpp", {}).get(k)
-        for n in ratios:
+        line = f"{label:34}" + "".join(
+            f"{(fmt.format(v) if v is not None else '-') + (' (wrong)' if wrong_cell(n, k) else ''):>16}"
+            for n, v in zip(names, vals))
+        best = max if "_tps" in k or k == "gbs" else min
+        for n, g in ratios:
             v = rows[n].get(k)
-            line += f"{v / peer_v:>15.2f}x" if v is not None and peer_v else f"{'-':>16}"
+            peer_vals = [rows[m][k] for m in groups[g]
+                         if rows[m].get(k) is not None and not wrong_cell(m, k)]
+            peer_v = best(peer_vals) if peer_vals else None
+            line += f"{v / peer_v:>21.2f}x" if v is not None and peer_v else f"{'-':>22}"
         print(line)
+    if len(bitnet_files) > 1:
+        fastest = max(bitnet_files, key=lambda m: 0 if (m, "decode_tps") in wrong
+                      else rows[m].get("decode_tps") or 0)
+        print(f"bitnet.cpp's fastest decode: {fastest}")
+    print(f"{machine.load()} after the run")
 
+
+def bitnet_cpp_files(a, tag) -> dict:
+    """bitnet.cpp's files of the model, {column name: path}, or {} with the reason printed."""
+    if not a.bitnet_cpp:
+        print("bitnet.cpp rows skipped: no --bitnet-cpp BUILD (bench/build_bitnet_cpp.sh "
+              "builds one)", file=sys.stderr)
+        return {}
+    problem = bitnet_cpp.find(a.bitnet_cpp)
+    if problem is None and a.arch != "bitnet":
+        problem = "its files are made for the bitnet arch only"
+    if problem:
+        print(f"bitnet.cpp rows skipped: {problem}", file=sys.stderr)
+        return {}
+    return bitnet_cpp.prepare(a, write_model, run_worker, tag)
 
 if __name__ == "__main__":
     main()
