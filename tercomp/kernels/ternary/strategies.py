@@ -34,9 +34,9 @@ from iree.compiler.dialects import arith, scf
 from ...errors import TercompError
 from ...ir import TensorType
 from .. import table as kt
-from . import avx2
+from . import avx2, avx512
 from ...codegen.builders import const
-from ..table import GEMV_MAX_M, avx2_fits
+from ..table import GEMV_MAX_M, avx2_fits, avx512_fits
 from .blocked import blocked
 from .builder import TernaryBuilder, check_packed
 from .vnni import vnni
@@ -85,8 +85,15 @@ def _avx2(kern: TernaryBuilder) -> ir.Value:
     return avx2.emit(kern)
 
 
+def _avx512(kern: TernaryBuilder) -> ir.Value:
+    # a packed matrix whose KB or N the kernel does not take gets the avx2 kernel, then
+    # the portable one
+    return avx512.emit(kern) if avx512.fits(kern.kb, kern.n) else _avx2(kern)
+
+
 #: strategy -> (kernel, act_quant) -> y: what each row of the table emits
 EMIT: dict[str, Callable[[TernaryBuilder, bool], ir.Value]] = {
+    "avx512": _int_only(_avx512),
     "avx2": _int_only(_avx2),
     "dispatch-vnni": _dispatch("vnni", "blocked"),
     "dispatch": _dispatch("addsub", "blocked"),
@@ -99,7 +106,8 @@ EMIT: dict[str, Callable[[TernaryBuilder, bool], ir.Value]] = {
 #: strategy -> (K, N) -> the 2-bit code format (ternary_pack.CODES) the kernel reads
 #: fastest; the ternary pass re-codes a constant weight to it. Every kernel also reads
 #: "signed"; a strategy not listed reads only "signed".
-CODES = {"avx2": lambda k, n: "offset" if avx2_fits(k, n) else "signed"}
+CODES = {"avx512": lambda k, n: "offset" if avx512_fits(k, n) or avx2_fits(k, n) else "signed",
+         "avx2": lambda k, n: "offset" if avx2_fits(k, n) else "signed"}
 
 
 def check_strategy(strategy, targets: Sequence[str] = ("llvm-cpu",), *,

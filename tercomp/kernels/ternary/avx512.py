@@ -1,0 +1,83 @@
+"""The "avx512" ternary matmul kernel: the avx2 kernel (`avx2`: the same packed layout,
+offset codes, quantize dispatch, GEMV and GEMM loops and workgroups) on 512-bit vectors
+with AVX-512 VNNI's `vpdpbusd`, for hosts that have it.
+
+Per 64 packed bytes of a row (256 weights) and a row of x, the loop is
+
+    u  = the bytes (offset codes w + 1), or the signed codes remapped as in avx2
+    a += vpdpbusd(u & 3, x_0) + vpdpbusd((u >> 4) & 3, x_2)
+    b += vpdpbusd(u & 12, x_1) + vpdpbusd((u >> 4) & 12, x_3)
+
+(u8 x s8 products, 4 to an i32 lane, added into the lane), and y = ((4 sum(a) +
+sum(b)) / 4 - sum(x)) * scale * max|x| / 127 at the end. Against the avx2 kernel:
+twice the bytes a vector, and `vpdpbusd` replaces vpmaddubsw + vpaddw + the periodic
+vpmaddwd (no i16 stage, so no inner block loop bounding the i16 sums); the decode is
+one shift and four ands a chunk (planes 1 and 3 read 4 times their codes and sum into
+their own accumulator), done on i32 lanes (no carry or borrow crosses a 2-bit field).
+
+Needs: llvm-cpu on a host with AVX-512 VNNI (avx512bw comes with it), K/4 a multiple
+of 64 and N a multiple of 4 (the table's rule; other shapes take the avx2 kernel).
+"""
+from __future__ import annotations
+
+import numpy as np
+from iree.compiler import ir
+from iree.compiler.dialects import arith
+
+from ...ternary_pack import ACT_MAX
+from ...codegen.executables import dispatch, ensure_executable
+from ..template import render
+from . import avx2
+from .avx2_quant import quant_literals, quantized
+
+#: Packed bytes per row that one vector covers (64 bytes: 256 weights, one cache line).
+CHUNK = 64
+#: Output rows of the GEMV loop that share one pass over x, one from each stream.
+ROWS = avx2.ROWS
+#: Rows of x multiplied together in the GEMM loop (M >= MB), and weight rows a step.
+MB = avx2.MB
+GEMM_ROWS = 1
+#: Prefetch distances and workgroups: the avx2 kernel's (avx2.py says why).
+PREFETCH_ROWS = avx2.PREFETCH_ROWS
+STREAM_AHEAD = avx2.STREAM_AHEAD
+WORKGROUPS = avx2.WORKGROUPS
+DECODE_WORKGROUPS = avx2.DECODE_WORKGROUPS
+MAX_KP = avx2.MAX_KP
+STACK_LIMIT = avx2.STACK_LIMIT
+
+
+def fits(k_bytes: int, n: int) -> bool:
+    """Whether the kernel takes a [N, KB] packed matrix."""
+    return k_bytes % CHUNK == 0 and n % ROWS == 0 and 4 * k_bytes <= MAX_KP
+
+
+def executable_text(name: str, n: int, kb: int, offset: bool = False,
+                    prequantized: bool = False) -> str:
+    """The `stream.executable @name` (templates/ternary_avx512.mlir): avx2.executable_text's
+    contract (x [M, 4 KB] f32 or its quantized codes and stats, w [N, KB] i8 in offset or
+    signed codes, `wscale`; out [M, N] f32) with 64-byte chunks and vpdpbusd."""
+    return render("ternary_avx512", name=name, n=n, kb=kb, offset=offset,
+                  prequantized=prequantized, rows=ROWS, mb=MB, gemm_rows=GEMM_ROWS,
+                  chunk=CHUNK, prefetch_rows=PREFETCH_ROWS, stream_ahead=STREAM_AHEAD,
+                  workgroups=WORKGROUPS, decode_workgroups=DECODE_WORKGROUPS,
+                  **quant_literals())
+
+
+def emit(kern) -> ir.Value:
+    """y [M, N] f32 for the `TernaryBuilder` `kern` (activation quantization always on),
+    as avx2.emit: a static M below MB quantizes x in the matmul's dispatch, any other M
+    reads the quantize dispatch's codes (the one avx2 uses, shared with it)."""
+    offset = kern.codes == "offset"
+    prequantized = kern.m is None or kern.m >= MB
+    name = (f"tern_avx512_gemv_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
+            f"{'_q' if prequantized else ''}")
+    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset,
+                                                    prequantized))
+    m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
+    dims = list(kern.m_values)
+    x = [kern.pad_k(kern.x)]
+    if prequantized:
+        x = quantized(kern, x[0], m, dims)
+    wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))
+    return dispatch(name, name, [m], [*x, kern.weights(), wscale, m],
+                    dims * len(x), kern.ttype([kern.n], kern.f32), dims)
