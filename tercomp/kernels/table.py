@@ -158,7 +158,6 @@ TABLE = (
     KernelRow(_T, "avx512", HOST, VNNI, _avx512_rule,
               "the avx2 kernel on 512-bit vectors, products reduced with vpdpbusd (no i16 "
               "stage); on an AVX-512 VNNI host faster than avx2 at every M measured",
-              (f"--iree-llvmcpu-stack-allocation-limit={avx512.STACK_LIMIT}",),
               needs_feature=True),
     KernelRow(_T, "avx2", HOST, AVX2, _avx2_rule,
               "hand-scheduled vpmaddubsw kernel on the 2-bit codes for every M (a GEMV for "

@@ -1,11 +1,12 @@
-{# params: name, n, kb, offset, prequantized, rows, mb, gemm_rows, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi #}
+{# params: name, n, kb, offset, prequantized, rows, mb, gemm_rows, tile_rows, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi #}
 {#
   The avx512 ternary matmul (see ternary/avx512.py for the why): the avx2 kernel's
-  inputs, outputs and loops (ternary_avx2.mlir) on 64-byte zmm chunks, each u8 x s8
-  product reduced into i32 lanes by vpdpbusd (4 products a lane, no i16 stage): `mb`
-  rows of x at a time through the GEMM loop (`gemm_rows` weight rows a step), the
-  remaining rows one by one through the GEMV loop (`rows` weight rows a step, one from
-  each of `rows` streams). The decode works on i32 lanes: no carry or borrow crosses a
+  inputs and outputs (ternary_avx2.mlir) on 64-byte zmm chunks, each u8 x s8 product
+  reduced into i32 lanes by vpdpbusd (4 products a lane, no i16 stage). `prequantized`
+  (x as the quantize dispatch's codes): `mb` rows of x at a time through the GEMM loop,
+  the remaining rows one by one through the GEMV loop (`rows` weight rows a step, one
+  from each of `rows` streams); else (a decode's few rows) every row through the GEMV
+  loop, quantized by the workgroup into a one-row buffer. The decode works on i32 lanes: no carry or borrow crosses a
   2-bit field, so the byte-wise arithmetic is the same done 32 bits at a time.
 #}
 %% import "lib.mlir" as lib
@@ -14,7 +15,7 @@
 %% set dp = 'llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"'
 %% set dpt = "(%s, %s, %s) -> %s" % (v32, v8, v8, v32)
 %% set kp = 4 * kb
-%% set bt = "memref<%dx%dxi8>" % (mb, kp)
+%% set bt = "memref<1x%dxi8>" % kp
 %% set wt = "memref<%dx%dxi8>" % (n, kb)
 %% set ot = "memref<?x%dxf32>" % n
 %% set qt = "memref<?x%dxi8>" % kp
@@ -127,10 +128,13 @@ memref.store %y{{ i }}_{{ b }}, %o[%ocol{{ i }}_{{ b }}, {{ row }}] : {{ ot }}
         }
 %% endmacro
 {#
-  gemm_loop: mb quantized rows of x (rows `xrows` of `mem`) against gemm_rows weight rows
-  per step: each weight chunk is decoded once for mb rows of x.
+  gemm_loop: the rows of x in whole blocks of mb (rows `xrows` of %xq, their statistics
+  from %xs) against the workgroup's weight rows in tiles of tile_rows: each tile (a few
+  KB, kept in L1 and L2) meets every block of x before the next tile is read, so the
+  weights stream from memory once a call, and each weight chunk is decoded once for
+  mb rows of x (gemm_rows weight rows a step).
 #}
-%% macro gemm_loop(mem, mem_type, xrows, sums, fms)
+%% macro gemm_loop(xrows, sums, fms)
 %%   set pairs = []
 %%   for i in range(gemm_rows)
 %%     for b in range(mb)
@@ -138,28 +142,37 @@ memref.store %y{{ i }}_{{ b }}, %o[%ocol{{ i }}_{{ b }}, {{ row }}] : {{ ot }}
 %%     endfor
 %%   endfor
 %%   set t32 = ([v32] * (2 * pairs|length))|join(", ")
-        scf.for %r = %r0 to %r1 step %cg {
-          %acc:{{ 2 * pairs|length }} = scf.for %c = %c0 to %ckb step %cc iter_args({{ iter_args(pairs) }}) -> ({{ t32 }}) {
+      scf.for %rt = %r0 to %r1 step %ctile {
+        %rtend0 = arith.addi %rt, %ctile : index
+        %rtend = arith.minui %rtend0, %r1 : index
+        scf.for %mrow = %c0 to %mfull step %cmb {
+%%   for b in range(mb)
+          {{ xrows[b] }} = affine.apply affine_map<(d0) -> (d0 + {{ b }})>(%mrow)
+{{ quant.row_stats(b, xrows[b], sums[b], fms[b]) }}
+%%   endfor
+          scf.for %r = %rt to %rtend step %cg {
+            %acc:{{ 2 * pairs|length }} = scf.for %c = %c0 to %ckb step %cc iter_args({{ iter_args(pairs) }}) -> ({{ t32 }}) {
 %%   for i in range(gemm_rows)
-            {{ codes(i, "%r", i, prefetch_rows, 0) | indent(12) }}
+              {{ codes(i, "%r", i, prefetch_rows, 3) | indent(14) }}
 %%   endfor
 %%   for b in range(mb)
-            {{ x_planes(b, mem, mem_type, xrows[b]) | indent(12) }}
+              {{ x_planes(b, "%xq", qt, xrows[b]) | indent(14) }}
 %%   endfor
 %%   for i, b in pairs
-            {{ products("%d_%d" % (i, b), i, b) | indent(12) }}
+              {{ products("%d_%d" % (i, b), i, b) | indent(14) }}
 %%   endfor
-            scf.yield {{ yields(pairs) }} : {{ t32 }}
+              scf.yield {{ yields(pairs) }} : {{ t32 }}
+            }
+            {{ stores(pairs, sums, fms) | indent(12) }}
           }
-          {{ stores(pairs, sums, fms) | indent(10) }}
         }
+      }
 %% endmacro
-%% set sums, fms, xrows, cb = [], [], [], []
+%% set sums, fms, xrows = [], [], []
 %% for b in range(mb)
 %%   do sums.append("%%sx%d" % b)
 %%   do fms.append("%%fm%d" % b)
 %%   do xrows.append("%%xr%d" % b)
-%%   do cb.append("%%c%d" % b)
 %% endfor
 %% set inputs = "%bq: !stream.binding, %bs: !stream.binding, " if prequantized else "%bx: !stream.binding, "
 %% call lib.executable(name, inputs ~ "%bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index", few=decode_workgroups, many=workgroups, m_min=mb)
@@ -167,6 +180,7 @@ memref.store %y{{ i }}_{{ b }}, %o[%ocol{{ i }}_{{ b }}, {{ row }}] : {{ ot }}
       %cr = arith.constant {{ rows }} : index
       %cg = arith.constant {{ gemm_rows }} : index
       %cmb = arith.constant {{ mb }} : index
+      %ctile = arith.constant {{ tile_rows }} : index
       %cc = arith.constant {{ chunk }} : index
       %ckb = arith.constant {{ kb }} : index
       %cn = arith.constant {{ n }} : index
@@ -196,34 +210,19 @@ memref.store %y{{ i }}_{{ b }}, %o[%ocol{{ i }}_{{ b }}, {{ row }}] : {{ ot }}
       %two32 = arith.constant dense<2> : {{ v32 }}
       %c2i32 = arith.constant 2 : i32
       %z32 = arith.constant dense<0> : {{ v32 }}
+%% if prequantized
       %mblocks = arith.divui %m, %cmb : index
       %mfull = arith.muli %mblocks, %cmb : index
-      scf.for %mrow = %c0 to %mfull step %cmb {
-%% for b in range(mb)
-          %xr{{ b }} = affine.apply affine_map<(d0) -> (d0 + {{ b }})>(%mrow)
-%% endfor
-%% for b in range(mb)
-%%   if prequantized
-{{ quant.row_stats(b, xrows[b], sums[b], fms[b]) }}
-%%   else
-{{ quant.quantize_row(kp, b, xrows[b], "%buf", cb[b], bt, sums[b], "%%amc%d" % b) }}
-          {{ fms[b] }} = arith.mulf %amc{{ b }}, %wscale : f32
-%%   endif
-%% endfor
-%% if prequantized
-{{ gemm_loop("%xq", qt, xrows, sums, fms) }}
-%% else
-{{ gemm_loop("%buf", bt, cb, sums, fms) }}
-%% endif
-      }
+{{ gemm_loop(xrows, sums, fms) }}
       scf.for %mrow = %mfull to %m step %c1 {
-%% if prequantized
 {{ quant.row_stats(0, "%mrow", sums[0], fms[0]) }}
 {{ gemv_loop("%xq", qt, "%mrow", sums[0], fms[0]) }}
+      }
 %% else
+      scf.for %mrow = %c0 to %m step %c1 {
 {{ quant.quantize_row(kp, 0, "%mrow", "%buf", "%c0", bt, sums[0], "%amc0") }}
           {{ fms[0] }} = arith.mulf %amc0, %wscale : f32
 {{ gemv_loop("%buf", bt, "%c0", sums[0], fms[0]) }}
-%% endif
       }
+%% endif
 %% endcall

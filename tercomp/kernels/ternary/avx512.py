@@ -37,13 +37,18 @@ ROWS = avx2.ROWS
 #: Rows of x multiplied together in the GEMM loop (M >= MB), and weight rows a step.
 MB = avx2.MB
 GEMM_ROWS = 1
+#: Weight rows a GEMM tile: every block of MB rows of x meets the tile before the next
+#: (16 rows of a 4096-wide weight, 16 KB, and a block of x, 16 KB, share the 48 KB L1).
+TILE_ROWS = 16
 #: Prefetch distances and workgroups: the avx2 kernel's (avx2.py says why).
 PREFETCH_ROWS = avx2.PREFETCH_ROWS
 STREAM_AHEAD = avx2.STREAM_AHEAD
 WORKGROUPS = avx2.WORKGROUPS
 DECODE_WORKGROUPS = avx2.DECODE_WORKGROUPS
-MAX_KP = avx2.MAX_KP
-STACK_LIMIT = avx2.STACK_LIMIT
+#: The largest 4 KB: a decode's workgroup quantizes its row of x into a buffer of 4 KB
+#: bytes on its stack, within IREE's 32 KiB default (the GEMM loop reads the quantize
+#: dispatch's codes), so it takes Llama-3-8B's 14336-wide down projection too.
+MAX_KP = 16384
 
 
 def fits(k_bytes: int, n: int) -> bool:
@@ -58,6 +63,7 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
     signed codes, `wscale`; out [M, N] f32) with 64-byte chunks and vpdpbusd."""
     return render("ternary_avx512", name=name, n=n, kb=kb, offset=offset,
                   prequantized=prequantized, rows=ROWS, mb=MB, gemm_rows=GEMM_ROWS,
+                  tile_rows=TILE_ROWS,
                   chunk=CHUNK, prefetch_rows=PREFETCH_ROWS, stream_ahead=STREAM_AHEAD,
                   workgroups=WORKGROUPS, decode_workgroups=DECODE_WORKGROUPS,
                   **quant_literals())
