@@ -72,10 +72,10 @@
 %% macro stores(pairs, sums, fms, rows=none)
 %%   for i, b in pairs
 %%     set p = loop.index0
-%a4{{ i }}_{{ b }} = arith.shli %acc#{{ 2 * p }}, %two32 : {{ v32 }}
-%s4{{ i }}_{{ b }} = arith.addi %a4{{ i }}_{{ b }}, %acc#{{ 2 * p + 1 }} : {{ v32 }}
-%red4{{ i }}_{{ b }} = vector.reduction <add>, %s4{{ i }}_{{ b }} : {{ v32 }} into i32
-%red{{ i }}_{{ b }} = arith.shrsi %red4{{ i }}_{{ b }}, %c2i32 : i32
+%sh{{ i }}_{{ b }} = arith.shli %acc#{{ 2 * p }}, %two32 : {{ v32 }}
+%all{{ i }}_{{ b }} = arith.addi %sh{{ i }}_{{ b }}, %acc#{{ 2 * p + 1 }} : {{ v32 }}
+%red4_{{ i }}_{{ b }} = vector.reduction <add>, %all{{ i }}_{{ b }} : {{ v32 }} into i32
+%red{{ i }}_{{ b }} = arith.shrsi %red4_{{ i }}_{{ b }}, %c2i32 : i32
 %%     set row = "%%orow%d_%d" % (i, b) if rows is none else rows[i]
 %%     if rows is none
 {{ row }} = affine.apply affine_map<(d0) -> (d0 + {{ i }})>(%r)
