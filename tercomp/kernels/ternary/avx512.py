@@ -34,12 +34,20 @@ from .avx2_quant import quant_literals, quantized
 CHUNK = 64
 #: Output rows of the GEMV loop that share one pass over x, one from each stream.
 ROWS = avx2.ROWS
-#: Rows of x multiplied together in the GEMM loop (M >= MB), and weight rows a step.
+#: Rows of x multiplied together in the GEMM loop (M >= MB).
 MB = avx2.MB
-GEMM_ROWS = 1
+#: Weight rows decoded a GEMM step: 2 x MB x 2 accumulators, 8 code vectors, x read as
+#: vpdpbusd's memory operand (28 of the 32 zmm registers, no spills). Two rows measured
+#: 5-15% faster than one at 8, 16 and 128 rows of x; 8 rows of x with one weight row
+#: measured between the two (bench/RESULTS.md).
+GEMM_ROWS = 2
 #: Weight rows a GEMM tile: every block of MB rows of x meets the tile before the next
-#: (16 rows of a 4096-wide weight, 16 KB, and a block of x, 16 KB, share the 48 KB L1).
-TILE_ROWS = 16
+#: one is read, so the weights come from memory once a call (32 KB of a 4096-wide
+#: weight: L1 and L2) and a block of x (16 KB) stays in L1 across the tile. Blocks of x
+#: outside the tile loop (the avx2 kernel's order) read the weights once per block:
+#: 2.3x slower at 8 rows here, where prefetchnta leaves them out of L2. 32 measured
+#: alike with 16 and 8 at 8 and 16 rows and a little faster at 128.
+TILE_ROWS = 32
 #: Prefetch distances and workgroups: the avx2 kernel's (avx2.py says why).
 PREFETCH_ROWS = avx2.PREFETCH_ROWS
 STREAM_AHEAD = avx2.STREAM_AHEAD
