@@ -148,14 +148,15 @@ def test_ternary_avx512():
 CHECK-LABEL: stream.executable private @tern_avx512_gemv_8x64_offset_q
 CHECK:   %g = arith.select %big, %many, %few : index
 CHECK:   func.func @tern_avx512_gemv_8x64_offset_q(%bq: !stream.binding, %bs: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
-CHECK:     %ctile = arith.constant 16 : index
+CHECK:     %cg = arith.constant 2 : index
+CHECK:     %ctile = arith.constant 32 : index
 CHECK:     %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?x256xi8>{%m}
 CHECK:     %three = arith.constant dense<50529027> : vector<16xi32>
 CHECK:     scf.for %rt = %r0 to %r1 step %ctile
 CHECK:       scf.for %mrow = %c0 to %mfull step %cmb
 CHECK:         %fm3 = arith.mulf %amc3, %wscale : f32
 CHECK:         scf.for %r = %rt to %rtend step %cg
-CHECK:           %acc:8 = scf.for %c = %c0 to %ckb step %cc iter_args(%a0_0 = %z32, %b0_0 = %z32,
+CHECK:           %acc:16 = scf.for %c = %c0 to %ckb step %cc iter_args(%a0_0 = %z32, %b0_0 = %z32,
 CHECK:             %raw0b = vector.load %w[%rowraw0, %c] : memref<8x64xi8>, vector<64xi8>
 CHECK:             memref.prefetch %w[%preraw0, %c], read, locality<3>, data : memref<8x64xi8>
 CHECK-NOT:         %u0 =
@@ -168,6 +169,8 @@ CHECK:           %sh0_3 = arith.shli %acc#6, %two32 : vector<16xi32>
 CHECK:           %all0_3 = arith.addi %sh0_3, %acc#7 : vector<16xi32>
 CHECK:           %dif0_3 = arith.subi %red0_3, %sx3 : i32
 CHECK:           memref.store %y0_3, %o[%ocol0_3, %orow0_3] : memref<?x8xf32>
+CHECK:           %sh1_3 = arith.shli %acc#14, %two32 : vector<16xi32>
+CHECK:           %orow1_3 = affine.apply affine_map<(d0) -> (d0 + 1)>(%r)
 CHECK:     scf.for %mrow = %mfull to %m step %c1
 CHECK:       scf.for %rj = %r0 to %rqend step %c1
 CHECK:           memref.prefetch %w[%preraw3, %c], read, locality<3>, data : memref<8x64xi8>
