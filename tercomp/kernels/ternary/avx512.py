@@ -15,6 +15,16 @@ vpmaddwd (no i16 stage, so no inner block loop bounding the i16 sums); the decod
 one shift and four ands a chunk (planes 1 and 3 read 4 times their codes and sum into
 their own accumulator), done on i32 lanes (no carry or borrow crosses a 2-bit field).
 
+The GEMM loop (M >= MB, always on the quantize dispatch's codes) differs in its order:
+tiles of TILE_ROWS weight rows outside, blocks of MB rows of x inside, so each tile is
+read from memory once and meets every block of x from L1/L2; the avx2 kernel's order
+(each block of x against all the workgroup's rows) read the weights once per block,
+and with its prefetchnta they came from L3 each time. Conclusions on a 2-core Xeon with
+AVX-512 VNNI (bench/RESULTS.md): against avx2 in the same runs, 2-3x faster at 8 and 16
+rows of x and 1.6-1.9x at 128; decode (M = 1, memory-bound) measured alike; vpdpbusd
+on zmm issues as often as on ymm here (twice the products an instruction), and a ymm
+GEMV loop measured alike with the zmm one, so the kernel uses zmm throughout.
+
 Needs: llvm-cpu on a host with AVX-512 VNNI (avx512bw comes with it), K/4 a multiple
 of 64 and N a multiple of 4 (the table's rule; other shapes take the avx2 kernel).
 """
