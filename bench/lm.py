@@ -145,7 +145,7 @@ def worker_tercomp_compile(a):
     for kind in ("cold", "cached"):
         t = time.perf_counter()
         gen = tc.compile_lm(models.load(a.model), max_seq=a.max_seq, threads=a.threads,
-                            output_dtype=a.output_dtype)
+                            output_dtype=a.output_dtype, ternary=a.ternary)
         out[f"compile_{kind}_s"] = time.perf_counter() - t
         if kind == "cold":      # the process's peak: load, trace, passes, IREE (in process)
             out["compile_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -154,7 +154,7 @@ def worker_tercomp_compile(a):
         os.remove(a.artifact + ".128")
     if a.scaling:       # the same model with a short cache, for the O(position) check
         gen = tc.compile_lm(models.load(a.model), max_seq=128, threads=a.threads,
-                            output_dtype=a.output_dtype)
+                            output_dtype=a.output_dtype, ternary=a.ternary)
         gen.save(a.artifact + ".128")
     return out
 
@@ -287,6 +287,10 @@ def main():
     p.add_argument("--output-dtype", default="float16,int8",
                    help="tercomp's output layer (compile_lm output_dtype), a comma-separated "
                         "list of float16, int8, float32: one tercomp column each")
+    p.add_argument("--ternary", default="auto",
+                   help="tercomp's ternary kernels (compile_lm ternary), a comma-separated list "
+                        "of strategies (auto, avx512, avx2, ...): one tercomp column each, "
+                        "for every --output-dtype")
     p.add_argument("--no-scaling", dest="scaling", action="store_false",
                    help="skip the max_seq 128 compile of the O(position) check")
     p.add_argument("--dir", default=None, help="where the GGUF and artifacts go (default: a "
@@ -347,11 +351,15 @@ def report(p, a):
                   "(pip install 'tercomp[peer]')", file=sys.stderr)
             peer = False
     rows, runs = {}, {}
+    ternaries = a.ternary.split(",")
     for d in dtypes:
-        artifact = os.path.join(a.dir, f"bitnet-{tag}-{d}.tcm")
-        a.artifact = artifact
-        rows[f"tercomp {d}"] = run_worker("tercomp-compile", a, [f"--output-dtype={d}"]) or {}
-        runs[f"tercomp {d}"] = ("tercomp-run", artifact, [f"--output-dtype={d}"])
+        for t in ternaries:
+            name = f"tercomp {d}" + ("" if t == "auto" else f" {t}")
+            artifact = os.path.join(a.dir, f"bitnet-{tag}-{d}-{t}.tcm")
+            a.artifact = artifact
+            extra = [f"--output-dtype={d}", f"--ternary={t}"]
+            rows[name] = run_worker("tercomp-compile", a, extra) or {}
+            runs[name] = ("tercomp-run", artifact, extra)
     if peer:
         rows["llama.cpp"] = {}
         runs["llama.cpp"] = ("llama", a.artifact, [])

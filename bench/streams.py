@@ -65,7 +65,7 @@ def worker_tercomp(a):
     streams = [int(s) for s in a.streams.split(",")]
     lm = models.load(a.model)
     out = {}
-    single = tc.compile_lm(lm, max_seq=a.max_seq, threads=a.threads)
+    single = tc.compile_lm(lm, max_seq=a.max_seq, threads=a.threads, ternary=a.ternary)
     prompt = _prompts(a, 1)[0]
 
     def one():
@@ -78,7 +78,8 @@ def worker_tercomp(a):
     out["single_tps"] = [a.gen / t for t in _times(one, a.repeat)]
     del single
     t = time.perf_counter()
-    gen = tc.compile_lm(lm, max_seq=a.max_seq, max_batch=max(streams), threads=a.threads)
+    gen = tc.compile_lm(lm, max_seq=a.max_seq, max_batch=max(streams), threads=a.threads,
+                        ternary=a.ternary)
     out["compile_batched_s"] = time.perf_counter() - t
     prompts = _prompts(a, max(streams))
     for b in streams:
@@ -165,9 +166,9 @@ def worker_llama(a):
 WORKERS = {"tercomp": worker_tercomp, "llama": worker_llama}
 
 
-def run_worker(name, a):
+def run_worker(name, a, extra=()):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model", a.model,
-           *a.passthrough]
+           *a.passthrough, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         print(f"{name} failed:\n{r.stderr[-3000:]}", file=sys.stderr)
@@ -190,6 +191,10 @@ def main():
     p.add_argument("--max-seq", type=int, default=256, help="cache rows per stream")
     p.add_argument("--streams", default="1,4,8,16")
     p.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    p.add_argument("--ternary", default="auto",
+                   help="tercomp's ternary kernels (compile_lm ternary), a comma-separated list "
+                        "of strategies (auto, avx512, avx2, ...): one tercomp engine each, "
+                        "all taking turns")
     p.add_argument("--keep", action="store_true", help="keep the GGUF (in --dir)")
     p.add_argument("--dir", default=None)
     p.add_argument("--worker", choices=sorted(WORKERS))
@@ -221,29 +226,34 @@ def main():
                 peer = False
         # the engines take turns, each round in fresh processes: a change in the shared
         # machine's load hits both alike; every timing of every round is kept
-        ours, theirs = {}, {}
+        ternaries = a.ternary.split(",")
+        ours, theirs = {t: {} for t in ternaries}, {}
+        engines = [("tercomp", ours[t], ["--ternary", t]) for t in ternaries]
+        engines += [("llama", theirs, [])] if peer else []
         for _ in range(a.rounds):
-            for name, into in (("tercomp", ours), ("llama", theirs)) if peer else (("tercomp", ours),):
-                for k, v in (run_worker(name, a) or {}).items():
+            for name, into, extra in engines:
+                for k, v in (run_worker(name, a, extra) or {}).items():
                     into.setdefault(k, []).extend(v if isinstance(v, list) else [v])
-        if not ours:
+        if not all(ours.values()):
             sys.exit(1)
-        med = {k: float(np.median(v)) for k, v in ours.items()}
-        best = {k: float(np.max(v)) for k, v in ours.items()}
         pmed = {k: float(np.median(v)) for k, v in theirs.items()}
         pbest = {k: float(np.max(v)) for k, v in theirs.items()}
-        print(f"tokens/s, median / best of {a.rounds} rounds x {a.repeat} runs, engines in turns; "
-              f"single-stream generator (max_batch 1): {med['single_tps']:.1f} / "
-              f"{best['single_tps']:.1f}; batched compile {best['compile_batched_s']:.1f} s")
-        print(f"{'streams':>7} {'tercomp':>13} {'x single':>11} {'llama.cpp':>13} "
-              f"{'tercomp/llama':>13} {'engine e2e':>13}")
-        for b in (int(s) for s in a.streams.split(",")):
-            k = f"step_{b}"
-            ratio = f"{med[k] / pmed[k]:6.2f} /{best[k] / pbest[k]:5.2f}" if k in pmed else "-"
-            lc = f"{pmed[k]:6.1f} /{pbest[k]:6.1f}" if k in pmed else "-"
-            print(f"{b:7d} {med[k]:6.1f} /{best[k]:6.1f} {med[k] / med['single_tps']:4.2f} /"
-                  f"{best[k] / best['single_tps']:5.2f} {lc:>13} {ratio:>13} "
-                  f"{med[f'engine_{b}']:6.1f} /{best[f'engine_{b}']:5.1f}")
+        for t in ternaries:
+            med = {k: float(np.median(v)) for k, v in ours[t].items()}
+            best = {k: float(np.max(v)) for k, v in ours[t].items()}
+            print(f"ternary={t}: tokens/s, median / best of {a.rounds} rounds x {a.repeat} runs, "
+                  f"engines in turns; single-stream generator (max_batch 1): "
+                  f"{med['single_tps']:.1f} / {best['single_tps']:.1f}; batched compile "
+                  f"{best['compile_batched_s']:.1f} s")
+            print(f"{'streams':>7} {'tercomp':>13} {'x single':>11} {'llama.cpp':>13} "
+                  f"{'tercomp/llama':>13} {'engine e2e':>13}")
+            for b in (int(s) for s in a.streams.split(",")):
+                k = f"step_{b}"
+                ratio = f"{med[k] / pmed[k]:6.2f} /{best[k] / pbest[k]:5.2f}" if k in pmed else "-"
+                lc = f"{pmed[k]:6.1f} /{pbest[k]:6.1f}" if k in pmed else "-"
+                print(f"{b:7d} {med[k]:6.1f} /{best[k]:6.1f} {med[k] / med['single_tps']:4.2f} /"
+                      f"{best[k] / best['single_tps']:5.2f} {lc:>13} {ratio:>13} "
+                      f"{med[f'engine_{b}']:6.1f} /{best[f'engine_{b}']:5.1f}")
         print(f"{machine.load()} after the run")
     finally:
         if not a.keep and a.dir is None:

@@ -39,9 +39,11 @@ from tercomp.kernels.ternary.strategies import (STRATEGIES, choose_strategy,  # 
 from tercomp.ternary_pack import absmean_ternarize, pack_ternary, to_offset_codes  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 4096, 4096)]
-# (strategy, act_quant, 2-bit codes): avx2 on the offset codes the ternary pass stores for
-# it, and on the signed codes (remapped in registers, as for a weight passed at run time)
-VARIANTS = [("avx2", True, "offset"), ("avx2", True, "signed"), ("addsub", True, "signed"),
+# (strategy, act_quant, 2-bit codes): avx512 and avx2 on the offset codes the ternary pass
+# stores for them, and on the signed codes (remapped in registers, as for a weight passed
+# at run time)
+VARIANTS = [("avx512", True, "offset"), ("avx512", True, "signed"),
+            ("avx2", True, "offset"), ("avx2", True, "signed"), ("addsub", True, "signed"),
             ("vnni", True, "signed"), ("int8", True, "signed"), ("f32", True, "signed"),
             ("f32", False, "signed")]
 DENSE_FLAGS = ["--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all",
@@ -120,7 +122,8 @@ def emit_dense(x, layer):
     return linalg.matmul(x, wc, outs=[out], indexing_maps=maps)
 
 
-def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng, only=None) -> list:
+def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng, only=None,
+        only_codes=None) -> list:
     """(label, median, min seconds per layer) for NumPy, IREE f32 and each variant."""
     layers = make_layers(n_layers, k, n, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -134,7 +137,7 @@ def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng, only=None) -> l
 
     variants = [("IREE f32 linalg.matmul (data tiling)", emit_dense, DENSE_FLAGS)]
     for strategy, aq, codes in VARIANTS:
-        if only and strategy not in only:
+        if (only and strategy not in only) or (only_codes and codes != only_codes):
             continue
         row = STRATEGIES[strategy]
         if row.needs_feature and row.feature not in host_cpu_features():
@@ -177,16 +180,23 @@ def main(argv=None):
                     help="turns each kernel gets (5 timed calls per turn)")
     ap.add_argument("--only", default="",
                     help="comma-separated strategies to time (default: all)")
+    ap.add_argument("--shapes", default="",
+                    help="comma-separated MxKxN shapes (default: "
+                         + ",".join("x".join(map(str, s)) for s in SHAPES) + ")")
+    ap.add_argument("--codes", default="",
+                    help="time only the variants on these 2-bit codes (offset or signed)")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     rng = np.random.default_rng(0)
-    shapes = [(1, 4096, 4096)] if args.cold else SHAPES
+    shapes = ([tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
+              if args.shapes else SHAPES)
+    shapes = [(1, 4096, 4096)] if args.cold else shapes
     n_layers = args.layers if args.cold else 1
     for m, k, n in shapes:
         print(f"\n{m}x{k}x{n}" + (f"  cold: {n_layers} distinct layers, time per layer"
                                   if args.cold else "")
               + f"   (choose_strategy -> {choose_strategy(m, k, n)})")
-        print_rows(run(m, k, n, n_layers, args.rounds, rng, only))
+        print_rows(run(m, k, n, n_layers, args.rounds, rng, only, args.codes))
 
 
 if __name__ == "__main__":

@@ -33,11 +33,15 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import tercomp as tc  # noqa: E402
 from tercomp import nn  # noqa: E402
-from tercomp.kernels.ternary.strategies import choose_strategy  # noqa: E402
+from tercomp.kernels.table import host_cpu_features  # noqa: E402
+from tercomp.kernels.ternary.strategies import STRATEGIES as ROWS, choose_strategy  # noqa: E402
 from tercomp.ternary_pack import absmean_ternarize  # noqa: E402
 from ternary_kernels import DENSE_FLAGS, SHAPES, interleaved_medians, print_rows  # noqa: E402
 
-STRATEGIES = ["auto", "addsub", "blocked", "int8"]
+# the hand-scheduled kernels by name too (where the host has their feature), so that auto's
+# choice is timed against the others in the same run
+STRATEGIES = ["auto", *(s for s in ("avx512", "avx2") if ROWS[s].feature in host_cpu_features()),
+              "addsub", "blocked", "int8"]
 
 
 class Stack(nn.Module):
@@ -83,7 +87,7 @@ def models(count, k, n, rng):
     return Stack(bit), Stack(dense), [d.weight for d in dense]
 
 
-def run(m, k, n, count, rounds, rng, weights):
+def run(m, k, n, count, rounds, rng, weights, only=()):
     bit, dense, ws = models(count, k, n, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
 
@@ -102,6 +106,8 @@ def run(m, k, n, count, rounds, rng, weights):
     # way): the batch is symbolic and "auto" dispatches on it at run time
     spec = tc.spec(("B", k), "float32")
     for s in STRATEGIES:
+        if only and s not in only:
+            continue
         t0 = time.perf_counter()
         exe = tc.compile(bit, spec, ternary=s, weights=weights, cache=False)
         label = f"BitLinear ternary={s}  [compile {time.perf_counter() - t0:.1f}s]"
@@ -190,6 +196,11 @@ def main(argv=None):
                     help="RSS growth of a fresh process loading a saved 16-layer artifact")
     ap.add_argument("--overhead", action="store_true",
                     help="tercomp's per-call cost over IREE's invoke, on a tiny module")
+    ap.add_argument("--shapes", default="",
+                    help="comma-separated MxKxN shapes (default: "
+                         + ",".join("x".join(map(str, s)) for s in SHAPES) + ")")
+    ap.add_argument("--only", default="",
+                    help="comma-separated strategies to time (default: " + ",".join(STRATEGIES) + ")")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     if args.overhead:
@@ -198,7 +209,9 @@ def main(argv=None):
     if args.memory:
         memory(16, 4096, ["auto", "int8"], rng)
         return
-    shapes = [(1, 4096, 4096)] if args.cold else SHAPES
+    shapes = ([tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
+              if args.shapes else SHAPES)
+    shapes = [(1, 4096, 4096)] if args.cold else shapes
     count = args.layers if args.cold else 1
     # cold: weights as .irpa parameters (as a large model would ship), so the compiler
     # never prints gigabytes of constants
@@ -206,7 +219,8 @@ def main(argv=None):
     for m, k, n in shapes:
         print(f"\n{m}x{k}x{n}" + (f"  cold: {count} distinct layers, time per layer" if args.cold else "")
               + f"   (auto -> {choose_strategy(None, k, n)}, which runs {choose_strategy(m, k, n)} here)")
-        print_rows(run(m, k, n, count, args.rounds, rng, weights))
+        print_rows(run(m, k, n, count, args.rounds, rng, weights,
+                       set(filter(None, args.only.split(",")))))
 
 if __name__ == "__main__":
     main()

@@ -9,12 +9,14 @@ from tercomp.kernels.attention import attention_cpu
 from tercomp.kernels.dense import widening_avx2 as dense_avx2
 from tercomp.kernels.rows import rows_cpu
 from tercomp.kernels.ternary import avx2 as ternary_avx2
+from tercomp.kernels.ternary import avx512 as ternary_avx512
 from tercomp.kernels.ternary import avx2_quant as ternary_avx2_quant
 from tercomp.errors import TercompError
 
 ir = pytest.importorskip("iree.compiler.ir")
 
-KERNELS = ["attention", "dense_avx2", "rms_norm", "rope", "ternary_avx2", "ternary_avx2_quant"]
+KERNELS = ["attention", "dense_avx2", "rms_norm", "rope", "ternary_avx2", "ternary_avx2_quant",
+           "ternary_avx512"]
 
 
 def test_every_template_declares_exactly_the_parameters_it_reads():
@@ -138,6 +140,51 @@ CHECK:     %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2
 CHECK:       %sx0 = arith.fptosi %sxf0 : f32 to i32
 CHECK-NOT:   %u0 =
 CHECK:         %q0_0 = arith.andi %raw0_0, %three : vector<32xi8>
+""")
+
+
+def test_ternary_avx512():
+    check(ternary_avx512.executable_text("tern_avx512_gemv_8x64_offset_q", 8, 64, True, True), """
+CHECK-LABEL: stream.executable private @tern_avx512_gemv_8x64_offset_q
+CHECK:   %g = arith.select %big, %many, %few : index
+CHECK:   func.func @tern_avx512_gemv_8x64_offset_q(%bq: !stream.binding, %bs: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
+CHECK:     %cg = arith.constant 2 : index
+CHECK:     %ctile = arith.constant 32 : index
+CHECK:     %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?x256xi8>{%m}
+CHECK:     %three = arith.constant dense<50529027> : vector<16xi32>
+CHECK:     scf.for %rt = %r0 to %r1 step %ctile
+CHECK:       scf.for %mrow = %c0 to %mfull step %cmb
+CHECK:         %fm3 = arith.mulf %amc3, %wscale : f32
+CHECK:         scf.for %r = %rt to %rtend step %cg
+CHECK:           %acc:16 = scf.for %c = %c0 to %ckb step %cc iter_args(%a0_0 = %z32, %b0_0 = %z32,
+CHECK:             %raw0b = vector.load %w[%rowraw0, %c] : memref<8x64xi8>, vector<64xi8>
+CHECK:             memref.prefetch %w[%preraw0, %c], read, locality<3>, data : memref<8x64xi8>
+CHECK-NOT:         %u0 =
+CHECK:             %t0 = arith.shrui %raw0, %s4 : vector<16xi32>
+CHECK:             %qw0_3 = arith.andi %t0, %twelve : vector<16xi32>
+CHECK:             %q0_3 = vector.bitcast %qw0_3 : vector<16xi32> to vector<64xi8>
+CHECK:             %x3_3 = vector.load %xq[%xr3, %xo3_3] : memref<?x256xi8>, vector<64xi8>
+CHECK:             %nb0_3 = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"(%pb0_3, %q0_3, %x3_3) : (vector<16xi32>, vector<64xi8>, vector<64xi8>) -> vector<16xi32>
+CHECK:           %sh0_3 = arith.shli %acc#6, %two32 : vector<16xi32>
+CHECK:           %all0_3 = arith.addi %sh0_3, %acc#7 : vector<16xi32>
+CHECK:           %dif0_3 = arith.subi %red0_3, %sx3 : i32
+CHECK:           memref.store %y0_3, %o[%ocol0_3, %orow0_3] : memref<?x8xf32>
+CHECK:           %sh1_3 = arith.shli %acc#14, %two32 : vector<16xi32>
+CHECK:           %orow1_3 = affine.apply affine_map<(d0) -> (d0 + 1)>(%r)
+CHECK:     scf.for %mrow = %mfull to %m step %c1
+CHECK:       scf.for %rj = %r0 to %rqend step %c1
+CHECK:           memref.prefetch %w[%preraw3, %c], read, locality<3>, data : memref<8x64xi8>
+CHECK:           %nb3_0 = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"(%pb3_0, %q3_3, %x0_3)
+CHECK:         memref.store %y3_0, %o[%ocol3_0, %rq3] : memref<?x8xf32>
+""")
+    check(ternary_avx512.executable_text("tern_avx512_gemv_8x64", 8, 64), """
+CHECK:   func.func @tern_avx512_gemv_8x64(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
+CHECK:     %buf = memref.alloca() : memref<1x256xi8>
+CHECK-NOT: scf.for %rt
+CHECK:     scf.for %mrow = %c0 to %m step %c1
+CHECK:       vector.store %qb, %buf[%c0, %k] : memref<1x256xi8>, vector<8xi8>
+CHECK:         %u0 = arith.subi %lp0, %hi0 : vector<16xi32>
+CHECK:         %q0_0 = vector.bitcast %qw0_0 : vector<16xi32> to vector<64xi8>
 """)
 
 

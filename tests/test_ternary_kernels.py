@@ -27,7 +27,7 @@ from tercomp.kernels.table import (AVX2, GEMV_MAX_M, VNNI,  # noqa: E402
 from tercomp.kernels.ternary.strategies import (CODES, EMIT, NAMES, STRATEGIES,  # noqa: E402
                                                 TABLE, check_strategy, choose_strategy,
                                                 emit_ternary_matmul, flags_for,
-                                                strategy_flags)
+                                                strategy_flags, weight_codes)
 
 
 def random_ternary(rng, n, k, p_zero=0.4):
@@ -246,7 +246,8 @@ def test_kernel_matches_reference(strategy, aq):
             assert_matches_reference(y, ref, aq)
 
 
-@pytest.mark.parametrize("strategy", ["addsub", "int8", "vnni", "blocked", "dispatch", "avx2"])
+@pytest.mark.parametrize("strategy", ["addsub", "int8", "vnni", "blocked", "dispatch", "avx2",
+                                      "avx512"])
 def test_kernel_with_runtime_packed_weights(strategy):
     """`packed` may be a tensor<N x KB x i8> function argument instead of a constant."""
     rng = np.random.default_rng(11)
@@ -397,6 +398,106 @@ def test_avx2_gemv_with_runtime_packed_weights_and_the_ir_it_dispatches():
                                    rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+needs_vnni = pytest.mark.skipif(VNNI not in host_cpu_features(),
+                                reason="host CPU lacks AVX-512 VNNI")
+
+
+@needs_vnni
+@pytest.mark.parametrize("m,k,n,codes,batches", [
+    (1, 256, 4, "signed", None),                # one chunk, one GEMV step
+    (3, 4093, 12, "offset", None),              # K % 4 != 0, the decode's own quantization
+    (5, 1536, 20, "offset", None),              # a block of 4 rows of x and a GEMV row
+    (16, 2048, 36, "signed", None),             # 4 blocks; 36 rows: workgroups of 8, 4, none
+    (DYN, 16384, 8, "offset", (1, 4, 5, 16, 128)),  # the largest K; 1..32 blocks, a remainder
+    (DYN, 1280, 68, "signed", (1, 3, 13, 128)),     # 68 rows: a partial tile of 16 rows
+])
+def test_avx512_matches_reference(m, k, n, codes, batches):
+    """The AVX-512 VNNI kernel where it applies (K/4 a multiple of 64, N of 4), on signed
+    and offset codes: rows of all +1 / all -1 (the largest sums), an outlier that leaves
+    most of x small, M in whole blocks of 4 rows of x (the GEMM loop over tiles of 16
+    weight rows), remainders (the GEMV loop) and both, against the reference, exactly."""
+    rng = np.random.default_rng(k + n)
+    t = random_ternary(rng, n, k)
+    t[0], t[1] = 1, -1
+    packed = pack_ternary(t)
+    coded = to_offset_codes(packed) if codes == "offset" else packed
+    mod = compile_functions({"main": (m, k, lambda x: emit_ternary_matmul(
+        x, coded, k, n, 0.75, strategy="avx512", act_quant=True, codes=codes))},
+        strategy_flags("avx512"))
+    for batch in batches or [m]:
+        x = (rng.standard_normal((batch, k)) * 3).astype(np.float32)
+        x[:, 0] = 100.0
+        y = mod.main(x).to_host()
+        assert_matches_reference(y, ternary_matmul_reference(x, packed, k, 0.75, True), True)
+        x = np.full((batch, k), 2.0, np.float32)
+        np.testing.assert_allclose(mod.main(x).to_host()[:, :2],
+                                   [[0.75 * 2.0 * k, -0.75 * 2.0 * k]] * batch, rtol=1e-6)
+
+
+@needs_vnni
+def test_avx512_dispatches_its_executable_and_falls_back_where_its_shape_does_not_fit():
+    """One stream.executable per weight shape, multiplying with vpdpbusd, after the avx2
+    kernel's quantize dispatch; a K whose K/4 is a multiple of 32 but not of 64 gets the
+    avx2 kernel, an N not a multiple of 4 the portable one: every one exact."""
+    rng = np.random.default_rng(3)
+    cases = {"fits": (256, 8), "avx2": (128, 8), "portable": (256, 7)}
+    packed = {c: pack_ternary(random_ternary(rng, n, k)) for c, (k, n) in cases.items()}
+    functions = {c: (DYN, k, lambda x, p=packed[c], k=k, n=n: emit_ternary_matmul(
+        x, p, k, n, 0.5, strategy="avx512", act_quant=True)) for c, (k, n) in cases.items()}
+
+    def build():
+        for c, (m, k, body) in functions.items():
+            func.FuncOp.from_py_func(tensor_type(m, k), name=c)(body)
+    text, vmfb = build_and_compile(build, [*HOST_CPU_FLAGS, *strategy_flags("avx512")])
+    run_filecheck(text, r"""
+# CHECK-DAG: stream.executable private @tern_avx512_gemv_8x64_q
+# CHECK-DAG:   llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"
+# CHECK-DAG: stream.executable private @tern_avx2_gemv_8x32_q
+# CHECK-LABEL: func.func @fits
+# CHECK:       %[[Q:.*]]:2 = flow.dispatch @tern_avx2_quant_64::@tern_avx2_quant_64
+# CHECK:       flow.dispatch @tern_avx512_gemv_8x64_q::@tern_avx512_gemv_8x64_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1,
+# CHECK-LABEL: func.func @avx2
+# CHECK:       flow.dispatch @tern_avx2_gemv_8x32_q::@tern_avx2_gemv_8x32_q
+# CHECK-LABEL: func.func @portable
+# CHECK-NOT:   flow.dispatch @tern_avx
+""")
+    mod = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
+    for c, (k, n) in cases.items():
+        for batch in (1, 6):
+            x = rng.standard_normal((batch, k)).astype(np.float32)
+            ref = ternary_matmul_reference(x, packed[c], k, 0.5, True)
+            assert_matches_reference(mod[c](x).to_host(), ref, True)
+
+
+@pytest.mark.parametrize("features,fast", [
+    (("avx2", "avx512f", "avx512bw", VNNI), "avx512"),     # Sapphire Rapids, Zen 4
+    (("avx2", "avx_vnni"), "avx2"),                         # Alder Lake: 256-bit VNNI only
+    (("avx2",), "avx2")])                                   # Zen 3
+def test_auto_takes_avx512_only_on_a_host_with_avx512_vnni(features, fast):
+    """The table settles the kernel from the features it is given (not this host's): the
+    avx512 kernel on a host with AVX-512 VNNI, at every M, where K/4 is a multiple of 64;
+    the avx2 kernel where K/4 is a multiple of 32 only or the host lacks AVX-512 VNNI."""
+    for m in (1, 3, 4, 16, 128, None):
+        assert choose_strategy(m, 4096, 4096, features=features) == fast
+        assert choose_strategy(m, 1536, 4096, features=features) == fast
+        # K/4 = 288, a multiple of 32 but not of 64
+        assert choose_strategy(m, 1152, 4096, features=features) == "avx2"
+        # Llama-3-8B's down projection: past the avx2 kernel's largest K
+        assert choose_strategy(m, 14336, 4096, features=features) == (
+            "avx512" if fast == "avx512" else choose_strategy(m, 14336, 4096, features=()))
+    assert weight_codes("avx512", 4096, 4096) == weight_codes("avx512", 1152, 4096) == "offset"
+    assert weight_codes("avx512", 4096, 4098) == "signed"
+
+
+def test_avx512_is_refused_where_it_cannot_compile(monkeypatch):
+    monkeypatch.setattr(kernel_table, "target_features", lambda targets: frozenset({AVX2}))
+    with pytest.raises(TercompError, match="'avx512' needs a CPU with avx512_vnni"):
+        check_strategy("avx512", ["llvm-cpu"])
+    with pytest.raises(TercompError, match="does not compile for llvm-cpu-generic"):
+        check_strategy("avx512", ["llvm-cpu-generic"])
+    assert choose_strategy(1, 4096, 4096) == "avx2"
+
+
 def test_avx2_is_refused_where_it_cannot_compile(monkeypatch):
     monkeypatch.setattr(kernel_table, "target_features", lambda targets: frozenset())
     with pytest.raises(TercompError, match="'avx2' needs a CPU with avx2"):
@@ -455,8 +556,9 @@ def test_widening_matmul_matches_numpy(kernel):
 @pytest.mark.parametrize("features,decode,symbolic", [((VNNI,), "vnni", "dispatch-vnni"),
                                                      ((), "addsub", "dispatch")])
 def test_choose_strategy_per_shape_and_cpu(features, decode, symbolic):
+    # N = 4098 (not a multiple of 4): neither hand-scheduled kernel takes it
     def pick(m, targets=("llvm-cpu",)):
-        return choose_strategy(m, 4096, 4096, targets, features=features)
+        return choose_strategy(m, 4096, 4098, targets, features=features)
     assert pick(1) == pick(GEMV_MAX_M) == decode
     assert pick(GEMV_MAX_M + 1) == pick(128) == "blocked"
     assert pick(None) == symbolic
@@ -479,8 +581,8 @@ def test_every_strategy_is_in_one_table():
     an emitter."""
     assert TABLE == kernel_table.rows("ternary_matmul")
     assert NAMES == tuple(r.kernel for r in TABLE)
-    assert {"dispatch-vnni", "dispatch", "avx2", "vnni", "blocked", "addsub", "int8",
-            "f32"} == set(NAMES)
+    assert {"dispatch-vnni", "dispatch", "avx512", "avx2", "vnni", "blocked", "addsub",
+            "int8", "f32"} == set(NAMES)
     assert set(EMIT) == set(NAMES) and set(CODES) <= set(NAMES)
     for r in TABLE:
         assert r.targets and r.why and callable(EMIT[r.kernel]) and callable(r.rule)
@@ -499,7 +601,8 @@ def test_strategy_flags():
     assert flags_for({"auto"}, ["llvm-cpu"]) == strategy_flags("dispatch")
 
 
-@pytest.mark.parametrize("strategy", ["vnni", "blocked", "dispatch", "dispatch-vnni", "avx2"])
+@pytest.mark.parametrize("strategy", ["vnni", "blocked", "dispatch", "dispatch-vnni", "avx2",
+                                      "avx512"])
 def test_cpu_only_kernels_are_refused_for_gpus(strategy):
     with pytest.raises(TercompError, match=f"{strategy!r} does not compile for vulkan") as e:
         check_strategy(strategy, ["llvm-cpu", "vulkan"])

@@ -109,27 +109,29 @@ def _agrees_with_f32_at_every_batch(exe):
 
 
 def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
-    """On an AVX2 host, "auto" with a symbolic batch is the avx2 kernel: one flow.dispatch
-    reading the one 2-bit constant, whatever the batch size, after the dispatch that
-    quantizes x, no branch on the batch,
-    and no optimization barrier (a host-side op that would split the command buffer).
-    The constant holds the offset codes w + 1 that the kernel multiplies directly."""
-    from tercomp.kernels.table import AVX2, host_cpu_features
+    """On an AVX2 host, "auto" with a symbolic batch is the host's hand-scheduled kernel
+    (avx512 with AVX-512 VNNI, else avx2): one flow.dispatch reading the one 2-bit
+    constant, whatever the batch size, after the dispatch that quantizes x, no branch on
+    the batch, and no optimization barrier (a host-side op that would split the command
+    buffer). The constant holds the offset codes w + 1 that the kernel multiplies
+    directly."""
+    from tercomp.kernels.table import AVX2, VNNI, host_cpu_features
     if AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
+    kernel = "avx512" if VNNI in host_cpu_features() else "avx2"
     auto = _compile("auto")
-    run_filecheck(auto.ir("ternary"), r"""
-# CHECK: "tern.ternary_matmul"(%x, %{{.*}}) {act_quant = true, codes = "offset", {{.*}}strategy = "avx2"}
+    run_filecheck(auto.ir("ternary"), rf"""
+# CHECK: "tern.ternary_matmul"(%x, %{{{{.*}}}}) {{act_quant = true, codes = "offset", {{{{.*}}}}strategy = "{kernel}"}}
 """)
-    run_filecheck(auto.ir("mlir"), r"""
+    run_filecheck(auto.ir("mlir"), rf"""
 # CHECK-LABEL: func.func @forward(%arg0: tensor<?x256xf32>) -> tensor<?x128xf32>
 # CHECK:       %[[W:.*]] = arith.constant dense_resource<__elided__> : tensor<128x64xi8>
 # CHECK-NOT:   arith.constant dense_resource
 # CHECK-NOT:   scf.if
 # CHECK-NOT:   util.optimization_barrier
-# CHECK:       %[[Q:.*]]:2 = flow.dispatch @tern_avx2_quant_64::@tern_avx2_quant_64[%{{.*}}](%arg0, %{{.*}})
+# CHECK:       %[[Q:.*]]:2 = flow.dispatch @tern_avx2_quant_64::@tern_avx2_quant_64[%{{{{.*}}}}](%arg0, %{{{{.*}}}})
 # CHECK-NOT:   scf.if
-# CHECK:       flow.dispatch @tern_avx2_gemv_128x64_offset_q::@tern_avx2_gemv_128x64_offset_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %[[W]], %{{.*}}, %{{.*}})
+# CHECK:       flow.dispatch @tern_{kernel}_gemv_128x64_offset_q::@tern_{kernel}_gemv_128x64_offset_q[%{{{{.*}}}}](%[[Q]]#0, %[[Q]]#1, %[[W]], %{{{{.*}}}}, %{{{{.*}}}})
 # CHECK-NOT:   scf.if
 # CHECK:       return
 """)

@@ -6,7 +6,7 @@
     template.py     renders the kernel templates (templates/*.mlir, named parameters)
     ternary/        ternary_matmul: strategies (what each table row emits), builder
                     (TernaryBuilder, the portable addsub/int8/f32 kernels), vnni,
-                    blocked, avx2 and avx2_quant (hand-written dispatches)
+                    blocked, avx512, avx2 and avx2_quant (hand-written dispatches)
     dense/          widening_matmul: widening_avx2 (the f16/int8 output-layer GEMV)
     attention/      cached_attention, slot_attention: attention_cpu
     rows/           rms_norm, rope: rows_cpu

@@ -13,6 +13,7 @@ generic lowering (every target compiles it); the ternary matmul has no generic f
 and its last rows ("addsub" first) compile everywhere.
 
     op                kernel         targets    feature      picked for
+    ternary_matmul    avx512         llvm-cpu   avx512_vnni  every M where K/4 % 64 == 0, N % 4 == 0
     ternary_matmul    avx2           llvm-cpu   avx2         every M where K/4 % 32 == 0, N % 4 == 0
     ternary_matmul    dispatch-vnni  CPU        avx512_vnni  M symbolic
     ternary_matmul    dispatch       CPU        -            M symbolic
@@ -44,7 +45,7 @@ from typing import Callable, Sequence
 
 from ..errors import TercompError
 from ..ir import TensorType, is_static
-from .ternary import avx2
+from .ternary import avx2, avx512
 
 CPU_TARGETS = ("llvm-cpu", "llvm-cpu-generic")
 ALL_TARGETS = CPU_TARGETS + ("vulkan", "cuda")
@@ -129,6 +130,17 @@ def _avx2_rule(types, attrs):
     return avx2_fits(k, n)
 
 
+def avx512_fits(k: int, n: int) -> bool:
+    """Whether the avx512 ternary kernel takes a [N, K] weight (avx512.fits)."""
+    return avx512.fits(-(-k // 4), n)
+
+
+def _avx512_rule(types, attrs):
+    """every M where K/4 is a multiple of 64 and N of 4"""
+    _, k, n = ternary_shape(types, attrs)
+    return avx512_fits(k, n)
+
+
 def _always(types, attrs):
     """every shape"""
     return True
@@ -143,6 +155,10 @@ _T = "ternary_matmul"
 _ATTENTION_FITS = "falls back to linalg unless D % 8 == 0, D <= 512 and the cache is f16 or f32"
 #: THE table. Order matters within an op: the pass takes the first row that fits.
 TABLE = (
+    KernelRow(_T, "avx512", HOST, VNNI, _avx512_rule,
+              "the avx2 kernel on 512-bit vectors, products reduced with vpdpbusd (no i16 "
+              "stage); on an AVX-512 VNNI host faster than avx2 at every M measured",
+              needs_feature=True),
     KernelRow(_T, "avx2", HOST, AVX2, _avx2_rule,
               "hand-scheduled vpmaddubsw kernel on the 2-bit codes for every M (a GEMV for "
               "single rows, 1 weight row x 4 x rows a step above); the fastest measured at "

@@ -6,7 +6,8 @@ the strategies a module uses, codegen.lower) and the CLI (`--ternary` choices).
 
 "auto" takes the first row, in table order, that compiles for every target of the
 compile (on llvm-cpu: with the host's features) and whose rule accepts the shape (M
-None: a symbolic batch): avx2 on an AVX2 host where the shape fits, else for a symbolic
+None: a symbolic batch): avx512 on an AVX-512 VNNI host where the shape fits, avx2 on
+an AVX2 host where the shape fits, else for a symbolic
 batch dispatch-vnni (a VNNI host) or dispatch, for M <= 4 vnni (VNNI) or addsub, for
 M > 4 blocked, and addsub on GPUs and for CPU + GPU artifacts. int8 and f32 are never
 picked: int8 keeps an unpacked int8 copy of every weight in RAM (1 B a weight, 4 B
@@ -15,11 +16,14 @@ without act_quant), made at load; f32 is the exact reference.
 Every strategy but int8 reads only the 2-bit constant, so one copy of each weight
 exists at run time (blocked unpacks NT rows at a time into a cache-sized temporary).
 "avx2" is llvm-cpu (compiled for the host) on a CPU with AVX2, for K/4 a multiple of
-32 and N of 4 (`avx2.fits`); it is a hand-scheduled dispatch (`avx2`) and
-the only strategy that does not compile without its feature, so asking for it elsewhere
-fails by name. It comes first: on this project's AVX2 host it is the fastest kernel
-measured at every M, and needs no data tiling (so no scf.if on M, no per-call re-layout);
-on AVX-512 VNNI hosts it was not measured against vnni.
+32 and N of 4 (`avx2.fits`); it is a hand-scheduled dispatch (`avx2`), and with
+"avx512" the only strategies that do not compile without their feature, so asking for
+them elsewhere fails by name. On this project's AVX2 host it is the fastest kernel
+measured at every M, and needs no data tiling (so no scf.if on M, no per-call re-layout).
+"avx512" (`avx512`: the same dispatch on zmm registers with `vpdpbusd`, K/4 a multiple
+of 64) comes before it and is picked only on an AVX-512 VNNI host, where it measured
+faster than avx2 at every M (bench/RESULTS.md); the vnni rows stay for shapes neither
+hand-scheduled kernel takes.
 "vnni" needs llvm-cpu on a host with AVX-512 VNNI (`vpdpbusd`) to be fast; elsewhere
 (AVX2) it still compiles but LLVM widens the products to i32 `vpmaddwd`, slower than
 addsub. The measurements behind these choices are in bench/RESULTS.md.
@@ -34,9 +38,9 @@ from iree.compiler.dialects import arith, scf
 from ...errors import TercompError
 from ...ir import TensorType
 from .. import table as kt
-from . import avx2
+from . import avx2, avx512
 from ...codegen.builders import const
-from ..table import GEMV_MAX_M, avx2_fits
+from ..table import GEMV_MAX_M, avx2_fits, avx512_fits
 from .blocked import blocked
 from .builder import TernaryBuilder, check_packed
 from .vnni import vnni
@@ -85,8 +89,15 @@ def _avx2(kern: TernaryBuilder) -> ir.Value:
     return avx2.emit(kern)
 
 
+def _avx512(kern: TernaryBuilder) -> ir.Value:
+    # a packed matrix whose KB or N the kernel does not take gets the avx2 kernel, then
+    # the portable one
+    return avx512.emit(kern) if avx512.fits(kern.kb, kern.n) else _avx2(kern)
+
+
 #: strategy -> (kernel, act_quant) -> y: what each row of the table emits
 EMIT: dict[str, Callable[[TernaryBuilder, bool], ir.Value]] = {
+    "avx512": _int_only(_avx512),
     "avx2": _int_only(_avx2),
     "dispatch-vnni": _dispatch("vnni", "blocked"),
     "dispatch": _dispatch("addsub", "blocked"),
@@ -99,7 +110,8 @@ EMIT: dict[str, Callable[[TernaryBuilder, bool], ir.Value]] = {
 #: strategy -> (K, N) -> the 2-bit code format (ternary_pack.CODES) the kernel reads
 #: fastest; the ternary pass re-codes a constant weight to it. Every kernel also reads
 #: "signed"; a strategy not listed reads only "signed".
-CODES = {"avx2": lambda k, n: "offset" if avx2_fits(k, n) else "signed"}
+CODES = {"avx512": lambda k, n: "offset" if avx512_fits(k, n) or avx2_fits(k, n) else "signed",
+         "avx2": lambda k, n: "offset" if avx2_fits(k, n) else "signed"}
 
 
 def check_strategy(strategy, targets: Sequence[str] = ("llvm-cpu",), *,
