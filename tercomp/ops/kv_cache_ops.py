@@ -391,6 +391,17 @@ def _rope_decompose(b, operands, a):
     return [out if axis == r - 1 else b.reshape(out, shape=_shape_attr(x.type.shape))]
 
 
+def _rope_vjp(b, op, cts):
+    """A rotation's transpose is the rotation by the opposite angle: rope(g, cos, -sin),
+    one op where the decomposition's backward is eleven. cos and sin are position tables
+    (constants); when they are computed values this declines (None) and autodiff goes
+    through the decomposition, which gives them cotangents too."""
+    x, cos, sin = op.operands
+    if any(v.producer is None or v.producer.opname != "constant" for v in (cos, sin)):
+        return None
+    return [b.rope(cts[0], cos, b.neg(sin), **op.attrs), None, None]
+
+
 def _shape_attr(shape) -> list:
     """A reshape's `shape` attribute for these dims: ints, and -1 for the first one that
     is not (the others must then be plain names)."""
@@ -426,5 +437,5 @@ def _rope_lower(ctx, op, xs):
 
 register(OpDef("rope", "cache", _rope_infer, _rope_ref, num_operands=3,
                attrs={"style": "neox", "kernel": "generic"}, decompose=_rope_decompose,
-               lower=_rope_lower,
+               lower=_rope_lower, vjp=_rope_vjp,
                doc="rotary position embedding of x [..., T, H, D] by cos, sin [T, D/2]"))
