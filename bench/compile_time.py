@@ -13,7 +13,8 @@ Each measurement runs in a fresh process: tercomp with an empty compile cache
 the first step's loss, JAX timed from `jax.jit(step)` through its first call's loss
 (trace + compile + run; JAX keeps no compile cache unless told to). Imports are not
 counted (reported apart). The engines take turns over `--rounds`; the table gives the
-median and the best of each and their ratio, then each one's step time after warm-up.
+median and the best of each (wall clock, and the process's CPU time, which a busy machine
+disturbs less) and their ratios, then each one's step time after warm-up.
 Both start from the same weights (written once by this process), so their first losses
 must agree; the bench checks that.
 
@@ -70,17 +71,17 @@ def run_tercomp(data: dict, hidden: int, warm_steps: int, profile: str | None) -
         import cProfile
         prof = cProfile.Profile()
         prof.enable()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     step = tc.compile_train_step(loss_fn, lm, opt, x, y, clip_norm=CLIP,
                                  dump_dir=profile or None)
     t_compile = time.perf_counter() - t0
     loss = float(step(x, y))
-    t_first = time.perf_counter() - t0
+    t_first, c_first = time.perf_counter() - t0, time.process_time() - c0
     if prof is not None:
         prof.disable()
         prof.dump_stats(os.path.join(profile, "tercomp.prof"))
-    return {"import": t_import, "compile": t_compile, "first": t_first, "loss": loss,
-            "step": _step_time(lambda: float(step(x, y)), warm_steps)}
+    return {"import": t_import, "compile": t_compile, "first": t_first, "cpu": c_first,
+            "loss": loss, "step": _step_time(lambda: float(step(x, y)), warm_steps)}
 
 
 # -- JAX ----------------------------------------------------------------------------------
@@ -180,18 +181,18 @@ def run_jax(data: dict, hidden: int, warm_steps: int) -> dict:
              "nu": {k: jnp.zeros_like(v) for k, v in params.items()}})
     x, y = jnp.asarray(data["x"]), jnp.asarray(data["y"])
     jax.block_until_ready((params, state, x, y))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     step = jax.jit(train_step, donate_argnums=(0, 1))
     params, state, loss, _ = step(params, state, x, y)
     loss = float(loss)
-    t_first = time.perf_counter() - t0
+    t_first, c_first = time.perf_counter() - t0, time.process_time() - c0
     box = [params, state]
 
     def one():
         box[0], box[1], l, _ = step(box[0], box[1], x, y)
         return float(l)
-    return {"import": t_import, "compile": t_first, "first": t_first, "loss": loss,
-            "step": _step_time(one, warm_steps), "jax": jax.__version__}
+    return {"import": t_import, "compile": t_first, "first": t_first, "cpu": c_first,
+            "loss": loss, "step": _step_time(one, warm_steps), "jax": jax.__version__}
 
 
 def _step_time(fn, steps: int) -> float:
@@ -279,26 +280,31 @@ def main(argv=None):
             print(f"round {r + 1}: {e:8s} compile+first step {runs[e][-1]['first']:6.2f} s",
                   flush=True)
     cpu = _cpu_name()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\n3-layer relu2 BitNetLM, hidden {args.hidden}, batch {BATCH} x {SEQ}, AdamW, "
-          f"clip 1.0; {cpu}, {os.cpu_count()} CPUs; {args.rounds} rounds, fresh processes")
-    print(f"  {'':10s} {'median':>8s} {'best':>8s}   {'step (warm)':>12s}  {'import':>7s}  first loss")
-    med = {e: statistics.median(r["first"] for r in runs[e]) for e in engines}
-    best = {e: min(r["first"] for r in runs[e]) for e in engines}
+          f"clip 1.0; {cpu}, {os.cpu_count()} CPUs (load average {load:.1f}); "
+          f"{args.rounds} rounds, fresh processes")
+    print(f"  {'':10s} {'wall median':>11s} {'best':>7s}   {'CPU median':>10s} {'best':>7s}"
+          f"   {'step (warm)':>11s}  {'import':>6s}  first loss")
+    stat = {e: {k: (statistics.median(r[k] for r in runs[e]), min(r[k] for r in runs[e]))
+                for k in ("first", "cpu", "step", "import", "compile")} for e in engines}
     for e in engines:
-        step = statistics.median(r["step"] for r in runs[e])
-        imp = statistics.median(r["import"] for r in runs[e])
-        print(f"  {e:10s} {med[e]:7.2f}s {best[e]:7.2f}s   {step * 1e3:9.1f} ms  {imp:6.2f}s  "
+        st = stat[e]
+        print(f"  {e:10s} {st['first'][0]:10.2f}s {st['first'][1]:6.2f}s   {st['cpu'][0]:9.2f}s "
+              f"{st['cpu'][1]:6.2f}s   {st['step'][0] * 1e3:8.1f} ms  {st['import'][0]:5.2f}s  "
               f"{runs[e][0]['loss']:.5f}")
     if "jax" in runs:
-        print(f"  tercomp / JAX (jax {runs['jax'][0]['jax']}): {med['tercomp'] / med['jax']:.2f}x "
-              f"median, {best['tercomp'] / best['jax']:.2f}x best")
+        t, j = stat["tercomp"], stat["jax"]
+        print(f"  tercomp / JAX (jax {runs['jax'][0]['jax']}): wall {t['first'][0] / j['first'][0]:.2f}x "
+              f"median, {t['first'][1] / j['first'][1]:.2f}x best; CPU time "
+              f"{t['cpu'][0] / j['cpu'][0]:.2f}x median")
         lt, lj = runs["tercomp"][0]["loss"], runs["jax"][0]["loss"]
         agree = abs(lt - lj) <= 1e-3 * max(1.0, abs(lj))
         print(f"  first losses {'agree' if agree else 'DIFFER'}: {lt:.5f} vs {lj:.5f}")
     else:
         print("  jax: skipped (not installed; pip install -e '.[peer]')")
-    print(f"  tercomp compile alone (before the first step): "
-          f"{statistics.median(r['compile'] for r in runs['tercomp']):.2f}s median")
+    print(f"  tercomp compile alone (before the first step): {stat['tercomp']['compile'][0]:.2f}s "
+          f"median")
 
 
 def _cpu_name() -> str:
