@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from iree.compiler.version import VERSION as IREE_VERSION
 
 from . import __version__
-from .codegen.iree_session import compile_vmfb, new_session
+from .codegen.iree_session import compile_vmfb, module_text, new_session
 from .codegen.lower import check_storage
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
 from .codegen.targets import check_extra_flags, needs_isolation, resolve_targets, target_flags
@@ -110,11 +110,9 @@ def build(lower, graphs, opts: BuildOptions, *, signature, dumper: Dumper,
     meta = {"flags": flags, "drivers": opts.drivers, "iree_version": IREE_VERSION,
             "cache_hit": False, "weights": mode, "parameters": sorted(table.arrays),
             "ternary": kernels, **(meta or {})}
-    hit = None
+    hit, full = None, None
     if cache and cache_key is None:
-        with ctx:
-            full = module.operation.get_asm(binary=True, large_elements_limit=None,
-                                            large_resource_limit=None, assume_verified=True)
+        full = module_text(module)          # what IREE is given, printed once for both
         # with parameters the module text holds only their names: hash their bytes too
         params_digest = hashlib.sha256(irpa).hexdigest() if irpa is not None else ""
         cache_key = compile_cache.key(full, "\0".join(flags), __version__, IREE_VERSION,
@@ -125,7 +123,7 @@ def build(lower, graphs, opts: BuildOptions, *, signature, dumper: Dumper,
     if hit is not None:
         _, vmfb, irpa = hit
     else:
-        vmfb = compile_vmfb(module, flags, session=session,
+        vmfb = compile_vmfb(module, flags, session=session, text=full,
                             isolate=needs_isolation(opts.names, flags, opts.user_flags,
                                                     opts.isolate),
                             stage=stage or f"the IREE compile for {', '.join(opts.names)}")

@@ -81,17 +81,10 @@ def backward(b: GraphBuilder, ops: list, seeds: dict, wrt: list) -> list:
         opdef = get(op.opname)
         b.loc = op.loc
         cts = [c if c is not None else zeros_like(b, r) for r, c in zip(op.results, cts)]
-        if opdef.vjp is not None:
-            grads = opdef.vjp(b, op, cts)
-        elif opdef.decompose is not None:
-            sub_start = len(graph.ops)
-            outs = opdef.decompose(b, list(op.operands), op.attrs)
-            outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-            grads = backward(b, graph.ops[sub_start:], dict(zip(outs, cts)), list(op.operands))
-        else:
-            raise TercompError(f"tern.{op.opname} has no gradient rule", loc=op.loc,
-                               hint="wrap the computation in tc.stop_gradient(...) or define a "
-                                    "rule with tc.custom_vjp")
+        # a rule may decline a case it does not cover (None): the decomposition's then
+        grads = opdef.vjp(b, op, cts) if opdef.vjp is not None else None
+        if grads is None:
+            grads = _decomposition_vjp(b, op, cts)
         for i, (v, g) in enumerate(zip(op.operands, grads)):
             if g is None or id(v) not in active or i in opdef.nondiff_operands:
                 continue
@@ -102,6 +95,20 @@ def backward(b: GraphBuilder, ops: list, seeds: dict, wrt: list) -> list:
     results = [ct.get(id(v)) for v in wrt]
     _name_cotangents(graph, start, [(g, v.name) for g, v in zip(results, wrt) if g is not None] + finalized)
     return results
+
+
+def _decomposition_vjp(b: GraphBuilder, op, cts) -> list:
+    """The cotangents of op's operands through its decomposition (a composite op without
+    a rule of its own, or one whose rule declined)."""
+    opdef = get(op.opname)
+    if opdef.decompose is None:
+        raise TercompError(f"tern.{op.opname} has no gradient rule", loc=op.loc,
+                           hint="wrap the computation in tc.stop_gradient(...) or define a "
+                                "rule with tc.custom_vjp")
+    start = len(b.graph.ops)
+    outs = opdef.decompose(b, list(op.operands), op.attrs)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    return backward(b, b.graph.ops[start:], dict(zip(outs, cts)), list(op.operands))
 
 
 def _name_cotangents(graph: Graph, start: int, pairs):

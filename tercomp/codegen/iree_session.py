@@ -72,16 +72,18 @@ def module_text(module: ir.Module) -> bytes:
 
 
 def compile_module(session: Session, module: ir.Module, flags: Sequence[str],
-                   stage: str = "iree-compile") -> bytes:
+                   stage: str = "iree-compile", text: bytes | None = None) -> bytes:
     """Compile `module` in this process with IREE flags; returns the .vmfb bytes.
-    A crash of IREE here ends the process: see compile_vmfb for the safe choice."""
+    `text`: module_text(module), when the caller has printed it already. A crash of
+    IREE here ends the process: see compile_vmfb for the safe choice."""
     try:
         session.set_flags(*flags)
     except Exception as e:  # IREE reports unknown flags as ValueError
         raise CompileError(f"IREE rejected the compiler flags {list(flags)}: {e}",
                            hint="check the spelling of extra flags") from None
     inv = session.invocation()
-    source = Source.wrap_buffer(session, module_text(module), buffer_name="tercomp.mlir")
+    source = Source.wrap_buffer(session, module_text(module) if text is None else text,
+                                buffer_name="tercomp.mlir")
     with capture_stderr() as diag:
         inv.enable_console_diagnostics()
         ok = inv.parse_source(source) and inv.execute()
@@ -131,12 +133,15 @@ def _how_it_ended(returncode: int) -> str:
 
 
 def compile_vmfb(module: ir.Module, flags: Sequence[str], *, isolate: bool,
-                 stage: str = "iree-compile", session: Session | None = None) -> bytes:
+                 stage: str = "iree-compile", session: Session | None = None,
+                 text: bytes | None = None) -> bytes:
     """The one way tercomp hands a module to IREE: in an iree-compile subprocess when
-    `isolate` (see targets.needs_isolation), else in this process."""
+    `isolate` (see targets.needs_isolation), else in this process. `text`: the module
+    as module_text prints it, when the caller has it (printing a training step's module
+    takes ~0.07 s)."""
     if isolate:
-        return compile_source(module_text(module), flags, stage)
-    return compile_module(session or Session(), module, flags, stage)
+        return compile_source(module_text(module) if text is None else text, flags, stage)
+    return compile_module(session or Session(), module, flags, stage, text=text)
 
 
 def build_and_compile(build: Callable[[], None], flags: Sequence[str]) -> tuple[str, bytes]:

@@ -21,6 +21,7 @@ from ..ir import TensorType, is_static, numpy_dtype
 from ..ir.types import is_float
 from .reduce import expand_reduced, reduced_type
 from .registry import OpDef, REQUIRED, register
+from .shape import unbroadcast
 from .shape_util import SLICE_END, check_integer_ids, dim_to_attr, fmt_shape, norm_axes, same_dim
 
 
@@ -195,6 +196,20 @@ def _rms_norm_decompose(b, operands, a):
     return [b.mul(b.mul(x, b.rsqrt(b.add(ms, b.scalar(a["eps"], x.dtype)))), w)]
 
 
+def _rms_norm_vjp(b, op, cts):
+    """dx = r * (g w - n * mean(g w n)), dw = sum of g n over the rows, with
+    r = rsqrt(mean(x^2) + eps) and n = x r: written out, it is half the ops of the
+    decomposition's backward (which goes through d rsqrt = -0.5 / pow(., 1.5))."""
+    x, w = op.operands
+    g, last = cts[0], [x.type.rank - 1]
+    ms = b.mean(b.mul(x, x), axes=last, keepdims=True)
+    r = b.rsqrt(b.add(ms, b.scalar(op.attrs["eps"], x.dtype)))
+    n = b.mul(x, r)
+    gw = b.mul(g, w)
+    dx = b.mul(r, b.sub(gw, b.mul(n, b.mean(b.mul(gw, n), axes=last, keepdims=True))))
+    return [dx, unbroadcast(b, b.mul(g, n), w.type)]
+
+
 def _rms_norm_lower(ctx, op, xs):
     """kernel "cpu": the hand-written row kernel (kernels/rows/rows_cpu.py) for x [..., N] f32,
     its leading dims taken as rows; None (the decomposition) otherwise."""
@@ -224,7 +239,7 @@ def _rms_norm_infer(types, a):
 
 register(OpDef("rms_norm", "composite", _rms_norm_infer, _rms_norm_ref,
                num_operands=2, attrs={"eps": 1e-6, "kernel": "generic"},
-               decompose=_rms_norm_decompose, lower=_rms_norm_lower,
+               decompose=_rms_norm_decompose, lower=_rms_norm_lower, vjp=_rms_norm_vjp,
                doc="x / sqrt(mean(x^2) + eps) * weight over the last dim"))
 
 

@@ -74,6 +74,20 @@ def _derivative(expr, sym, subs_key):
     return s if ok and s.count_ops() <= d.count_ops() else d
 
 
+@functools.lru_cache(maxsize=None)
+def _numpy_function(syms, expr):
+    """The NumPy function of an expression (the reference), made once per expression:
+    sympy.lambdify takes ~40 ms a call, and its first call in a process ~0.25 s (it
+    imports sympy's code printers), which simplify's constant folding would pay in every
+    compile. The four arithmetic operators are NumPy's ufuncs, which is what lambdify
+    writes for them."""
+    arith = {X + Y: np.add, X - Y: np.subtract, X * Y: np.multiply, X / Y: np.true_divide,
+             -X: np.negative}
+    if syms == _symbols(len(syms)) and expr in arith:
+        return arith[expr]
+    return sympy.lambdify(syms, expr, modules="numpy")
+
+
 def _bound(expr, attrs):
     if "exponent" in attrs:
         return expr.subs(P, sympy.nsimplify(attrs["exponent"]))
@@ -96,7 +110,7 @@ def elementwise(name, expr, arity, *, attrs=None, result_dtype=None, differentia
     def reference(xs, a):
         e = _bound(expr, a)
         dt = xs[0].dtype
-        f = sympy.lambdify(syms, e, modules="numpy")
+        f = _numpy_function(syms, e)
         with np.errstate(all="ignore"):
             out = f(*xs)
             if dt.kind == "f" and e.has(sympy.Piecewise):     # NaN in, NaN out (the lowering too)

@@ -36,13 +36,13 @@ from iree.compiler.dialects import arith, linalg, math, scf, tensor
 from ..kernels.attention import attention_cpu
 from ..kernels.rows import rows_cpu
 from ..kernels.table import kernel_names
-from ..codegen.builders import (PARALLEL, REDUCTION, elem_type, index_const, scalar_const,
-                                tensor_type)
+from ..codegen.builders import (PARALLEL, REDUCTION, affine_map, elem_type, index_const,
+                                scalar_const, tensor_type)
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
 from .registry import OpDef, REQUIRED, register
-from .shape_util import SLICE_END, same_dim
+from .shape_util import SLICE_END, reshape_value, same_dim
 
 
 def _fmt(t: TensorType) -> str:
@@ -391,6 +391,17 @@ def _rope_decompose(b, operands, a):
     return [out if axis == r - 1 else b.reshape(out, shape=_shape_attr(x.type.shape))]
 
 
+def _rope_vjp(b, op, cts):
+    """A rotation's transpose is the rotation by the opposite angle: rope(g, cos, -sin),
+    one op where the decomposition's backward is eleven. cos and sin are position tables
+    (constants); when they are computed values this declines (None) and autodiff goes
+    through the decomposition, which gives them cotangents too."""
+    x, cos, sin = op.operands
+    if any(v.producer is None or v.producer.opname != "constant" for v in (cos, sin)):
+        return None
+    return [b.rope(cts[0], cos, b.neg(sin), **op.attrs), None, None]
+
+
 def _shape_attr(shape) -> list:
     """A reshape's `shape` attribute for these dims: ints, and -1 for the first one that
     is not (the others must then be plain names)."""
@@ -407,12 +418,12 @@ def _shape_attr(shape) -> list:
 
 def _rope_lower(ctx, op, xs):
     """kernel "cpu": the row kernel (kernels/rows/rows_cpu.py) for "neox" on x [T, H, D] or
-    [1, T, H, D] (one sequence); None (the decomposition) otherwise."""
+    [1, T, H, D] (one sequence); one linalg.generic (_rope_generic) otherwise."""
     x_t = op.operands[0].type
     lead = list(x_t.shape[:-3])
     if op.attrs["kernel"] != "cpu" or op.attrs["style"] != "neox" or x_t.dtype != "f32" \
             or not rows_cpu.rope_fits(x_t.shape[-1]) or any(n != 1 for n in lead):
-        return None
+        return [_rope_generic(ctx, op, xs)]
     if not lead:
         return [rows_cpu.rope(xs[0], xs[1], xs[2], ctx.dim(x_t.shape[0]))]
     groups = [list(range(len(lead) + 1)), [len(lead) + 1], [len(lead) + 2]]
@@ -424,7 +435,40 @@ def _rope_lower(ctx, op, xs):
                                  [d if is_static(d) else dyn for d in x_t.shape]).result]
 
 
+def _rope_generic(ctx, op, xs):
+    """The rotation as one elementwise linalg.generic over x viewed with its pairs on an
+    axis of 2 ([..., 2, D/2] for "neox", [..., D/2, 2] for "interleaved"): element j of a
+    pair reads both, computes the decomposition's x1 c - x2 s (j = 0) and x2 c + x1 s
+    (j = 1) in the same order, and keeps its own. The decomposition's slices and
+    concatenation would be copies (dispatches of their own) around it."""
+    x_t = op.operands[0].type
+    r, d = x_t.rank, x_t.shape[-1]
+    neox = op.attrs["style"] == "neox"
+    pairs = TensorType(x_t.shape[:-1] + ((2, d // 2) if neox else (d // 2, 2)), x_t.dtype)
+    n = r + 1                                    # loops: x's leading dims, then the pair view
+    j, i = (r - 1, r) if neox else (r, r - 1)    # the loop over a pair, and over D/2
+    t = r - 3                                    # the sequence loop (cos, sin are [T, D/2])
+
+    def x_at(k):
+        exprs = list(range(r + 1))
+        exprs[j] = ("c", k)
+        return affine_map(n, exprs)
+
+    table = affine_map(n, [t, i])
+
+    def body(x1, x2, c, s, _out):
+        first = arith.subf(arith.mulf(x1, c), arith.mulf(x2, s))
+        second = arith.addf(arith.mulf(x2, c), arith.mulf(x1, s))
+        is_first = arith.cmpi(arith.CmpIPredicate.eq, linalg.IndexOp(j).result, index_const(0))
+        return arith.select(is_first, first, second)
+
+    xp = reshape_value(ctx, xs[0], x_t, pairs)
+    out = ctx.generic([xp, xp, xs[1], xs[2]], [x_at(0), x_at(1), table, table], pairs,
+                      ir.AffineMap.get_identity(n), [PARALLEL] * n, body)
+    return reshape_value(ctx, out, pairs, x_t)
+
+
 register(OpDef("rope", "cache", _rope_infer, _rope_ref, num_operands=3,
                attrs={"style": "neox", "kernel": "generic"}, decompose=_rope_decompose,
-               lower=_rope_lower,
+               lower=_rope_lower, vjp=_rope_vjp,
                doc="rotary position embedding of x [..., T, H, D] by cos, sin [T, D/2]"))

@@ -31,7 +31,8 @@ class OpDef:
     attrs: dict = field(default_factory=dict)      # name -> default (REQUIRED if none)
     lower: Optional[Callable] = None               # (LowerCtx, op, mlir operands) -> mlir values
     decompose: Optional[Callable] = None           # (GraphBuilder, operands, attrs) -> values
-    vjp: Optional[Callable] = None                 # (GraphBuilder, op, cotangents) -> operand cotangents
+    vjp: Optional[Callable] = None                 # (GraphBuilder, op, cotangents) -> operand cotangents,
+                                                   # or None: differentiate the decomposition
     differentiable: bool = True                    # False: integer/boolean results, no gradient
     nondiff_operands: tuple = ()                   # operand indices that never get gradients
     expr: Any = None                               # sympy expression (elementwise family)

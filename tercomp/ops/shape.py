@@ -33,6 +33,8 @@ def _reshape_infer(types, a):
         raise TraceError(f"reshape: {shown}: only one dim may be -1")
     if any(is_static(d) and d < -1 for d in dims):
         raise TraceError(f"reshape: {shown}: negative dim")
+    if t.is_static and all(is_static(d) for d in dims):
+        return [t.with_shape(_static_reshape(t.shape, dims, shown))]
     known = prod([d for d in dims if d != -1])
     total = t.numel()
     if -1 in dims:
@@ -47,6 +49,24 @@ def _reshape_infer(types, a):
         raise TraceError(f"reshape: {shown}: {total} elements vs {known}",
                          hint="the product of the new shape must equal the old one")
     return [t.with_shape(dims)]
+
+
+def _static_reshape(shape, dims, shown) -> list:
+    """The dims of a reshape between static shapes, in integers (sympy is for symbolic
+    dims; a traced model reshapes hundreds of times)."""
+    total = math.prod(int(d) for d in shape)
+    known = math.prod(int(d) for d in dims if d != -1)
+    if -1 in dims:
+        if known == 0:
+            raise TraceError(f"reshape: {shown}: -1 is ambiguous next to a 0 dim")
+        if total % known:
+            raise TraceError(f"reshape: {shown}: {total} elements do not divide into {known}",
+                             hint="the product of the new shape must equal the old one")
+        return [total // known if d == -1 else int(d) for d in dims]
+    if known != total:
+        raise TraceError(f"reshape: {shown}: {total} elements vs {known}",
+                         hint="the product of the new shape must equal the old one")
+    return [int(d) for d in dims]
 
 
 def _reshape_ref(xs, a):

@@ -80,9 +80,11 @@ def _ternarize_decompose(b, operands, attrs):
         s = b.maximum(m, b.scalar(tp.SCALE_EPS, dt))
     r = b.div(w, s)
     one, zero = b.scalar(1.0, dt), b.scalar(0.0, dt)
-    # clip(rint(r), -1, 1): rint(+-0.5) = 0, so strict comparisons are exact
+    # clip(rint(r), -1, 1): rint(+-0.5) = 0, so strict comparisons are exact. A literal
+    # -1, not neg(1): IREE would hoist that expression into a global and JIT-compile a
+    # module at compile time to evaluate it.
     t = b.where(b.gt(r, b.scalar(0.5, dt)), one,
-                b.where(b.lt(r, b.scalar(-0.5, dt)), b.neg(one), zero))
+                b.where(b.lt(r, b.scalar(-0.5, dt)), b.scalar(-1.0, dt), zero))
     return b.mul(t, s)
 
 

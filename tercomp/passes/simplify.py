@@ -5,11 +5,14 @@ The identities are a table (opname -> patterns), applied by the shared rewrite d
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 
 from ..errors import TercompError
+from ..dtypes import numpy_dtype
 from ..ir import Graph
+from ..ir.types import is_static
 from ..ops import get
 from .manager import register_pass
 from .rewrite import copy_op, dce, rewrite
@@ -78,6 +81,17 @@ def _reshape_reshape(b, op, xs):
     return None
 
 
+def _static_size(b, op, xs):
+    """size over static dims -> its constant (the mean's gradient divides by one)."""
+    t = xs[0].type
+    axes = range(t.rank) if op.attrs.get("axes") is None else op.attrs["axes"]
+    dims = [t.shape[ax] for ax in axes]
+    if not all(is_static(d) for d in dims):
+        return None
+    n = np.asarray(math.prod(int(d) for d in dims), dtype=numpy_dtype(op.results[0].type.dtype))
+    return b.emit("constant", value=n, name=op.results[0].name)
+
+
 def _simplify_body(b, op, xs):
     """Simplify the body of an op with a region (tern.scan, tern.checkpoint)."""
     attrs = dict(op.attrs)
@@ -96,6 +110,7 @@ PATTERNS = {
     "transpose": [_transpose_transpose],
     "reshape": [_reshape_reshape],
     "cast": [_noop_if_same_type],
+    "size": [_static_size],
     "broadcast_to": [_noop_if_same_type],
     "scan": [_simplify_body],
     "checkpoint": [_simplify_body],
