@@ -120,6 +120,24 @@ func.func @f(%x: tensor<4x3xf32>) -> (tensor<4x3xf32>, tensor<4x3xf32>) attribut
 """)
 
 
+def test_cse_merges_equal_large_constants_and_only_those():
+    """CSE keys a large constant by a sample of its bytes and compares the arrays before
+    merging: two equal copies become one constant; an array that differs only where the
+    sample does not look stays its own."""
+    from tercomp.trace import trace
+    a = np.random.default_rng(0).standard_normal((256, 128)).astype(np.float32)
+    b = a.copy()
+    b.reshape(-1)[4097] += 1.0          # past the first 16 KiB, off the sample's stride of 8
+    x = tc.spec((2, 256), "float32")
+    same = run_pipeline(trace(lambda x: x @ a + x @ a.copy(), x), ["simplify"])
+    assert str(same).count('"tern.constant"') == 1
+    differ = run_pipeline(trace(lambda x: x @ a + x @ b, x), ["simplify"])
+    assert str(differ).count('"tern.constant"') == 2
+    exe = tc.compile(lambda x: x @ a + x @ b, x)
+    xv = np.ones((2, 256), np.float32)
+    np.testing.assert_allclose(exe(xv), xv @ a + xv @ b, rtol=1e-5, atol=1e-4)
+
+
 def test_linalg_lowering_of_matmul_and_reduction_filecheck():
     exe = tc.compile(lambda x, w: tc.sum(x @ w, axis=1), tc.spec(("B", 8)), np.ones((8, 4), np.float32))
     run_filecheck(exe.ir("mlir"), """

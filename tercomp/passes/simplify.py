@@ -134,14 +134,46 @@ def _fold(b, op, xs):
     return b.emit("constant", value=np.asarray(out), name=op.results[0].name)
 
 
+#: arrays up to this many bytes are keyed by a digest of all their bytes; larger ones
+#: by a sample (cse then compares the arrays themselves before merging two ops)
+_DIGEST_ALL = 1 << 16
+
+
 def _attr_key(v):
     if isinstance(v, Graph):
         return ("graph", id(v))
     if isinstance(v, np.ndarray):
-        return ("array", v.dtype.str, v.shape, hashlib.sha1(np.ascontiguousarray(v).tobytes()).hexdigest())
+        return ("array", v.dtype.str, v.shape, _fingerprint(v))
     if isinstance(v, list):
         return tuple(_attr_key(x) for x in v)
     return (type(v).__name__, v)
+
+
+def _fingerprint(v: np.ndarray) -> str:
+    """sha1 of a small array's bytes; of a large one's first and last 16 KiB and 4096
+    elements spread over it (a model's weights are hundreds of MB: hashing them whole on
+    every CSE took a second of a 700M compile)."""
+    flat = np.ascontiguousarray(v).reshape(-1)
+    if flat.nbytes <= _DIGEST_ALL:
+        return hashlib.sha1(flat.tobytes()).hexdigest()
+    raw = flat.view(np.uint8)
+    h = hashlib.sha1(raw[:1 << 14].tobytes())
+    h.update(raw[-(1 << 14):].tobytes())
+    h.update(flat[::max(1, flat.size // 4096)].tobytes())
+    return h.hexdigest()
+
+
+def _same_attrs(a: dict, b: dict) -> bool:
+    """Whether two ops' attributes whose keys match are equal (their arrays compared
+    whole: a key holds a large array's sample only)."""
+    for k, v in a.items():
+        w = b[k]
+        if isinstance(v, np.ndarray) and not np.array_equal(v, w):
+            return False
+        if isinstance(v, list) and any(isinstance(x, np.ndarray) and not np.array_equal(x, y)
+                                       for x, y in zip(v, w)):
+            return False
+    return True
 
 
 def cse(graph: Graph) -> Graph:
@@ -149,10 +181,11 @@ def cse(graph: Graph) -> Graph:
 
     def on_op(b, op, xs):
         key = (op.opname, tuple(id(x) for x in xs), tuple(sorted((k, _attr_key(v)) for k, v in op.attrs.items())))
-        if key in seen:
-            return seen[key]
+        for attrs, results in seen.get(key, ()):
+            if _same_attrs(op.attrs, attrs):
+                return results
         results = copy_op(b, op, xs)
-        seen[key] = results
+        seen.setdefault(key, []).append((op.attrs, results))
         return results
     return rewrite(graph, {}, on_op=on_op)
 
