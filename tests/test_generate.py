@@ -7,6 +7,7 @@ import pytest
 
 import tercomp as tc
 from tercomp import models
+from tercomp.nn.stored import AUTO_INT8_MIN, choose_table
 from tercomp.runtime.generator import LMGenerator
 from tercomp.runtime.sampling import probabilities, sample
 
@@ -218,7 +219,6 @@ def test_auto_output_table_keeps_the_top_1_token():
     the float32 table's top-1 token on every probe, float16 when the int8 rounding
     changes it (here every row's scale is set by a component the final norm zeroes, so
     int8 rounds the rest of each row to 0)."""
-    from tercomp.nn.stored import AUTO_INT8_MIN, choose_table
     rng = np.random.default_rng(3)
     rows, dim = AUTO_INT8_MIN // 512, 512
     # rows of spread norms: the top logit stands out, as a trained model's does

@@ -341,15 +341,22 @@ def test_avx2_gemv_matches_reference(m, k, n, codes):
     K = 8192), an outlier that leaves most of x small, and M in whole blocks of 4 rows of
     x (the GEMM loop), a remainder (the GEMV loop) and both, against the reference,
     exactly."""
+    _check_kernel_exactly("avx2", m, k, n, codes, [m] if m is not None else [1, 4, 7, 13])
+
+
+def _check_kernel_exactly(strategy, m, k, n, codes, batches):
+    """The `strategy` kernel of a [n, k] ternary matrix in `codes` whose first rows are
+    all +1 and all -1, compiled for M = m, against the reference, exactly, for each
+    batch size: x with an outlier, and x of all 2 (the largest sums)."""
     rng = np.random.default_rng(k + n)
     t = random_ternary(rng, n, k)
     t[0], t[1] = 1, -1
     packed = pack_ternary(t)
     coded = to_offset_codes(packed) if codes == "offset" else packed
     mod = compile_functions({"main": (m, k, lambda x: emit_ternary_matmul(
-        x, coded, k, n, 0.75, strategy="avx2", act_quant=True, codes=codes))},
-        strategy_flags("avx2"))
-    for batch in ([m] if m is not None else [1, 4, 7, 13]):
+        x, coded, k, n, 0.75, strategy=strategy, act_quant=True, codes=codes))},
+        strategy_flags(strategy))
+    for batch in batches:
         x = (rng.standard_normal((batch, k)) * 3).astype(np.float32)
         x[:, 0] = 100.0
         y = mod.main(x).to_host()
@@ -416,22 +423,7 @@ def test_avx512_matches_reference(m, k, n, codes, batches):
     and offset codes: rows of all +1 / all -1 (the largest sums), an outlier that leaves
     most of x small, M in whole blocks of 4 rows of x (the GEMM loop over tiles of 16
     weight rows), remainders (the GEMV loop) and both, against the reference, exactly."""
-    rng = np.random.default_rng(k + n)
-    t = random_ternary(rng, n, k)
-    t[0], t[1] = 1, -1
-    packed = pack_ternary(t)
-    coded = to_offset_codes(packed) if codes == "offset" else packed
-    mod = compile_functions({"main": (m, k, lambda x: emit_ternary_matmul(
-        x, coded, k, n, 0.75, strategy="avx512", act_quant=True, codes=codes))},
-        strategy_flags("avx512"))
-    for batch in batches or [m]:
-        x = (rng.standard_normal((batch, k)) * 3).astype(np.float32)
-        x[:, 0] = 100.0
-        y = mod.main(x).to_host()
-        assert_matches_reference(y, ternary_matmul_reference(x, packed, k, 0.75, True), True)
-        x = np.full((batch, k), 2.0, np.float32)
-        np.testing.assert_allclose(mod.main(x).to_host()[:, :2],
-                                   [[0.75 * 2.0 * k, -0.75 * 2.0 * k]] * batch, rtol=1e-6)
+    _check_kernel_exactly("avx512", m, k, n, codes, batches or [m])
 
 
 @needs_vnni

@@ -176,11 +176,11 @@ class _File:
         qname, t = self.tensor(name + ".weight", shape)
         extra = self.scale_tensor(name + ".scale")
         if qname in _TERNARY_TYPES:
-            tern, block = self._ternary_blocks(name + ".weight", t, shape)
+            data, block = self._ternary_blocks(name + ".weight", t, shape)
             self.release(t)
-            if tern.dtype == np.uint8:      # already in tercomp's packed layout
-                return nn.StoredBitLinear.from_packed(tern, shape[1], np.float32(block * extra))
-            return nn.BitLinear.from_ternary(tern, np.float32(block * extra))
+            if data.dtype == np.uint8:      # already in tercomp's packed layout
+                return nn.StoredBitLinear.from_packed(data, shape[1], np.float32(block * extra))
+            return nn.BitLinear.from_ternary(data, np.float32(block * extra))
         if qname not in _FLOAT_TYPES:
             raise self.error(f"tensor {name + '.weight'!r}",
                              f"quantization type {qname} is not supported (tercomp reads "
@@ -195,6 +195,8 @@ class _File:
         return layer
 
     def _ternary_blocks(self, name, t, shape):
+        """(data, block scale) of a TQ2_0 / TQ1_0 tensor: data is the packed uint8 matrix
+        (TQ2_0 whose K needs no padding) or the int8 values T."""
         raw = np.asarray(t.data).view(np.uint8)
         block_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type][1]
         if raw.size % block_bytes:

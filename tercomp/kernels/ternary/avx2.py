@@ -108,12 +108,17 @@ def emit(kern) -> ir.Value:
     M (a symbolic one too) a dispatch of its own quantizes x first, once for every
     matmul of x. (A symbolic decode measured alike whichever dispatch quantizes x:
     bench/RESULTS.md.)"""
+    return emit_with(kern, "tern_avx2_gemv", executable_text)
+
+
+def emit_with(kern, prefix: str, text) -> ir.Value:
+    """The dispatch of a kernel with the avx2 kernel's operands and quantization rule:
+    its executable `prefix`_NxKB[_offset][_q] made by `text(name, n, kb, offset,
+    prequantized)` (the avx512 kernel shares all of it but its text)."""
     offset = kern.codes == "offset"
     prequantized = kern.m is None or kern.m >= MB
-    name = (f"tern_avx2_gemv_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
-            f"{'_q' if prequantized else ''}")
-    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset,
-                                                    prequantized))
+    name = f"{prefix}_{kern.n}x{kern.kb}{'_offset' if offset else ''}{'_q' if prequantized else ''}"
+    ensure_executable(name, lambda: text(name, kern.n, kern.kb, offset, prequantized))
     m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
     x = [kern.pad_k(kern.x)]

@@ -30,15 +30,11 @@ of 64 and N a multiple of 4 (the table's rule; other shapes take the avx2 kernel
 """
 from __future__ import annotations
 
-import numpy as np
 from iree.compiler import ir
-from iree.compiler.dialects import arith
 
-from ...ternary_pack import ACT_MAX
-from ...codegen.executables import dispatch, ensure_executable
 from ..template import render
 from . import avx2
-from .avx2_quant import quant_literals, quantized
+from .avx2_quant import quant_literals
 
 #: Packed bytes per row that one vector covers (64 bytes: 256 weights, one cache line).
 CHUNK = 64
@@ -91,17 +87,4 @@ def emit(kern) -> ir.Value:
     """y [M, N] f32 for the `TernaryBuilder` `kern` (activation quantization always on),
     as avx2.emit: a static M below MB quantizes x in the matmul's dispatch, any other M
     reads the quantize dispatch's codes (the one avx2 uses, shared with it)."""
-    offset = kern.codes == "offset"
-    prequantized = kern.m is None or kern.m >= MB
-    name = (f"tern_avx512_gemv_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
-            f"{'_q' if prequantized else ''}")
-    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset,
-                                                    prequantized))
-    m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
-    dims = list(kern.m_values)
-    x = [kern.pad_k(kern.x)]
-    if prequantized:
-        x = quantized(kern, x[0], m, dims)
-    wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))
-    return dispatch(name, name, [m], [*x, kern.weights(), wscale, m],
-                    dims * len(x), kern.ttype([kern.n], kern.f32), dims)
+    return avx2.emit_with(kern, "tern_avx512_gemv", executable_text)
