@@ -145,3 +145,27 @@ def test_gpu_targets_compile_in_a_subprocess_by_default(monkeypatch):
     assert seen == ["the IREE compile for cuda"]
     tc.compile(lambda x: tc.tanh(x), X, cache=False)
     assert len(seen) == 1
+
+
+def test_iree_reverifies_after_each_pass_only_when_asked(monkeypatch):
+    """IREE's verification of the whole module after each of its passes is off (the
+    module is verified once, when parsed), on both paths, unless TERCOMP_VERIFY_IR=1;
+    results are the same either way."""
+    assert hasattr(iree_session._capi._dylib, "ireeCompilerInvocationSetVerifyIR"), \
+        "this IREE cannot turn the per-pass verifier off in process (compiles get ~25% slower)"
+    runs = []
+    real_run = iree_session.subprocess.run
+
+    def spy(cmd, **kw):
+        runs.append(cmd)
+        return real_run(cmd, **kw)
+    monkeypatch.setattr(iree_session.subprocess, "run", spy)
+    f = tc.grad(lambda w, x: tc.sum(tc.tanh(x @ w)))
+    results = []
+    for env in ("", "1"):
+        monkeypatch.setenv("TERCOMP_VERIFY_IR", env)
+        assert iree_session.verify_each_pass() == (env == "1")
+        results += [tc.compile(f, W, X, cache=False, isolate=iso)(W, X) for iso in (False, True)]
+    assert ["--verify=false" in cmd for cmd in runs] == [True, False]
+    for r in results[1:]:
+        np.testing.assert_array_equal(results[0], r)

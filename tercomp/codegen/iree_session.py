@@ -5,10 +5,17 @@ In process, IREE's C API prints diagnostics to the process's stderr; we capture 
 descriptor 2 around each compile so that a failure becomes a CompileError carrying
 IREE's text. A crash there (SIGSEGV, an LLVM abort) ends the interpreter, which is why
 some compiles run in a subprocess, where a crash is a CompileError.
+
+IREE verifies the whole module after each of its ~400 passes by default; the module
+tercomp gives it is verified once, when IREE parses it, and the re-verification after
+every pass (a check of IREE's own passes, ~25% of a training step's compile) is off
+unless TERCOMP_VERIFY_IR=1 (what to set when reporting a suspected IREE bug: a pass
+that breaks the IR is then named in the error instead of failing later).
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -17,6 +24,7 @@ from typing import Callable, Sequence
 
 from iree.compiler import ir
 from iree.compiler.api import Output, Session, Source
+from iree.compiler.api import ctypes_dl as _capi
 from iree.compiler.tools.binaries import find_tool
 
 from ..errors import CompileError
@@ -71,6 +79,21 @@ def module_text(module: ir.Module) -> bytes:
                                         assume_verified=True).encode()
 
 
+def verify_each_pass() -> bool:
+    """Whether IREE re-verifies the module after every pass (TERCOMP_VERIFY_IR=1)."""
+    return os.environ.get("TERCOMP_VERIFY_IR", "") not in ("", "0")
+
+
+def _set_verify(inv, enabled: bool) -> None:
+    """ireeCompilerInvocationSetVerifyIR, which IREE 3.13's Python wrapper does not
+    expose (iree-compile's --verify is a tool option, not a session flag)."""
+    fn = getattr(_capi._dylib, "ireeCompilerInvocationSetVerifyIR", None)
+    if fn is None:           # an IREE without it keeps verifying: slower, never wrong
+        return
+    fn.restype, fn.argtypes = None, [ctypes.c_void_p, ctypes.c_bool]
+    fn(inv._inv_p, enabled)
+
+
 def compile_module(session: Session, module: ir.Module, flags: Sequence[str],
                    stage: str = "iree-compile", text: bytes | None = None) -> bytes:
     """Compile `module` in this process with IREE flags; returns the .vmfb bytes.
@@ -82,6 +105,7 @@ def compile_module(session: Session, module: ir.Module, flags: Sequence[str],
         raise CompileError(f"IREE rejected the compiler flags {list(flags)}: {e}",
                            hint="check the spelling of extra flags") from None
     inv = session.invocation()
+    _set_verify(inv, verify_each_pass())
     source = Source.wrap_buffer(session, module_text(module) if text is None else text,
                                 buffer_name="tercomp.mlir")
     with capture_stderr() as diag:
@@ -107,7 +131,8 @@ def compile_source(source: bytes, flags: Sequence[str], stage: str = "iree-compi
         with open(src, "wb") as f:
             f.write(source)
         try:
-            r = subprocess.run([find_tool("iree-compile"), src, *flags, "-o", out],
+            verify = [] if verify_each_pass() else ["--verify=false"]
+            r = subprocess.run([find_tool("iree-compile"), src, *flags, *verify, "-o", out],
                                capture_output=True, text=True, timeout=timeout,
                                stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
