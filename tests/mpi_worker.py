@@ -4,10 +4,12 @@
     mpiexec -n 2 python tests/mpi_worker.py train OUT_DIR   # steps, checkpoint, NaN, failure
     mpiexec -n 2 python tests/mpi_worker.py hang OUT_DIR    # rank 1 stops calling the step
     mpiexec -n 2 python tests/mpi_worker.py crash OUT_DIR   # rank 1 dies of an exception
+    mpiexec -n 2 python tests/mpi_worker.py accumulate OUT_DIR   # accumulate_calls=2
 """
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -88,6 +90,30 @@ def train(out):
     say(out, f"steps {step.steps}")
 
 
+def accumulate(out):
+    tc.distributed.init(timeout=60)
+    step = make_step(seed=tc.distributed.rank(), data_parallel=True, threads=1,
+                     accumulate_calls=2)
+    for x, y in batches():            # 4 calls, 2 updates
+        loss, _ = step(*shard(x, y))
+        say(out, f"loss {loss!r}")
+    np.savez(os.path.join(out, f"params-{tc.distributed.rank()}.npz"), **step.params())
+    x, y = shard(*batches(1)[0])
+    step(x, y)                        # the first call of an accumulation
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tc.save_checkpoint(os.path.join(out, "ckpt.safetensors"), step)
+    say(out, f"warnings {[str(w.message) for w in caught]!r}")
+    if tc.distributed.rank() == 1:
+        x = x.copy()
+        x[0, 0] = np.nan              # in the second call, on rank 1 only
+    try:
+        step(x, y)
+    except tc.TercompError as e:
+        say(out, f"nan error: {e.message}")
+    say(out, f"steps {step.steps}")
+
+
 def hang(out):
     tc.distributed.init(timeout=60)
     step = make_step(data_parallel=True, threads=1)   # 2 ranks on 2 cores
@@ -108,4 +134,4 @@ def crash(out):
 
 
 if __name__ == "__main__":
-    {"train": train, "hang": hang, "crash": crash}[sys.argv[1]](sys.argv[2])
+    {"train": train, "hang": hang, "crash": crash, "accumulate": accumulate}[sys.argv[1]](sys.argv[2])

@@ -90,6 +90,50 @@ def test_two_ranks_train_as_one_process_and_stop_together(tmp_path, reference):
     assert_params_close(step.params(), ref_params[-1])
 
 
+@pytest.fixture(scope="module")
+def accumulated():
+    """One process, accumulate_calls=2, on whole batches: the losses of 4 calls and the
+    parameters after them (2 updates)."""
+    step = mpi_worker.make_step(seed=0, accumulate_calls=2)
+    losses = [step(x, y)[0] for x, y in mpi_worker.batches()]
+    assert step.steps == 2
+    return losses, step.params()
+
+
+@needs_mpi
+def test_two_ranks_accumulate_calls_as_one_process(tmp_path, accumulated):
+    """accumulate_calls=2 over 2 ranks: each rank sums its calls' gradients and they are
+    exchanged once an update; the same losses and weights as one process. A NaN on rank
+    1 in the second call of an accumulation stops both ranks, nothing applied; a
+    checkpoint between the calls warns that the sums are not in it."""
+    rc, out, err, _ = mpiexec("accumulate", tmp_path)
+    assert rc == 0, f"{out}\n{err}"
+    ref_losses, ref_params = accumulated
+    for rank in (0, 1):
+        got = [float(ln) for ln in lines(tmp_path, rank, "loss")]
+        np.testing.assert_allclose(got, ref_losses, rtol=1e-5, err_msg=f"rank {rank}")
+        assert lines(tmp_path, rank, "nan error:") == [
+            "training step 3: the loss is nan (from rank(s) 1 of 2); the update was skipped, "
+            "the weights are those of the last finite step"], out
+        assert lines(tmp_path, rank, "steps") == ["2"]
+    assert "1 call(s) into an accumulation of 2" in lines(tmp_path, 0, "warnings")[0]
+    assert lines(tmp_path, 1, "warnings") == ["[]"]      # rank 1 writes no checkpoint
+    p0, p1 = (dict(np.load(tmp_path / f"params-{r}.npz")) for r in (0, 1))
+    for k in p0:
+        np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
+    assert_params_close(p0, ref_params)
+
+
+def test_accumulate_calls_on_one_rank_computes_the_single_process_step(accumulated):
+    step = mpi_worker.make_step(seed=0, data_parallel=True, accumulate_calls=2)
+    losses = []
+    for i, (x, y) in enumerate(mpi_worker.batches()):
+        losses.append(step(x, y)[0])
+        assert step.steps == (i + 1) // 2
+    np.testing.assert_allclose(losses, accumulated[0], rtol=1e-6)
+    assert_params_close(step.params(), accumulated[1], rtol=1e-6)
+
+
 @needs_mpi
 def test_a_rank_that_hangs_aborts_the_job_after_the_timeout(tmp_path):
     rc, out, err, seconds = mpiexec("hang", tmp_path)
@@ -127,7 +171,5 @@ def test_under_a_launcher_without_mpi4py_the_error_names_the_extra(monkeypatch):
 def test_data_parallel_options_are_checked():
     with pytest.raises(tc.TercompError, match="data_parallel must be True or False"):
         mpi_worker.make_step(data_parallel="yes")
-    with pytest.raises(tc.TercompError, match="does not take accumulate_calls"):
-        mpi_worker.make_step(data_parallel=True, accumulate_calls=2)
     with pytest.raises(tc.TercompError, match="timeout must be a positive number"):
         distributed.init(timeout=0)

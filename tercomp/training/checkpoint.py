@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
@@ -32,6 +33,12 @@ def save_checkpoint(path: str, model, opt_state=None) -> None:
     if isinstance(model, TrainStep):
         if not model.is_main:
             return
+        if model.data_parallel and model._calls:
+            warnings.warn(f"save_checkpoint: the data-parallel step is {model._calls} call(s) into "
+                          f"an accumulation of {model.accumulate_calls}; the ranks' sums of those "
+                          "calls' gradients are not saved (a resumed job starts a new "
+                          "accumulation); save after an update to keep every call",
+                          RuntimeWarning, stacklevel=2)
         params = model.params()
         opt_state = model.opt_state() if opt_state is None else opt_state
     elif callable(getattr(model, "state_dict", None)):

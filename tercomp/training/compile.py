@@ -64,7 +64,11 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     identical (rank 0's initial ones are broadcast first); the loss and metrics returned
     are those of the whole global batch. A rank that fails or meets a NaN makes every rank
     raise (or stop, with on_nan="stop"); see tercomp.distributed for ranks, the timeout and
-    the `distributed` pip extra. Without MPI it runs as a job of one rank.
+    the `distributed` pip extra. Without MPI it runs as a job of one rank. With
+    `accumulate_calls=k` each rank sums k calls' gradients on the host and the ranks
+    exchange them once, on the k-th call (each call still exchanges its loss and a
+    failure flag, a few bytes); the sums of an unfinished accumulation are not part of
+    a checkpoint.
 
     >>> step = tc.compile_train_step(loss_fn, model, opt, xb, yb, data_parallel=True)
     >>> r, n = tc.distributed.rank(), tc.distributed.world_size()
@@ -89,7 +93,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     if clip_norm is not None:
         clip_norm = check_number("compile_train_step", "clip_norm", clip_norm,
                                         lo=0.0, lo_open=True)
-    check_data_parallel(data_parallel, accumulate_calls)
+    check_data_parallel(data_parallel)
     if has_aux not in (None, True, False):
         raise TercompError(f"compile_train_step: has_aux must be None, True or False, got {has_aux!r}")
     if not example_batch:
@@ -100,10 +104,12 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         raise TercompError(f"compile_train_step: {type(model).__name__} has no parameters to train")
     state = optimizer.init(params) if opt_state is None else opt_state
     state = pytree.unflatten(pytree.flatten(state)[2], [_host_leaf(x) for x in pytree.flatten(state)[0]])
-    if accumulate_calls > 1 and not (isinstance(state, dict) and set(state) == {"opt", "accum"}):
+    # A data-parallel step accumulates on the host (DataParallelStep), its state is the optimizer's.
+    accumulate_on_device = accumulate_calls > 1 and not data_parallel
+    if accumulate_on_device and not (isinstance(state, dict) and set(state) == {"opt", "accum"}):
         state = {"opt": state, "accum": {"grads": {k: np.zeros_like(v) for k, v in params.items()},
                                          "calls": np.zeros((), np.float32)}}
-    state_treedef = pytree.jsonable(pytree.flatten(state["opt"] if accumulate_calls > 1 else state)[2])
+    state_treedef = pytree.jsonable(pytree.flatten(state["opt"] if accumulate_on_device else state)[2])
     detected = {}
 
     def loss_of(p, *batch):
@@ -156,7 +162,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
 
     def train_step(params, opt_state, *batch):
         loss, aux, grads = loss_and_grads(params, *batch)
-        if accumulate_calls > 1:
+        if accumulate_on_device:
             return _accumulating_update(params, opt_state, loss, aux, grads)
         new_params, new_state, norm = update(params, opt_state, loss, grads)
         return new_params, new_state, loss, norm, aux
@@ -194,6 +200,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         step = compile_data_parallel(loss_and_grads, update, model, optimizer, params, state,
                                      example_batch, on_nan=on_nan, accumulate=accumulate,
                                      clip_norm=clip_norm, compile_opts=compile_opts)
+        step.accumulate_calls = int(accumulate_calls)
         step.has_aux = detected.get("has_aux", False)      # known once traced
         step._name_batch(loss_fn)
         return step

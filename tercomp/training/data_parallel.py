@@ -22,7 +22,6 @@ the rank(s) it came from. A rank that dies or hangs is tercomp.distributed's tim
 """
 from __future__ import annotations
 
-import numbers
 import os
 
 import numpy as np
@@ -172,6 +171,7 @@ class DataParallelStep(TrainStep):
         self.layout = layout
         self._failed = np.zeros(layout.size, np.float32)
         self._failed[-1] = 1.0
+        self._sum = None             # this rank's sum over the calls of an accumulation
 
     @property
     def is_main(self) -> bool:
@@ -179,7 +179,8 @@ class DataParallelStep(TrainStep):
 
     def __call__(self, *batch):
         """Run one step on this rank's shard; returns the loss over every rank's examples
-        (and the metrics), the same on every rank."""
+        (and the metrics), the same on every rank. With accumulate_calls=k, the update
+        (and the gradient Allreduce) is on every k-th call."""
         if self.stopped:
             nan = float("nan")
             return (nan, {}) if self.has_aux else nan
@@ -190,20 +191,13 @@ class DataParallelStep(TrainStep):
             packed = self.exe(self._params, _examples(pytree.flatten(batch)[0]), *batch)
         except Exception as e:        # joins the Allreduce with its flag set, then raised
             failure, packed = e, self._failed
+        if self.accumulate_calls > 1:
+            return self._accumulate(n, packed, failure)
         summed = self.world.allreduce(packed, f"training step {n}: the gradient Allreduce")
-        if summed[-1] > 0:
-            ranks = self.world.ranks_where(failure is not None, f"training step {n}: failed ranks")
-            if failure is not None:
-                raise failure
-            raise TercompError(f"training step {n}: rank(s) {_names(ranks)} failed (their "
-                               "error says why); every rank stops",
-                               hint="fix the failing rank's batch or error and restart the job")
+        self._raise_failures(n, summed[-1], failure)
         params, state, norm = self.apply_exe(self._params, self._state, summed,
                                              keep_on_device=True)
-        lay = self.layout
-        total = summed[lay.examples]
-        loss = float(summed[lay.loss] / total)
-        metrics = {k: float(summed[lay.loss + 1 + i] / total) for i, k in enumerate(lay.metrics)}
+        loss, metrics = self._means(summed)
         norm = float(np.asarray(norm))
         where = ""
         if not (np.isfinite(loss) and np.isfinite(norm)):
@@ -211,6 +205,50 @@ class DataParallelStep(TrainStep):
                                          f"training step {n}: non-finite ranks")
             where = f" (from rank(s) {_names(bad)} of {self.world.size})"
         return self._finish(params, state, loss, norm, metrics, where=where)
+
+    def _accumulate(self, n, packed, failure):
+        """One call of an accumulation of accumulate_calls: a small Allreduce of this
+        call's loss, metrics, examples, failure and non-finite flags (the loss returned,
+        and every rank stops together); the call's packed gradients are added to this
+        rank's sum unless some rank's are not finite (then nothing changes, as on one
+        process); on the k-th call, ONE Allreduce of the sums and the update."""
+        lay = self.layout
+        bad = failure is None and not np.isfinite(packed).all()
+        head = np.concatenate([packed[lay.loss:], np.float32([bad])])
+        head = self.world.allreduce(head, f"training step {n}: the loss Allreduce")
+        self._raise_failures(n, head[-2], failure)
+        loss, metrics = self._means(head, at=0)
+        if head[-1] > 0:
+            ranks = self.world.ranks_where(bad, f"training step {n}: non-finite ranks")
+            where = f" (from rank(s) {_names(ranks)} of {self.world.size})"
+            return self._finish(self._params, self._state, loss, float("nan"), metrics,
+                                where=where)
+        self._sum = packed.copy() if self._sum is None else self._sum + packed
+        if self._calls < self.accumulate_calls - 1:
+            return self._finish(self._params, self._state, loss, None, metrics)
+        summed = self.world.allreduce(self._sum, f"training step {n}: the gradient Allreduce")
+        self._sum = None
+        params, state, norm = self.apply_exe(self._params, self._state, summed,
+                                             keep_on_device=True)
+        return self._finish(params, state, loss, float(np.asarray(norm)), metrics)
+
+    def _raise_failures(self, n, failed, failure):
+        if failed > 0:
+            ranks = self.world.ranks_where(failure is not None, f"training step {n}: failed ranks")
+            if failure is not None:
+                raise failure
+            raise TercompError(f"training step {n}: rank(s) {_names(ranks)} failed (their "
+                               "error says why); every rank stops",
+                               hint="fix the failing rank's batch or error and restart the job")
+
+    def _means(self, summed, at=None):
+        """(loss, metrics) as means over the examples summed in `summed` (a packed buffer,
+        or its tail from `at` on)."""
+        lay = self.layout
+        base = lay.loss if at is None else at
+        total = summed[base + 1 + len(lay.metrics)]
+        loss = float(summed[base] / total)
+        return loss, {k: float(summed[base + 1 + i] / total) for i, k in enumerate(lay.metrics)}
 
     def __repr__(self):
         return (f"DataParallelStep({type(self.model).__name__}, {self.optimizer!r}, "
@@ -222,12 +260,7 @@ def _names(ranks) -> str:
     return ", ".join(str(r) for r in ranks) or "?"
 
 
-def check_options(data_parallel, accumulate_calls) -> None:
+def check_options(data_parallel) -> None:
     if not isinstance(data_parallel, bool):
         raise TercompError(f"compile_train_step: data_parallel must be True or False, got "
                            f"{data_parallel!r}")
-    if data_parallel and isinstance(accumulate_calls, numbers.Integral) and accumulate_calls > 1:
-        raise TercompError("compile_train_step: data_parallel=True does not take "
-                           "accumulate_calls (yet)",
-                           hint="accumulate=k splits each call's shard into k micro-batches; "
-                                "or give each rank a larger shard")

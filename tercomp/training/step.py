@@ -95,10 +95,13 @@ class TrainStep:
 
     def _finish(self, params, state, loss, norm, metrics, where=""):
         """Keep the step's results; on a NaN or Inf loss or norm (the compiled step kept
-        the old params/state) raise or stop as on_nan says. `where` adds to the message."""
-        self.grad_norm = norm
+        the old params/state) raise or stop as on_nan says. `where` adds to the message.
+        `norm` None: a call that computed no norm (one before the last of an accumulation
+        on the host); grad_norm keeps the last one."""
+        if norm is not None:
+            self.grad_norm = norm
         self._params, self._state = params, state
-        if not (math.isfinite(loss) and math.isfinite(norm)):
+        if not (math.isfinite(loss) and (norm is None or math.isfinite(norm))):
             what = "loss" if not math.isfinite(loss) else "gradient norm"
             msg = (f"training step {self.steps + 1}: the {what} is "
                    f"{loss if what == 'loss' else norm}{where}; the update was skipped, the "
