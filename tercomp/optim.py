@@ -207,7 +207,14 @@ def accumulate_gradients(value_and_grad_fn, micro_batches: int):
 # -- optimizers -------------------------------------------------------------------------
 class Optimizer:
     """Base class: `init(params) -> state`, `update(grads, state, params) -> (new_params,
-    new_state)`, both pure. `state["step"]` is the f32 count of updates applied."""
+    new_state)`, both pure. `state["step"]` is the f32 count of updates applied.
+
+    `elementwise`: True when update() treats every element of every parameter alone
+    (no per-tensor norms or shapes), so a compiled step may run it on all parameters
+    packed in one vector (tercomp.training.packing); a subclass that looks at whole
+    tensors leaves it False."""
+
+    elementwise = False
 
     def init(self, params) -> dict:
         raise NotImplementedError
@@ -236,6 +243,8 @@ class SGD(Optimizer):
 
     >>> opt = tc.optim.SGD(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
     """
+
+    elementwise = True
 
     def __init__(self, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
         self.lr = _as_schedule("SGD", lr)
@@ -288,6 +297,8 @@ class AdamW(Optimizer):
 
     >>> opt = tc.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.01)
     """
+
+    elementwise = True
 
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         self.lr = _as_schedule("AdamW", lr)

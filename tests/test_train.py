@@ -11,6 +11,8 @@ import pytest
 import tercomp as tc
 from tercomp import nn
 
+from conftest import run_filecheck
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "samples"))
 
@@ -331,3 +333,62 @@ def test_digits_sample_long(tmp_path):
     except ImportError:
         return
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- packed parameters ----------------------------------------------------------------
+class TwoLayers(nn.Module):
+    def __init__(self):
+        self.a = nn.Linear(IN, 7)
+        self.b = nn.Linear(7, OUT)
+
+    def forward(self, x):
+        return self.b(tc.tanh(self.a(x)))
+
+
+def test_an_elementwise_optimizer_updates_every_parameter_in_one_pass():
+    """AdamW's update runs on the parameters packed in one vector (training.packing): the
+    traced step concatenates the gradients once, takes one norm and one square root of
+    the moments for all four parameters; the user still sees per-parameter trees."""
+    nn.manual_seed(3)
+    model = TwoLayers()
+    x, t = make(3)[1:]
+    step = tc.compile_train_step(mse, model, tc.optim.AdamW(1e-2), x, t, clip_norm=1.0)
+    assert step.packing is not None and step.packing.size == IN * 7 + 7 + 7 * OUT + OUT
+    run_filecheck(step.exe.stages["simplify"], """
+        CHECK: tern.concatenate
+        CHECK-NOT: tern.concatenate
+        CHECK-COUNT-2: tern.sqrt
+        CHECK-NOT: tern.sqrt
+    """)
+    step(x, t)
+    assert set(step.params()) == set(model.state_dict())
+    state = step.opt_state()
+    assert set(state["mu"]) == set(model.state_dict())
+    assert all(state["mu"][k].shape == v.shape for k, v in model.state_dict().items())
+
+
+class PerTensorSGD(tc.optim.Optimizer):
+    """An update that looks at whole tensors (each scaled to a step of norm lr): it must
+    not run on packed parameters."""
+
+    def __init__(self, lr):
+        self.lr = tc.optim.constant(lr)
+
+    def init(self, params):
+        return {"step": np.float32(0.0)}
+
+    def update(self, grads, state, params):
+        new = {k: p - self.lr(0) * grads[k] / tc.sqrt(tc.sum(grads[k] * grads[k]))
+               for k, p in params.items()}
+        return new, {"step": state["step"] + 1.0}
+
+
+def test_an_optimizer_that_looks_at_whole_tensors_keeps_them_apart():
+    model, x, t = make(4)
+    p0 = model.state_dict()
+    step = tc.compile_train_step(mse, model, PerTensorSGD(0.1), x, t)
+    assert step.packing is None
+    step(x, t)
+    g = np_grads(p0, x, t)[1]
+    want = {k: p0[k] - 0.1 * g[k] / np.linalg.norm(g[k]) for k in p0}
+    assert_tree_close(step.params(), want)

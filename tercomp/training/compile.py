@@ -3,7 +3,9 @@ traced into ONE compiled function
 
     (params, opt_state, *batch) -> (new_params, new_opt_state, loss, grad_norm, metrics)
 
-that tercomp.training.step.TrainStep runs with the weights kept on the device.
+that tercomp.training.step.TrainStep runs with the weights kept on the device (packed
+in one vector, with the optimizer state shaped like them, when the optimizer's update
+is elementwise: packing.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from ..trace import api as _t
 from ..trace.tracer import Tracer
 from ..autodiff import value_and_grad
 from .data_parallel import check_options as check_data_parallel, compile_data_parallel
+from .packing import Packing
 from .step import TrainStep
 
 ON_NAN = ("raise", "stop")
@@ -109,7 +112,13 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     if accumulate_on_device and not (isinstance(state, dict) and set(state) == {"opt", "accum"}):
         state = {"opt": state, "accum": {"grads": {k: np.zeros_like(v) for k, v in params.items()},
                                          "calls": np.zeros((), np.float32)}}
-    state_treedef = pytree.jsonable(pytree.flatten(state["opt"] if accumulate_on_device else state)[2])
+    # Parameters and the state trees shaped like them, each one vector on the device
+    # (packing.py), when the optimizer's update is elementwise.
+    packing = None if data_parallel else Packing.of(params, optimizer)
+    run_params, run_state = (params, state) if packing is None else \
+        (packing.pack_tree(params), packing.pack_tree(state))
+    state_treedef = pytree.jsonable(pytree.flatten(run_state["opt"] if accumulate_on_device
+                                                   else run_state)[2])
     detected = {}
 
     def loss_of(p, *batch):
@@ -161,7 +170,11 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         return new_params, new_state, norm
 
     def train_step(params, opt_state, *batch):
-        loss, aux, grads = loss_and_grads(params, *batch)
+        if packing is None:
+            loss, aux, grads = loss_and_grads(params, *batch)
+        else:
+            loss, aux, grads = loss_and_grads(packing.slices(params), *batch)
+            grads = packing.concatenate(grads)
         if accumulate_on_device:
             return _accumulating_update(params, opt_state, loss, aux, grads)
         new_params, new_state, norm = update(params, opt_state, loss, grads)
@@ -204,9 +217,11 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         step.has_aux = detected.get("has_aux", False)      # known once traced
         step._name_batch(loss_fn)
         return step
-    exe = tc_compile(train_step, params, state, *example_batch, name="train_step", **compile_opts)
-    step = TrainStep(exe, model, optimizer, params, state, len(example_batch),
-                     detected.get("has_aux", False), on_nan, accumulate, clip_norm)
+    exe = tc_compile(train_step, run_params, run_state, *example_batch, name="train_step",
+                     **compile_opts)
+    step = TrainStep(exe, model, optimizer, run_params, run_state, len(example_batch),
+                     detected.get("has_aux", False), on_nan, accumulate, clip_norm,
+                     packing=packing)
     step.accumulate_calls = int(accumulate_calls)
     step._name_batch(loss_fn)
     return step

@@ -27,8 +27,11 @@ class TrainStep:
     is_main = True           # the rank that writes checkpoints (see DataParallelStep)
 
     def __init__(self, exe, model, optimizer, params, opt_state, n_batch,
-                 has_aux, on_nan, accumulate, clip_norm, n_before=None):
+                 has_aux, on_nan, accumulate, clip_norm, n_before=None, packing=None):
         self.exe = exe
+        # params and opt_state as the compiled step takes them: packed when `packing`
+        # (training.packing) is given, converted to the usual trees for the user.
+        self.packing = packing
         self.model = model
         self.optimizer = optimizer
         self.has_aux = has_aux
@@ -40,8 +43,8 @@ class TrainStep:
         self.accumulate_calls = 1
         self._calls = 0              # calls since the last update (accumulate_calls > 1)
         self.grad_norm = float("nan")
-        self._p_treedef = pytree.flatten(params)[2]
-        self._s_treedef = pytree.flatten(opt_state)[2]
+        self._run_s_treedef = pytree.flatten(opt_state)[2]
+        self._s_treedef = pytree.flatten(self._unpacked(opt_state))[2]
         # The batch comes after two arguments, params and state (n_before arrays).
         if n_before is None:
             n_before = len(pytree.flatten(params)[0]) + len(pytree.flatten(opt_state)[0])
@@ -117,14 +120,20 @@ class TrainStep:
         return (loss, metrics) if self.has_aux else loss
 
     # -- host copies ------------------------------------------------------------------
+    def _unpacked(self, tree):
+        return tree if self.packing is None else self.packing.unpack_tree(tree)
+
+    def _packed(self, tree):
+        return tree if self.packing is None else self.packing.pack_tree(tree)
+
     def params(self) -> dict:
         """The current parameters, copied to the host (name -> NumPy array)."""
-        return {k: np.asarray(v) for k, v in self._params.items()}
+        return self._unpacked({k: np.asarray(v) for k, v in self._params.items()})
 
     def opt_state(self):
         """The current optimizer state, copied to the host."""
         leaves = [np.asarray(x) for x in pytree.flatten(self._state)[0]]
-        return pytree.unflatten(self._s_treedef, leaves)
+        return self._unpacked(pytree.unflatten(self._run_s_treedef, leaves))
 
     def sync_to(self, model=None):
         """Copy the trained weights into `model` (default: the model compiled from)."""
@@ -159,9 +168,9 @@ class TrainStep:
             new_state = pytree.unflatten(
                 self._s_treedef, [np.asarray(x, o.dtype) for x, o in zip(leaves, own)])
         if new_params is not None:
-            self._params = new_params
+            self._params = self._packed(new_params)
         if new_state is not None:
-            self._state = new_state
+            self._state = self._packed(new_state)
         self.stopped = False
 
     def __repr__(self):
