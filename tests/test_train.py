@@ -355,10 +355,18 @@ def test_an_elementwise_optimizer_updates_every_parameter_in_one_pass():
     step = tc.compile_train_step(mse, model, tc.optim.AdamW(1e-2), x, t, clip_norm=1.0)
     assert step.packing is not None and step.packing.size == IN * 7 + 7 + 7 * OUT + OUT
     run_filecheck(step.exe.stages["simplify"], """
+        CHECK: tern.split
+        CHECK-SAME: runtime_offsets = true
         CHECK: tern.concatenate
         CHECK-NOT: tern.concatenate
         CHECK-COUNT-2: tern.sqrt
         CHECK-NOT: tern.sqrt
+    """)
+    # each parameter is read at an offset IREE cannot see, so the same code at another
+    # offset is the same executable
+    run_filecheck(step.exe.stages["mlir"], """
+        CHECK: [[OFF:%.+]] = util.optimization_barrier %c7 : index
+        CHECK: tensor.extract_slice %arg0{{\\[}}[[OFF]]] [35] [1]
     """)
     step(x, t)
     assert set(step.params()) == set(model.state_dict())

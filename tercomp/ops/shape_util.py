@@ -178,7 +178,10 @@ def _expand(ctx, v, dst: TensorType, groups):
 
 
 def _static_or_value(ctx, d):
-    """(static int or kDynamic, list of the dynamic index values) for a slice operand."""
+    """(static int or kDynamic, list of the dynamic index values) for a slice operand:
+    a static dim, a symbolic one, or an `index` value."""
+    if isinstance(d, ir.Value):
+        return ir.ShapedType.get_dynamic_size(), [d]
     if is_static(d):
         return d, []
     return ir.ShapedType.get_dynamic_size(), [ctx.dim(d)]
