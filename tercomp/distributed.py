@@ -47,13 +47,21 @@ _SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 _RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
-def launched_size() -> int | None:
-    """The number of ranks the launcher that started this process says the job has
-    (None when no launcher's variables are set)."""
+def _given_size() -> int | None:
+    """The job's size as a launcher's variable gives it (None when none does)."""
     for var in _SIZE_VARS:
         value = os.environ.get(var, "")
         if value.isdigit():
             return int(value)
+    return None
+
+
+def launched_size() -> int | None:
+    """The number of ranks the launcher that started this process says the job has
+    (None when no launcher's variables are set; 1 when only a rank is, as PMIx does)."""
+    size = _given_size()
+    if size is not None:
+        return size
     return 1 if any(v in os.environ for v in _RANK_VARS) else None
 
 
@@ -194,8 +202,9 @@ def _join() -> World:
     # Abort from its own thread needs): imported here, when a step asks for the job.
     from mpi4py import MPI
     world = World(MPI.COMM_WORLD, MPI.SUM)
-    if launched not in (None, world.size):
-        raise TercompError(f"the launcher started {launched} ranks but MPI sees {world.size}: "
+    # a size the launcher gave must be MPI's (a PMIx launcher may give only the rank)
+    if _given_size() not in (None, world.size):
+        raise TercompError(f"the launcher started {_given_size()} ranks but MPI sees {world.size}: "
                            "mpiexec belongs to another MPI than the one mpi4py loaded",
                            hint=f"use the mpiexec beside this Python ({launcher()}), or build "
                                 "mpi4py against the system MPI")

@@ -5,6 +5,7 @@
     mpiexec -n 2 python tests/mpi_worker.py hang OUT_DIR    # rank 1 stops calling the step
     mpiexec -n 2 python tests/mpi_worker.py crash OUT_DIR   # rank 1 dies of an exception
     mpiexec -n 2 python tests/mpi_worker.py accumulate OUT_DIR   # accumulate_calls=2
+    mpiexec -n 2 python tests/mpi_worker.py rank-only OUT_DIR    # no size in the environment
 """
 import os
 import sys
@@ -114,6 +115,14 @@ def accumulate(out):
     say(out, f"steps {step.steps}")
 
 
+def rank_only(out):
+    # as under a PMIx launcher that gives each rank its rank and not the job's size
+    # (MPICH's own ranks need PMI_SIZE, so tercomp is the one that does not see it)
+    tc.distributed._SIZE_VARS = ()
+    tc.distributed.init(timeout=60)
+    say(out, f"size {tc.distributed.world_size()}")
+
+
 def hang(out):
     tc.distributed.init(timeout=60)
     step = make_step(data_parallel=True, threads=1)   # 2 ranks on 2 cores
@@ -134,4 +143,5 @@ def crash(out):
 
 
 if __name__ == "__main__":
-    {"train": train, "hang": hang, "crash": crash, "accumulate": accumulate}[sys.argv[1]](sys.argv[2])
+    {"train": train, "hang": hang, "crash": crash, "accumulate": accumulate,
+     "rank-only": rank_only}[sys.argv[1]](sys.argv[2])

@@ -173,3 +173,20 @@ def test_data_parallel_options_are_checked():
         mpi_worker.make_step(data_parallel="yes")
     with pytest.raises(tc.TercompError, match="timeout must be a positive number"):
         distributed.init(timeout=0)
+
+
+@needs_mpi
+def test_a_launcher_that_gives_only_the_rank_is_no_size_mismatch(tmp_path, monkeypatch):
+    """PMIx launchers may give each rank its rank (PMIX_RANK) and not the job's size:
+    that is no reason to call mpiexec another MPI's. A size that disagrees with MPI's is."""
+    rc, out, err, _ = mpiexec("rank-only", tmp_path)
+    assert rc == 0, f"{out}\n{err}"
+    assert [lines(tmp_path, r, "size") for r in (0, 1)] == [["2"], ["2"]]
+    for var in distributed._SIZE_VARS + distributed._RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(distributed, "_world", None)
+    distributed.init()      # MPI starts here, as a singleton: the variable below is not real
+    monkeypatch.setattr(distributed, "_world", None)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    with pytest.raises(tc.TercompError, match="the launcher started 2 ranks but MPI sees 1"):
+        distributed.init()
