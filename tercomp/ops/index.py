@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, linalg, tensor
+from iree.compiler.dialects import arith, linalg, tensor, util
 
 from ..codegen.builders import PARALLEL, REDUCTION, affine_map, index_const, scalar_const, tensor_type
 from ..errors import TraceError
@@ -53,19 +53,32 @@ def _slice_index(a):
 
 def _slice_lower(ctx, op, xs):
     dims = _slice_dims(op.operands[0].type.shape, op.attrs, "slice")
+    if op.attrs.get("runtime_offsets"):
+        # IREE folds a slice into the code that reads it; a start it cannot see
+        # (util.optimization_barrier) is a push constant there, so the same code reading
+        # at other starts (each layer's weights in one packed vector) is one executable
+        # (an axis taken whole keeps its static start)
+        shape = op.operands[0].type.shape
+        dims = [(s, n, st) if (s == 0 and n == d) else
+                (util.optimization_barrier([ir.IndexType.get()], [index_const(s)]), n, st)
+                for (s, n, st), d in zip(dims, shape)]
     parts = _slice_parts(ctx, *zip(*dims)) if dims else ([], [], [], [], [], [])
     return [tensor.ExtractSliceOp(tensor_type(op.results[0].type), xs[0], *parts).result]
 
 
 def _slice_vjp(b, op, cts):
     x = op.operands[0]
-    return [b.unslice(cts[0], shape=[dim_to_attr(d) for d in x.shape], **op.attrs)]
+    return [b.unslice(cts[0], shape=[dim_to_attr(d) for d in x.shape],
+                      **{k: op.attrs[k] for k in _SLICE_ATTRS})]
 
 
 _SLICE_ATTRS = {"starts": REQUIRED, "stops": REQUIRED, "steps": REQUIRED}
 register(OpDef("slice", "shape", _slice_infer, lambda xs, a: [xs[0][_slice_index(a)].copy()],
-               attrs=_SLICE_ATTRS, lower=_slice_lower, vjp=_slice_vjp,
-               doc=f"x[start:stop:step] per axis; stop {SLICE_END} means to the end"))
+               attrs={**_SLICE_ATTRS, "runtime_offsets": False}, lower=_slice_lower,
+               vjp=_slice_vjp,
+               doc=f"x[start:stop:step] per axis; stop {SLICE_END} means to the end "
+                   "(runtime_offsets: the starts are run-time values in the compiled code, "
+                   "which slices at other starts then share)"))
 
 
 def _unslice_infer(types, a):

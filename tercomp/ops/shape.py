@@ -13,7 +13,7 @@ import numpy as np
 import sympy
 
 from iree.compiler import ir
-from iree.compiler.dialects import arith, tensor, util
+from iree.compiler.dialects import arith, tensor
 
 from ..codegen.builders import PARALLEL, affine_map, broadcast_map, elem_type, index_const, tensor_type
 from ..errors import TraceError
@@ -311,11 +311,6 @@ def _split_lower(ctx, op, xs):
     for r in op.results:
         offs = [0] * t.rank
         offs[ax] = as_dim(offset)
-        if op.attrs["runtime_offsets"] and is_static(offs[ax]):
-            # IREE folds a slice into the code that reads it; an offset it cannot see
-            # (util.optimization_barrier) is a push constant there, so the same code
-            # reading pieces at different offsets is one executable
-            offs[ax] = util.optimization_barrier([ir.IndexType.get()], [index_const(offs[ax])])
         parts = _slice_parts(ctx, offs, r.type.shape, [1] * t.rank)
         outs.append(tensor.ExtractSliceOp(tensor_type(r.type), xs[0], *parts).result)
         offset = offset + r.type.shape[ax]
@@ -333,12 +328,9 @@ def _split_vjp(b, op, cts):
     return [parts[0] if len(parts) == 1 else b.concatenate(*parts, axis=op.attrs["axis"])]
 
 
-register(OpDef("split", "shape", _split_infer, _split_ref,
-               attrs={"axis": REQUIRED, "sizes": REQUIRED, "runtime_offsets": False},
+register(OpDef("split", "shape", _split_infer, _split_ref, attrs={"axis": REQUIRED, "sizes": REQUIRED},
                lower=_split_lower, vjp=_split_vjp,
-               doc="the transpose of concatenate: consecutive pieces of the given sizes "
-                   "(runtime_offsets: their offsets are run-time values in the compiled "
-                   "code, which is then shared by pieces at different offsets)"))
+               doc="the transpose of concatenate: consecutive pieces of the given sizes"))
 
 
 # -- size ----------------------------------------------------------------------------------

@@ -27,15 +27,37 @@ from ..trace.tracer import apply
 KEY = "packed"
 
 
+#: The most zeros the packed vector may end with so that every matrix width divides its
+#: length (beyond it the matrices are read through copies, as other shapes are).
+MAX_PAD = 1 << 16
+
+
 class Packing:
-    """Where each parameter sits in the packed vector (pytree order of the params dict)."""
+    """Where each parameter sits in the packed vector (pytree order of the params dict).
+
+    A matrix [N, K] starts at a multiple of K and the vector's length is a multiple of
+    every such K, so the forward reads it as rows of the vector viewed as [size / K, K]:
+    a slice IREE folds into the code that reads it, with the row a run-time value (the
+    code is shared by every layer, and nothing is copied). Gaps are zeros, which the
+    updates keep zero."""
 
     def __init__(self, params: dict):
         leaves, paths, _ = pytree.flatten(params)
         self.names = list(paths)
         self.shapes = [tuple(np.shape(x)) for x in leaves]
-        self.offsets = np.cumsum([0] + [int(np.prod(s)) for s in self.shapes]).tolist()
-        self.size = self.offsets[-1]
+        widths = sorted({s[1] for s in self.shapes if len(s) == 2})
+        lcm = int(np.lcm.reduce(widths)) if widths else 1
+        self.rows_view = lcm <= MAX_PAD          # matrices as rows of [size / K, K] views
+        self.offsets, at = [], 0
+        for shape in self.shapes:
+            if len(shape) == 2 and self.rows_view:
+                at = -(-at // shape[1]) * shape[1]
+            self.offsets.append(at)
+            at += int(np.prod(shape))
+        self.size = -(-at // lcm) * lcm if self.rows_view else at
+
+    def _pieces(self):
+        return zip(self.names, self.shapes, self.offsets)
 
     @classmethod
     def of(cls, params: dict, optimizer) -> "Packing | None":
@@ -55,8 +77,10 @@ class Packing:
     def pack_tree(self, tree):
         """`tree` with each params-shaped dict replaced by {"packed": its vector}."""
         if self._params_like(tree):
-            return {KEY: np.concatenate([np.asarray(tree[k], np.float32).reshape(-1)
-                                         for k in self.names])}
+            flat = np.zeros(self.size, np.float32)
+            for k, shape, at in self._pieces():
+                flat[at:at + int(np.prod(shape))] = np.asarray(tree[k], np.float32).reshape(-1)
+            return {KEY: flat}
         if isinstance(tree, dict):
             return {k: self.pack_tree(v) for k, v in tree.items()}
         return tree
@@ -65,24 +89,44 @@ class Packing:
         """The inverse of pack_tree (on host arrays)."""
         if isinstance(tree, dict) and set(tree) == {KEY}:
             flat = np.asarray(tree[KEY])
-            return {k: flat[a:b].reshape(s) for k, s, a, b in
-                    zip(self.names, self.shapes, self.offsets, self.offsets[1:])}
+            return {k: flat[at:at + int(np.prod(shape))].reshape(shape)
+                    for k, shape, at in self._pieces()}
         if isinstance(tree, dict):
             return {k: self.unpack_tree(v) for k, v in tree.items()}
         return tree
 
     # -- traced ----------------------------------------------------------------------------
     def slices(self, packed) -> dict:
-        """The parameters as pieces of the traced vector `packed` ({"packed": vector}):
-        one split whose offsets are run-time values in the compiled code. IREE folds a
-        slice into the code of its consumers; with the offsets constants there, each
-        layer's dispatches would be compiled once per offset (90 executables for a
-        3-layer LM instead of 70)."""
-        pieces = apply("split", packed[KEY], axis=0, runtime_offsets=True,
-                       sizes=[b - a for a, b in zip(self.offsets, self.offsets[1:])])
-        pieces = pieces if isinstance(pieces, (tuple, list)) else [pieces]
-        return {k: _t.reshape(x, s) for k, s, x in zip(self.names, self.shapes, pieces)}
+        """The parameters as slices of the traced vector `packed` ({"packed": vector})
+        at run-time offsets (tern.slice runtime_offsets): IREE folds a slice into the
+        code of its consumers, and with the offset a constant there the same dispatch of
+        every layer was compiled once per offset (90 executables for a 3-layer LM, 73
+        this way). Matrices are rows of a [size / K, K] view (see the class)."""
+        flat, views, out = packed[KEY], {}, {}
+        for k, shape, at in self._pieces():
+            n = int(np.prod(shape))
+            if len(shape) == 2 and self.rows_view:
+                width = shape[1]
+                if width not in views:
+                    views[width] = _t.reshape(flat, (self.size // width, width))
+                out[k] = apply("slice", views[width], starts=[at // width, 0],
+                               stops=[at // width + shape[0], width], steps=[1, 1],
+                               runtime_offsets=True)
+            else:
+                piece = apply("slice", flat, starts=[at], stops=[at + n], steps=[1],
+                              runtime_offsets=True)
+                out[k] = piece if len(shape) == 1 else _t.reshape(piece, shape)
+        return out
 
     def concatenate(self, grads: dict) -> dict:
-        """Traced gradients (a params-shaped dict) as {"packed": one vector}."""
-        return {KEY: _t.concatenate([_t.reshape(grads[k], (-1,)) for k in self.names])}
+        """Traced gradients (a params-shaped dict) as {"packed": one vector}, zeros in the
+        gaps."""
+        parts, at = [], 0
+        for k, shape, start in self._pieces():
+            if start > at:
+                parts.append(np.zeros(start - at, np.float32))
+            parts.append(_t.reshape(grads[k], (-1,)))
+            at = start + int(np.prod(shape))
+        if self.size > at:
+            parts.append(np.zeros(self.size - at, np.float32))
+        return {KEY: _t.concatenate(parts)}
