@@ -431,9 +431,10 @@ irdl.dialect @tern {
     %1 = irdl.any
     %2 = irdl.any
     %3 = irdl.any
-    irdl.attributes {"starts" = %1, "stops" = %2, "steps" = %3}
     %4 = irdl.any
-    irdl.results(r0: %4)
+    irdl.attributes {"starts" = %1, "stops" = %2, "steps" = %3, "runtime_offsets" = %4}
+    %5 = irdl.any
+    irdl.results(r0: %5)
   }
   irdl.operation @slot_attention {
     %0 = irdl.any
