@@ -1,7 +1,7 @@
 """Fine-tune a stored ternary language model on a text, save it, and generate from it.
 
     python samples/tiny_lm.py --out tiny.gguf          # a model to start from
-    python samples/finetune_lm.py tiny.gguf --out tuned.gguf   # 33-43 s on a 2-vCPU Xeon VM
+    python samples/finetune_lm.py tiny.gguf --out tuned.gguf   # ~11 s on a 2-vCPU Xeon VM
     python samples/finetune_lm.py model.gguf --text notes.txt --freeze embed_tokens \\
         --out tuned.gguf --hf-out tuned_hf
     tercomp generate tuned.gguf --prompt "def "

@@ -1,6 +1,6 @@
 """Train a tiny byte-level BitNet b1.58 language model on Python's own source code.
 
-    python samples/tiny_lm.py --out tiny.gguf    # 54-70 s on a 2-vCPU Xeon VM
+    python samples/tiny_lm.py --out tiny.gguf    # ~17 s on a 2-vCPU Xeon VM
     python samples/tiny_lm.py --steps 600 --seconds 300 --plot loss.png --out tiny.gguf
     tercomp generate tiny.gguf --prompt "def " -n 60 --temperature 0.6
 
