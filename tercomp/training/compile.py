@@ -114,7 +114,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
                                          "calls": np.zeros((), np.float32)}}
     # Parameters and the state trees shaped like them, each one vector on the device
     # (packing.py), when the optimizer's update is elementwise.
-    packing = None if data_parallel else Packing.of(params, optimizer)
+    packing = Packing.of(params, optimizer)
     run_params, run_state = (params, state) if packing is None else \
         (packing.pack_tree(params), packing.pack_tree(state))
     state_treedef = pytree.jsonable(pytree.flatten(run_state["opt"] if accumulate_on_device
@@ -210,9 +210,10 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     compile_opts = dict(target=target, device=device, threads=threads, dump_dir=dump_dir,
                         cache=cache, ternary="off", isolate=isolate, check_numerics=check_numerics)
     if data_parallel:
-        step = compile_data_parallel(loss_and_grads, update, model, optimizer, params, state,
-                                     example_batch, on_nan=on_nan, accumulate=accumulate,
-                                     clip_norm=clip_norm, compile_opts=compile_opts)
+        step = compile_data_parallel(loss_and_grads, update, model, optimizer, run_params,
+                                     run_state, example_batch, on_nan=on_nan,
+                                     accumulate=accumulate, clip_norm=clip_norm,
+                                     compile_opts=compile_opts, packing=packing)
         step.accumulate_calls = int(accumulate_calls)
         step.has_aux = detected.get("has_aux", False)      # known once traced
         step._name_batch(loss_fn)

@@ -30,21 +30,24 @@ from .. import distributed, pytree
 from ..compiler import compile as tc_compile
 from ..errors import TercompError
 from ..trace import api as _t
+from .packing import KEY
 from .step import TrainStep
 
 F32 = np.dtype(np.float32)
 
 
 class Layout:
-    """Where each part sits in the packed buffer: the gradients (one slice per parameter,
-    in pytree order), then loss, metrics, examples, failed."""
+    """Where each part sits in the packed buffer: the gradients (the packed gradient
+    vector of training.packing when the parameters are packed, else one slice per
+    parameter in pytree order), then loss, metrics, examples, failed."""
 
-    def __init__(self, params):
+    def __init__(self, params, packing=None):
         leaves, _, self.treedef = pytree.flatten(params)
+        self.packing = packing
         self.shapes = [tuple(np.shape(x)) for x in leaves]
         self.dtypes = [np.asarray(x).dtype for x in leaves]
         self.offsets = np.cumsum([0] + [int(np.prod(s)) for s in self.shapes]).tolist()
-        self.loss = self.offsets[-1]
+        self.loss = packing.size if packing is not None else self.offsets[-1]
         self.metrics = []         # names, set when the grads function is traced
 
     @property
@@ -58,17 +61,23 @@ class Layout:
     def pack(self, loss, aux, grads, examples):
         """The grads function's result: one f32 vector."""
         self.metrics = list(aux)
-        parts = []
-        for g, dtype in zip(pytree.flatten(grads)[0], self.dtypes):
-            g = g if dtype == F32 else _t.astype(g, "float32")
-            parts.append(_t.reshape(g, (-1,)) * examples)
+        if self.packing is not None:
+            parts = [self.packing.concatenate(grads)[KEY] * examples]
+        else:
+            parts = []
+            for g, dtype in zip(pytree.flatten(grads)[0], self.dtypes):
+                g = g if dtype == F32 else _t.astype(g, "float32")
+                parts.append(_t.reshape(g, (-1,)) * examples)
         parts += [_t.reshape(v * examples, (1,)) for v in [loss, *aux.values()]]
         parts += [_t.reshape(examples, (1,)), np.zeros(1, np.float32)]    # failed: 0
         return _t.concatenate(parts)
 
     def unpack_grads(self, summed):
-        """The mean gradients, as a pytree like params, from the summed buffer."""
+        """The mean gradients, as a pytree like params (or the packed gradient), from the
+        summed buffer."""
         inv = 1.0 / summed[self.examples]
+        if self.packing is not None:
+            return {KEY: summed[:self.loss] * inv}, summed[self.loss] * inv
         leaves = []
         for i, (shape, dtype) in enumerate(zip(self.shapes, self.dtypes)):
             g = _t.reshape(summed[self.offsets[i]:self.offsets[i + 1]] * inv, shape)
@@ -78,14 +87,16 @@ class Layout:
 
 def compile_data_parallel(loss_and_grads, update, model, optimizer, params, state,
                           example_batch, *, on_nan, accumulate, clip_norm,
-                          compile_opts: dict) -> "DataParallelStep":
+                          compile_opts: dict, packing=None) -> "DataParallelStep":
     """The two compiled functions of a data-parallel step (see the module docstring),
-    built from compile_train_step's `loss_and_grads` and `update`."""
+    built from compile_train_step's `loss_and_grads` and `update`. `params` and `state`
+    are as the functions take them: packed when `packing` is given (training.packing)."""
     world = distributed.init()
-    layout = Layout(params)
+    layout = Layout(params if packing is None else packing.unpack_tree(params), packing)
 
     def grads(params, examples, *batch):
-        loss, aux, g = loss_and_grads(params, *batch)
+        loss, aux, g = loss_and_grads(params if packing is None else packing.slices(params),
+                                      *batch)
         return layout.pack(loss, aux, g, examples)
 
     def apply(params, opt_state, summed):
@@ -105,7 +116,8 @@ def compile_data_parallel(loss_and_grads, update, model, optimizer, params, stat
     grads_exe, apply_exe = _rank0_first(world, build, compile_opts.get("cache", True))
     params, state = _from_rank0(world, params, state)
     return DataParallelStep(grads_exe, apply_exe, world, layout, model, optimizer, params,
-                            state, len(example_batch), False, on_nan, accumulate, clip_norm)
+                            state, len(example_batch), False, on_nan, accumulate, clip_norm,
+                            packing=packing)
 
 
 def _rank0_first(world, build, cache: bool):
@@ -163,9 +175,10 @@ class DataParallelStep(TrainStep):
     data_parallel = True
 
     def __init__(self, grads_exe, apply_exe, world, layout, model, optimizer, params, state,
-                 n_batch, has_aux, on_nan, accumulate, clip_norm):
+                 n_batch, has_aux, on_nan, accumulate, clip_norm, packing=None):
         super().__init__(grads_exe, model, optimizer, params, state, n_batch, has_aux, on_nan,
-                         accumulate, clip_norm, n_before=len(pytree.flatten(params)[0]) + 1)
+                         accumulate, clip_norm, n_before=len(pytree.flatten(params)[0]) + 1,
+                         packing=packing)
         self.apply_exe = apply_exe
         self.world = world
         self.layout = layout
