@@ -190,3 +190,28 @@ def test_a_launcher_that_gives_only_the_rank_is_no_size_mismatch(tmp_path, monke
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     with pytest.raises(tc.TercompError, match="the launcher started 2 ranks but MPI sees 1"):
         distributed.init()
+
+
+class PerTensorSGD(tc.optim.Optimizer):
+    """An update that looks at whole tensors: the step keeps the parameters apart (no
+    packing), and the gradient buffer has one slice per parameter."""
+
+    def init(self, params):
+        return {"step": np.float32(0.0)}
+
+    def update(self, grads, state, params):
+        return ({k: p - 0.05 * grads[k] / tc.sqrt(tc.sum(grads[k] * grads[k]))
+                 for k, p in params.items()}, {"step": state["step"] + 1.0})
+
+
+def test_one_rank_with_unpacked_parameters_computes_the_single_process_step():
+    def make(dp):
+        mpi_worker.nn.manual_seed(0)
+        x, y = mpi_worker.batches(1)[0]
+        return tc.compile_train_step(mpi_worker.loss_fn, mpi_worker.MLP(), PerTensorSGD(), x, y,
+                                     data_parallel=dp)
+    one, dp = make(False), make(True)
+    assert one.packing is None and dp.packing is None
+    for x, y in mpi_worker.batches():
+        assert dp(x, y)[0] == pytest.approx(one(x, y)[0], rel=1e-6)
+    assert_params_close(dp.params(), one.params(), rtol=1e-6)
