@@ -403,3 +403,11 @@ def test_an_optimizer_that_looks_at_whole_tensors_keeps_them_apart():
     g = np_grads(p0, x, t)[1]
     want = {k: p0[k] - 0.1 * g[k] / np.linalg.norm(g[k]) for k in p0}
     assert_tree_close(step.params(), want)
+
+
+def test_parameters_beyond_an_int32_count_stay_apart():
+    from tercomp.training.packing import Packing
+    big = {f"w{i}": np.broadcast_to(np.float32(0), (40000, 20000)) for i in range(3)}  # no memory
+    assert Packing.of(big, tc.optim.AdamW(1e-3)) is None
+    assert Packing.of({"w": big["w0"]}, tc.optim.AdamW(1e-3)).size == 40000 * 20000
+    assert Packing.of({"w": big["w0"]}, PerTensorSGD(0.1)) is None

@@ -32,6 +32,9 @@ KEY = "packed"
 #: to (so that every width divides it); beyond it the matrices are read through copies,
 #: as parameters of other ranks are.
 MAX_PAD = 1 << 16
+#: The longest packed vector: more elements than an int32 counts (a 2B-parameter model)
+#: stay one tensor per parameter, each far below it.
+MAX_ELEMENTS = 2**31 - 1
 
 
 class Packing:
@@ -64,12 +67,14 @@ class Packing:
     @classmethod
     def of(cls, params: dict, optimizer) -> "Packing | None":
         """A Packing for `params` under `optimizer`, or None: the optimizer must declare
-        an elementwise update and every parameter must be a float32 array."""
+        an elementwise update, every parameter must be a float32 array, and the vector
+        must hold at most MAX_ELEMENTS."""
         if not getattr(optimizer, "elementwise", False) or not params:
             return None
         if not all(np.asarray(v).dtype == np.float32 for v in params.values()):
             return None
-        return cls(params)
+        packing = cls(params)
+        return packing if packing.size <= MAX_ELEMENTS else None
 
     def _params_like(self, tree) -> bool:
         return (isinstance(tree, dict) and sorted(tree, key=str) == sorted(self.names, key=str)
