@@ -229,6 +229,8 @@ def worker_check(a) -> dict:
     position, min and mean, and how often the top-1 token agrees), and its first token
     alone (the one-row kernels decode runs). Random models have flat logits: the top-1
     flips where two logits are within the kernels' rounding, the cosine is the check."""
+    # Imported in the worker: gguf after use_fork_gguf chose the fork's, and tercomp only
+    # in the processes that run it (bench/lm.py measures each engine's memory alone).
     import gguf
     import tercomp as tc
     ids = np.random.default_rng(2).integers(3, a.vocab, 32)     # 0-2: unk, bos, eos

@@ -64,6 +64,17 @@ def say(out, msg):
         f.write(f"{msg}\n")
 
 
+def nan_on_rank_1(out, step, x, y):
+    """One step whose batch holds a NaN on rank 1 only; logs the error every rank gets."""
+    if tc.distributed.rank() == 1:
+        x = x.copy()
+        x[0, 0] = np.nan
+    try:
+        step(x, y)
+    except tc.TercompError as e:
+        say(out, f"nan error: {e.message}")
+
+
 def train(out):
     tc.distributed.init(timeout=60)
     # rank 1 starts from other weights: the step must broadcast rank 0's
@@ -75,13 +86,7 @@ def train(out):
     tc.save_checkpoint(os.path.join(out, f"ckpt-{tc.distributed.rank()}.safetensors"), step)
 
     x, y = shard(*batches(1)[0])
-    if tc.distributed.rank() == 1:
-        x = x.copy()
-        x[0, 0] = np.nan
-    try:
-        step(x, y)
-    except tc.TercompError as e:
-        say(out, f"nan error: {e.message}")
+    nan_on_rank_1(out, step, x, y)
     if tc.distributed.rank() == 1:
         x = x[:, :-1]                 # a wrong shape on rank 1 only
     try:
@@ -105,13 +110,7 @@ def accumulate(out):
         warnings.simplefilter("always")
         tc.save_checkpoint(os.path.join(out, "ckpt.safetensors"), step)
     say(out, f"warnings {[str(w.message) for w in caught]!r}")
-    if tc.distributed.rank() == 1:
-        x = x.copy()
-        x[0, 0] = np.nan              # in the second call, on rank 1 only
-    try:
-        step(x, y)
-    except tc.TercompError as e:
-        say(out, f"nan error: {e.message}")
+    nan_on_rank_1(out, step, x, y)    # in the second call of the accumulation
     say(out, f"steps {step.steps}")
 
 

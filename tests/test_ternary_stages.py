@@ -6,6 +6,7 @@ import pytest
 import tercomp as tc
 from conftest import run_filecheck
 from tercomp import nn
+from tercomp.kernels.table import AVX2, VNNI, host_cpu_features
 
 K, N = 256, 128          # packed: [N, K/4] i8
 
@@ -115,7 +116,6 @@ def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
     the batch, and no optimization barrier (a host-side op that would split the command
     buffer). The constant holds the offset codes w + 1 that the kernel multiplies
     directly."""
-    from tercomp.kernels.table import AVX2, VNNI, host_cpu_features
     if AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
     kernel = "avx512" if VNNI in host_cpu_features() else "avx2"

@@ -10,6 +10,7 @@ import pytest
 
 import tercomp as tc
 from tercomp import nn
+from tercomp.training.packing import Packing
 
 from conftest import run_filecheck
 
@@ -406,7 +407,6 @@ def test_an_optimizer_that_looks_at_whole_tensors_keeps_them_apart():
 
 
 def test_parameters_beyond_an_int32_count_stay_apart():
-    from tercomp.training.packing import Packing
     big = {f"w{i}": np.broadcast_to(np.float32(0), (40000, 20000)) for i in range(3)}  # no memory
     assert Packing.of(big, tc.optim.AdamW(1e-3)) is None
     assert Packing.of({"w": big["w0"]}, tc.optim.AdamW(1e-3)).size == 40000 * 20000
