@@ -14,11 +14,14 @@ import numbers
 import numpy as np
 
 from .. import optim, pytree
-from ..compiler import compile as tc_compile
+from ..build import BuildOptions, build
+from ..compiler import pipeline
 from ..errors import TercompError, check_number
 from ..nn.module import Module
+from ..passes import Dumper
 from ..pytree import tree_map
 from ..trace import api as _t
+from ..trace import trace
 from ..trace.tracer import Tracer
 from ..autodiff import value_and_grad
 from .data_parallel import check_options as check_data_parallel, compile_data_parallel
@@ -218,8 +221,14 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         step.has_aux = detected.get("has_aux", False)      # known once traced
         step._name_batch(loss_fn)
         return step
-    exe = tc_compile(train_step, run_params, run_state, *example_batch, name="train_step",
-                     **compile_opts)
+    # the one compiled function: tc.compile's pipeline without the ternary pass (the
+    # latent float weights train; ternarize's straight-through estimator is in the graph)
+    opts = BuildOptions.resolve(target, device=device, threads=threads, ternary="off",
+                                isolate=isolate)
+    dumper = Dumper(dump_dir)
+    graph = trace(train_step, run_params, run_state, *example_batch, name="train_step")
+    exe = build(pipeline(opts, ternary="off", check_numerics=check_numerics,
+                         driver="compile_train_step"), graph, opts, dumper=dumper, cache=cache)
     step = TrainStep(exe, model, optimizer, run_params, run_state, len(example_batch),
                      detected.get("has_aux", False), on_nan, accumulate, clip_norm,
                      packing=packing)
