@@ -34,7 +34,7 @@ from typing import Callable
 
 from iree.compiler.version import VERSION as IREE_VERSION
 
-from . import __version__
+from ._version import __version__
 from .codegen.iree_session import compile_vmfb, new_session
 from .codegen.lower import check_storage
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
