@@ -291,6 +291,23 @@ def test_the_runtime_imports_only_the_runtime_and_leaf_modules():
     assert r.returncode == 0, r.stderr
 
 
+def test_the_server_imports_only_the_runtime():
+    """The OpenAI-compatible app (what a server of a saved .tcm runs) imports with
+    iree.compiler and sympy blocked: the runtime, the chat templates, the HTTP stack."""
+    script = (
+        "import sys\n"
+        "sys.modules['iree.compiler'] = None\n"
+        "sys.modules['sympy'] = None\n"
+        "import tercomp.serve.app\n"
+        "bad = [m for m in sys.modules if m.startswith('tercomp') and not m.startswith(\n"
+        "       ('tercomp.runtime', 'tercomp.serve'))\n"
+        "       and m not in {'tercomp', 'tercomp._version', 'tercomp.errors', 'tercomp.dtypes',\n"
+        "                     'tercomp.pytree', 'tercomp.dimexpr'}]\n"
+        "assert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 @pytest.mark.parametrize("module", ["tercomp.kernels.ternary.strategies", "tercomp.ir",
                                     "tercomp.ops", "tercomp.passes", "tercomp.models",
                                     "tercomp.generate"])

@@ -90,7 +90,7 @@ class LMGenerator:
         self.vocab_size = int(self.config["vocab_size"])
         self.position = 0
         self.tokenizer = _load_tokenizer(info.get("tokenizer"))
-        # the model's chat template as data (rendered by models.chat, which needs jinja2)
+        # the model's chat template as data (rendered by runtime.chat, which needs jinja2)
         self.chat_template = info.get("chat") if isinstance(info.get("chat"), dict) else None
         self.stats: dict = {}
         self._step = None
