@@ -16,7 +16,7 @@ measurable decode gain (11-22 ms vs 11-19 ms a token, 2 layers of the bench shap
 shared 2-core AVX2 machine).
 
 The step (`_Step.forward`) is the model's own forward (`lm.hidden_states` with a
-models.StaticKVCache: this call's k/v rows go into the cache at `start`, attention reads
+models.KVCache: this call's k/v rows go into the cache at `start`, attention reads
 cache rows 0..start+T-1; tercomp/ops/kv_cache_ops.py) and its output layer on the rows asked
 for; this file holds no layer math, so a changed model is the model compiled. For a
 module compiled for llvm-cpu alone, the `kernels` pass (passes/kernels.py) gives
@@ -45,12 +45,13 @@ from .codegen.targets import WITH_16BIT_STORAGE
 from .errors import TercompError
 from .ir import TensorType
 from .models.bitnet import BitNetLM
-from .models.kv_cache import SlotKVCache, StaticKVCache
+from .models.kv_cache import KVCache
 from .nn.stored import choose_table
 from .passes import Dumper
 from .passes.check_numerics import enabled as numerics_enabled
 from .runtime.batched import BatchedLMGenerator
-from .runtime.generator import KV_DTYPES, STEP, LMGenerator
+from .runtime.generator import KV_DTYPES, LMGenerator
+from .runtime.step_abi import StepABI
 from .trace import api as _t
 from .trace import spec, trace
 
@@ -63,7 +64,7 @@ class _Step(nn.Module):
     """One step of the LM over the KV cache: (ids [T], start, rows [L], caches) ->
     (logits [L, vocab] of the positions `rows` of this call, caches). `caches` is [k_0,
     v_0, k_1, v_1, ...], each [max_seq, KV, D]. The network is the model's own forward
-    (`lm.hidden_states` with a models.StaticKVCache over the caches); `rows` lets a
+    (`lm.hidden_states` with a models.KVCache over the caches); `rows` lets a
     prompt ask for the last position's logits only (what generation needs), so the
     output layer, the largest matmul of a step, runs on one row instead of T. The output
     layer (and, tied, the token embedding: one copy) reads a table stored as
@@ -74,7 +75,7 @@ class _Step(nn.Module):
         self._kv_dtype = kv_dtype
 
     def forward(self, ids, start, rows, caches):
-        cache = StaticKVCache(caches, start, self._kv_dtype)
+        cache = KVCache(caches, self._kv_dtype, start=start)
         h = self.lm.hidden_states(ids.reshape(1, -1), cache=cache)          # [1, T, hidden]
         last = _t.take(h.reshape(-1, h.shape[-1]), rows, axis=0)             # [L, hidden]
         return self.lm.logits(last), cache.updated
@@ -83,11 +84,11 @@ class _Step(nn.Module):
 class _BatchStep(_Step):
     """One step of the batched generator: (ids [T], slots [T], positions [T], rows [L],
     caches) -> (logits [L, vocab], caches), token t at position positions[t] of the
-    sequence in cache slot slots[t]; caches [N, max_seq, KV, D] (models.SlotKVCache).
+    sequence in cache slot slots[t]; caches [N, max_seq, KV, D] (models.KVCache over slots).
     The same network as _Step: the model's own forward."""
 
     def forward(self, ids, slots, positions, rows, caches):
-        cache = SlotKVCache(caches, slots, positions, self._kv_dtype)
+        cache = KVCache(caches, self._kv_dtype, slots=slots, positions=positions)
         h = self.lm.hidden_states(ids.reshape(1, -1), cache=cache)
         last = _t.take(h.reshape(-1, h.shape[-1]), rows, axis=0)
         return self.lm.logits(last), cache.updated
@@ -191,7 +192,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
     lm_meta = LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm),
                                    chat=_chat_template(lm), max_batch=max_batch)
     wrap = LMGenerator if max_batch == 1 else BatchedLMGenerator
-    rows = (max_seq, c.num_key_value_heads, c.head_dim)
+    abi = StepABI.of(max_batch)
     table = None
     if output_dtype == "auto":
         w = lm.lm_head.weight if lm.lm_head is not None else lm.embed_tokens.weight
@@ -199,47 +200,42 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
         lm_meta["output"] = {"dtype": output_dtype, "why": why}
     else:
         lm_meta["output"] = {"dtype": output_dtype, "why": "asked for"}
-    if max_batch == 1:
-        step = _Step(lm, kv, output_dtype, table)
-        inputs = [spec(("T",), "int32"), spec((), "int32")]
-        cache_type = TensorType(rows, kv)
-    else:
-        step, inputs = _BatchStep(lm, kv, output_dtype, table), [spec(("T",), "int32")] * 3
-        cache_type = TensorType((max_batch,) + rows, kv)
+    step = (_BatchStep if abi.batched else _Step)(lm, kv, output_dtype, table)
+    cache_type = TensorType(abi.cache_shape(max_batch, max_seq, c.num_key_value_heads,
+                                            c.head_dim), kv)
     n = 2 * c.num_hidden_layers
-    dumper = Dumper(os.path.join(dump_dir, STEP) if dump_dir else None)
+    dumper = Dumper(os.path.join(dump_dir, abi.function) if dump_dir else None)
     # The compile cache is keyed on this trace (build.Pipeline.key): the model's own
     # forward, whatever code it runs, and every weight it reads.
-    graph = trace(step, *inputs, spec(("L",), "int32"), [spec(cache_type.shape, kv)] * n,
-                  name=f"{STEP}_body")
-    exe = build(_pipeline(len(inputs), n, cache_type, ternary, opts, numerics), graph, opts,
+    graph = trace(step, *[spec(s, "int32") for s in abi.input_shapes],
+                  [spec(cache_type.shape, kv)] * n, name=f"{abi.function}_body")
+    exe = build(_pipeline(abi, n, cache_type, ternary, opts, numerics), graph, opts,
                 dumper=dumper, cache=cache, meta={"lm": lm_meta}, hit_meta={"lm": lm_meta},
                 stage=f"the IREE compile of the LM for {', '.join(opts.names)}")
     return wrap(exe)
 
 
-def _pipeline(n_inputs: int, n_caches: int, cache_type, ternary, opts: BuildOptions,
+def _pipeline(abi: StepABI, n_caches: int, cache_type, ternary, opts: BuildOptions,
               numerics: bool) -> Pipeline:
     """compile_lm's Pipeline: the ternary pass (unless "off"), the kernels pass, simplify
-    (and check_numerics); the step lowered as the entry point STEP over one mutable
-    global per cache, which the step's caches (after its `n_inputs` inputs and `rows`)
-    and its outputs after the logits are bound to. A cache hit skips the passes."""
+    (and check_numerics); the step lowered as the exported function of `abi` over one
+    mutable global per cache, bound as the ABI says. A cache hit skips the passes."""
     names = opts.names
     passes = ([] if ternary == "off" else [("ternary", {"strategy": ternary, "targets": names})]) \
         + [("kernels", {"targets": names}), "simplify"]
     if numerics:
         passes.append("check_numerics")     # an extra output after the logits and caches
-    state = [StateVar(f"kv{i}", cache_type) for i in range(n_caches)]
-    bind_in = {n_inputs + 1 + i: f"kv{i}" for i in range(n_caches)}
-    bind_out = {1 + i: f"kv{i}" for i in range(n_caches)}
+    state = [StateVar(name, cache_type) for name in abi.cache_names(n_caches)]
+    bind_in, bind_out = abi.bind_inputs(n_caches), abi.bind_outputs(n_caches)
 
     def lower(g, ctx, params):
-        return to_stateful_mlir([Entry(STEP, g, bind_in, bind_out)], state, ctx, params=params,
-                                targets=names)
+        return to_stateful_mlir([Entry(abi.function, g, bind_in, bind_out)], state, ctx,
+                                params=params, targets=names)
     return Pipeline("compile_lm", tuple(passes), lower,
-                    lower_key=repr((STEP, cache_type, sorted(bind_in.items()),
+                    lower_key=repr((abi, cache_type, sorted(bind_in.items()),
                                     sorted(bind_out.items()))),
-                    weights="irpa", function=STEP, stages_on_hit=False, stage_prefix=f"{STEP}.")
+                    weights="irpa", function=abi.function, stages_on_hit=False,
+                    stage_prefix=f"{abi.function}.")
 
 
 def _check_batch(max_batch) -> int:

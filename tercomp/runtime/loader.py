@@ -14,7 +14,8 @@ import iree.runtime as rt
 from ..errors import ArtifactError
 from . import artifact
 from .batched import open_generator
-from .generator import STEP, LMGenerator
+from .generator import LMGenerator
+from .step_abi import STEP
 from .module import CompiledModule, vm_module
 from .signature import Signature, declared_types
 
