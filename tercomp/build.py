@@ -44,7 +44,7 @@ from .kernels.ternary.strategies import check_strategy
 from .errors import TercompError
 from .ir.digest import digest
 from .passes import Dumper, run_pipeline
-from .runtime import cache as compile_cache
+from .runtime import compile_cache
 from .runtime.devices import check_threads, pick_device
 from .runtime.loader import from_parts
 from .runtime.module import CompiledModule
