@@ -270,42 +270,41 @@ def test_running_an_artifact_does_not_load_the_compiler(saved, x, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+#: the modules below tercomp's layers that any part may import
+LEAVES = ("tercomp", "tercomp._version", "tercomp.errors", "tercomp.dtypes", "tercomp.pytree",
+          "tercomp.dimexpr")
+
+
+def _tercomp_modules_without_the_compiler(imports: str) -> list:
+    """The tercomp modules loaded by the statements `imports` in a fresh process where
+    iree.compiler and sympy cannot be imported (an ImportError fails the test)."""
+    script = ("import json, sys\n"
+              "sys.modules['iree.compiler'] = None\n"
+              "sys.modules['sympy'] = None\n"
+              f"{imports}\n"
+              "print(json.dumps(sorted(m for m in sys.modules if m.startswith('tercomp'))))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 def test_the_runtime_imports_only_the_runtime_and_leaf_modules():
     """Every module of tercomp.runtime imports with iree.compiler and sympy blocked, and
     loads nothing of tercomp beyond the runtime and the leaf modules (DESIGN.md)."""
-    script = (
-        "import importlib, pkgutil, sys\n"
-        "sys.modules['iree.compiler'] = None\n"
-        "sys.modules['sympy'] = None\n"
-        "import tercomp.runtime\n"
-        "names = [m.name for m in pkgutil.iter_modules(tercomp.runtime.__path__, 'tercomp.runtime.')]\n"
-        "assert {'tercomp.runtime.devices', 'tercomp.runtime.loader'} <= set(names), names\n"
-        "for name in names:\n"
-        "    importlib.import_module(name)\n"
-        "leaves = {'tercomp', 'tercomp._version', 'tercomp.errors', 'tercomp.dtypes', 'tercomp.pytree',\n"
-        "          'tercomp.dimexpr'}\n"
-        "bad = [m for m in sys.modules if m.startswith('tercomp') and m not in leaves\n"
-        "       and not m.startswith('tercomp.runtime')]\n"
-        "assert not bad, bad\n")
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    loaded = _tercomp_modules_without_the_compiler(
+        "import importlib, pkgutil, tercomp.runtime\n"
+        "for m in pkgutil.iter_modules(tercomp.runtime.__path__, 'tercomp.runtime.'):\n"
+        "    importlib.import_module(m.name)")
+    assert {"tercomp.runtime.devices", "tercomp.runtime.loader"} <= set(loaded)
+    assert [m for m in loaded if m not in LEAVES and not m.startswith("tercomp.runtime")] == []
 
 
 def test_the_server_imports_only_the_runtime():
     """The OpenAI-compatible app (what a server of a saved .tcm runs) imports with
     iree.compiler and sympy blocked: the runtime, the chat templates, the HTTP stack."""
-    script = (
-        "import sys\n"
-        "sys.modules['iree.compiler'] = None\n"
-        "sys.modules['sympy'] = None\n"
-        "import tercomp.serve.app\n"
-        "bad = [m for m in sys.modules if m.startswith('tercomp') and not m.startswith(\n"
-        "       ('tercomp.runtime', 'tercomp.serve'))\n"
-        "       and m not in {'tercomp', 'tercomp._version', 'tercomp.errors', 'tercomp.dtypes',\n"
-        "                     'tercomp.pytree', 'tercomp.dimexpr'}]\n"
-        "assert not bad, bad\n")
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    loaded = _tercomp_modules_without_the_compiler("import tercomp.serve.app")
+    assert [m for m in loaded if m not in LEAVES
+            and not m.startswith(("tercomp.runtime", "tercomp.serve"))] == []
 
 
 @pytest.mark.parametrize("module", ["tercomp.kernels.ternary.strategies", "tercomp.ir",
