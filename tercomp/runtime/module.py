@@ -55,6 +55,11 @@ def vm_module(instance, vmfb):
     return rt.VmModule.copy_buffer(instance, vmfb)
 
 
+def _as_bytes(data):
+    """`data` as bytes where it is a view or a map (None and bytes as they are)."""
+    return bytes(data) if isinstance(data, (mmap.mmap, memoryview)) else data
+
+
 def _page_aligned(data):
     """`data` (bytes-like) in page-aligned memory: as it is if it is there already (an
     mmap, or a view of an artifact's mapped file), else copied into anonymous memory."""
@@ -204,30 +209,20 @@ class CompiledModule:
             extra.append(f"weights={len(self._weights) / 2**20:.1f} MiB")
         return f"<CompiledModule {sig.function}({ins}) -> ({outs}); {'; '.join(extra)}>"
 
-    @property
-    def vmfb(self) -> bytes:
-        """The IREE module (.vmfb) as bytes."""
-        v = self._vmfb
-        return bytes(v) if isinstance(v, (mmap.mmap, memoryview)) else v
-
-    @vmfb.setter
-    def vmfb(self, value):
-        self._vmfb = value
+    # vmfb and weights may be views of a mapped artifact (tc.load): the properties give
+    # bytes, the *_view ones the memory where it lies
+    vmfb = property(lambda self: _as_bytes(self._vmfb),
+                    lambda self, value: setattr(self, "_vmfb", value),
+                    doc="The IREE module (.vmfb) as bytes.")
+    weights = property(lambda self: _as_bytes(self._weights),
+                       lambda self, value: setattr(self, "_weights", value),
+                       doc="The .irpa archive of the module's parameters (None without "
+                           "parameters), as bytes.")
 
     @property
     def vmfb_view(self) -> memoryview:
         """`vmfb` without a copy: a view of the module where it lies (a mapped file)."""
         return memoryview(self._vmfb)
-
-    @property
-    def weights(self) -> bytes | None:
-        """The .irpa archive of the module's parameters (None without parameters)."""
-        w = self._weights
-        return bytes(w) if isinstance(w, (mmap.mmap, memoryview)) else w
-
-    @weights.setter
-    def weights(self, value):
-        self._weights = value
 
     @property
     def weights_view(self) -> memoryview | None:
