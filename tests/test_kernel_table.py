@@ -4,6 +4,8 @@ op from it, the lowering emits what the op's kernel attribute names and checks n
 again, and the compile cache key of tc.compile_lm follows it."""
 import dataclasses
 import inspect
+import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -201,6 +203,16 @@ def test_no_lowering_but_the_tables_reads_a_kernel_attribute():
             assert f'"{attr}"' not in source and f"'{attr}'" not in source, (name, attr)
 
 
+def test_only_the_table_and_the_pass_that_chooses_read_kernel_attributes():
+    root = pathlib.Path(tc.__file__).parent
+    allowed = {root / "kernels" / "table.py", root / "passes" / "kernels.py"}
+    reads = re.compile(r"""\[["'](kernel|strategy)["']\]|\.get\(["'](kernel|strategy)["']""")
+    found = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if p not in allowed and reads.search(p.read_text())]
+    assert not found, f"kernel attributes read outside the kernel table: {found}"
+
+
+@pytest.mark.skipif(kt.AVX2 not in kt.host_cpu_features(), reason="host CPU lacks AVX2")
 def test_a_named_kernel_that_does_not_fit_is_refused_at_the_users_line():
     class Odd(tc.nn.Module):
         def __init__(self):

@@ -6,10 +6,10 @@ IREE flags and why), seen by strategy name. Read by the `ternary` pass (which se
 targets) and the CLI (`--ternary` choices).
 
 "auto" takes the first row, in table order, that compiles for every target of the
-compile (on llvm-cpu: with the host's features) and whose rule accepts the shape (M
-None: a symbolic batch): avx512 on an AVX-512 VNNI host where the shape fits, avx2 on
-an AVX2 host where the shape fits, else for a symbolic
-batch dispatch-vnni (a VNNI host) or dispatch, for M <= 4 vnni (VNNI) or addsub, for
+compile (on llvm-cpu: with the host's features), which fits the shape and which "auto"
+picks for it (M None: a symbolic batch): avx512 on an AVX-512 VNNI host where the shape
+fits, avx2 on an AVX2 host where the shape fits, else for a symbolic batch
+dispatch-vnni (a VNNI host) or dispatch, for M <= 4 vnni (VNNI) or addsub, for
 M > 4 blocked, and addsub on GPUs and for CPU + GPU artifacts. int8 and f32 are never
 picked: int8 keeps an unpacked int8 copy of every weight in RAM (1 B a weight, 4 B
 without act_quant), made at load; f32 is the exact reference.
@@ -19,7 +19,8 @@ exists at run time (blocked unpacks NT rows at a time into a cache-sized tempora
 "avx2" is llvm-cpu (compiled for the host) on a CPU with AVX2, for K/4 a multiple of
 32 and N of 4 (`avx2.fits`); it is a hand-scheduled dispatch (`avx2`), and with
 "avx512" the only strategies that do not compile without their feature, so asking for
-them elsewhere fails by name, as does asking for them for a shape they do not fit. On this project's AVX2 host it is the fastest kernel
+them elsewhere fails by name, as does asking for them for a shape they do not fit (the
+other strategies fit every shape). On this project's AVX2 host it is the fastest kernel
 measured at every M, and needs no data tiling (so no scf.if on M, no per-call re-layout).
 "avx512" (`avx512`: the same dispatch on zmm registers with `vpdpbusd`, K/4 a multiple
 of 64) comes before it and is picked only on an AVX-512 VNNI host, where it measured
