@@ -235,7 +235,7 @@ def _rope_cpu_fits(types, attrs):
 def _attention_cpu_fits(types, attrs):
     """head dim D % 8 == 0, D <= 512, an f16 or f32 cache"""
     q, k = types[0], types[1]
-    return attention_cpu.fits(int(q.shape[-1]), k.dtype)
+    return is_static(q.shape[-1]) and attention_cpu.fits(int(q.shape[-1]), k.dtype)
 
 
 _T = "ternary_matmul"

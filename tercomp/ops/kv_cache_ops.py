@@ -14,13 +14,19 @@ updated cache. The generation driver binds a step's cache inputs and outputs to 
   cache rows 0..start+T-1 (query t sees rows 0..start+t). H must be a multiple of KV
   (grouped-query attention: query head h reads kv head h // (H / KV)). Only those
   start+T rows are read, so a decode step costs O(position), not O(S). `kernel` "cpu"
-  (a module for llvm-cpu only) is the hand-written dispatch of kernels/attention/attention_cpu.py
-  for every T; "generic" (default) is linalg (its decode form for T <= DECODE_MAX_T).
+  (a module for llvm-cpu only; where it fits: D % 8 == 0, D <= 512, an f16 or f32
+  cache) is the hand-written dispatch of kernels/attention/attention_cpu.py for every T;
+  "generic" (default) is linalg (its decode form for T <= DECODE_MAX_T).
 
 - `rope(x [T, H, D], cos [T, D/2], sin [T, D/2]) {style, kernel}`: the rotary position
   embedding of T rows by their angles' tables; "neox" rotates the pairs (i, i + D/2),
   "interleaved" the pairs (2i, 2i + 1). A composite (slices, products, a concatenate);
-  `kernel` "cpu" takes the row kernel of kernels/rows/rows_cpu.py for "neox".
+  `kernel` "cpu" is the row kernel of kernels/rows/rows_cpu.py (where it fits: "neox"
+  pairs of one sequence, f32, D % 16 == 0).
+
+The lowerings here are the generic ones: a `kernel` other than "generic" names a row of
+the kernel table (kernels/table.py), which the op's shape rule checks it fits and which
+emits the op instead.
 
 `start` is an i32 scalar (rank 0). Writing or reading past row S is undefined in the
 compiled code (the NumPy reference raises): callers check bounds before the call.

@@ -10,9 +10,10 @@ prompt; the "ragged batch" of vLLM's attention backends).
 - `slot_attention(q [T, H, D], k [N, S, KV, D], v, slots [T], positions [T]) {scale,
   kernel}`: causal softmax attention of query t over the rows 0..positions[t] of its
   slot slots[t] (which this call's kv_scatter has written up to positions[t]).
-  Grouped-query as cached_attention (ops/kv_cache_ops.py). `kernel` "cpu" is the hand-written
-  dispatch of kernels/attention/attention_cpu.py (rows past a query's position are never read);
-  "generic" is linalg over all S rows, masked (for the GPU targets).
+  Grouped-query as cached_attention (ops/kv_cache_ops.py). `kernel` "cpu" (the kernel
+  table's row, where it fits as cached_attention's) is the hand-written dispatch of
+  kernels/attention/attention_cpu.py (rows past a query's position are never read);
+  "generic", the lowering here, is linalg over all S rows, masked (for the GPU targets).
 
 slots and positions are i32 [T]; out-of-range values are undefined in the compiled code
 (the NumPy references raise): the generator checks them on the host.

@@ -92,7 +92,8 @@ def emit_cached(ctx, op, xs) -> list:
     t0 = op.operands[0].type.shape[0]
     t = None if is_static(t0) else value_dim(q, 0)
     p = scalar_index(start)
-    return [emit(q, k, v, p, index_const(int(t0)) if t is None else t, float(op.attrs["scale"]))]
+    t = index_const(int(t0)) if t is None else t
+    return [emit(q, k, v, p, t, float(op.attrs["scale"]))]
 
 
 def emit_slot(ctx, op, xs) -> list:
