@@ -16,6 +16,15 @@ llama.cpp's `bitnet` graph always does) or a separate float `lm_head` (`nn.Linea
 Attention is causal, scaled by 1/sqrt(head_dim), with grouped K/V heads: query head h
 reads K/V head h // (num_attention_heads // num_key_value_heads).
 
+The Qwen3 / Gemma3 backbones of BitNet's embedding models are the same layer with
+options (BitNetConfig): an RMSNorm on each projection's input (`proj_norms`: BitNet's
+BitLinear, `attn.q_norm_in` .. `mlp.down_norm_in`), per-head q/k RMSNorms before RoPE
+(`qk_norm`: `attn.q_norm`, `attn.k_norm`), norms of the attention and feed-forward
+outputs (`post_norms`: `attn_post_norm`, `ffn_post_norm`), GELU (tanh), the embedding
+times sqrt(hidden), scores scaled by query_pre_attn_scalar**-0.5, and sliding-window
+layers with their own RoPE base. Gemma's (1 + w) norm weights are stored as 1 + w
+(families/gemma3.py), as llama.cpp's files keep them.
+
 Module tree (stable names; parameters are named after it)::
 
     lm.embed_tokens            nn.Embedding [vocab, hidden]
@@ -39,20 +48,24 @@ from ..trace.tracer import apply
 from .config import BitNetConfig
 
 
-def rope_tables(config: BitNetConfig, positions) -> tuple[np.ndarray, np.ndarray]:
+def rope_tables(config: BitNetConfig, positions, local: bool = False
+                ) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin of the rotation angles pos * inv_freq[i], i < head_dim/2, as float32
     arrays of shape [len(positions), head_dim // 2] (computed in float64); inv_freq is
     theta**(-2i/head_dim), scaled as config.rope_scaling (Llama 3) or divided by
-    config.rope_freq_factors (llama.cpp's form of the same) say."""
+    config.rope_freq_factors (llama.cpp's form of the same) say. `local`: the tables of
+    a sliding-window layer (theta = config.rope_local_base_freq, unscaled: Gemma3)."""
     pos = np.asarray(positions, dtype=np.float64).reshape(-1, 1)
-    inv_freq = rope_frequencies(config)
+    inv_freq = rope_frequencies(config, local)
     ang = pos * inv_freq[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
-def rope_frequencies(config: BitNetConfig) -> np.ndarray:
+def rope_frequencies(config: BitNetConfig, local: bool = False) -> np.ndarray:
     """The head_dim/2 rotation frequencies (float64), as transformers computes them."""
     d = config.head_dim
+    if local and config.rope_local_base_freq is not None:
+        return float(config.rope_local_base_freq) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     inv = float(config.rope_theta) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     rs = config.rope_scaling
     if rs is not None:          # Llama 3: low frequencies slowed by `factor`, a smooth band
@@ -91,11 +104,19 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = (c.num_attention_heads,
                                                             c.num_key_value_heads, c.head_dim)
         self.rope_style = c.rope_style
+        self.scale = c.attention_scale
+        self.window = None      # set by DecoderLayer for a sliding-window layer
         self.q_proj = linear(c.hidden_size, c.q_dim)
         self.k_proj = linear(c.hidden_size, c.kv_dim)
         self.v_proj = linear(c.hidden_size, c.kv_dim)
         self.attn_sub_norm = nn.RMSNorm(c.q_dim, eps=c.rms_norm_eps) if c.sub_norms else None
         self.o_proj = linear(c.q_dim, c.hidden_size)
+        norm = lambda n, on: nn.RMSNorm(n, eps=c.rms_norm_eps) if on else None  # noqa: E731
+        self.q_norm, self.k_norm = norm(c.head_dim, c.qk_norm), norm(c.head_dim, c.qk_norm)
+        # BitNet's BitLinear: an RMSNorm of each projection's own on its input
+        self.q_norm_in, self.k_norm_in, self.v_norm_in = (norm(c.hidden_size, c.proj_norms)
+                                                          for _ in range(3))
+        self.o_norm_in = norm(c.q_dim, c.proj_norms)
 
     def forward(self, x, cos, sin, cache=None):
         """x [B, T, hidden] (normed), cos/sin [T, head_dim/2] -> [B, T, hidden]. With a
@@ -104,25 +125,37 @@ class Attention(nn.Module):
         b, t = x.shape[0], x.shape[1]
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         g = h // kv
-        q = apply_rope(self.q_proj(x).reshape(b, t, h, d), cos, sin, self.rope_style)
-        k = apply_rope(self.k_proj(x).reshape(b, t, kv, d), cos, sin, self.rope_style)
-        v = self.v_proj(x).reshape(b, t, kv, d)
+        q = _norm(self.q_norm, _norm(self.q_norm_in, x, self.q_proj).reshape(b, t, h, d))
+        k = _norm(self.k_norm, _norm(self.k_norm_in, x, self.k_proj).reshape(b, t, kv, d))
+        q = apply_rope(q, cos, sin, self.rope_style)
+        k = apply_rope(k, cos, sin, self.rope_style)
+        v = _norm(self.v_norm_in, x, self.v_proj).reshape(b, t, kv, d)
         if cache is not None:
-            out = cache.attend(q, k, v, scale=1.0 / np.sqrt(d)).reshape(b, t, h * d)
-            return self.o_proj(self._sub_norm(out))
+            out = cache.attend(q, k, v, scale=self.scale).reshape(b, t, h * d)
+            return self._out(out)
         # GQA without copies: the g query heads of a K/V head are stacked along the rows
         q = q.reshape(-1, t, kv, g, d).transpose((0, 2, 3, 1, 4)).reshape(-1, kv, g * t, d)
         k = k.transpose((0, 2, 3, 1))                                     # [B, KV, D, T]
         v = v.transpose((0, 2, 1, 3))                                     # [B, KV, T, D]
-        scores = (q @ k) * np.float32(1.0 / np.sqrt(d))                   # [B, KV, g*T, T]
-        causal = np.tile(np.tril(np.ones((t, t), dtype=bool)), (g, 1))
+        scores = (q @ k) * np.float32(self.scale)                         # [B, KV, g*T, T]
+        causal = np.tril(np.ones((t, t), dtype=bool))
+        if self.window is not None:     # query i sees keys i - window + 1 .. i
+            causal &= ~np.tril(np.ones((t, t), dtype=bool), -self.window)
+        causal = np.tile(causal, (g, 1))
         scores = _t.where(causal, scores, np.float32(-1e30))
         out = _t.softmax(scores, axis=-1) @ v                             # [B, KV, g*T, D]
         out = out.reshape(-1, kv, g, t, d).transpose((0, 3, 1, 2, 4)).reshape(-1, t, h * d)
-        return self.o_proj(self._sub_norm(out))
+        return self._out(out)
 
-    def _sub_norm(self, out):
-        return out if self.attn_sub_norm is None else self.attn_sub_norm(out)
+    def _out(self, out):
+        out = out if self.attn_sub_norm is None else self.attn_sub_norm(out)
+        return _norm(self.o_norm_in, out, self.o_proj)
+
+
+def _norm(norm, x, proj=None):
+    """`norm(x)` (x itself where the model has no such norm), then `proj` if given."""
+    x = x if norm is None else norm(x)
+    return x if proj is None else proj(x)
 
 
 class FeedForward(nn.Module):
@@ -134,26 +167,46 @@ class FeedForward(nn.Module):
         self.ffn_sub_norm = nn.RMSNorm(c.intermediate_size, eps=c.rms_norm_eps) \
             if c.sub_norms else None
         self.down_proj = linear(c.intermediate_size, c.hidden_size)
+        norm = (lambda n: nn.RMSNorm(n, eps=c.rms_norm_eps)) if c.proj_norms else (lambda n: None)
+        self.gate_norm_in, self.up_norm_in = norm(c.hidden_size), norm(c.hidden_size)
+        self.down_norm_in = norm(c.intermediate_size)
 
     def activation(self, gate):
-        """The gate's activation: silu, or relu2 (relu(gate)**2)."""
+        """The gate's activation: silu, relu2 (relu(gate)**2) or gelu_pytorch_tanh (GELU's
+        tanh approximation, as Gemma uses)."""
         if self.hidden_act == "silu":
             return _t.silu(gate)
+        if self.hidden_act == "gelu_pytorch_tanh":
+            return _t.gelu(gate)
         gate = _t.relu(gate)
         return gate * gate
 
     def forward(self, x):
-        y = self.activation(self.gate_proj(x)) * self.up_proj(x)
-        return self.down_proj(y if self.ffn_sub_norm is None else self.ffn_sub_norm(y))
+        y = self.activation(_norm(self.gate_norm_in, x, self.gate_proj)) \
+            * _norm(self.up_norm_in, x, self.up_proj)
+        y = y if self.ffn_sub_norm is None else self.ffn_sub_norm(y)
+        return _norm(self.down_norm_in, y, self.down_proj)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: BitNetConfig, linear=nn.BitLinear):
+    """`input_layernorm` before attention, `post_attention_layernorm` before the
+    feed-forward block (Llama's names), and with config.post_norms Gemma3's norms of the
+    two blocks' outputs, `attn_post_norm` and `ffn_post_norm` (Hugging Face's Gemma3
+    `post_attention_layernorm` and `post_feedforward_layernorm`; its
+    `pre_feedforward_layernorm` is `post_attention_layernorm` here)."""
+
+    def __init__(self, config: BitNetConfig, linear=nn.BitLinear, sliding: bool = False):
         eps = config.rms_norm_eps
         self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=eps)
         self.attn = Attention(config, linear)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=eps)
         self.mlp = FeedForward(config, linear)
+        post = config.post_norms
+        self.attn_post_norm = nn.RMSNorm(config.hidden_size, eps=eps) if post else None
+        self.ffn_post_norm = nn.RMSNorm(config.hidden_size, eps=eps) if post else None
+        self.sliding = sliding
+        if sliding:
+            self.attn.window = config.sliding_window
 
     @property
     def ffn(self) -> FeedForward:
@@ -161,8 +214,8 @@ class DecoderLayer(nn.Module):
         return self.mlp
 
     def forward(self, x, cos, sin, cache=None):
-        h = x + self.attn(self.input_layernorm(x), cos, sin, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = x + _norm(self.attn_post_norm, self.attn(self.input_layernorm(x), cos, sin, cache))
+        return h + _norm(self.ffn_post_norm, self.mlp(self.post_attention_layernorm(h)))
 
 
 class BitNetLM(nn.Module):
@@ -200,7 +253,7 @@ class BitNetLM(nn.Module):
             self.embed_tokens = nn.Embedding.__new__(nn.Embedding)
             self.embed_tokens.weight = np.zeros((c.vocab_size, c.hidden_size), np.float32)
         linear = nn.BitLinear if init else _placeholder
-        self.layers = [DecoderLayer(c, linear) for _ in range(c.num_hidden_layers)]
+        self.layers = [DecoderLayer(c, linear, c.is_sliding(i)) for i in range(c.num_hidden_layers)]
         self.norm = nn.RMSNorm(c.hidden_size, eps=c.rms_norm_eps)
         self.lm_head = None
         if not c.tie_word_embeddings:
@@ -225,10 +278,20 @@ class BitNetLM(nn.Module):
         if len(shape) != 2:
             raise TercompError(f"BitNetLM expects token ids of shape [B, T], got {shape}")
         t = shape[1]
+        c = self.config
+        sliding = c.layer_types is not None and "sliding_attention" in c.layer_types
         if cache is not None:
-            cos, sin = self.rope_tables(np.arange(cache.max_seq))
+            if sliding and cache.max_seq > c.sliding_window:
+                # the cached attention ops read every filled row; a window over the cache
+                # is not written yet, and below the window it changes nothing
+                raise TercompError(f"a cache of {cache.max_seq} positions is longer than the "
+                                   f"model's sliding window of {c.sliding_window}, which "
+                                   f"cached attention does not apply yet",
+                                   hint=f"compile with max_seq <= {c.sliding_window}")
             pos = cache.positions(ids)
-            cos, sin = _t.take(cos, pos, axis=0), _t.take(sin, pos, axis=0)
+            tables = [tuple(_t.take(tab, pos, axis=0)
+                            for tab in rope_tables(c, np.arange(cache.max_seq), local))
+                      for local in (False, True)]
         elif not isinstance(t, (int, np.integer)):
             raise TercompError(f"BitNetLM.forward needs a static sequence length, got {t!r}",
                                hint="trace with tc.spec((\"B\", T), \"int32\") and a fixed T, "
@@ -237,9 +300,12 @@ class BitNetLM(nn.Module):
             raise TercompError(f"sequence length {t} exceeds max_position_embeddings "
                                f"{self.config.max_position_embeddings}")
         else:
-            cos, sin = self.rope_tables(np.arange(t))
+            tables = [rope_tables(c, np.arange(t), local) for local in (False, True)]
         x = self.embed_tokens(ids)
+        if c.scale_embeddings:      # Gemma: the embedding times sqrt(hidden)
+            x = x * np.float32(np.sqrt(c.hidden_size))
         for i, layer in enumerate(self.layers):
+            cos, sin = tables[int(layer.sliding and c.rope_local_base_freq is not None)]
             x = layer(x, cos, sin, None if cache is None else cache.layer(i))
         return self.norm(x)
 

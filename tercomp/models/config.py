@@ -10,7 +10,11 @@ from dataclasses import dataclass
 
 from ..errors import TercompError
 
-HIDDEN_ACTS = ("silu", "relu2")
+HIDDEN_ACTS = ("silu", "relu2", "gelu_pytorch_tanh")
+#: how an embedding model pools its hidden states (sentence-transformers' modes)
+POOLINGS = ("last", "mean", "cls")
+#: per-layer attention kinds (Hugging Face's `layer_types`)
+LAYER_TYPES = ("full_attention", "sliding_attention")
 ROPE_STYLES = ("neox", "interleaved")
 
 # config.json keys that describe the file or the training run, not the model
@@ -47,6 +51,19 @@ class BitNetConfig:
     `rope_freqs.weight`, head_dim / 2 divisors of the frequencies) is the same scaling as
     a GGUF stores it. `family` names the file family (models/families).
 
+    Options of the Qwen3 / Gemma3 backbones (BitNet's embedding models):
+    `proj_norms`: BitNet's `BitLinear` RMSNorm on the input of every projection (each
+    of q/k/v/o/gate/up/down has its own weight). `qk_norm`: an RMSNorm over head_dim on
+    every query and key head, before RoPE (Qwen3, Gemma3). `post_norms`: Gemma3's
+    RMSNorms on the attention and feed-forward outputs before their residual adds.
+    `scale_embeddings`: the token embedding times sqrt(hidden_size) (Gemma).
+    `query_pre_attn_scalar`: attention scores scaled by its -1/2 power instead of
+    head_dim's (Gemma3). `layer_types` ("full_attention" / "sliding_attention" per
+    layer) with `sliding_window` W: a sliding layer's query attends to the W most recent
+    positions (itself included); `rope_local_base_freq` is a sliding layer's RoPE base
+    (Gemma3), rope_theta the others'. `pooling` ("last", "mean", "cls" or None) is how
+    the model file says its embeddings are pooled (tc.compile_embed's default).
+
     >>> cfg = BitNetConfig(vocab_size=300, hidden_size=256, intermediate_size=512,
     ...                    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     >>> cfg.head_dim
@@ -69,6 +86,15 @@ class BitNetConfig:
     rope_scaling: dict | None = None
     rope_freq_factors: tuple | None = None
     family: str = "bitnet"
+    proj_norms: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False
+    scale_embeddings: bool = False
+    query_pre_attn_scalar: float | None = None
+    sliding_window: int | None = None
+    layer_types: tuple | None = None
+    rope_local_base_freq: float | None = None
+    pooling: str | None = None
 
     def __post_init__(self):
         self.validate()
@@ -121,6 +147,7 @@ class BitNetConfig:
             raise ConfigError(f"{source}: field 'sub_norms' must be true or false, "
                               f"got {self.sub_norms!r}")
         self.rope_scaling = _check_rope_scaling(self.rope_scaling, source)
+        self._validate_backbone(source)
         if self.rope_freq_factors is not None:
             f = self.rope_freq_factors
             ok = isinstance(f, (list, tuple)) and len(f) == self.head_dim // 2 and all(
@@ -130,6 +157,47 @@ class BitNetConfig:
                 raise ConfigError(f"{source}: rope_freq_factors must be {self.head_dim // 2} "
                                   f"positive finite numbers")
             self.rope_freq_factors = tuple(float(x) for x in f)
+
+    def _validate_backbone(self, source):
+        """The Qwen3 / Gemma3 options (see the class docstring)."""
+        for name in ("proj_norms", "qk_norm", "post_norms", "scale_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{source}: field {name!r} must be true or false, "
+                                  f"got {getattr(self, name)!r}")
+        for name in ("query_pre_attn_scalar", "rope_local_base_freq"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                  or not 0 < v < float("inf")):
+                raise ConfigError(f"{source}: field {name!r} must be a positive finite number "
+                                  f"or null, got {v!r}")
+        w = self.sliding_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w <= 0):
+            raise ConfigError(f"{source}: field 'sliding_window' must be a positive integer "
+                              f"or null, got {w!r}")
+        lt = self.layer_types
+        if lt is not None:
+            if not isinstance(lt, (list, tuple)) or len(lt) != self.num_hidden_layers or \
+                    any(t not in LAYER_TYPES for t in lt):
+                raise ConfigError(f"{source}: field 'layer_types' must list one of "
+                                  f"{', '.join(LAYER_TYPES)} for each of the "
+                                  f"{self.num_hidden_layers} layers, got {lt!r:.200}")
+            self.layer_types = tuple(lt)
+            if "sliding_attention" in lt and w is None:
+                raise ConfigError(f"{source}: 'layer_types' has sliding_attention layers but "
+                                  f"'sliding_window' is not given")
+        if self.pooling is not None and self.pooling not in POOLINGS:
+            raise ConfigError(f"{source}: field 'pooling' is {self.pooling!r}; supported: "
+                              f"{', '.join(POOLINGS)} (or null)")
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer `layer` attends through a sliding window."""
+        return self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor of the attention scores: query_pre_attn_scalar**-0.5, else
+        head_dim**-0.5."""
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "config") -> "BitNetConfig":

@@ -62,9 +62,19 @@ PROJECTIONS = {  # gguf tensor -> (block, BitLinear) in a DecoderLayer
 NORMS = {  # gguf tensor -> module path in a DecoderLayer
     "attn_norm": ("input_layernorm",), "attn_sub_norm": ("attn", "attn_sub_norm"),
     "ffn_norm": ("post_attention_layernorm",), "ffn_sub_norm": ("mlp", "ffn_sub_norm"),
+    # qwen3 / gemma3 (families/backbone.py): each with the BitNetConfig option it needs
+    "attn_q_norm": ("attn", "q_norm"), "attn_k_norm": ("attn", "k_norm"),
+    "post_attention_norm": ("attn_post_norm",), "post_ffw_norm": ("ffn_post_norm",),
+    **{g + "_norm_in": (block, proj.replace("_proj", "_norm_in"))
+       for g, (block, proj) in PROJECTIONS.items()},
 }
+NORM_OPTIONS = {"attn_sub_norm": "sub_norms", "ffn_sub_norm": "sub_norms",
+                "attn_q_norm": "qk_norm", "attn_k_norm": "qk_norm",
+                "post_attention_norm": "post_norms", "post_ffw_norm": "post_norms",
+                **{g + "_norm_in": "proj_norms" for g in PROJECTIONS}}
 ACTS_IN = {"silu": "silu", "swish": "silu", "swiglu": "silu",
-           "relu2": "relu2", "relu_sqr": "relu2", "squared_relu": "relu2"}
+           "relu2": "relu2", "relu_sqr": "relu2", "squared_relu": "relu2",
+           "gelu": "gelu_pytorch_tanh", "gelu_pytorch_tanh": "gelu_pytorch_tanh"}
 _TERNARY_TYPES = ("TQ2_0", "TQ1_0")
 _FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -280,7 +290,7 @@ def _config(f: _File) -> BitNetConfig:
         act = family.gguf_activation(f.field("tokenizer.ggml.pre", None, kind=str))
     if act not in ACTS_IN:
         raise f.error(f"key '{a}.hidden_activation'",
-                      f"activation {act!r} is not supported (silu or relu2)", ConfigError)
+                      f"activation {act!r} is not supported (silu, relu2 or gelu)", ConfigError)
     heads = f.field(f"{a}.attention.head_count", required=True, kind=int)
     hidden = f.field(f"{a}.embedding_length", required=True, kind=int)
     d = {
@@ -309,6 +319,12 @@ def _config(f: _File) -> BitNetConfig:
         head_dim = d["head_dim"] or (hidden // heads if heads > 0 else 0)
         d["rope_freq_factors"] = [x * linear for x in
                                   d.get("rope_freq_factors") or [1.0] * (head_dim // 2)]
+    d.update(dict(family.options))
+    if family.gguf_config is not None:      # the family's own keys (families/qwen3.py, ...)
+        try:
+            d.update(family.gguf_config(f.field, a))
+        except ConfigError as e:
+            raise ConfigError(f"{f.path}: {e}") from None
     cfg = BitNetConfig.from_dict(d, source=f.path)
     rot = f.field(f"{a}.rope.dimension_count", None, kind=int)
     if rot is not None and rot != cfg.head_dim:
@@ -333,8 +349,9 @@ def _linear_rope_factor(f: _File, a: str) -> float:
 
 
 def _norms(cfg: BitNetConfig) -> dict:
-    """The per-block norms of `cfg`'s family: NORMS, less the sub-norms without them."""
-    return {g: p for g, p in NORMS.items() if cfg.sub_norms or "sub_norm" not in g}
+    """The per-block norms of `cfg`: NORMS, less those of options it does not have."""
+    return {g: p for g, p in NORMS.items()
+            if g not in NORM_OPTIONS or getattr(cfg, NORM_OPTIONS[g])}
 
 
 def _expected_shapes(cfg: BitNetConfig, rope_freqs: bool) -> dict:
@@ -344,7 +361,9 @@ def _expected_shapes(cfg: BitNetConfig, rope_freqs: bool) -> dict:
                        cfg.kv_dim)
     proj = {"attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q),
             "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
-    sizes = {"ffn_sub_norm": (ff,), "attn_sub_norm": (q,)}
+    sizes = {"ffn_sub_norm": (ff,), "attn_sub_norm": (q,), "attn_output_norm_in": (q,),
+             "ffn_down_norm_in": (ff,), "attn_q_norm": (cfg.head_dim,),
+             "attn_k_norm": (cfg.head_dim,)}
     out = {"token_embd.weight": (v, h), "output_norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
         out["output.weight"] = (v, h)
@@ -356,6 +375,21 @@ def _expected_shapes(cfg: BitNetConfig, rope_freqs: bool) -> dict:
         for g, shape in proj.items():
             out[f"blk.{i}.{g}.weight"] = shape
     return out
+
+
+def _proj_norms(f: _File, cfg: BitNetConfig) -> bool:
+    """Whether the file has BitLinear's per-projection input norms (`blk.{i}.*_norm_in`,
+    bitnet.cpp's embedding converter): on every projection of every block, or on none
+    (else a GGUFError naming the file and the tensors that break the rule)."""
+    names = [f"blk.{i}.{g}_norm_in.weight" for i in range(cfg.num_hidden_layers)
+             for g in PROJECTIONS]
+    have = [n in f.tensors for n in names]
+    if all(have) or not any(have):
+        return all(have)
+    raise f.error(f"tensor {names[have.index(False)]!r}",
+                  f"missing, while {names[have.index(True)]!r} is there: per-projection norm "
+                  f"tensors on some projections only",
+                  GGUFError)
 
 
 def load_gguf(path) -> BitNetLM:
@@ -371,6 +405,7 @@ def load_gguf(path) -> BitNetLM:
         raise f.error(f"key '{cfg.family}.block_count'", f"{cfg.num_hidden_layers} blocks, but the "
                       f"file has tensors for {len(blocks)} (blk.{min(blocks, default=0)}.. "
                       f"blk.{max(blocks, default=0)})")
+    cfg.proj_norms = _proj_norms(f, cfg)
     shapes = _expected_shapes(cfg, "rope_freqs.weight" in f.tensors)
     for name, shape in shapes.items():
         f.tensor(name, shape)
@@ -442,6 +477,10 @@ def _check_writable(model, cfg, family):
     """Refuse, before anything is written, a model the family's llama.cpp graph would
     compute differently."""
     arch = family.gguf_arch
+    if cfg.family in ("qwen3", "gemma3") or cfg.proj_norms or cfg.qk_norm or cfg.post_norms:
+        raise TercompError(f"save_gguf writes llama.cpp's 'bitnet' and 'llama' architectures; "
+                           f"this {cfg.family!r} model (q/k norms, per-projection norms or "
+                           f"Gemma's norms) is neither", hint="keep the file it was loaded from")
     scaled = cfg.rope_scaling is not None or cfg.rope_freq_factors is not None
     if arch == "bitnet" and (cfg.q_dim != cfg.hidden_size or scaled):
         raise TercompError(f"save_gguf writes a model with sub-norms as llama.cpp's 'bitnet' "

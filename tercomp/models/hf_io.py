@@ -112,10 +112,65 @@ def _config(directory) -> BitNetConfig:
                           f"not a ternary one",
                           hint="tercomp loads 1.58-bit checkpoints (Falcon3-*-1.58bit, "
                                "Llama3-8B-1.58)")
+    if family.hf_config is not None:        # the family's keys as BitNetConfig fields
+        d = family.hf_config(d, path)
     d = {k: v for k, v in d.items() if k != "architectures"}
-    d.update(sub_norms=family.sub_norms, family=family.name)
+    d.update(sub_norms=family.sub_norms, family=family.name, **dict(family.options))
     d.setdefault("rope_style", "neox")       # HF's rotate_half
+    pooling = _pooling(directory)
+    if pooling is not None:
+        d["pooling"] = pooling
     return BitNetConfig.from_dict(d, source=path)
+
+
+#: sentence-transformers' Pooling modes -> BitNetConfig.pooling
+_ST_POOLING = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean",
+               "pooling_mode_cls_token": "cls"}
+
+
+def _pooling(directory):
+    """The pooling of a sentence-transformers model directory (modules.json naming a
+    Pooling module whose config.json sets one pooling_mode_*), or None without one."""
+    modules = os.path.join(directory, "modules.json")
+    if not os.path.isfile(modules):
+        return None
+    mods = _small_json(modules)
+    pool = next((m for m in mods if isinstance(m, dict) and
+                 str(m.get("type", "")).endswith("Pooling")), None) \
+        if isinstance(mods, list) else None
+    if pool is None:
+        return None
+    sub = str(pool.get("path", ""))
+    path = os.path.join(directory, sub, "config.json")
+    if os.path.isabs(sub) or ".." in sub.split("/") or not os.path.isfile(path):
+        return None
+    conf = _small_json(path)
+    if not isinstance(conf, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    mode = conf.get("pooling_mode")          # newer sentence-transformers: one string
+    if isinstance(mode, str):
+        got = {"lasttoken": "last", "mean": "mean", "cls": "cls"}.get(mode)
+        if got is None:
+            raise ConfigError(f"{path}: pooling_mode {mode!r:.80} is not supported",
+                              hint="tercomp pools by lasttoken, mean or cls")
+        return got
+    on = [k for k, v in conf.items() if k.startswith("pooling_mode_") and v is True]
+    bad = [k for k in on if k not in _ST_POOLING]
+    if bad or len(on) != 1:
+        raise ConfigError(f"{path}: pooling {', '.join(on) or 'none'} is not supported",
+                          hint="tercomp pools one way: pooling_mode_lasttoken, "
+                               "pooling_mode_mean_tokens or pooling_mode_cls_token")
+    return _ST_POOLING[on[0]]
+
+
+def _small_json(path):
+    if os.path.getsize(path) > _MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config")
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read())
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({type(e).__name__})") from None
 
 
 class _Tensors:
@@ -199,6 +254,33 @@ def _check_shapes(cfg, tensors):
                                   f"config.json implies {list(packed)}")
 
 
+_LLAMA_LAYER_NORMS = (("input_layernorm", ("input_layernorm",)),
+                      ("post_attention_layernorm", ("post_attention_layernorm",)))
+
+
+def _proj_norms(cfg, tensors) -> bool:
+    """Whether the checkpoint has BitLinear's per-projection input norms: on every
+    projection of every layer, or on none (else a CheckpointError naming the file and
+    the first tensor that breaks the rule)."""
+    names = [f"model.layers.{i}.{hf_block}.{proj}.norm.weight"
+             for i in range(cfg.num_hidden_layers)
+             for hf_block, (_, projs) in _PROJ.items() for proj in projs]
+    have = [n in tensors for n in names]
+    if all(have) or not any(have):
+        return all(have)
+    missing = names[have.index(False)]
+    present = tensors[names[have.index(True)]][1]
+    raise CheckpointError(f"{present}: per-projection norm tensors on some projections only: "
+                          f"{names[have.index(True)]!r} is there, {missing!r} is not",
+                          hint="a BitLinear input norm belongs to every projection of every "
+                               "layer, or to none")
+
+
+def _read_config_dict(directory) -> dict:
+    d = _small_json(os.path.join(directory, "config.json"))
+    return d if isinstance(d, dict) else {}
+
+
 def _projection_shapes(cfg) -> dict:
     """projection name -> (out_features, in_features)."""
     h, ff, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
@@ -219,19 +301,45 @@ def load_hf(directory) -> BitNetLM:
                 raise CheckpointError(f"{path}: tensor {name!r} is defined again (first in "
                                       f"{tensors[name][1]})", hint="one shard per tensor")
             tensors[name] = (arr, path)
+    family = families.by_name(cfg.family)
+    if family.hf_config is not None and "model.embed_tokens.weight" not in tensors:
+        # a base-model checkpoint (Qwen3Model, Gemma3TextModel: sentence-transformers'
+        # embedding models) names its tensors without the "model." of *ForCausalLM
+        tensors = {n if n == "lm_head.weight" else "model." + n: v for n, v in tensors.items()}
     ts = _Tensors(tensors)
     _check_shapes(cfg, tensors)
+    cfg.proj_norms = _proj_norms(cfg, tensors)
+    if family.hf_needs_ternary_marker and not cfg.proj_norms and \
+            _read_config_dict(directory).get("quantization_config") is None:
+        raise ConfigError(f"{os.path.join(directory, 'config.json')}: a {cfg.family} checkpoint "
+                          f"with neither BitLinear input norms ('*_proj.norm.weight') nor "
+                          f"quantization_config {{'quant_method': 'bitnet'}} is a float model, "
+                          f"not a ternary one",
+                          hint="tercomp loads BitNet checkpoints (bitnet-embedding-*)")
     c = cfg
     h, ff = c.hidden_size, c.intermediate_size
     lm = BitNetLM(cfg, init=False)
     lm.embed_tokens.weight = ts.float("model.embed_tokens.weight", (c.vocab_size, h))
-    lm.norm.weight = ts.float("model.norm.weight", (h,))
+    off = np.float32(family.hf_norm_offset)
+    lm.norm.weight = ts.float("model.norm.weight", (h,)) + off
     shapes = _projection_shapes(c)
+    layer_norms = family.hf_layer_norms or _LLAMA_LAYER_NORMS
     for i, layer in enumerate(lm.layers):
         p = f"model.layers.{i}"
-        layer.input_layernorm.weight = ts.float(f"{p}.input_layernorm.weight", (h,))
-        layer.post_attention_layernorm.weight = ts.float(f"{p}.post_attention_layernorm.weight",
-                                                         (h,))
+        for hf_name, path_ in layer_norms:
+            owner = layer
+            for a in path_[:-1]:
+                owner = getattr(owner, a)
+            getattr(owner, path_[-1]).weight = ts.float(f"{p}.{hf_name}.weight", (h,)) + off
+        if c.qk_norm:
+            for n in ("q_norm", "k_norm"):
+                getattr(layer.attn, n).weight = ts.float(f"{p}.self_attn.{n}.weight",
+                                                         (c.head_dim,)) + off
+        if c.proj_norms:    # BitLinear's own RMSNorm: plain weights, never offset
+            for hf_block, (block, projs) in _PROJ.items():
+                for proj in projs:
+                    getattr(getattr(layer, block), proj.replace("_proj", "_norm_in")).weight = \
+                        ts.float(f"{p}.{hf_block}.{proj}.norm.weight", (shapes[proj][1],))
         if c.sub_norms:
             layer.attn.attn_sub_norm.weight = ts.float(f"{p}.self_attn.attn_sub_norm.weight",
                                                        (c.q_dim,))
@@ -325,6 +433,10 @@ def save_hf(model: BitNetLM, directory) -> None:
     if not isinstance(model, BitNetLM):
         raise TercompError(f"save_hf expects a models.BitNetLM, got {type(model).__name__}")
     cfg = model.config
+    if cfg.family in ("qwen3", "gemma3") or cfg.proj_norms or cfg.qk_norm or cfg.post_norms:
+        raise TercompError(f"save_hf writes BitNet and llama-bitnet checkpoints; this "
+                           f"{cfg.family!r} model is not written yet",
+                           hint="keep the checkpoint it was loaded from")
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     f32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731

@@ -7,15 +7,19 @@ the options of its `BitNetConfig`).
     llama_bitnet  LlamaForCausalLM whose quantization_config    "llama" (TQ2_0 / TQ1_0
                   has quant_method "bitnet" (Falcon3-1.58bit,   projections, f16 output)
                   Llama3-8B-1.58)
+    qwen3         Qwen3ForCausalLM / model_type "qwen3" with       "qwen3" (I2_S, TQ2_0 or
+                  BitLinear projections (bitnet-embedding-0.6b)  F16 projections)
+    gemma3        Gemma3ForCausalLM / model_type "gemma3_text"     "gemma3"
+                  with BitLinear projections (bitnet-embedding-270m)
 
 Adding a family is one module here defining FAMILY, a line in FAMILIES, and a test.
 """
 from __future__ import annotations
 
 from .base import Family
-from . import bitnet, llama_bitnet
+from . import bitnet, gemma3, llama_bitnet, qwen3
 
-FAMILIES = (bitnet.FAMILY, llama_bitnet.FAMILY)
+FAMILIES = (bitnet.FAMILY, llama_bitnet.FAMILY, qwen3.FAMILY, gemma3.FAMILY)
 
 
 def by_gguf_arch(arch: str):

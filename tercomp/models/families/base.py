@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,25 @@ class Family:
     hf_needs_bitnet_quant: bool = False
     gguf_scale: str = "tensor"
     gguf_act_by_tokenizer: tuple = ()
+    # -- the options of the embedding models' backbones (Qwen3, Gemma3) ----------------
+    #: BitNetConfig fields every model of the family has: (("qk_norm", True), ...)
+    options: tuple = ()
+    #: config.json dict -> BitNetConfig fields (None: the dict's own keys, as BitNet's)
+    hf_config: Callable | None = None
+    #: layer norms as config.json's checkpoints name them: (HF name, module path) pairs
+    #: (default: input_layernorm and post_attention_layernorm, Llama's)
+    hf_layer_norms: tuple = ()
+    #: added to every norm weight of a Hugging Face file but the BitLinear input norms
+    #: (Gemma's RMSNorm multiplies by 1 + w; llama.cpp's files store 1 + w, as tercomp does)
+    hf_norm_offset: float = 0.0
+    #: the activation of a GGUF without `{arch}.hidden_activation` and tokenizer rule
+    gguf_default_act: str = "silu"
+    #: GGUF keys -> BitNetConfig fields beyond the common ones: f(field_reader, arch) -> dict
+    gguf_config: Callable | None = None
+    #: the config must say it is ternary (quantization_config "bitnet") or the checkpoint
+    #: carry BitLinear's per-projection norms: the architecture is a float model's too
+    hf_needs_ternary_marker: bool = False
 
     def gguf_activation(self, tokenizer_pre) -> str:
         """The activation of a GGUF of this family without an activation key."""
-        return dict(self.gguf_act_by_tokenizer).get(tokenizer_pre, "silu")
+        return dict(self.gguf_act_by_tokenizer).get(tokenizer_pre, self.gguf_default_act)

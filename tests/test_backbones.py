@@ -1,0 +1,124 @@
+"""The Qwen3 and Gemma3 backbones of BitNet's embedding models (families qwen3 and
+gemma3): loaded from a Hugging Face directory and from a GGUF as bitnet.cpp's converter
+writes them, at scaled-down shapes, against the float64 reference written from the
+published architectures (tests/backbone_ref.py)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tercomp as tc
+from tercomp import models
+
+import backbone_ref as B
+import bitnet_ref as R
+
+IDS = np.array([[5, 17, 42, 7, 99, 3, 250, 11], [1, 2, 3, 4, 5, 6, 7, 8]], np.int32)
+
+
+def check(got, want):
+    cos = R.cosine(got, want)
+    top1, n = R.top1_agreement(got, want, margin=0.05)
+    assert cos.min() >= 0.999 and top1 >= 0.95 and n > 0, (cos.min(), top1, n)
+
+
+@pytest.fixture(scope="module", params=sorted(B.SHAPES))
+def files(request, tmp_path_factory):
+    cfg = B.SHAPES[request.param]
+    w = B.weights(cfg, seed=len(request.param))
+    d = tmp_path_factory.mktemp(request.param)
+    return cfg, w, B.write_hf(d / "hf", cfg, w), B.write_gguf(d / "m.gguf", cfg, w)
+
+
+def test_hf_directory_loads_and_agrees(files):
+    cfg, w, hf, _ = files
+    lm = models.load(hf)
+    c = lm.config
+    gemma = cfg["family"] == "gemma3"
+    assert (c.family, c.proj_norms, c.qk_norm, c.post_norms, c.scale_embeddings, c.head_dim,
+            c.pooling, c.tie_word_embeddings) == \
+        (cfg["family"], True, True, gemma, gemma, cfg["head_dim"], "last", True)
+    if gemma:
+        assert c.layer_types == tuple(cfg["layer_types"]) and c.sliding_window == cfg["window"]
+        assert c.hidden_act == "gelu_pytorch_tanh" and c.rope_local_base_freq == 10000.0
+    check(lm(IDS), B.reference_logits(cfg, w, IDS))
+
+
+def test_gguf_loads_and_agrees(files):
+    cfg, w, _, path = files
+    lm = models.load(path)
+    c = lm.config
+    assert (c.family, c.proj_norms, c.qk_norm, c.head_dim, c.pooling) == \
+        (cfg["family"], True, True, cfg["head_dim"], "last")
+    if cfg["family"] == "gemma3":
+        assert c.query_pre_attn_scalar == pytest.approx(cfg["query_pre_attn_scalar"])
+        assert c.sliding_window == cfg["window"] and c.layer_types[0] == "sliding_attention"
+    check(lm(IDS), B.reference_logits(cfg, w, IDS))
+
+
+def test_compile_lm_generates_as_the_forward_computes(files):
+    cfg, w, hf, _ = files
+    lm = models.load(hf)
+    ids = IDS[0]
+    want = B.reference_logits(cfg, w, ids[None])[0]
+    # the window covers the cache (a longer cache with sliding layers is refused)
+    gen = tc.compile_lm(lm, max_seq=4 if cfg["family"] == "gemma3" else 16,
+                        output_dtype="float32", kv_dtype="float32")
+    n = 4
+    got = gen.prefill(ids[:n - 1])
+    got = np.concatenate([got, gen.decode(int(ids[n - 1]))[None]])
+    check(got, want[:n])
+
+
+def test_sliding_window_cache_longer_than_the_window_is_refused(files):
+    cfg, _, hf, _ = files
+    if cfg["family"] != "gemma3":
+        pytest.skip("Qwen3 has no sliding layers")
+    with pytest.raises(tc.TercompError, match="sliding window of 4"):
+        tc.compile_lm(models.load(hf), max_seq=16)
+
+
+def test_projection_norms_on_some_layers_only(files, tmp_path):
+    cfg, w, _, _ = files
+    w = {k: v for k, v in w.items() if k != "layers.1.mlp.down_proj.norm.weight"}
+    B.write_hf(tmp_path / "hf", cfg, w)
+    with pytest.raises(models.CheckpointError,
+                       match=r"model\.safetensors: per-projection norm tensors on some "
+                             r"projections only.*layers\.1\.mlp\.down_proj\.norm\.weight"):
+        models.load(tmp_path / "hf")
+    B.write_gguf(tmp_path / "m.gguf", cfg, w)
+    with pytest.raises(models.GGUFError,
+                       match=r"m\.gguf: tensor 'blk\.1\.ffn_down_norm_in\.weight': missing.*"
+                             r"some projections only"):
+        models.load(tmp_path / "m.gguf")
+
+
+def test_unknown_pooling_type_is_refused(files, tmp_path):
+    cfg, w, _, _ = files
+    B.write_gguf(tmp_path / "m.gguf", cfg, w, pooling=4)
+    with pytest.raises(models.ConfigError, match=r"m\.gguf: key '\w+\.pooling_type': "
+                                                 r"pooling type 4 is not supported"):
+        models.load(tmp_path / "m.gguf")
+    B.write_hf(tmp_path / "hf", cfg, w, pooling="max_tokens")
+    with pytest.raises(models.ConfigError, match=r"1_Pooling/config\.json: pooling "
+                                                 r"pooling_mode_max_tokens is not supported"):
+        models.load(tmp_path / "hf")
+
+
+def test_a_float_qwen3_is_not_a_ternary_model(tmp_path):
+    cfg = B.SHAPES["qwen3"]
+    w = {k: v for k, v in B.weights(cfg).items() if not k.endswith("_proj.norm.weight")}
+    B.write_hf(tmp_path, cfg, w)
+    with pytest.raises(models.ConfigError, match="is a float model"):
+        models.load(tmp_path)
+
+
+def test_soft_capping_is_refused(tmp_path):
+    cfg = B.SHAPES["gemma3"]
+    B.write_hf(tmp_path, cfg, B.weights(cfg))
+    conf = json.loads((tmp_path / "config.json").read_text())
+    conf["final_logit_softcapping"] = 30.0
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    with pytest.raises(models.ConfigError, match="final_logit_softcapping"):
+        models.load(tmp_path)
