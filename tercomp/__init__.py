@@ -45,6 +45,7 @@ def _load_compiler_side() -> None:
     from . import optim  # noqa: F401
     from .training import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
     from .generate import compile_lm  # noqa: F401
+    from .embed import compile_embed  # noqa: F401
     names = {k: v for k, v in locals().items() if not k.startswith("_") and k != "trace"}
     names["_trace_function"] = trace
     names.update({k: getattr(_api, k) for k in getattr(_api, "__all__", dir(_api))

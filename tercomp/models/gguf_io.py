@@ -508,9 +508,9 @@ def _check_writable(model, cfg, family):
 
 def _check_vocab(vocab: dict, path):
     """Every kept tokenizer key has the kind its writer method takes."""
-    kinds = {"string": str, "uint32": (int, np.integer), "array": (list, tuple)}
+    kinds = {"string": str, "uint32": (int, np.integer), "array": (list, tuple), "bool": bool}
     for key, (kind, value) in vocab.items():
-        ok = isinstance(value, kinds.get(kind, ())) and not isinstance(value, bool)
+        ok = isinstance(value, kinds.get(kind, ())) and (kind == "bool") == isinstance(value, bool)
         if kind == "uint32" and ok:
             ok = 0 <= int(value) < 2 ** 32
         if not ok:

@@ -42,7 +42,7 @@ _VOCAB_KEYS = {
     "tokenizer.ggml.token_type": "array", "tokenizer.ggml.merges": "array",
     "tokenizer.ggml.bos_token_id": "uint32", "tokenizer.ggml.eos_token_id": "uint32",
     "tokenizer.ggml.unknown_token_id": "uint32", "tokenizer.ggml.padding_token_id": "uint32",
-    "tokenizer.chat_template": "string",
+    "tokenizer.chat_template": "string", "tokenizer.ggml.add_eos_token": "bool",
 }
 #: the largest tokenizer_config.json read (it holds a template and token strings)
 MAX_TOKENIZER_CONFIG = 4 << 20
@@ -136,8 +136,8 @@ def tokenizer_from_gguf(reader, path):
             v = f.contents()
         except Exception:
             continue
-        want = {"string": str, "uint32": (int, np.integer), "array": list}[kind]
-        if not isinstance(v, want) or isinstance(v, bool):
+        want = {"string": str, "uint32": (int, np.integer), "array": list, "bool": bool}[kind]
+        if not isinstance(v, want) or (isinstance(v, bool) and kind != "bool"):
             raise GGUFError(f"{path}: key {key!r}: expected a {kind}, got "
                             f"{type(v).__name__} {v!r:.60}")
         vocab[key] = (kind, v)

@@ -1,0 +1,64 @@
+"""tc.compile_embed: the model's own forward without its head, pooled over sequences of
+different lengths in one batch and L2-normalised, against the float64 reference of
+the published architectures (tests/backbone_ref.py)."""
+import numpy as np
+import pytest
+
+import tercomp as tc
+from tercomp import models
+
+import backbone_ref as B
+
+SEQS = [[5, 17, 42, 7, 99, 3, 250, 11, 9, 80, 1, 2, 3, 4, 5, 6, 7, 8, 21, 22],
+        [1, 2, 3], [42], [250, 11, 9, 80, 1, 2, 3, 4, 5]]
+
+
+@pytest.fixture(scope="module", params=sorted(B.SHAPES))
+def model(request, tmp_path_factory):
+    cfg = B.SHAPES[request.param]
+    w = B.weights(cfg, seed=len(request.param))
+    d = tmp_path_factory.mktemp(request.param)
+    return cfg, w, models.load(B.write_gguf(d / "m.gguf", cfg, w))
+
+
+def check(got, want):
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-5)
+    cos = (got * want).sum(-1)          # both unit vectors
+    assert cos.min() >= 0.999, cos
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean", "cls"])
+def test_pooled_embeddings_agree_with_the_reference(model, pooling):
+    cfg, w, lm = model
+    enc = tc.compile_embed(lm, max_seq=32, pooling=pooling)
+    got = enc.embed(SEQS)
+    check(got, B.reference_embeddings(cfg, w, SEQS, pooling))
+    # one batch of padded rows (two padded lengths here: 16 and 32) gives each row its
+    # own sequence's embedding, whatever its neighbours
+    alone = np.concatenate([enc.embed([s]) for s in SEQS[1:3]])
+    np.testing.assert_allclose(got[1:3], alone, atol=2e-5)
+
+
+def test_the_pooling_comes_from_the_model_file(model):
+    cfg, w, lm = model
+    assert lm.config.pooling == "last"
+    enc = tc.compile_embed(lm, max_seq=16, normalize=False, max_batch=2)
+    got = enc.embed(SEQS[1:])
+    want = B.reference_embeddings(cfg, w, SEQS[1:], "last", normalize=False)
+    cos = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert cos.min() >= 0.999 and np.allclose(np.linalg.norm(got, axis=-1),
+                                               np.linalg.norm(want, axis=-1), rtol=1e-2)
+
+
+def test_bad_inputs_are_errors(model):
+    _, _, lm = model
+    with pytest.raises(tc.TercompError, match="pooling must be one of last, mean, cls"):
+        tc.compile_embed(lm, pooling="max")
+    enc = tc.compile_embed(lm, max_seq=16)
+    for bad, msg in ((SEQS[:1], "input 0 has 20 tokens, more than max_seq 16"),
+                     ([[]], "input 0 has no tokens"), ([[1, 300]], "token id 300"),
+                     ([[1], ["a"]], "input 1 is neither"), ([], "non-empty list"),
+                     (["text"], "no tokenizer")):
+        with pytest.raises(tc.TercompError, match=msg):
+            enc.embed(bad)
