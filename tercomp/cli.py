@@ -33,6 +33,7 @@ import types
 import numpy as np
 
 from . import cli_generate, cli_serve, dimexpr
+from . import cli_embed
 from .dtypes import ALIASES, DTYPES, dtype_name, numpy_dtype
 from .errors import TercompError
 
@@ -473,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_generate.add_parser(sub, _positive_int,
                             lambda args: cli_generate.run(args, spinner, UsageError))
     cli_serve.add_parser(sub, _positive_int, lambda args: cli_serve.run(args, spinner, UsageError))
+    cli_embed.add_parser(sub, _positive_int, lambda args: cli_embed.run(args, spinner, UsageError))
     return p
 
 

@@ -109,7 +109,7 @@ class Embedder:
 
     def embed(self, inputs) -> np.ndarray:
         """float32 [len(inputs), hidden]: one row per string or token-id list."""
-        seqs = self._sequences(inputs)
+        seqs = self.sequences(inputs)
         out = np.empty((len(seqs), self.hidden_size), np.float32)
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))   # like lengths together
         for lo in range(0, len(order), self.max_batch):
@@ -121,7 +121,9 @@ class Embedder:
             out[idx] = self(ids, [len(seqs[i]) for i in idx])
         return out
 
-    def _sequences(self, inputs) -> list:
+    def sequences(self, inputs) -> list:
+        """`inputs` (as `embed` takes them) as checked token-id lists: a TercompError
+        names the first input that is empty, too long or outside the vocabulary."""
         if isinstance(inputs, str):
             inputs = [inputs]
         if not isinstance(inputs, (list, tuple)) or not inputs:

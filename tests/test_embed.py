@@ -1,6 +1,8 @@
 """tc.compile_embed: the model's own forward without its head, pooled over sequences of
 different lengths in one batch and L2-normalised, against the float64 reference of
 the published architectures (tests/backbone_ref.py)."""
+import json
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,38 @@ def test_bad_inputs_are_errors(model):
                      (["text"], "no tokenizer")):
         with pytest.raises(tc.TercompError, match=msg):
             enc.embed(bad)
+
+
+def _word_tokenizer(directory, vocab_size):
+    """A word-level tokenizer.json: word k is "w{k}", and an EOS ("</s>", id 1) after
+    every text, as an embedding model's tokenizer appends for last-token pooling."""
+    from tokenizers import Tokenizer, models as tm, pre_tokenizers, processors
+    vocab = {"<unk>": 0, "</s>": 1, **{f"w{k}": k for k in range(2, vocab_size)}}
+    tok = Tokenizer(tm.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tok.save(str(directory / "tokenizer.json"))
+
+
+def test_texts_and_the_cli(tmp_path, capsys):
+    cfg = B.SHAPES["qwen3"]
+    w = B.weights(cfg, seed=3)
+    B.write_hf(tmp_path, cfg, w)
+    _word_tokenizer(tmp_path, cfg["vocab"])
+    texts = ["w5 w17 w42 w7", "w250 w11"]
+    want = B.reference_embeddings(cfg, w, [[5, 17, 42, 7, 1], [250, 11, 1]])
+    enc = tc.compile_embed(models.load(tmp_path), max_seq=16)
+    check(enc.embed(texts), want)
+    from tercomp.cli import main
+    assert main(["embed", str(tmp_path), "--text", texts[0], "--text", texts[1],
+                 "--max-seq", "16", "--cosine"]) == 0
+    cos = np.array([[float(v) for v in line.split()]
+                    for line in capsys.readouterr().out.splitlines()])
+    np.testing.assert_allclose(cos, want @ want.T, atol=2e-3)
+    assert main(["embed", str(tmp_path), "--ids", "5,17,42,7,1", "--max-seq", "16",
+                 "-o", str(tmp_path / "e.npy")]) == 0
+    row = json.loads(capsys.readouterr().out)
+    np.testing.assert_allclose(row, np.load(tmp_path / "e.npy")[0], rtol=1e-6)
+    assert (row @ want[0]) >= 0.999
+    assert main(["embed", str(tmp_path)]) == 2
+    assert "at least one --text or --ids" in capsys.readouterr().err
