@@ -209,3 +209,27 @@ def test_mpi_commands_run_as_written(tmp_path):
     # rank 0 alone prints the sample's report
     assert outs[1].count("test accuracy of the compiled") == 1, outs[1]
     assert "data parallel: 2 rank(s), 32 of each batch of 64 per rank" in outs[1]
+
+
+def test_embeddings_section_runs_as_written(tmp_path, monkeypatch):
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = text.split("## Sentence embeddings", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TERCOMP_CACHE_DIR", str(tmp_path / "cache"))
+    scope = {}
+    exec(compile(code, "README.md#sentence-embeddings", "exec"), scope)
+    e = scope["e"]
+    assert e.shape == (2, 256) and np.allclose(np.linalg.norm(e, axis=-1), 1, atol=1e-5)
+    assert -1 <= float(e[0] @ e[1]) < 0.9999
+
+
+def test_families_table_lists_every_family():
+    from tercomp.models import families
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    table = text.split("## Model families", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| `")]
+    assert sorted(r.split("`")[1] for r in rows) == sorted(f.name for f in families.FAMILIES)
+    for f in families.FAMILIES:
+        row = next(r for r in rows if r.startswith(f"| `{f.name}`"))
+        assert f"`{f.gguf_arch}`" in row and any(m in row for m in f.hf_architectures)
