@@ -145,7 +145,10 @@ def reference_hidden(cfg, w, ids):
 
 
 def reference_logits(cfg, w, ids):
-    return reference_hidden(cfg, w, ids) @ np.asarray(w["embed_tokens.weight"], np.float64).T
+    """Logits: the hidden states times `lm_head.weight` (untied) or the embedding (tied)."""
+    head = w.get("lm_head.weight", w["embed_tokens.weight"])
+    return reference_hidden(cfg, {k: v for k, v in w.items() if k != "lm_head.weight"}, ids) \
+        @ np.asarray(head, np.float64).T
 
 
 def reference_embeddings(cfg, w, seqs, pooling="last", normalize=True):
@@ -165,12 +168,13 @@ def write_hf(directory, cfg, w, pooling="lasttoken", prefix="model."):
     os.makedirs(directory, exist_ok=True)
     gemma = cfg["family"] == "gemma3"
     R.save_safetensors(os.path.join(directory, "model.safetensors"),
-                       {prefix + k: np.ascontiguousarray(v, np.float32) for k, v in w.items()})
+                       {("" if k == "lm_head.weight" else prefix) + k:
+                        np.ascontiguousarray(v, np.float32) for k, v in w.items()})
     conf = {"vocab_size": cfg["vocab"], "hidden_size": cfg["hidden"],
             "intermediate_size": cfg["ff"], "num_hidden_layers": cfg["layers"],
             "num_attention_heads": cfg["heads"], "num_key_value_heads": cfg["kv_heads"],
             "head_dim": cfg["head_dim"], "rms_norm_eps": cfg["eps"], "rope_theta": cfg["theta"],
-            "max_position_embeddings": 64, "tie_word_embeddings": True,
+            "max_position_embeddings": 64, "tie_word_embeddings": "lm_head.weight" not in w,
             "attention_bias": False, "attention_dropout": 0.0, "rope_scaling": None,
             "bos_token_id": 2, "eos_token_id": 1, "torch_dtype": "bfloat16",
             "transformers_version": "4.56.0", "use_cache": True, "initializer_range": 0.02}
@@ -240,7 +244,8 @@ def write_gguf(path, cfg, w, pooling=3, projection=tq2_projection, skip=()):
         wr.add_array(f"{arch}.attention.sliding_window_pattern",
                      [t == "sliding_attention" for t in cfg["layer_types"]])
     wr.add_tokenizer_model("no_vocab")
-    names = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight"}
+    names = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
     layer = {"input_layernorm": "attn_norm", "self_attn.q_norm": "attn_q_norm",
              "self_attn.k_norm": "attn_k_norm"}
     layer.update({"post_attention_layernorm": "post_attention_norm",

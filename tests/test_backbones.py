@@ -57,6 +57,19 @@ def test_gguf_loads_and_agrees(files):
     check(lm(IDS), B.reference_logits(cfg, w, IDS))
 
 
+def test_an_untied_head(files, tmp_path):
+    cfg, w, _, _ = files
+    rng = np.random.default_rng(7)
+    w = {**w, "lm_head.weight": rng.standard_normal((cfg["vocab"], cfg["hidden"]))
+         .astype(np.float16).astype(np.float32)}
+    want = B.reference_logits(cfg, w, IDS)
+    for path in (B.write_hf(tmp_path / "hf", cfg, w, prefix=""),      # a base-model layout
+                 B.write_gguf(tmp_path / "m.gguf", cfg, w)):
+        lm = models.load(path)
+        assert lm.config.tie_word_embeddings is False and lm.lm_head is not None
+        check(lm(IDS), want)
+
+
 def test_compile_lm_generates_as_the_forward_computes(files):
     cfg, w, hf, _ = files
     lm = models.load(hf)
