@@ -216,7 +216,7 @@ def tq2_projection(W):
     return gguf.quants.quantize(t.astype(np.float32), QT.TQ2_0), np.array([s], np.float32)
 
 
-def write_gguf(path, cfg, w, pooling=3, projection=tq2_projection, skip=()):
+def write_gguf(path, cfg, w, pooling=3, projection=tq2_projection, skip=(), gemma_keys=True):
     """As bitnet.cpp's convert-bitnet-embedding-to-gguf.py writes the model (names,
     keys, F16 tables and norms, Gemma's 1 + w), with `projection(W)` -> (data, scale)
     for the ternary projections (TQ2_0 here; the I2_S reader's tests can pass theirs)."""
@@ -238,7 +238,7 @@ def write_gguf(path, cfg, w, pooling=3, projection=tq2_projection, skip=()):
     wr.add_file_type(1)
     if pooling is not None:
         wr.add_uint32(f"{arch}.pooling_type", pooling)
-    if gemma:       # what llama.cpp's gemma3 graph needs beyond the converter's keys
+    if gemma and gemma_keys:    # beyond the converter's keys: this fixture's scale and layers
         wr.add_float32(f"{arch}.attention.scale", cfg["query_pre_attn_scalar"] ** -0.5)
         wr.add_uint32(f"{arch}.attention.sliding_window", cfg["window"])
         wr.add_array(f"{arch}.attention.sliding_window_pattern",

@@ -57,6 +57,18 @@ def test_gguf_loads_and_agrees(files):
     check(lm(IDS), B.reference_logits(cfg, w, IDS))
 
 
+def test_a_gemma3_gguf_with_the_converters_keys_only(tmp_path):
+    """bitnet.cpp's converter writes no window, layer pattern or attention scale: the
+    file then means what llama.cpp's gemma3 graph computes (a sliding layer every 6 of
+    RoPE base 10000, attention over all positions, scores times head_dim**-0.5)."""
+    cfg = {**B.SHAPES["gemma3"], "layers": 7}
+    w = B.weights(cfg)
+    c = models.load(B.write_gguf(tmp_path / "m.gguf", cfg, w, gemma_keys=False)).config
+    assert c.layer_types == ("sliding_attention",) * 5 + ("full_attention", "sliding_attention")
+    assert (c.sliding_window, c.rope_local_base_freq, c.attention_scale) == \
+        (64, 10000.0, 256 ** -0.5)
+
+
 def test_an_untied_head(files, tmp_path):
     cfg, w, _, _ = files
     rng = np.random.default_rng(7)

@@ -324,7 +324,7 @@ def _config(f: _File) -> BitNetConfig:
         try:
             d.update(family.gguf_config(f.field, a))
         except ConfigError as e:
-            raise ConfigError(f"{f.path}: {e}") from None
+            raise ConfigError(f"{f.path}: {e.message}", hint=e.hint) from None
     cfg = BitNetConfig.from_dict(d, source=f.path)
     rot = f.field(f"{a}.rope.dimension_count", None, kind=int)
     if rot is not None and rot != cfg.head_dim:
