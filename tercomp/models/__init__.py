@@ -9,7 +9,8 @@
 
 `BitNetConfig` (Hugging Face field names) and `BitNetLM` (an nn.Module, the one
 decoder) are in `bitnet.py`/`config.py`; the families it loads (BitNet, llama-architecture
-1.58-bit models) in `families/`; its KV-cache protocol in `kv_cache.py`; GGUF reading and writing in `gguf_io.py`, Hugging Face
+1.58-bit models, the Qwen3 / Gemma3 backbones of BitNet's embedding models) in
+`families/`; its KV-cache protocol in `kv_cache.py`; GGUF reading and writing in `gguf_io.py`, Hugging Face
 directories (`load_hf`, `save_hf`) in `hf_io.py`, tokenizers in `tokenizer.py`.
 """
 import os as _os

@@ -84,7 +84,8 @@ def unpack_hf_ternary(packed: np.ndarray, out_features: int, what: str = "the pa
     return codes.astype(np.int8) - 1
 
 
-def _config(directory) -> BitNetConfig:
+def _config(directory) -> tuple[BitNetConfig, bool]:
+    """(the config, whether config.json has BitNet's quantization_config)."""
     path = os.path.join(directory, "config.json")
     if os.path.getsize(path) > _MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config")
@@ -120,7 +121,7 @@ def _config(directory) -> BitNetConfig:
     pooling = _pooling(directory)
     if pooling is not None:
         d["pooling"] = pooling
-    return BitNetConfig.from_dict(d, source=path)
+    return BitNetConfig.from_dict(d, source=path), q is not None
 
 
 #: sentence-transformers' Pooling modes -> BitNetConfig.pooling
@@ -164,11 +165,12 @@ def _pooling(directory):
 
 
 def _small_json(path):
+    """A sentence-transformers JSON file: a regular file (no FIFO or device) of at most
+    _MAX_CONFIG_BYTES."""
     if os.path.getsize(path) > _MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config")
     try:
-        with open(path, "rb") as fh:
-            return json.loads(fh.read())
+        return json.loads(read_regular(path, "config", ConfigError).decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ConfigError(f"{path}: not valid JSON ({type(e).__name__})") from None
 
@@ -276,11 +278,6 @@ def _proj_norms(cfg, tensors) -> bool:
                                "layer, or to none")
 
 
-def _read_config_dict(directory) -> dict:
-    d = _small_json(os.path.join(directory, "config.json"))
-    return d if isinstance(d, dict) else {}
-
-
 def _projection_shapes(cfg) -> dict:
     """projection name -> (out_features, in_features)."""
     h, ff, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.q_dim, cfg.kv_dim
@@ -290,7 +287,7 @@ def _projection_shapes(cfg) -> dict:
 
 def load_hf(directory) -> BitNetLM:
     """Read a Hugging Face BitNet directory into a BitNetLM (see the module docstring)."""
-    cfg = _config(directory)
+    cfg, quantized = _config(directory)
     files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
     if not files:
         raise CheckpointError(f"{directory}: no *.safetensors files next to config.json")
@@ -309,8 +306,7 @@ def load_hf(directory) -> BitNetLM:
     ts = _Tensors(tensors)
     _check_shapes(cfg, tensors)
     cfg.proj_norms = _proj_norms(cfg, tensors)
-    if family.hf_needs_ternary_marker and not cfg.proj_norms and \
-            _read_config_dict(directory).get("quantization_config") is None:
+    if family.hf_needs_ternary_marker and not (cfg.proj_norms or quantized):
         raise ConfigError(f"{os.path.join(directory, 'config.json')}: a {cfg.family} checkpoint "
                           f"with neither BitLinear input norms ('*_proj.norm.weight') nor "
                           f"quantization_config {{'quant_method': 'bitnet'}} is a float model, "
