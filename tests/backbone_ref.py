@@ -244,6 +244,9 @@ def write_gguf(path, cfg, w, pooling=3, projection=tq2_projection, skip=(), gemm
         wr.add_array(f"{arch}.attention.sliding_window_pattern",
                      [t == "sliding_attention" for t in cfg["layer_types"]])
     wr.add_tokenizer_model("no_vocab")
+    if not gemma:       # the converter's Qwen3 override: EOS appended, for last-token pooling
+        wr.add_eos_token_id(1)
+        wr.add_add_eos_token(True)
     names = {"embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     layer = {"input_layernorm": "attn_norm", "self_attn.q_norm": "attn_q_norm",
