@@ -110,7 +110,7 @@ class LMGenerator:
     def module_mismatch(info, reflection: dict) -> str | None:
         """How LM metadata `info` (describe()'s dict, from an artifact) disagrees with the
         compiled module, whose `step` function reflects `reflection` (its declaration and
-        the KV cache globals, codegen/state.py), or None. A max_seq or vocabulary larger
+        the KV cache globals, lowering/state.py), or None. A max_seq or vocabulary larger
         than the module's would run past the cache or the output table unnoticed."""
         config = info.get("config") if isinstance(info, dict) else None
         if not isinstance(config, dict):
