@@ -24,7 +24,11 @@ the file gives it; no converter does, so without it the family decides (models/f
 BitNet b1.58 2B4T, relu2, is the `bitnet` file with Llama 3's BPE vocabulary).
 
 A ternary tensor (TQ2_0 / TQ1_0) stores codes in {-1, 0, 1} and an f16 scale per block
-of 256; llama.cpp multiplies the product by the optional f32 `*.scale` tensor. The
+of 256; llama.cpp multiplies the product by the optional f32 `*.scale` tensor.
+bitnet.cpp's I2_S (type 36 of its llama.cpp fork, which gguf-py does not know) stores the
+codes 2 bits each in blocks of 128 weights and one f32 scale for the whole tensor after
+them (`ternary_pack.from_i2_s`; gguf_scan checks its size); its `bitnet-b1.58` /
+`bitnet-25` architectures are the `bitnet` family (models/families/bitnet.py). The
 weight is ``block_scale * T * scale``: tercomp needs one scale per tensor, so every block
 holding a non-zero code must carry the same block scale (an error names the tensor
 otherwise). Float (F32/F16/BF16) projections whose non-zero values share one magnitude
@@ -33,6 +37,7 @@ BitLinear (ternarized by absmean when compiled).
 """
 from __future__ import annotations
 
+import math
 import mmap
 import re
 
@@ -44,7 +49,7 @@ from ..errors import TercompError
 from .bitnet import BitNetLM, rope_frequencies
 from . import families
 from .config import BitNetConfig, ConfigError
-from .gguf_scan import GGUFError, scan
+from .gguf_scan import EXTRA_TYPES, GGUFError, I2_S, scan
 from ..runtime.files import atomic_target
 from .tokenizer import gguf_vocab_from_tokenizer, tokenizer_from_gguf
 
@@ -67,6 +72,10 @@ ACTS_IN = {"silu": "silu", "swish": "silu", "swiglu": "silu",
            "relu2": "relu2", "relu_sqr": "relu2", "squared_relu": "relu2"}
 _TERNARY_TYPES = ("TQ2_0", "TQ1_0")
 _FLOAT_TYPES = ("F32", "F16", "BF16")
+#: what save_gguf writes the ternary projections as
+TERNARY_TYPES_OUT = ("TQ2_0", "I2_S")
+#: llama.h's LLAMA_FTYPE_MOSTLY_I2_S in bitnet.cpp's fork (the value its converter writes)
+_FTYPE_I2_S = 40
 
 
 def _get(obj, path):
@@ -76,6 +85,34 @@ def _get(obj, path):
 
 
 # ----------------------------------------------------------------------------- reading
+class _ExtraType:
+    """Stands in for the GGMLQuantizationType member gguf-py lacks (I2_S)."""
+
+    def __init__(self, value):
+        self.value, self.name = value, EXTRA_TYPES[value][0]
+
+
+class _GGUFReader(gguf.GGUFReader if gguf is not None else object):
+    """gguf-py's reader, which raises on a tensor type outside its enum: the tensors of
+    the types in gguf_scan.EXTRA_TYPES (whose sizes scan() has checked) are built here,
+    the rest by gguf-py."""
+
+    def _build_tensors(self, start_offs, fields):
+        extra = [f for f in fields if int(f.parts[4][0]) in EXTRA_TYPES]
+        super()._build_tensors(start_offs, [f for f in fields
+                                            if int(f.parts[4][0]) not in EXTRA_TYPES])
+        for f in extra:
+            _, name, _, dims, raw_type, offset = f.parts
+            ttype = _ExtraType(int(raw_type[0]))
+            n = int(np.prod(dims.astype(np.uint64)))
+            nbytes = EXTRA_TYPES[ttype.value][2](n)
+            start = int(start_offs + offset[0])
+            self.tensors.append(gguf.ReaderTensor(
+                name=str(bytes(name), encoding="utf-8"), tensor_type=ttype, shape=dims,
+                n_elements=n, n_bytes=nbytes, data_offset=start,
+                data=self._get(start, np.uint8, nbytes), field=f))
+
+
 class _File:
     """A GGUFReader with errors that name the file and the key or tensor."""
 
@@ -83,7 +120,7 @@ class _File:
         self.path = str(path)
         scan(self.path)         # bounded: gguf-py's reader believes the file's counts
         try:
-            self.reader = gguf.GGUFReader(self.path)
+            self.reader = _GGUFReader(self.path)
         except Exception as e:  # gguf raises ValueError/KeyError/IndexError/OSError alike
             raise GGUFError(f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e})",
                             hint="the file may be truncated or not GGUF at all") from None
@@ -175,12 +212,14 @@ class _File:
         """A BitLinear from tensor `name` (+ `.scale`): stored ternary when it is one."""
         qname, t = self.tensor(name + ".weight", shape)
         extra = self.scale_tensor(name + ".scale")
-        if qname in _TERNARY_TYPES:
-            data, block = self._ternary_blocks(name + ".weight", t, shape)
+        if qname in _TERNARY_TYPES or qname == "I2_S":
+            read = self._i2_s if qname == "I2_S" else self._ternary_blocks
+            data, block = read(name + ".weight", t, shape)
             self.release(t)
+            scale = self._weight_scale(name, qname, block, extra)
             if data.dtype == np.uint8:      # already in tercomp's packed layout
-                return nn.StoredBitLinear.from_packed(data, shape[1], np.float32(block * extra))
-            return nn.BitLinear.from_ternary(data, np.float32(block * extra))
+                return nn.StoredBitLinear.from_packed(data, shape[1], scale)
+            return nn.BitLinear.from_ternary(data, scale)
         if qname not in _FLOAT_TYPES:
             raise self.error(f"tensor {name + '.weight'!r}",
                              f"quantization type {qname} is not supported (tercomp reads "
@@ -193,6 +232,45 @@ class _File:
         layer = nn.BitLinear(shape[1], shape[0])
         layer.weight = (w * np.float32(extra)).astype(np.float32)
         return layer
+
+    def _weight_scale(self, name, qname, block, extra) -> np.float32:
+        """The layer's scale, the stored scale times the `.scale` tensor's, as float32:
+        an error unless it is positive and at most tp.MAX_WEIGHT_SCALE (a product that
+        overflows, underflows to 0, or would overflow the norms that follow)."""
+        s = float(block) * float(extra)
+        if not (math.isfinite(s) and np.float32(s) > 0 and s <= tp.MAX_WEIGHT_SCALE):
+            raise self.error(f"tensor {name + '.weight'!r}",
+                             f"its {qname} scale {block:g} times its '.scale' {extra:g} is "
+                             f"{s:g}, not a positive number of at most "
+                             f"{tp.MAX_WEIGHT_SCALE:g} (float32 would give NaN logits)")
+        return np.float32(s)
+
+    def _i2_s(self, name, t, shape):
+        """(data, tensor scale) of an I2_S tensor: data is the packed uint8 matrix
+        (K needs no padding) or the int8 values T."""
+        n, k = shape
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+        codes = raw[:n * k // 4]
+        scale = float(raw[n * k // 4:n * k // 4 + 4].view("<f4")[0])
+        if scale == 0 and (codes == 0x55).all():     # bitnet.cpp's all-zero tensor
+            scale = 1.0
+        if not (math.isfinite(scale) and scale > 0):
+            raise self.error(f"tensor {name!r}", f"its I2_S tensor scale (the float32 after "
+                                                 f"its {n * k // 4} code bytes) is {scale}, not "
+                                                 f"a finite positive number")
+        if k % tp.I2S_BLOCK:
+            raise self.error(f"tensor {name!r}", f"rows of {k} weights are not whole I2_S "
+                                                 f"blocks of {tp.I2S_BLOCK}")
+        if tp.padded_k(k) == k:
+            packed = tp.from_i2_s(codes, n, k)
+            if packed is None:
+                raise self.error(f"tensor {name!r}", "holds the invalid I2_S code 3")
+            return packed, scale
+        j = np.arange(tp.I2S_BLOCK)
+        vals = (codes.reshape(-1, 32)[:, j % 32] >> (6 - 2 * (j // 32)).astype(np.uint8)) & 3
+        if (vals == 3).any():
+            raise self.error(f"tensor {name!r}", "holds the invalid I2_S code 3")
+        return (vals.view(np.int8) - np.int8(1)).reshape(shape), scale
 
     def _ternary_blocks(self, name, t, shape):
         """(data, block scale) of a TQ2_0 / TQ1_0 tensor: data is the packed uint8 matrix
@@ -263,11 +341,12 @@ def _config(f: _File) -> BitNetConfig:
     arch = f.field("general.architecture", required=True, kind=str)
     family = families.by_gguf_arch(arch)
     if family is None:
-        hint = (" (bitnet.cpp's own I2_S files are not supported yet)"
-                if arch.startswith("bitnet") else "")
         known = ", ".join(repr(fam.gguf_arch) for fam in families.FAMILIES)
+        aliases = ", ".join(repr(a) for fam in families.FAMILIES
+                            for a in dict(fam.gguf_arch_aliases))
         raise f.error("key 'general.architecture'",
-                      f"architecture {arch!r}; tercomp reads {known}{hint}", GGUFError)
+                      f"architecture {arch!r}; tercomp reads {known} (and bitnet.cpp's "
+                      f"{aliases})", GGUFError)
     a = arch
     emb = f.tensors.get("token_embd.weight")
     if emb is None:
@@ -277,7 +356,7 @@ def _config(f: _File) -> BitNetConfig:
                                                     f"is [vocab, hidden]")
     act = f.field(f"{a}.hidden_activation", None, kind=str)
     if act is None:         # no converter writes it: the family knows its files apart
-        act = family.gguf_activation(f.field("tokenizer.ggml.pre", None, kind=str))
+        act = family.gguf_activation(f.field("tokenizer.ggml.pre", None, kind=str), arch)
     if act not in ACTS_IN:
         raise f.error(f"key '{a}.hidden_activation'",
                       f"activation {act!r} is not supported (silu or relu2)", ConfigError)
@@ -396,7 +475,7 @@ def load_gguf(path) -> BitNetLM:
 
 
 # ----------------------------------------------------------------------------- writing
-def save_gguf(model: BitNetLM, path) -> None:
+def save_gguf(model: BitNetLM, path, ternary_type: str = "TQ2_0") -> None:
     """Write `model` as a GGUF file that llama.cpp loads and `models.load` reads back
     with the same logits.
 
@@ -411,23 +490,33 @@ def save_gguf(model: BitNetLM, path) -> None:
     `rope_freqs.weight`. A projection whose input size is not a multiple of 256 (TQ2_0's
     block) is written as float ternary values instead.
 
+    `ternary_type="I2_S"` writes a model with sub-norms as bitnet.cpp runs it: I2_S
+    projections (the codes and the layer's scale as the tensor scale), arch
+    `bitnet-b1.58` for relu2 (2B4T's graph) or `bitnet` for silu, f16 token embedding;
+    every projection's input size must be a multiple of 128 (I2_S's block).
+
     The vocabulary is the loaded GGUF's, or the tokenizer's (BPE -> "gpt2", Unigram ->
     "llama"), or "no_vocab" (which llama.cpp refuses to load).
 
     >>> models.save_gguf(lm, "tiny.gguf"); lm2 = models.load("tiny.gguf")
+    >>> models.save_gguf(lm, "tiny-i2s.gguf", ternary_type="I2_S")
     """
     if not isinstance(model, BitNetLM):
         raise TercompError(f"save_gguf expects a models.BitNetLM, got {type(model).__name__}")
+    if ternary_type not in TERNARY_TYPES_OUT:
+        raise TercompError(f"save_gguf: ternary_type={ternary_type!r}; it is one of "
+                           f"{', '.join(TERNARY_TYPES_OUT)}")
     cfg = model.config
     family = _written_family(cfg)
-    _check_writable(model, cfg, family)
+    arch = _written_arch(cfg, family, ternary_type)
+    _check_writable(model, cfg, family, arch, ternary_type)
     _check_vocab(getattr(model, "gguf_vocab", None) or {}, path)
     # written beside the target and moved over it whole: a failure leaves any existing
     # file as it was
     with atomic_target(path, "GGUF file", GGUFError) as tmp:
-        w = gguf.GGUFWriter(tmp, family.gguf_arch)
+        w = gguf.GGUFWriter(tmp, arch)
         try:
-            _write(w, model, cfg)
+            _write(w, model, cfg, arch, ternary_type)
         finally:
             w.close()
 
@@ -438,9 +527,29 @@ def _written_family(cfg):
     return families.by_gguf_arch("bitnet" if cfg.sub_norms else "llama")
 
 
-def _check_writable(model, cfg, family):
+def _written_arch(cfg, family, ternary_type) -> str:
+    """The `general.architecture` written: the family's, or for I2_S bitnet.cpp's
+    `bitnet-b1.58` when the model is relu2 (the graph that computes it)."""
+    if ternary_type == "I2_S" and family.gguf_arch == "bitnet" and cfg.hidden_act == "relu2":
+        return "bitnet-b1.58"
+    return family.gguf_arch
+
+
+def _check_writable(model, cfg, family, arch, ternary_type):
     """Refuse, before anything is written, a model the family's llama.cpp graph would
     compute differently."""
+    if ternary_type == "I2_S":
+        if family.gguf_arch != "bitnet":
+            raise TercompError(f"save_gguf: I2_S files are bitnet.cpp's BitNet architectures; "
+                               f"this {cfg.family!r} model (no sub-norms) is written as TQ2_0",
+                               hint="save it with ternary_type='TQ2_0'")
+        narrow = sorted({k for k in (cfg.hidden_size, cfg.q_dim, cfg.intermediate_size)
+                         if k % tp.I2S_BLOCK})
+        if narrow:
+            raise TercompError(f"save_gguf: I2_S stores rows of whole {tp.I2S_BLOCK}-weight "
+                               f"blocks; this model has projections with {narrow[0]} inputs",
+                               hint="save it with ternary_type='TQ2_0'")
+    untied_ok = arch == "bitnet-b1.58"      # its graph reads an optional output.weight
     arch = family.gguf_arch
     scaled = cfg.rope_scaling is not None or cfg.rope_freq_factors is not None
     if arch == "bitnet" and (cfg.q_dim != cfg.hidden_size or scaled):
@@ -448,7 +557,8 @@ def _check_writable(model, cfg, family):
                            f"architecture; this {cfg.family!r} model (head_dim {cfg.head_dim}, "
                            f"RoPE scaling {scaled}) is not one",
                            hint="keep the file it was loaded from")
-    if arch == "bitnet" and (model.lm_head is not None or not cfg.tie_word_embeddings):
+    if arch == "bitnet" and not untied_ok and (model.lm_head is not None
+                                               or not cfg.tie_word_embeddings):
         raise TercompError("save_gguf: the model has a separate output layer (lm_head); "
                            "llama.cpp's 'bitnet' graph always uses the token embedding as "
                            "output, so the file would compute different logits",
@@ -487,9 +597,8 @@ def _permute_for_interleaved(rows: np.ndarray, n_head: int) -> np.ndarray:
         .swapaxes(1, 2).reshape(rows.shape)
 
 
-def _write(w, model, cfg):
+def _write(w, model, cfg, a, ternary_type):
     family = _written_family(cfg)
-    a = family.gguf_arch
     w.add_name(f"tercomp BitNetLM ({cfg.family})")
     w.add_uint32(f"{a}.vocab_size", cfg.vocab_size)
     w.add_context_length(cfg.max_position_embeddings)
@@ -505,10 +614,13 @@ def _write(w, model, cfg):
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
     w.add_string(f"{a}.hidden_activation", cfg.hidden_act)
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_TQ2_0))
+    i2_s = ternary_type == "I2_S"
+    w.add_file_type(_FTYPE_I2_S if i2_s else int(gguf.LlamaFileType.MOSTLY_TQ2_0))
     _write_vocab(w, model, cfg)
     f32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731
-    table = f32 if a == "bitnet" else (lambda x: f32(x).astype(np.float16))
+    # f32 in a bitnet-architecture file (bitnet.cpp's quantizer writes f16, it reads
+    # either): the file's logits are the model's
+    table = f32 if family.gguf_arch == "bitnet" else (lambda x: f32(x).astype(np.float16))
     w.add_tensor("token_embd.weight", table(model.embed_tokens.weight))
     w.add_tensor("output_norm.weight", f32(model.norm.weight))
     if model.lm_head is not None:
@@ -529,7 +641,10 @@ def _write(w, model, cfg):
             t, s = getattr(getattr(layer, block), proj).ternary()
             if g in permute:
                 t = _permute_for_interleaved(t, permute[g])
-            _write_projection(w, f"blk.{i}.{g}", t, float(s), family.gguf_scale)
+            if i2_s:
+                _write_i2_s(w, f"blk.{i}.{g}.weight", t, s)
+            else:
+                _write_projection(w, f"blk.{i}.{g}", t, float(s), family.gguf_scale)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -559,3 +674,13 @@ def _write_projection(w, name, t, s, where):
         w.add_tensor(name + ".weight", vals if where == "tensor" else vals.astype(np.float16))
     if where == "tensor":
         w.add_tensor(name + ".scale", np.array([s], dtype=np.float32))
+
+
+def _write_i2_s(w, name, t, s):
+    """Ternary codes `t` [N, K] and scale `s` as one I2_S tensor: the code bytes, then
+    the float32 scale and 28 zero bytes (the fork's ggml_nbytes: n / 4 + 32)."""
+    data = np.zeros(t.size // 4 + 32, np.uint8)
+    data[:t.size // 4] = tp.to_i2_s(t)
+    data[t.size // 4:t.size // 4 + 4] = np.array([s], "<f4").view(np.uint8)
+    # as int8 bytes: gguf-py would look a uint8 array's type up in its own size table
+    w.add_tensor(name, data.view(np.int8), raw_shape=t.shape, raw_dtype=I2_S)
