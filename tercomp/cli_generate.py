@@ -81,8 +81,10 @@ def _int_list(text: str, what: str, usage_error) -> list:
             shown = "an empty item" if not t else repr(t)
             raise usage_error(f"{what} must be comma-separated token ids (ASCII digits) like 1,2,3; "
                               f"{shown} in {text!r} is not one")
-        if int(t) > _MAX_ID:
-            raise usage_error(f"{what}: {t} is too large for a token id (at most {_MAX_ID})")
+        # by length first: int() of more than 4300 digits is a ValueError of its own
+        if len(t.lstrip("0")) > len(str(_MAX_ID)) or int(t) > _MAX_ID:
+            shown = t if len(t) <= 24 else f"{t[:12]}...({len(t)} digits)"
+            raise usage_error(f"{what}: {shown} is too large for a token id (at most {_MAX_ID})")
     return [int(t) for t in items]
 
 

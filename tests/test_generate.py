@@ -120,6 +120,7 @@ def _check_unchanged(gen, full, pos):
     (lambda g: g.prefill(np.array([1.0, 2.0])), "must be integers"),
     (lambda g: g.prefill([]), "cache holds"),
     (lambda g: g.prefill(np.array([[1, 2]], np.int32)), "1-D"),
+    (lambda g: g.prefill([[1, 2], [3]]), "must be a 1-D sequence of integers, got list"),
     (lambda g: g.prefill([5, 300]), "out of range"),
     (lambda g: g.prefill(IDS[:5], logits_to_keep=0), "logits_to_keep"),
     (lambda g: g.prefill(IDS[:5], logits_to_keep=6), "logits_to_keep"),

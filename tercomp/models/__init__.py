@@ -48,6 +48,11 @@ def load(path, trainable: bool = False, freeze=None) -> BitNetLM:
 
 
 def _load(path) -> BitNetLM:
+    if not isinstance(path, (str, _os.PathLike)) or isinstance(_os.fspath(path), bytes):
+        raise _TercompError(f"models.load expects a path (str or os.PathLike) of a .gguf file "
+                            f"or a Hugging Face directory, got {type(path).__name__} {path!r:.80}",
+                            hint="e.g. models.load('model.gguf'); decode a bytes path with "
+                                 "os.fsdecode")
     path = _os.fspath(path)
     if _os.path.isdir(path):
         if not _os.path.isfile(_os.path.join(path, "config.json")):

@@ -238,11 +238,11 @@ class _File:
         an error unless it is positive and at most tp.MAX_WEIGHT_SCALE (a product that
         overflows, underflows to 0, or would overflow the norms that follow)."""
         s = float(block) * float(extra)
-        if not (math.isfinite(s) and np.float32(s) > 0 and s <= tp.MAX_WEIGHT_SCALE):
+        if not (math.isfinite(s) and s <= tp.MAX_WEIGHT_SCALE and np.float32(s) > 0):
             raise self.error(f"tensor {name + '.weight'!r}",
                              f"its {qname} scale {block:g} times its '.scale' {extra:g} is "
-                             f"{s:g}, not a positive number of at most "
-                             f"{tp.MAX_WEIGHT_SCALE:g} (float32 would give NaN logits)")
+                             f"{s:g}, not a positive float32 number of at most "
+                             f"{tp.MAX_WEIGHT_SCALE:g} (the logits would be NaN or vanish)")
         return np.float32(s)
 
     def _i2_s(self, name, t, shape):

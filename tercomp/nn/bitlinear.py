@@ -128,7 +128,8 @@ class StoredBitLinear(BitLinear):
             raise TercompError(f"StoredBitLinear.from_packed: packed {packed.dtype} "
                                f"{packed.shape} is not [out, {tp.padded_k(k) // 4}] uint8 for "
                                f"{k} input features")
-        s = np.float32(scale)
+        with np.errstate(over="ignore"):        # an overflow is the inf refused below
+            s = np.float32(scale)
         if np.ndim(scale) != 0 or not (np.isfinite(s) and s > 0):
             raise TercompError(f"StoredBitLinear.from_packed: the scale must be one finite "
                                f"positive float32 number, got {scale!r}")

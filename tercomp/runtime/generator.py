@@ -43,7 +43,12 @@ def _ids(ids, vocab: int, what: str) -> np.ndarray:
     """`ids` as a contiguous int32 vector, or an InputError (integers only, in range)."""
     if isinstance(ids, (bool, np.bool_)):
         raise InputError(f"{what}: token ids must be integers, got a bool")
-    arr = np.asarray(ids)
+    try:
+        arr = np.asarray(ids)
+    except (ValueError, TypeError) as e:    # ragged [[1, 2], [3]], or objects NumPy refuses
+        raise InputError(f"{what}: token ids must be a 1-D sequence of integers, got "
+                         f"{type(ids).__name__} that is not one ({e})",
+                         hint="pass one sequence, e.g. [1, 2, 3]") from None
     if arr.size == 0 and isinstance(ids, (list, tuple)):
         arr = arr.astype(np.int32)          # [] is float64 to NumPy
     if arr.dtype.kind not in "iu":
