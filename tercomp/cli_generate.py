@@ -162,11 +162,12 @@ def _open(args, spinner, usage_error, ids, eos):
     return gen, made["prompt"], made["eos"]
 
 
-def open_model(args, spinner, usage_error, check=None):
+def open_model(args, spinner, usage_error, check=None, max_seq_flag="--max-seq"):
     """The generator for args.model (`tercomp generate`'s and `tercomp serve`'s flags): a
     .tcm is loaded, anything else loaded and compiled (with args.max_batch where the
     command has one). `check(tokenizer, chat template, vocab size, max_seq, compiled)`
-    runs before the compile (after loading a .tcm)."""
+    runs before the compile (after loading a .tcm). `max_seq_flag` is the flag that
+    set args.max_seq, for the error when it exceeds the model's context."""
     from .runtime.loader import load
     if _is_artifact(args.model):
         gen = load(args.model, device=args.device, threads=args.threads)
@@ -197,8 +198,9 @@ def open_model(args, spinner, usage_error, check=None):
         check(tok, getattr(tok, "chat_template", None), lm.config.vocab_size,
               args.max_seq or min(DEFAULT_MAX_SEQ, ctx), False)
     if args.max_seq is not None and args.max_seq > ctx:
-        raise TercompError(f"--max-seq {args.max_seq} is more than {args.model}'s context of {ctx} "
-                           f"positions (max_position_embeddings)", hint=f"pass --max-seq {ctx} or less")
+        raise TercompError(f"{max_seq_flag} {args.max_seq} is more than {args.model}'s context of "
+                           f"{ctx} positions (max_position_embeddings)",
+                           hint=f"pass {max_seq_flag} {ctx} or less")
     with spinner(f"compiling {args.model}"):
         gen = compile_lm(lm, max_seq=args.max_seq, kv_dtype=args.kv_dtype, device=args.device,
                          threads=args.threads, cache=not args.no_cache,

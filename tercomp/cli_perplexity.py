@@ -91,7 +91,7 @@ def run(args, spinner, usage_error) -> int:
     text = _text(args.text)
     is_artifact = cli_generate._is_artifact(args.model)
     args.max_seq = None if is_artifact else args.ctx
-    gen = cli_generate.open_model(args, spinner, usage_error)
+    gen = cli_generate.open_model(args, spinner, usage_error, max_seq_flag="--ctx")
     if gen.tokenizer is None:
         raise TercompError(f"{args.model} has no tokenizer, so it cannot read --text",
                            hint="a GGUF with a tokenizer.ggml vocabulary, or a Hugging Face "
