@@ -3,7 +3,6 @@ bounded time and memory: TQ2_0 block scales times `.scale` tensors that overflow
 underflow or are too large to give finite logits; a safetensors shard whose header is
 not one, however large the file; paths that are not paths; a nested signature.json."""
 import io
-import os
 import time
 import zipfile
 
