@@ -10,6 +10,7 @@ from tercomp import models
 from tercomp.nn.stored import AUTO_INT8_MIN, choose_table
 from tercomp.runtime.generator import LMGenerator
 from tercomp.runtime.sampling import probabilities, sample
+from tercomp.runtime.scoring import perplexity
 
 import bitnet_ref as R
 
@@ -161,7 +162,6 @@ def test_perplexity_is_llama_perplexity_s_rule(gen):
     """Chunks of n_ctx from an empty cache, the BOS in place of each chunk's first token,
     the logits at n_ctx/2 .. n_ctx-2 scored against the tokens after them: the figure a
     float64 computation over full prefill logits gives."""
-    from tercomp.runtime.scoring import perplexity
     tokens = np.random.default_rng(9).integers(0, 300, 100)
     r = perplexity(gen, tokens, n_ctx=16, bos=7)
     nll = []

@@ -173,3 +173,27 @@ def test_bad_i2s_files(tmp_path, weights):
     huge[-32:-28] = np.frombuffer(np.float32(3e38).tobytes(), np.uint8)
     _load_error(write_i2s(tmp_path / "huge.gguf", CFG, weights, override={name: huge}),
                 rf"'{name}': its I2_S scale 3e\+38 .* not a positive float32 number of at most 65504")
+
+
+def test_rows_of_64_weight_blocks_and_unwritable_models(tmp_path):
+    """A row that is not whole 128-weight blocks (what bitnet.cpp's ARM blocks of 64 can
+    hold) is refused by the scan, naming the ARM layout; save_gguf refuses I2_S for a
+    model it cannot write so (no sub-norms: not bitnet.cpp's architecture; K % 128)."""
+    cfg = dict(CFG, ff=320)
+    w = R.random_weights(cfg, seed=2)
+    _load_error(write_i2s(tmp_path / "arm.gguf", cfg, w),
+                r"'blk.0.ffn_down.weight': dims \[320, 256\] are not whole blocks of 128 "
+                r"\(bitnet.cpp's ARM builds quantize I2_S in blocks of 64")
+    base = dict(vocab_size=300, hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2)
+    llama = models.BitNetLM(models.BitNetConfig(intermediate_size=512, sub_norms=False,
+                                                family="llama_bitnet", **base))
+    with pytest.raises(tc.TercompError, match="I2_S files are bitnet.cpp's BitNet "
+                                              "architectures; this 'llama_bitnet' model"):
+        models.save_gguf(llama, tmp_path / "l.gguf", ternary_type="I2_S")
+    narrow = models.BitNetLM(models.BitNetConfig(intermediate_size=320, sub_norms=True,
+                                                 family="bitnet", **base))
+    with pytest.raises(tc.TercompError, match="whole 128-weight blocks; this model has "
+                                              "projections with 320 inputs"):
+        models.save_gguf(narrow, tmp_path / "n.gguf", ternary_type="I2_S")
+    assert not (tmp_path / "l.gguf").exists() and not (tmp_path / "n.gguf").exists()

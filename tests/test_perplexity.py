@@ -9,6 +9,7 @@ import pytest
 import tercomp as tc
 from tercomp import models
 from tercomp.cli import main
+from tercomp.models.tokenizer import gguf_bos
 from tercomp.runtime.scoring import perplexity
 
 import bitnet_ref as R
@@ -94,3 +95,23 @@ def test_perplexity_agrees_with_llama_cpp(model):
     theirs = float(np.exp(np.mean(nll)))
     print(f"perplexity: tercomp {ours:.4f}, llama.cpp {theirs:.4f}")
     assert abs(ours - theirs) <= 0.005 * theirs
+
+
+@pytest.mark.parametrize("keys, want", [
+    ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.bos_token_id": 1}, 1),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "llama-bpe",
+      "tokenizer.ggml.bos_token_id": 128000}, 128000),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+      "tokenizer.ggml.bos_token_id": 5}, None),
+    ({"tokenizer.ggml.model": "llama", "tokenizer.ggml.add_bos_token": False,
+      "tokenizer.ggml.bos_token_id": 1}, None),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.add_bos_token": True,
+      "tokenizer.ggml.bos_token_id": 9}, 9),
+])
+def test_the_bos_is_llama_cpp_s(keys, want):
+    assert gguf_bos(keys) == want
+
+
+def test_a_bos_without_an_id_is_an_error():
+    with pytest.raises(models.GGUFError, match="m.gguf: adds a BOS token but has no"):
+        gguf_bos({"tokenizer.ggml.model": "llama"}, "m.gguf")
