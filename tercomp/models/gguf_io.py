@@ -28,7 +28,16 @@ of 256; llama.cpp multiplies the product by the optional f32 `*.scale` tensor.
 bitnet.cpp's I2_S (type 36 of its llama.cpp fork, which gguf-py does not know) stores the
 codes 2 bits each in blocks of 128 weights and one f32 scale for the whole tensor after
 them (`ternary_pack.from_i2_s`; gguf_scan checks its size); its `bitnet-b1.58` /
-`bitnet-25` architectures are the `bitnet` family (models/families/bitnet.py). The
+`bitnet-25` architectures are the `bitnet` family (models/families/bitnet.py).
+
+I2_S's byte layout depends on the machine that quantized it, and the file does not say
+which (src/ggml-bitnet-mad.cpp `quantize_i2_s`): until November 2025 every build, and
+since then x86 builds with ACT_PARALLEL (include/gemm-config.h defines it), write the
+128-weight blocks read here, as does utils/convert-hf-to-gguf-bitnet.py on any machine;
+since November 2025 ARM builds write blocks of 64 weights in 16 bytes (weight j in byte
+j % 16 at bits 6 - 2 * (j // 16)), and x86 builds without ACT_PARALLEL four rows a byte
+(row 4g + r at bits 6 - 2r). Neither can be told from the header or the bytes; a row
+that is not whole 128-weight blocks is refused naming the ARM layout. The
 weight is ``block_scale * T * scale``: tercomp needs one scale per tensor, so every block
 holding a non-zero code must carry the same block scale (an error names the tensor
 otherwise). Float (F32/F16/BF16) projections whose non-zero values share one magnitude
