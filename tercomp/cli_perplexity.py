@@ -5,7 +5,8 @@
                        [--target T] [--threads N] [--device D]
 
 MODEL is a .gguf file, a Hugging Face directory (compiled with a cache of --ctx
-positions) or an LM artifact (.tcm) whose cache holds at least --ctx. The text is
+positions) or an LM artifact (.tcm) whose cache holds at least --ctx. Without --ctx,
+chunks are 512 tokens, or the model's cache length if that is smaller. The text is
 tokenized with the model's tokenizer; the BOS that starts each chunk is the one
 llama.cpp adds for the model: a GGUF's `tokenizer.ggml.add_bos_token` and bos id (or
 llama.cpp's default for its vocabulary type), else the tokenizer's own special tokens;
@@ -35,8 +36,9 @@ def add_parser(sub, positive_int, run):
                                    "chunks of --ctx tokens, the second half of each scored.")
     p.add_argument("model", metavar="MODEL")
     p.add_argument("--text", required=True, metavar="FILE", help="UTF-8 text file to score")
-    p.add_argument("--ctx", type=positive_int, default=DEFAULT_CTX, metavar="N",
-                   help=f"tokens per chunk (default {DEFAULT_CTX}); the text needs 2N tokens")
+    p.add_argument("--ctx", type=positive_int, metavar="N",
+                   help=f"tokens per chunk (default {DEFAULT_CTX}, or the model's cache if "
+                        f"smaller); the text needs 2N tokens")
     bos = p.add_mutually_exclusive_group()
     bos.add_argument("--bos", type=int, metavar="ID", help="the token that starts each chunk")
     bos.add_argument("--no-bos", action="store_true", help="keep each chunk's first token")
@@ -82,16 +84,18 @@ def _bos(args, tokenizer, text: str):
 
 
 def run(args, spinner, usage_error) -> int:
-    if args.ctx < 2:
+    if args.ctx is not None and args.ctx < 2:
         raise usage_error(f"--ctx must be at least 2, got {args.ctx}")
     if args.bos is not None and args.bos < 0:
         raise usage_error(f"--bos must be a token id (>= 0), got {args.bos}")
     cli_generate._check_text(args.model, "MODEL", usage_error)
     cli_generate._check_text(args.text, "--text", usage_error)
     text = _text(args.text)
-    is_artifact = cli_generate._is_artifact(args.model)
-    args.max_seq = None if is_artifact else args.ctx
+    # compiled with a cache of --ctx positions; without it, compile_lm's default cache
+    args.max_seq = None if cli_generate._is_artifact(args.model) else args.ctx
     gen = cli_generate.open_model(args, spinner, usage_error, max_seq_flag="--ctx")
+    if args.ctx is None:
+        args.ctx = min(DEFAULT_CTX, gen.max_seq)
     if gen.tokenizer is None:
         raise TercompError(f"{args.model} has no tokenizer, so it cannot read --text",
                            hint="a GGUF with a tokenizer.ggml vocabulary, or a Hugging Face "
