@@ -107,6 +107,10 @@ def test_2b4t_i2s_file_computes_what_the_tq2_0_file_does(tmp_path, weights, arch
         assert a._scale == b._scale == np.float32(weights[f"blk.0.{p}.scale"])
     ours = i2s(IDS)
     np.testing.assert_array_equal(ours, tq2(IDS))
+    if arch == "bitnet-b1.58":      # and through compile_lm (the second one a cache hit)
+        a = tc.compile_lm(i2s, max_seq=16).prefill(IDS[0])
+        np.testing.assert_array_equal(a, tc.compile_lm(tq2, max_seq=16).prefill(IDS[0]))
+        assert R.cosine(a, ours[0]).min() > 0.999      # f16 KV cache and output table
     ref = R.reference_logits({k: v.astype(np.float64) for k, v in weights.items()}, CFG, IDS,
                              act="token", hidden_act="relu2")
     assert R.cosine(ours[0], ref[0]).min() > 0.999
