@@ -24,7 +24,14 @@ the file gives it; no converter does, so without it the family decides (models/f
 BitNet b1.58 2B4T, relu2, is the `bitnet` file with Llama 3's BPE vocabulary).
 
 A ternary tensor (TQ2_0 / TQ1_0) stores codes in {-1, 0, 1} and an f16 scale per block
-of 256; llama.cpp multiplies the product by the optional f32 `*.scale` tensor.
+of 256; llama.cpp multiplies the product by the optional f32 `*.scale` tensor. The
+weight is ``block_scale * T * scale``: tercomp needs one scale per tensor, so every block
+holding a non-zero code must carry the same block scale (an error names the tensor
+otherwise). Float (F32/F16/BF16) projections whose non-zero values share one magnitude
+are stored ternary weights too; any other float projection becomes an ordinary
+BitLinear (ternarized by absmean when compiled). A layer's scale must be a positive
+float32 of at most ternary_pack.MAX_WEIGHT_SCALE.
+
 bitnet.cpp's I2_S (type 36 of its llama.cpp fork, which gguf-py does not know) stores the
 codes 2 bits each in blocks of 128 weights and one f32 scale for the whole tensor after
 them (`ternary_pack.from_i2_s`; gguf_scan checks its size); its `bitnet-b1.58` /
@@ -37,12 +44,7 @@ since then x86 builds with ACT_PARALLEL (include/gemm-config.h defines it), writ
 since November 2025 ARM builds write blocks of 64 weights in 16 bytes (weight j in byte
 j % 16 at bits 6 - 2 * (j // 16)), and x86 builds without ACT_PARALLEL four rows a byte
 (row 4g + r at bits 6 - 2r). Neither can be told from the header or the bytes; a row
-that is not whole 128-weight blocks is refused naming the ARM layout. The
-weight is ``block_scale * T * scale``: tercomp needs one scale per tensor, so every block
-holding a non-zero code must carry the same block scale (an error names the tensor
-otherwise). Float (F32/F16/BF16) projections whose non-zero values share one magnitude
-are stored ternary weights too; any other float projection becomes an ordinary
-BitLinear (ternarized by absmean when compiled).
+that is not whole 128-weight blocks is refused naming the ARM layout.
 """
 from __future__ import annotations
 
