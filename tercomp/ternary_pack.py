@@ -404,9 +404,19 @@ def _from_offset_groups(qs: np.ndarray, n: int, k: int) -> np.ndarray | None:
     return out.view(np.uint8)
 
 
-#: a byte with its four 2-bit fields in reverse order (I2_S's field order <-> TQ2_0's)
-_REVERSE_FIELDS = np.array([((b & 3) << 6) | ((b >> 2 & 3) << 4) | ((b >> 4 & 3) << 2) | (b >> 6)
-                            for b in range(256)], np.uint8)
+_W0F = np.uint64(0x0F0F0F0F0F0F0F0F)   # the low nibble of every byte
+_W33 = np.uint64(0x3333333333333333)   # the low field of every nibble
+
+
+def _reverse_fields(codes: np.ndarray) -> np.ndarray:
+    """The bytes of `codes` (uint8, a multiple of 8 of them) with their four 2-bit fields
+    in reverse order, 8 bytes at a time: swap the nibbles, then the fields in each."""
+    w = np.ascontiguousarray(codes, dtype=np.uint8).view(np.uint64)
+    w = ((w & _W0F) << np.uint64(4)) | ((w >> np.uint64(4)) & _W0F)
+    w = ((w & _W33) << np.uint64(2)) | ((w >> np.uint64(2)) & _W33)
+    return w.view(np.uint8)
+
+
 #: weights in one block of bitnet.cpp's I2_S (x86 layout)
 I2S_BLOCK = 128
 
@@ -419,7 +429,7 @@ def from_i2_s(codes: np.ndarray, n: int, k: int) -> np.ndarray | None:
     I2_S cuts the row-major weights into blocks of 128 and stores each in 32 bytes:
     weight ``j`` of a block is in byte ``j % 32`` at bits ``6 - 2 * (j // 32)``, as the
     code ``w + 1`` (0, 1, 2 = -1, 0, +1). That is TQ2_0's grouping with the four fields
-    of each byte in reverse order, so one table lookup per byte gives TQ2_0's bytes.
+    of each byte in reverse order: reversing them gives TQ2_0's bytes.
     ``K % 128 == 0`` and ``padded_k(K) == K``.
 
     >>> t = np.array([[1, -1, 0, 1] * 32], dtype=np.int8)
@@ -429,7 +439,7 @@ def from_i2_s(codes: np.ndarray, n: int, k: int) -> np.ndarray | None:
     if k % I2S_BLOCK or padded_k(k) != k:
         raise TercompError(f"from_i2_s: K = {k} is not a multiple of {I2S_BLOCK} without "
                            f"padding")
-    return _from_offset_groups(_REVERSE_FIELDS[np.asarray(codes, np.uint8)], n, k)
+    return _from_offset_groups(_reverse_fields(codes), n, k)
 
 
 def to_i2_s(t: np.ndarray) -> np.ndarray:
