@@ -59,7 +59,8 @@ def _text(path: str) -> str:
     try:
         return read_regular(path, "text").decode("utf-8")
     except UnicodeDecodeError as e:
-        raise TercompError(f"--text {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise TercompError(f"--text {path}: not UTF-8 text ({e.reason} at byte "
+                           f"{e.start})") from None
 
 
 def _bos(args, tokenizer, text: str):

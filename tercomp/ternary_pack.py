@@ -68,6 +68,16 @@ SCALE_EPS = 1e-5
 #: nears float32's range in the RMS norm that follows (its squares overflow past ~1.8e19),
 #: so a larger one (a corrupt file) would give NaN logits, not a model
 MAX_WEIGHT_SCALE = 65504.0
+#: the smallest: float32's smallest normal number (a smaller one has lost its precision,
+#: or is 0, and the layer's output vanishes)
+MIN_WEIGHT_SCALE = float(np.finfo(np.float32).tiny)
+
+
+def weight_scale_in_range(s) -> bool:
+    """Whether `s` (a Python or NumPy number) may be a stored ternary layer's scale: a
+    float32 from MIN_WEIGHT_SCALE to MAX_WEIGHT_SCALE (what the loaders accept)."""
+    s = float(s)
+    return MIN_WEIGHT_SCALE <= s <= MAX_WEIGHT_SCALE and np.float32(s) >= MIN_WEIGHT_SCALE
 
 _CODE_POS = 0b01
 _CODE_NEG = 0b10

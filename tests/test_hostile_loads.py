@@ -8,12 +8,14 @@ import zipfile
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 import tercomp as tc
 from tercomp import models, nn
 from tercomp.runtime import artifact
 
 import bitnet_ref as R
+from test_models_formats import write_hf
 
 CFG = dict(hidden=256, ff=512, vocab=300, heads=4, kv_heads=2, layers=1, eps=1e-5,
            theta=10000.0)
@@ -38,7 +40,8 @@ def test_tq2_0_weight_scales_that_cannot_give_finite_logits(tmp_path, weights, b
     w["blk.0.ffn_up.scale"] = np.float32(scale)
     path = R.write_gguf(tmp_path / "s.gguf", CFG, w, block_scale=block)
     with pytest.raises(models.GGUFError, match=rf"^{path}: tensor 'blk.0.ffn_up.weight': its "
-                                               rf"TQ2_0 scale {shown}, not a positive float32 number"):
+                                               rf"TQ2_0 scale {shown}, not a float32 from "
+                                               rf"1.18e-38 to 65504"):
         models.load(path)
 
 
@@ -47,6 +50,21 @@ def test_the_largest_allowed_scale_loads_and_gives_finite_logits(tmp_path, weigh
     w["blk.0.ffn_up.scale"] = np.float32(65504.0)
     lm = models.load(R.write_gguf(tmp_path / "s.gguf", CFG, w, block_scale=1.0))
     assert np.isfinite(lm(np.arange(8)[None])).all()
+
+
+@pytest.mark.parametrize("ws, shown", [(1e-30, "1e\\+30"), (np.float32(3e38), "3.33333e-39")])
+def test_hf_weight_scales_that_cannot_give_finite_logits(tmp_path, ws, shown):
+    """transformers' weight_scale divides the output: a tiny one is a huge layer scale."""
+    d = tmp_path / "hf"
+    write_hf(d)
+    t = load_file(str(d / "model.safetensors"))
+    t["model.layers.0.mlp.up_proj.weight_scale"] = np.array([ws], np.float32)
+    save_file(t, str(d / "model.safetensors"))
+    with pytest.raises(models.CheckpointError,
+                       match=rf"model.safetensors: tensor 'model.layers.0.mlp.up_proj"
+                             rf".weight_scale' gives the layer the scale {shown}, not a float32 "
+                             rf"from 1.18e-38"):
+        models.load(d)
 
 
 def test_from_packed_checks_its_scale():

@@ -240,13 +240,13 @@ class _File:
 
     def _weight_scale(self, name, qname, block, extra) -> np.float32:
         """The layer's scale, the stored scale times the `.scale` tensor's, as float32:
-        an error unless it is positive and at most tp.MAX_WEIGHT_SCALE (a product that
-        overflows, underflows to 0, or would overflow the norms that follow)."""
+        an error unless tp.weight_scale_in_range (a product that overflows, underflows,
+        or would overflow the norms that follow)."""
         s = float(block) * float(extra)
-        if not (math.isfinite(s) and s <= tp.MAX_WEIGHT_SCALE and np.float32(s) > 0):
+        if not tp.weight_scale_in_range(s):
             raise self.error(f"tensor {name + '.weight'!r}",
                              f"its {qname} scale {block:g} times its '.scale' {extra:g} is "
-                             f"{s:g}, not a positive float32 number of at most "
+                             f"{s:g}, not a float32 from {tp.MIN_WEIGHT_SCALE:.3g} to "
                              f"{tp.MAX_WEIGHT_SCALE:g} (the logits would be NaN or vanish)")
         return np.float32(s)
 

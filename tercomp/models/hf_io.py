@@ -31,6 +31,7 @@ import safetensors
 from safetensors.numpy import save as safetensors_save
 
 from .. import nn
+from .. import ternary_pack as tp
 from . import families
 from ..errors import TercompError
 from ..runtime.files import check_regular, read_regular, write_atomic
@@ -203,7 +204,7 @@ class _Tensors:
                 raise CheckpointError(f"{path}: packed tensor {prefix + '.weight'!r} has no "
                                       f"'{prefix}.weight_scale'")
             t = unpack_hf_ternary(w, out_f, f"{path}: tensor {prefix + '.weight'!r}")
-            return nn.BitLinear.from_ternary(t, np.float32(1.0 / ws[0]))
+            return nn.BitLinear.from_ternary(t, _layer_scale(path, prefix, 1.0 / ws[0]))
         w = self.float(prefix + ".weight", (out_f, in_f))
         if ws is not None:          # offline AutoBitLinear: y = (x @ W^T) * weight_scale
             mags = np.unique(np.abs(w[w != 0]))
@@ -212,10 +213,20 @@ class _Tensors:
                                       f"weight_scale but its values are not ternary")
             mag = float(mags[0]) if mags.size else 1.0
             return nn.BitLinear.from_ternary(np.sign(w).astype(np.int8),
-                                             np.float32(mag * ws[0]))
+                                             _layer_scale(path, prefix, mag * ws[0]))
         layer = nn.BitLinear(in_f, out_f)
         layer.weight = w
         return layer
+
+
+def _layer_scale(path, prefix, s) -> np.float32:
+    """A stored layer's scale `s` as float32, or a CheckpointError naming the tensor when
+    it is out of ternary_pack.weight_scale_in_range (as GGUF's loader)."""
+    if not tp.weight_scale_in_range(s):
+        raise CheckpointError(f"{path}: tensor {prefix + '.weight_scale'!r} gives the layer "
+                              f"the scale {s:g}, not a float32 from {tp.MIN_WEIGHT_SCALE:.3g} "
+                              f"to {tp.MAX_WEIGHT_SCALE:g} (the logits would be NaN or vanish)")
+    return np.float32(s)
 
 
 def _check_shapes(cfg, tensors):
