@@ -12,6 +12,7 @@ or tensor; a file that passes is handed to gguf-py.
 """
 from __future__ import annotations
 
+import bisect
 import mmap
 import struct
 
@@ -155,6 +156,7 @@ def _scan(r: _Reader) -> dict:
 
 def _check_tensors(r: _Reader, infos, align, data_start):
     spans, names = [], set()
+    starts = sorted(data_start + off for *_, off in infos)
     for name, dims, ttype, offset in infos:
         where = f"tensor {name!r}"
         if name in names:
@@ -177,7 +179,7 @@ def _check_tensors(r: _Reader, infos, align, data_start):
             raise r.fail(where, f"data offset {offset} is not aligned to {align}")
         start = data_start + offset
         if ttype == I2_S:
-            _check_i2_s(r, where, infos, data_start, start, n)
+            _check_i2_s(r, where, starts, start, n)
         if start + nbytes > len(r.buf):
             raise r.fail(where, f"data [{start}, {start + nbytes}) lies past the end of the "
                                 f"file ({len(r.buf)} bytes)")
@@ -204,13 +206,13 @@ def _type_size(r: _Reader, where, ttype):
     return block, lambda n: n // block * size
 
 
-def _check_i2_s(r: _Reader, where, infos, data_start, start, n):
-    """An I2_S tensor's bytes reach to the next tensor or the end of the file: at least
-    its n / 4 code bytes and the float32 scale after them, named apart from the
-    generic overlap / past-the-end errors because a writer that leaves the scale out
-    is the likely cause."""
-    after = [data_start + off for *_, off in infos if data_start + off > start]
-    room = min(after, default=len(r.buf)) - start
+def _check_i2_s(r: _Reader, where, starts, start, n):
+    """An I2_S tensor's bytes reach to the next tensor (`starts`: every tensor's start,
+    sorted) or the end of the file: at least its n / 4 code bytes and the float32 scale
+    after them, named apart from the generic overlap / past-the-end errors because a
+    writer that leaves the scale out is the likely cause."""
+    i = bisect.bisect_right(starts, start)
+    room = (starts[i] if i < len(starts) else len(r.buf)) - start
     if room < n // 4 + 4:
         raise r.fail(where, f"I2_S data of {n} weights is {n // 4} code bytes, then the "
                             f"float32 tensor scale (padded to 32 bytes); only {room} bytes "

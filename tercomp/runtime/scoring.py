@@ -16,6 +16,7 @@ double). PPL = exp(mean negative log-likelihood), and its +/- is llama.cpp's
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -34,14 +35,19 @@ def perplexity(gen, tokens, n_ctx: int, bos: int | None = None) -> dict:
     """llama-perplexity's figure for `tokens` (see the module docstring) with the
     LMGenerator `gen`: {"ppl", "ppl_error", "nll", "count", "chunks", "n_ctx"}.
     `n_ctx` from 2 to gen.max_seq; at least 2 * n_ctx tokens are needed."""
-    tokens = np.asarray(tokens, np.int64).reshape(-1)
-    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or not 2 <= n_ctx <= gen.max_seq:
+    try:
+        tokens = np.asarray(tokens, np.int64).reshape(-1)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise InputError(f"perplexity: tokens must be a sequence of token ids ({e})") from None
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, numbers.Integral) \
+            or not 2 <= n_ctx <= gen.max_seq:
         raise InputError(f"perplexity: n_ctx must be an int from 2 to the cache length "
                          f"{gen.max_seq}, got {n_ctx!r}")
     if tokens.size < 2 * n_ctx:
         raise InputError(f"perplexity: the text is {tokens.size} tokens; a context of {n_ctx} "
                          f"needs at least {2 * n_ctx} (llama-perplexity's rule)",
                          hint="give a longer text or a smaller context")
+    n_ctx = int(n_ctx)
     first = n_ctx // 2
     nll = nll2 = 0.0
     count = 0
