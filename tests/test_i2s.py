@@ -10,6 +10,8 @@ n / 4 + 32 bytes (llama-quantize leaves the padding uninitialized). 2B4T's file 
 norms f32, file_type 40, no `*.scale` tensors and no activation key.
 
 The writer here is the test's own, written from those facts, not tercomp's."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -142,6 +144,13 @@ def test_save_gguf_i2s_round_trip(tmp_path):
     np.testing.assert_array_equal(lm(IDS), back(IDS))
     with pytest.raises(tc.TercompError, match="ternary_type='Q4_0'; it is one of TQ2_0, I2_S"):
         models.save_gguf(lm, tmp_path / "x.gguf", ternary_type="Q4_0")
+    # bitnet-b1.58's graph reads an untied output.weight (llama.cpp's `bitnet` does not)
+    untied = models.BitNetLM(dataclasses.replace(cfg, tie_word_embeddings=False,
+                                                 intermediate_size=256))
+    models.save_gguf(untied, tmp_path / "u.gguf", ternary_type="I2_S")
+    back = models.load(tmp_path / "u.gguf")
+    assert back.lm_head is not None and not back.config.tie_word_embeddings
+    np.testing.assert_array_equal(untied(IDS), back(IDS))
 
 
 def _load_error(path, match):
