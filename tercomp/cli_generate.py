@@ -194,13 +194,13 @@ def open_model(args, spinner, usage_error, check=None, max_seq_flag="--max-seq")
         lm = models.load(args.model)
     tok = getattr(lm, "tokenizer", None)
     ctx = lm.config.max_position_embeddings
-    if check is not None:
-        check(tok, getattr(tok, "chat_template", None), lm.config.vocab_size,
-              args.max_seq or min(DEFAULT_MAX_SEQ, ctx), False)
     if args.max_seq is not None and args.max_seq > ctx:
         raise TercompError(f"{max_seq_flag} {args.max_seq} is more than {args.model}'s context of "
                            f"{ctx} positions (max_position_embeddings)",
                            hint=f"pass {max_seq_flag} {ctx} or less")
+    if check is not None:       # may set args.max_seq (the cache it needs), within ctx
+        check(tok, getattr(tok, "chat_template", None), lm.config.vocab_size,
+              args.max_seq or min(DEFAULT_MAX_SEQ, ctx), False)
     with spinner(f"compiling {args.model}"):
         gen = compile_lm(lm, max_seq=args.max_seq, kv_dtype=args.kv_dtype, device=args.device,
                          threads=args.threads, cache=not args.no_cache,

@@ -92,24 +92,36 @@ def run(args, spinner, usage_error) -> int:
     cli_generate._check_text(args.model, "MODEL", usage_error)
     cli_generate._check_text(args.text, "--text", usage_error)
     text = _text(args.text)
-    # compiled with a cache of --ctx positions; without it, compile_lm's default cache
+    made = {}
+
+    def check(tokenizer, template, vocab, max_seq, compiled):
+        """The text against the model, before a compile: a tokenizer, a BOS in the
+        vocabulary, --ctx within the cache and 2 * ctx tokens."""
+        if tokenizer is None:
+            raise TercompError(f"{args.model} has no tokenizer, so it cannot read --text",
+                               hint="a GGUF with a tokenizer.ggml vocabulary, or a Hugging Face "
+                                    "directory with tokenizer.json")
+        ctx = args.ctx or min(DEFAULT_CTX, max_seq)
+        if ctx > max_seq:
+            raise TercompError(f"--ctx {ctx} is more than {args.model}'s cache of {max_seq} "
+                               f"positions", hint=f"pass --ctx {max_seq} or less")
+        bos, tokens = _bos(args, tokenizer, text)
+        if bos is not None and not 0 <= bos < vocab:
+            raise TercompError(f"the BOS id {bos} is out of range for a vocabulary of {vocab}")
+        if len(tokens) < 2 * ctx:
+            raise TercompError(f"--text {args.text} is {len(tokens)} tokens; a context of {ctx} "
+                               f"needs at least {2 * ctx} (llama-perplexity's rule)",
+                               hint="give a longer text or a smaller --ctx")
+        if not compiled:
+            args.max_seq = ctx          # the cache the chunks need, no more
+        made.update(ctx=ctx, bos=bos, tokens=tokens)
+
+    # compiled with a cache of --ctx positions (the model's default cache without it)
     args.max_seq = None if cli_generate._is_artifact(args.model) else args.ctx
-    gen = cli_generate.open_model(args, spinner, usage_error, max_seq_flag="--ctx")
-    if args.ctx is None:
-        args.ctx = min(DEFAULT_CTX, gen.max_seq)
-    if gen.tokenizer is None:
-        raise TercompError(f"{args.model} has no tokenizer, so it cannot read --text",
-                           hint="a GGUF with a tokenizer.ggml vocabulary, or a Hugging Face "
-                                "directory with tokenizer.json")
-    if args.ctx > gen.max_seq:
-        raise TercompError(f"--ctx {args.ctx} is more than {args.model}'s cache of "
-                           f"{gen.max_seq} positions", hint=f"pass --ctx {gen.max_seq} or less")
-    bos, tokens = _bos(args, gen.tokenizer, text)
-    if bos is not None and not 0 <= bos < gen.vocab_size:
-        raise TercompError(f"the BOS id {bos} is out of range for a vocabulary of "
-                           f"{gen.vocab_size}")
-    with spinner(f"scoring {len(tokens)} tokens in chunks of {args.ctx}"):
-        r = perplexity(gen, np.array(tokens, np.int64), args.ctx, bos)
+    gen = cli_generate.open_model(args, spinner, usage_error, check, max_seq_flag="--ctx")
+    ctx, bos, tokens = made["ctx"], made["bos"], made["tokens"]
+    with spinner(f"scoring {len(tokens)} tokens in chunks of {ctx}"):
+        r = perplexity(gen, np.array(tokens, np.int64), ctx, bos)
     print(f"{r['chunks']} chunks of {r['n_ctx']} tokens, {r['count']} scored, BOS "
           f"{bos if bos is not None else 'none'}", file=sys.stderr)
     print(f"PPL = {r['ppl']:.4f} +/- {r['ppl_error']:.5f}")

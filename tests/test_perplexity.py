@@ -72,7 +72,7 @@ def test_cli_perplexity_bad_usage(model, capsys, tmp_path):
     assert main(["perplexity", str(path), "--text", str(tmp_path / "bad.txt")]) == 1
     assert "not UTF-8 text" in capsys.readouterr().err
     assert main(["perplexity", str(path), "--text", str(text), "--ctx", "200"]) == 1
-    assert "needs at least 400" in capsys.readouterr().err
+    assert "is 270 tokens; a context of 200 needs at least 400" in capsys.readouterr().err
     # no --ctx: 512, and the model's default cache (its context, 512) holds it
     assert main(["perplexity", str(path), "--text", str(text)]) == 1
     assert "a context of 512 needs at least 1024" in capsys.readouterr().err
