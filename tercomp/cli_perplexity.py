@@ -10,8 +10,9 @@ chunks are 512 tokens, or the model's cache length if that is smaller. The text 
 tokenized with the model's tokenizer; the BOS that starts each chunk is the one
 llama.cpp adds for the model: a GGUF's `tokenizer.ggml.add_bos_token` and bos id (or
 llama.cpp's default for its vocabulary type), else the tokenizer's own special tokens;
-`--bos ID` / `--no-bos` override it. Prints the running figure per chunk to stderr and
-`PPL = x +/- e` to stdout.
+`--bos ID` / `--no-bos` override it. The text is checked against the model (a tokenizer,
+at least 2 * ctx tokens) before anything is compiled. Prints the chunks scored to stderr
+and `PPL = x +/- e` to stdout.
 """
 from __future__ import annotations
 
