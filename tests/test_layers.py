@@ -23,7 +23,7 @@ LAYERS = [
     {"build"},                  # a traced program -> a CompiledModule (Pipeline)
     {"compiler", "generate"},   # tc.compile, tc.compile_lm
     {"training"},
-    {"cli", "cli_generate", "cli_serve", "__main__", ""},   # "": tercomp/__init__ (lazy)
+    {"cli", "cli_generate", "cli_serve", "cli_perplexity", "__main__", ""},  # "": __init__
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
