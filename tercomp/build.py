@@ -36,7 +36,7 @@ from iree.compiler.version import VERSION as IREE_VERSION
 
 from ._version import __version__
 from .codegen.iree_session import compile_vmfb, new_session
-from .codegen.lower import check_storage
+from .lowering import check_storage
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
 from .codegen.targets import check_extra_flags, needs_isolation, resolve_targets, target_flags
 from .kernels.table import table_key
@@ -98,7 +98,7 @@ class Pipeline:
 
     `driver` names the entry point (a part of the cache key); `passes` are
     passes.run_pipeline's names or (name, options) pairs; `lower(graph, ctx, params)`
-    lowers the graph after the passes (-> codegen.lower.Lowered) and `lower_key` says
+    lowers the graph after the passes (-> lowering.Lowered) and `lower_key` says
     what it adds that the graph does not show (a stateful entry point's globals and
     bindings); `weights` is codegen.params' mode; `function` names the signature's
     function (default the graph's); with `stages_on_hit` a cache hit still runs the

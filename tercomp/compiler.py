@@ -7,7 +7,7 @@ with a dump directory, IREE's own phases under `iree/`.
 from __future__ import annotations
 
 from .build import BuildOptions, Pipeline, build
-from .codegen.lower import to_mlir
+from .lowering import to_mlir
 from .codegen.params import check_mode
 from .ir import Graph
 from .passes import Dumper

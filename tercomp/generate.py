@@ -2,7 +2,7 @@
 
 One IREE module over ONE copy of the weights (2-bit packed ternary projections and an
 f16 output table, read as parameters) and a KV cache that lives on the device as mutable
-globals (tercomp/codegen/state.py), with one exported function that serves prefill and
+globals (tercomp/lowering/state.py), with one exported function that serves prefill and
 decode alike:
 
     step(ids: i32 [T], start: i32, rows: i32 [L]) -> logits [L, vocab]
@@ -40,7 +40,7 @@ import os
 import numpy as np
 from . import nn
 from .build import BuildOptions, Pipeline, build
-from .codegen.state import Entry, StateVar, to_stateful_mlir
+from .lowering import Entry, StateVar, to_stateful_mlir
 from .codegen.targets import WITH_16BIT_STORAGE
 from .errors import TercompError
 from .ir import TensorType

@@ -13,7 +13,7 @@ import pytest
 import tercomp as tc
 from conftest import run_filecheck
 from tercomp.codegen.iree_session import new_session
-from tercomp.codegen.lower import to_mlir
+from tercomp.lowering import to_mlir
 from tercomp.errors import TraceError
 from tercomp.kernels import table as kt
 from tercomp.kernels.ternary import strategies as ternary_strategies

@@ -5,7 +5,7 @@ import pytest
 
 import iree.runtime as rt
 from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session
-from tercomp.codegen.lower import to_mlir
+from tercomp.lowering import to_mlir
 from tercomp.ir import Graph, TensorType
 from tercomp.kernels import table as kernel_table
 from tercomp.ops import REGISTRY, GraphBuilder, interpret

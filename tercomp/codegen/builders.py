@@ -157,25 +157,20 @@ class LowerCtx:
         # form does not fit a target's limits picks another form by them
         self.targets = tuple(targets)
         self._dim_cache: dict = {}
-        self.lower_op: Callable | None = None   # (ctx, tern op) -> None; set by codegen.lower
         # The kernel table's rows the lowered ops were emitted with (shared with op
-        # bodies): codegen.lower reports their IREE flags with the module.
+        # bodies): the lowering driver reports their IREE flags with the module.
         self.kernels: set = set()
 
     def child(self) -> "LowerCtx":
         """A context for an op body (a loop's): the body's values and the dims it
         materializes stay inside it (a dim made inside a loop does not dominate the code
-        after the loop)."""
+        after the loop). An op's lowering does not lower its body's ops itself: it yields
+        (child context, ops) to the lowering driver, which lowers them at the current
+        insertion point and resumes it (tercomp/lowering/driver.py)."""
         sub = LowerCtx(self.symbol_sources, self.params, self.targets)
         sub._dim_cache = dict(self._dim_cache)
-        sub.lower_op = self.lower_op
         sub.kernels = self.kernels
         return sub
-
-    def lower_ops(self, ops) -> None:
-        """Lower tern ops (an op body) at the current insertion point."""
-        for op in ops:
-            self.lower_op(self, op)
 
     # -- dims ------------------------------------------------------------------------
     def dim(self, d) -> ir.Value:

@@ -15,5 +15,5 @@
     rows/           rms_norm, rope: rows_cpu
 
 The ops keep their generic lowering (tercomp/ops/); the table's kernels replace it per
-target. The lowering driver that calls either is tercomp/codegen/lower.py.
+target. The lowering driver that calls either is tercomp/lowering/driver.py.
 """

@@ -227,3 +227,26 @@ def gguf_vocab_from_tokenizer(tok, vocab_size: int):
     if scores is not None:
         out["tokenizer.ggml.scores"] = ("array", scores + [-1e9] * (vocab_size - len(scores)))
     return out
+
+
+#: `tokenizer.ggml.pre` values for which llama.cpp adds a BOS to a BPE ("gpt2") text
+#: (src/llama-vocab.cpp, the LLAMA3 pre-tokenizer group and two others)
+_BPE_PRE_WITH_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                     "midm-2.0", "lfm2", "jina-v5-nano", "tekken", "chameleon")
+
+
+def gguf_bos(keys: dict, path="") -> int | None:
+    """The BOS id llama.cpp puts before a GGUF model's text, or None when it adds none:
+    `tokenizer.ggml.add_bos_token` when the file has it, else yes for a SentencePiece
+    ("llama") vocabulary and for the BPE ("gpt2") ones of Llama 3's pre-tokenizer group
+    (llama-vocab.cpp's defaults). `keys` are the file's scalar keys (gguf_scan.scan)."""
+    add = keys.get("tokenizer.ggml.add_bos_token")
+    if add is None:
+        model, pre = keys.get("tokenizer.ggml.model"), keys.get("tokenizer.ggml.pre")
+        add = model == "llama" or (model == "gpt2" and pre in _BPE_PRE_WITH_BOS)
+    if not add:
+        return None
+    bos = keys.get("tokenizer.ggml.bos_token_id")
+    if isinstance(bos, bool) or not isinstance(bos, int):
+        raise GGUFError(f"{path}: adds a BOS token but has no 'tokenizer.ggml.bos_token_id'")
+    return bos

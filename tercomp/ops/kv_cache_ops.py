@@ -3,7 +3,7 @@ decode steps share (see tercomp/generate.py).
 
 The ops are pure: a cache is an ordinary tensor operand and `cache_write` returns the
 updated cache. The generation driver binds a step's cache inputs and outputs to mutable
-`util.global`s (tercomp/codegen/state.py), and IREE then updates the global in place.
+`util.global`s (tercomp/lowering/state.py), and IREE then updates the global in place.
 
 - `arange(like, start)`: `start + [0, 1, ..., n-1]` as i32, n = like.shape[0] (a
   symbolic n is fine): the positions of a run of tokens.

@@ -226,6 +226,9 @@ def read_bytes(data, name: str = "<artifact>", verified=None) -> tuple:
             raise ValueError("not an object")
     except (UnicodeDecodeError, ValueError) as e:
         raise ArtifactError(f"{name}: {SIGNATURE} is not valid JSON ({e})") from None
+    except RecursionError:      # json's parser recurses once per nested array / object
+        raise ArtifactError(f"{name}: {SIGNATURE} is nested too deeply to be a signature",
+                            hint="the artifact is damaged or not written by tercomp") from None
     if meta.get("format") != FORMAT:
         raise ArtifactError(f"{name} is not a tercomp artifact ({SIGNATURE} has format "
                             f"{meta.get('format')!r})")

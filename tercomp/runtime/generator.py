@@ -32,6 +32,7 @@ from ..errors import InputError, TercompError
 from .module import _to_host
 from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
+from .scoring import token_log_probs
 from .signature import declared_types, parse_types
 from .step_abi import STEP, StepABI
 
@@ -43,7 +44,12 @@ def _ids(ids, vocab: int, what: str) -> np.ndarray:
     """`ids` as a contiguous int32 vector, or an InputError (integers only, in range)."""
     if isinstance(ids, (bool, np.bool_)):
         raise InputError(f"{what}: token ids must be integers, got a bool")
-    arr = np.asarray(ids)
+    try:
+        arr = np.asarray(ids)
+    except (ValueError, TypeError) as e:    # ragged [[1, 2], [3]], or objects NumPy refuses
+        raise InputError(f"{what}: token ids must be a 1-D sequence of integers, got "
+                         f"{type(ids).__name__} that is not one ({e})",
+                         hint="pass one sequence, e.g. [1, 2, 3]") from None
     if arr.size == 0 and isinstance(ids, (list, tuple)):
         arr = arr.astype(np.int32)          # [] is float64 to NumPy
     if arr.dtype.kind not in "iu":
@@ -110,7 +116,7 @@ class LMGenerator:
     def module_mismatch(info, reflection: dict) -> str | None:
         """How LM metadata `info` (describe()'s dict, from an artifact) disagrees with the
         compiled module, whose `step` function reflects `reflection` (its declaration and
-        the KV cache globals, codegen/state.py), or None. A max_seq or vocabulary larger
+        the KV cache globals, lowering/state.py), or None. A max_seq or vocabulary larger
         than the module's would run past the cache or the output table unnoticed."""
         config = info.get("config") if isinstance(info, dict) else None
         if not isinstance(config, dict):
@@ -218,6 +224,21 @@ class LMGenerator:
             raise InputError(f"prefill: logits_to_keep must be an int from 1 to the prompt "
                              f"length {arr.size}, got {logits_to_keep!r}")
         return arr, np.arange(arr.size - keep, arr.size, dtype=np.int32)
+
+    def score(self, ids) -> np.ndarray:
+        """The log-probability of each token of `ids` (int [T], 2 <= T <= max_seq) given
+        the ones before it: float64 [T - 1], entry t - 1 the log_softmax of prefill's
+        logits at position t - 1, at token ids[t]. Runs a prefill (the cache then holds
+        `ids`). Its negative mean is the sequence's cross-entropy; exp of that is its
+        perplexity (`tercomp perplexity` does llama-perplexity's chunking).
+
+        >>> lp = gen.score([1, 2, 3, 4])          # log p(2|1), log p(3|1 2), log p(4|1 2 3)
+        """
+        arr = _ids(ids, self.vocab_size, "score")
+        if arr.size < 2:
+            raise InputError(f"score: needs at least 2 tokens (the first is only context), "
+                             f"got {arr.size}")
+        return token_log_probs(self.prefill(arr)[:-1], arr[1:])
 
     def decode(self, token) -> np.ndarray:
         """Append one token at the current position; returns the next-token logits [vocab]."""

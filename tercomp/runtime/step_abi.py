@@ -11,7 +11,7 @@ sequence in cache slot slots[t]; `rows` picks the positions of the call whose lo
 are computed. The KV caches kv0, kv1, ... (K and V of each layer: [max_seq, KV, D], or
 [max_batch, max_seq, KV, D]) are mutable globals of the module: the traced step takes
 them after its named inputs and returns their new values after the logits, and the
-exported function binds both to the globals (codegen/state.py), so a caller passes the
+exported function binds both to the globals (lowering/state.py), so a caller passes the
 named inputs only.
 
     >>> abi = StepABI.of(max_batch=1)

@@ -21,7 +21,10 @@ class Family:
     multiplies in) or "block" (the TQ2_0 block scale itself: llama.cpp's `llama` graph
     reads no `*.scale`). `gguf_act_by_tokenizer`: the FFN activation of a GGUF that does
     not say (`{arch}.hidden_activation` absent), as (`tokenizer.ggml.pre`, activation)
-    pairs; any other file is "silu"."""
+    pairs; any other file is "silu". `gguf_arch_aliases`: other `general.architecture`
+    strings read as this family, as (arch, activation) pairs: the activation their
+    llama.cpp graph computes whatever the file's keys say (bitnet.cpp's `bitnet-b1.58`
+    and `bitnet-25` run relu2)."""
     name: str
     gguf_arch: str
     hf_architectures: tuple
@@ -31,6 +34,7 @@ class Family:
     hf_needs_bitnet_quant: bool = False
     gguf_scale: str = "tensor"
     gguf_act_by_tokenizer: tuple = ()
+    gguf_arch_aliases: tuple = ()
     # -- the options of the embedding models' backbones (Qwen3, Gemma3) ----------------
     #: BitNetConfig fields every model of the family has: (("qk_norm", True), ...)
     options: tuple = ()
@@ -50,6 +54,12 @@ class Family:
     #: carry BitLinear's per-projection norms: the architecture is a float model's too
     hf_needs_ternary_marker: bool = False
 
-    def gguf_activation(self, tokenizer_pre) -> str:
-        """The activation of a GGUF of this family without an activation key."""
-        return dict(self.gguf_act_by_tokenizer).get(tokenizer_pre, self.gguf_default_act)
+    def gguf_activation(self, tokenizer_pre, arch=None) -> str:
+        """The activation of a GGUF of this family (architecture `arch`) without an
+        activation key."""
+        fixed = dict(self.gguf_arch_aliases).get(arch)
+        return fixed or dict(self.gguf_act_by_tokenizer).get(tokenizer_pre, self.gguf_default_act)
+
+    def reads_gguf_arch(self, arch: str) -> bool:
+        """Whether a GGUF of `general.architecture` `arch` is this family."""
+        return arch == self.gguf_arch or arch in dict(self.gguf_arch_aliases)

@@ -19,6 +19,7 @@ tc.compile_lm) pass them on to IREE.
 """
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 from iree.compiler import ir
@@ -28,8 +29,8 @@ from ..errors import CompileError, TercompError
 from ..ir import Graph, Op
 from ..ir.graph import regions
 from ..ops import GraphBuilder, get
-from .builders import LowerCtx, tensor_type
-from .targets import WITH_16BIT_STORAGE
+from ..codegen.builders import LowerCtx, tensor_type
+from ..codegen.targets import WITH_16BIT_STORAGE
 from ..kernels import table as kernel_table
 
 LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "scf", "flow", "util", "hal",
@@ -59,7 +60,7 @@ def lower_op(ctx: LowerCtx, op: Op):
             ctx.kernels.add(row)         # the module needs its IREE flags
             results = row.emit(ctx, op, [ctx.values[v] for v in op.operands])
         elif opdef.lower is not None:
-            results = opdef.lower(ctx, op, [ctx.values[v] for v in op.operands])
+            results = _run(opdef.lower(ctx, op, [ctx.values[v] for v in op.operands]))
         if results is None and opdef.decompose is not None:
             results = _lower_decomposition(ctx, op, opdef)
         if results is None:
@@ -68,6 +69,30 @@ def lower_op(ctx: LowerCtx, op: Op):
                                     "pass), or that settles its kernel (the kernels pass)")
     for r, m in zip(op.results, results):
         ctx.values[r] = m
+
+
+def _run(results):
+    """The results of an op's lowering. The lowering of an op with a body (tern.scan,
+    tern.checkpoint) is a generator: it builds the region, yields (child context, the
+    body's ops) for this driver to lower at the insertion point it set, and goes on with
+    the body's values; its return value is the op's results. An error in the body ends
+    it through its own `with` blocks (insertion points, locations) before it propagates."""
+    if not inspect.isgenerator(results):
+        return results
+    gen = results
+    try:
+        request = next(gen)
+        while True:
+            sub, ops = request
+            try:
+                for op in ops:
+                    lower_op(sub, op)
+            except BaseException as e:
+                request = gen.throw(e)
+            else:
+                request = gen.send(None)
+    except StopIteration as done:
+        return done.value
 
 
 def _lower_decomposition(ctx: LowerCtx, op: Op, opdef) -> list:
@@ -96,7 +121,6 @@ def lower_graph(graph: Graph, module: ir.Module, params=None, targets=("llvm-cpu
             if not isinstance(d, int) and d.is_Symbol and d not in sources:
                 sources[d] = (a, axis)
     ctx = LowerCtx(sources, params=params, targets=targets)
-    ctx.lower_op = lower_op          # op bodies (tern.scan) lower their ops through it
     if params is not None:
         params.anchor = fop          # globals go before the function that first reads them
     for v, a in zip(graph.inputs, entry.arguments):
