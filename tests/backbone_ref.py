@@ -7,8 +7,8 @@ projections and `*_proj.norm.weight`, the sentence-transformers pooling files) a
 GGUF as bitnet.cpp's utils/convert-bitnet-embedding-to-gguf.py writes it (arch
 `qwen3` / `gemma3`, key_length / value_length, pooling_type, F16 tables and norms,
 Gemma's norms stored as 1 + w except the `*_norm_in` ones). The GGUF projections are
-TQ2_0 (block scale 1) with an f32 `.scale` (the absmean): the I2_S form is the other
-reader's; `write_gguf(..., projection=...)` is the hook for it.
+I2_S as the converter packs them (`i2s_projection`), or TQ2_0 (block scale 1) with an
+f32 `.scale` (the absmean: `tq2_projection`).
 """
 import json
 import os
@@ -211,9 +211,26 @@ def write_hf(directory, cfg, w, pooling="lasttoken", prefix="model."):
 
 
 def tq2_projection(W):
-    """TQ2_0 blocks of the absmean codes (block scale 1) and the f32 scale beside them."""
+    """(TQ2_0 blocks of the absmean codes with block scale 1, their type, the f32 scale
+    written beside them as `.scale`)."""
     t, s = absmean(W)
-    return gguf.quants.quantize(t.astype(np.float32), QT.TQ2_0), np.array([s], np.float32)
+    return gguf.quants.quantize(t.astype(np.float32), QT.TQ2_0), QT.TQ2_0, \
+        np.array([s], np.float32)
+
+
+I2_S = 36       # ggml type id of bitnet.cpp's I2_S (not in gguf-py's enum)
+
+
+def i2s_projection(W):
+    """As the embedding converter's quantize_to_i2_s packs W: codes -1/0/+1 as 0/1/2,
+    blocks of 128 weights in 32 bytes, value 32 * j + g of a block in byte g at bits
+    6 - 2j, then the float32 absmean in the first 4 of 32 trailing bytes; no `.scale`."""
+    t, s = absmean(W)
+    q = (t.reshape(-1, 4, 32) + 1).astype(np.uint8)
+    packed = (q[:, 0] << 6) | (q[:, 1] << 4) | (q[:, 2] << 2) | q[:, 3]
+    tail = np.zeros(32, np.uint8)
+    tail[:4] = np.frombuffer(np.float32(s).tobytes(), np.uint8)
+    return np.concatenate([packed.reshape(-1), tail]).view(np.int8), I2_S, None
 
 
 def write_gguf(path, cfg, w, pooling=3, projection=tq2_projection, skip=(), gemma_keys=True):
@@ -267,9 +284,11 @@ def write_gguf(path, cfg, w, pooling=3, projection=tq2_projection, skip=(), gemm
         if name in skip:
             continue
         if name.split(".")[-2] in GGUF_PROJ.values():
-            data, s = projection(np.asarray(v, np.float32))
-            wr.add_tensor(name, data, raw_dtype=QT.TQ2_0)
-            wr.add_tensor(name[:-len("weight")] + "scale", s)
+            data, qtype, s = projection(np.asarray(v, np.float32))
+            wr.add_tensor(name, data, raw_dtype=qtype,
+                          raw_shape=None if qtype == QT.TQ2_0 else v.shape)
+            if s is not None:
+                wr.add_tensor(name[:-len("weight")] + "scale", s)
             continue
         v = np.asarray(v, np.float32)
         if gemma and v.ndim == 1 and not name.endswith("_norm_in.weight"):

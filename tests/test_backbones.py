@@ -45,8 +45,11 @@ def test_hf_directory_loads_and_agrees(files):
     check(lm(IDS), B.reference_logits(cfg, w, IDS))
 
 
-def test_gguf_loads_and_agrees(files):
+@pytest.mark.parametrize("projection", ["i2s", "tq2"])
+def test_gguf_loads_and_agrees(files, projection, tmp_path):
     cfg, w, _, path = files
+    if projection == "i2s":     # the file bitnet.cpp publishes: I2_S projections
+        path = B.write_gguf(tmp_path / "i2s.gguf", cfg, w, projection=B.i2s_projection)
     lm = models.load(path)
     c = lm.config
     assert (c.family, c.proj_norms, c.qk_norm, c.head_dim, c.pooling) == \

@@ -20,7 +20,8 @@ def model(request, tmp_path_factory):
     cfg = B.SHAPES[request.param]
     w = B.weights(cfg, seed=len(request.param))
     d = tmp_path_factory.mktemp(request.param)
-    return cfg, w, models.load(B.write_gguf(d / "m.gguf", cfg, w))
+    # the file bitnet.cpp publishes: I2_S projections
+    return cfg, w, models.load(B.write_gguf(d / "m.gguf", cfg, w, projection=B.i2s_projection))
 
 
 def check(got, want):

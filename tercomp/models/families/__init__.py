@@ -9,7 +9,8 @@ the options of its `BitNetConfig`).
                   has quant_method "bitnet" (Falcon3-1.58bit,   projections, f16 output)
                   Llama3-8B-1.58)
     qwen3         Qwen3ForCausalLM / model_type "qwen3" with       "qwen3" (I2_S, TQ2_0 or
-                  BitLinear projections (bitnet-embedding-0.6b)  F16 projections)
+                  BitLinear projections (bitnet-embedding-0.6b)  F16 projections: bitnet.cpp's
+                                                                 embedding converter)
     gemma3        Gemma3ForCausalLM / model_type "gemma3_text"     "gemma3"
                   with BitLinear projections (bitnet-embedding-270m)
 
