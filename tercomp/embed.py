@@ -52,11 +52,9 @@ class _Encoder(nn.Module):
         n = lengths.reshape(-1, 1)                                      # [B, 1]
         if self.pooling == "last":
             w = _t.equal(pos, n - np.int32(1)).astype("float32")
-        elif self.pooling == "cls":
-            w = _t.equal(pos, n * np.int32(0)).astype("float32")
-        else:
+        elif self.pooling == "mean":
             w = _t.less(pos, n).astype("float32") / n.astype("float32")
-        e = _t.sum(h * w.reshape(-1, t, 1), axis=1)                     # [B, hidden]
+        e = h[:, 0, :] if self.pooling == "cls" else _t.sum(h * w.reshape(-1, t, 1), axis=1)
         if self.normalize:      # sentence-transformers' Normalize: x / max(|x|, 1e-12)
             norm = _t.sqrt(_t.sum(e * e, axis=-1, keepdims=True))
             e = e / _t.maximum(norm, np.float32(1e-12))
@@ -95,6 +93,12 @@ class Embedder:
     def __call__(self, ids, lengths) -> np.ndarray:
         ids = np.ascontiguousarray(ids, np.int32)
         lengths = np.ascontiguousarray(lengths, np.int32)
+        if ids.ndim != 2 or lengths.shape != ids.shape[:1] or not 1 <= ids.shape[1] <= self.max_seq:
+            raise TercompError(f"an Embedder call takes ids [B, T] (T <= max_seq {self.max_seq}) "
+                               f"and lengths [B], got {ids.shape} and {lengths.shape}")
+        if lengths.size and not ((lengths >= 1) & (lengths <= ids.shape[1])).all():
+            raise TercompError(f"lengths must be from 1 to T = {ids.shape[1]}, got "
+                               f"{lengths.tolist()[:8]}")
         return np.asarray(self.module(ids.shape[1])(ids, lengths))
 
     def encode(self, text: str) -> list:

@@ -65,6 +65,8 @@ def test_bad_inputs_are_errors(model):
                      (["text"], "no tokenizer")):
         with pytest.raises(tc.TercompError, match=msg):
             enc.embed(bad)
+    with pytest.raises(tc.TercompError, match=r"lengths must be from 1 to T = 4, got \[0\]"):
+        enc(np.ones((1, 4), np.int32), [0])
 
 
 def _word_tokenizer(directory, vocab_size, eos=True):
