@@ -207,3 +207,24 @@ def test_bad_arguments_name_the_argument_and_the_line(call, pattern):
             else:
                 call(x, w)
         assert "test_conv.py:" in str(e.value), str(e.value)
+
+
+def test_a_symbolic_length_takes_stride_one_convolutions():
+    w = f32(6, 1, 4)
+
+    def causal(x, w):
+        return tc.conv(x, w, padding=[(3, 0)], groups=6)
+
+    def loss(x, w):
+        return tc.sum(tc.square(causal(x, w)))
+
+    spec = tc.spec(("B", 6, "L"), "float32")
+    fwd = tc.compile(causal, spec, w)
+    grad = tc.compile(tc.grad(loss, argnums=(0, 1)), spec, w)
+    for length in (1, 7):
+        x = f32(2, 6, length)
+        np.testing.assert_allclose(fwd(x, w), naive_conv(x, w, [1], [[3, 0]], [1], 6), rtol=1e-5, atol=1e-5)
+        for got, want in zip(grad(x, w), tc.grad(loss, argnums=(0, 1))(x, w)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(tc.TercompError, match=r"symbolic size L, which needs stride 1 \(got 2\)"):
+        tc.trace(lambda x: tc.conv(x, w, stride=2, groups=6), spec)

@@ -52,8 +52,9 @@ def _padding(padding, nd, fn, same=None):
                 return [[0, 0] for _ in range(nd)]
             pairs = []
             for x, k, s, d in zip(in_size, kernel, stride, dilation):
-                out = -(-int(x) // s)
-                total = max((out - 1) * s + d * (k - 1) + 1 - int(x), 0)
+                # with stride 1 the total is d * (k - 1) for any size (a symbolic one too)
+                total = d * (k - 1) if s == 1 else \
+                    max((-(-int(x) // s) - 1) * s + d * (k - 1) + 1 - int(x), 0)
                 pairs.append([total // 2, total - total // 2])
             return pairs
         allowed = '"same" or "valid"' if same is not None else '"valid"'
