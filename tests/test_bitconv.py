@@ -136,3 +136,10 @@ def test_bad_bitconv_arguments():
         nn.BitConv2d(4, 6, 3)(f32(1, 4, 2, 2))
     with pytest.raises(tc.TercompError, match=r"expects an input \[N, C, H, W\]"):
         nn.BitConv2d(4, 6, 3)(f32(4, 5, 5))
+
+
+@pytest.mark.slow
+def test_cnn_digits_sample_reaches_97_percent_from_the_packed_artifact(capsys):
+    import cnn_digits        # samples/ is on sys.path (tests/conftest.py); ~2 min
+    assert cnn_digits.main([]) >= 0.97
+    assert "3 ternary matmuls in the artifact" in capsys.readouterr().out
