@@ -228,3 +228,36 @@ def test_a_symbolic_length_takes_stride_one_convolutions():
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     with pytest.raises(tc.TercompError, match=r"symbolic size L, which needs stride 1 \(got 2\)"):
         tc.trace(lambda x: tc.conv(x, w, stride=2, groups=6), spec)
+
+
+def test_conv_and_batch_statistics_gradients_build_for_cuda():
+    # a batch norm's centring (x - mean over N, H, W) once made IREE 3.13's CUDA backend
+    # fail ("failed to get neutral element for reduction") on the neg folded into the sum
+    # of its gradient; sub's VJP now negates after the sum
+    w = f32(4, 3, 3, 3)
+
+    def loss(x, w):
+        h = tc.conv(x, w, padding=1)
+        return tc.sum(tc.square(h - tc.mean(h, axis=(0, 2, 3), keepdims=True)))
+
+    exe = tc.compile(tc.grad(loss, argnums=(0, 1)), tc.spec(("B", 3, 6, 6)), w, target="cuda")
+    assert exe.targets == ["cuda"] and exe.vmfb_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["vulkan", "cuda"])
+def test_a_ternary_cnn_builds_forward_gradient_and_training_step_for_gpus(target):
+    from test_bitconv import Net         # ~1 min (vulkan), ~2 min (cuda) of IREE compiles
+    from tercomp import nn
+    nn.manual_seed(0)
+    model = Net()
+
+    def ce(m, x, y):
+        return tc.cross_entropy(m(x), y)
+
+    specs = (tc.spec(("B", 3, 8, 8)), tc.spec(("B",), "int32"))
+    step = tc.compile_train_step(ce, model, tc.optim.AdamW(1e-3), *specs, target=target)
+    grad = tc.compile(tc.grad(ce), model, *specs, target=target)
+    model.eval()
+    fwd = tc.compile(model, specs[0], target=target)
+    assert step.exe.targets == grad.targets == fwd.targets == [target]
