@@ -134,3 +134,25 @@ def test_batch_norm_against_pytorch():
         tconv.weight.copy_(torch.from_numpy(conv.weight))
         tconv.bias.copy_(torch.from_numpy(conv.bias))
     np.testing.assert_allclose(conv(x), tconv(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_checkpoints_keep_the_running_statistics(tmp_path):
+    nn.manual_seed(2)
+    model = Net()
+    x, y = f32(6, 2, 4, 4), np.arange(6, dtype=np.int32) % 3
+
+    def loss(m, x, y):
+        return tc.cross_entropy(m(x), y)
+
+    step = tc.compile_train_step(loss, model, tc.optim.SGD(0.1), x, y)
+    step(x, y)
+    path = str(tmp_path / "ckpt.safetensors")
+    tc.save_checkpoint(path, step)
+    trained = step.buffers()["bn.running_var"]
+    fresh = Net()
+    tc.load_checkpoint(path, fresh)
+    np.testing.assert_array_equal(fresh.bn.running_var, trained)
+    step(x, y)                                   # moves on; loading puts the saved ones back
+    tc.load_checkpoint(path, step)
+    np.testing.assert_array_equal(step.buffers()["bn.running_var"], trained)
+    np.testing.assert_array_equal(model.bn.running_var, trained)

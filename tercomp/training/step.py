@@ -158,10 +158,16 @@ class TrainStep:
             model.load_buffers(self.buffers())
         return model
 
-    def set_state(self, params=None, opt_state=None):
-        """Replace the parameters and/or optimizer state (e.g. from a checkpoint). Both are
-        checked before either is changed: on an error nothing changes."""
-        new_params = new_state = None
+    def set_state(self, params=None, opt_state=None, buffers=None):
+        """Replace the parameters, optimizer state and/or the model's buffers (e.g. from a
+        checkpoint). All are checked before any is changed: on an error nothing changes."""
+        new_params = new_state = new_buffers = None
+        if buffers is not None:
+            own = self.buffers()
+            if set(buffers) != set(own) or any(np.shape(buffers[k]) != own[k].shape for k in own):
+                raise TercompError(f"set_state: the buffers {sorted(buffers)} do not match the "
+                                   f"model's {sorted(own)} (names and shapes)")
+            new_buffers = {k: np.asarray(buffers[k], own[k].dtype) for k in own}
         if params is not None:
             own = self.params()
             if set(params) != set(own):
@@ -189,6 +195,8 @@ class TrainStep:
             self._params = self._packed(new_params)
         if new_state is not None:
             self._state = self._packed(new_state)
+        if new_buffers is not None:
+            self._buffers = new_buffers
         self.stopped = False
 
     def __repr__(self):
