@@ -111,7 +111,9 @@ def mamba_block_reference(blk, x):
         for j in range(k):                     # tap j sees time t - (k - 1) + j
             if t - (k - 1) + j >= 0:
                 xc[:, t] += w[:, j] * xi[:, t - (k - 1) + j]
-    silu = lambda v: v / (1 + np.exp(-v))      # noqa: E731
+
+    def silu(v):
+        return v / (1 + np.exp(-v))
     y = ssm_reference(blk.ssm, silu(xc)) * silu(z)
     return x64 + bitlinear(blk.out_proj, y)
 
