@@ -220,6 +220,17 @@ irdl.dialect @tern {
     %2 = irdl.any
     irdl.results(r0: %2)
   }
+  irdl.operation @im2col {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    %2 = irdl.any
+    %3 = irdl.any
+    %4 = irdl.any
+    irdl.attributes {"kernel" = %1, "stride" = %2, "padding" = %3, "dilation" = %4}
+    %5 = irdl.any
+    irdl.results(r0: %5)
+  }
   irdl.operation @kv_scatter {
     %0 = irdl.any
     %1 = irdl.any

@@ -159,6 +159,8 @@ CASES: dict[str, list] = {
     "conv_weight_grad": [Case([A((2, 4, 5)), A((2, 6, 2))],
                               {"stride": [2], "padding": [[1, 0]], "dilation": [1], "groups": 2,
                                "kernel": [3]})],
+    "im2col": [Case([A((2, 2, 5, 4))], {"kernel": [3, 2], "stride": [2, 1], "padding": [[1, 0], [0, 1]],
+                                         "dilation": [1, 2]})],
     "max_pool": [Case([A((2, 2, 5, 4), "distinct")], {"window": [2, 2], "stride": [2, 1],
                                                       "padding": [[1, 0], [0, 1]]}),
                  Case([A((1, 2, 6), "distinct")], {"window": [3], "stride": [2], "padding": [[0, 0]]})],

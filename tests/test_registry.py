@@ -86,6 +86,8 @@ EXAMPLES = {
     "conv_weight_grad": ([f32(2, 4, 6, 5), f32(2, 6, 3, 5)],
                          {"stride": [2, 1], "padding": [[1, 0], [1, 1]], "dilation": [1, 2],
                           "groups": 2, "kernel": [3, 2]}),
+    "im2col": ([f32(2, 3, 6, 5)], {"kernel": [3, 2], "stride": [2, 1], "padding": [[1, 0], [1, 1]],
+                                   "dilation": [1, 2]}),
     "max_pool": ([f32(2, 3, 5, 4)], {"window": [2, 2], "stride": [2, 1], "padding": [[1, 0], [0, 1]]}),
     "avg_pool": ([f32(2, 3, 7)], {"window": [3], "stride": [2], "padding": [[1, 1]]}),
     "round": ([f32(3, 4) * 3], {}),

@@ -1,7 +1,7 @@
 """BitConv1d / BitConv2d: ternary convolutions, BitLinear's quantization on im2col rows.
 
-The layer is written as a matmul over image patches (im2col): the patches of x [N, C, *S]
-become rows [N * P, C * K] (P output positions, K kernel positions, in the order of
+The layer is written as a matmul over image patches (tern.im2col): the patches of x
+[N, C, *S] become rows [N * P, C * K] (P output positions, K kernel positions, in the order of
 the weight's [C // groups, *kernel] dims), and
 
     y = act_quant(rows) @ ternarize(W)^T      with W [out, in // groups, *kernel]
@@ -52,21 +52,13 @@ def _pairs(padding, kernel, dilation, in_size, stride, layer):
 
 def patches(x, kernel, stride, pads, dilation):
     """im2col: x [N, C, *S] -> (rows [N * P, C * K], P) with the rows' columns in the
-    order (c, *k), the zero padding `pads` ((lo, hi) per spatial dim) applied first.
-    Written with pad, strided slices and a stack, so it traces (and differentiates) as
-    ordinary tern ops and runs eagerly on arrays."""
+    order (c, *k), the zero padding `pads` ((lo, hi) per spatial dim) applied first: one
+    tern.im2col (tercomp/ops/im2col.py) and a reshape."""
     nd = len(kernel)
-    shape = _shape(x)
-    xp = _t.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in pads]) if any(lo or hi for lo, hi in pads) else x
-    padded = [int(d) + lo + hi for d, (lo, hi) in zip(shape[2:], pads)]
-    out = [(p - d * (k - 1) - 1) // s + 1 for p, k, s, d in zip(padded, kernel, stride, dilation)]
-    taps = []
-    for kk in np.ndindex(*kernel):
-        idx = tuple(slice(k * d, k * d + s * (p - 1) + 1, s) for k, d, s, p in zip(kk, dilation, stride, out))
-        taps.append(xp[(slice(None), slice(None)) + idx])
-    cols = _t.stack(taps, axis=2) if len(taps) > 1 else _t.expand_dims(taps[0], 2)   # [N, C, K, *P]
-    cols = _t.transpose(cols, [0] + list(range(3, 3 + nd)) + [1, 2])                  # [N, *P, C, K]
-    return _t.reshape(cols, (-1, int(shape[1]) * int(np.prod(kernel)))), out
+    cols = apply("im2col", x, kernel=list(kernel), stride=list(stride),
+                 padding=[list(p) for p in pads], dilation=list(dilation))
+    shape = _shape(cols)                                                 # [N, *P, C, *K]
+    return _t.reshape(cols, (-1, int(np.prod(shape[1 + nd:])))), list(shape[1:1 + nd])
 
 
 class _BitConvNd(Module):
