@@ -261,3 +261,22 @@ def test_a_ternary_cnn_builds_forward_gradient_and_training_step_for_gpus(target
     model.eval()
     fwd = tc.compile(model, specs[0], target=target)
     assert step.exe.targets == grad.targets == fwd.targets == [target]
+
+
+def test_im2col_lowers_to_one_parallel_generic_over_the_padded_input():
+    from tercomp.trace.tracer import apply
+    x = f32(2, 3, 5, 5)
+    attrs = dict(kernel=[3, 3], stride=[2, 2], padding=[[1, 1], [1, 1]], dilation=[1, 1])
+    exe = tc.compile(lambda x: apply("im2col", x, **attrs), tc.spec(("B", 3, 5, 5)))
+    rows = exe(x)
+    assert rows.shape == (2, 3, 3, 3, 3, 3)
+    xp = np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)])
+    np.testing.assert_array_equal(rows[1, 2, 0, :, :, :], xp[1, :, 4:7, 0:3])
+    run_filecheck(exe.ir("mlir"), """
+CHECK: #[[X:.*]] = affine_map<(d0, d1, d2, d3, d4, d5) -> (d0, d3, d1 * 2 + d4, d2 * 2 + d5)>
+CHECK: #[[ID:.*]] = affine_map<(d0, d1, d2, d3, d4, d5) -> (d0, d1, d2, d3, d4, d5)>
+CHECK-LABEL: func.func @forward(
+CHECK:       %[[P:.*]] = tensor.insert_slice %arg0 into {{.*}} : tensor<?x3x5x5xf32> into tensor<?x3x7x7xf32>
+CHECK:       linalg.generic {indexing_maps = [#[[X]], #[[ID]]], iterator_types = ["parallel", "parallel", "parallel", "parallel", "parallel", "parallel"]} ins(%[[P]] : tensor<?x3x7x7xf32>)
+CHECK-NOT:   linalg.generic
+""")
