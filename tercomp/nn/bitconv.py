@@ -22,32 +22,12 @@ import numpy as np
 from .. import ternary_pack as tp
 from ..errors import TercompError
 from ..trace import api as _t
-from ..trace.conv_api import PADDING_HINT
+from ..trace.conv_api import PADDING_HINT, resolve_padding
 from ..trace.tracer import apply
 from .bitlinear import _traced
 from .conv import _check_channels, _check_rank, _shape, _tuple
 from .layers import _uniform
 from .module import Module
-
-
-def _pairs(padding, kernel, dilation, in_size, stride, layer):
-    nd = len(kernel)
-    if isinstance(padding, str):
-        if padding == "valid":
-            return [(0, 0)] * nd
-        if padding == "same":
-            out = []
-            for x, k, s, d in zip(in_size, kernel, stride, dilation):
-                total = max((-(-x // s) - 1) * s + d * (k - 1) + 1 - x, 0)
-                out.append((total // 2, total - total // 2))
-            return out
-        raise TercompError(f"{layer}: padding must be \"same\" or \"valid\" when it is a string, "
-                           f"got {padding!r}", hint=PADDING_HINT)
-    if isinstance(padding, (int, np.integer)) and not isinstance(padding, bool):
-        return [(int(padding), int(padding))] * nd
-    if isinstance(padding, (list, tuple)) and len(padding) == nd:
-        return [tuple(p) if isinstance(p, (list, tuple)) else (p, p) for p in padding]
-    raise TercompError(f"{layer}: cannot read padding={padding!r}", hint=PADDING_HINT)
 
 
 def patches(x, kernel, stride, pads, dilation):
@@ -98,9 +78,10 @@ class _BitConvNd(Module):
         if shape[1] != self.in_channels:
             raise TercompError(f"{name}({self.in_channels}, {self.out_channels}) got an input of "
                                f"shape {list(shape)}; its dim 1 must be {self.in_channels}")
-        pads = _pairs(self.padding, self.kernel_size, self.dilation, shape[2:], self.stride, name)
+        pads = resolve_padding(self.padding, self.nd, name,
+                               same=(self.kernel_size, shape[2:], self.stride, self.dilation))
         for i, (d, k, dl, (lo, hi)) in enumerate(zip(shape[2:], self.kernel_size, self.dilation, pads)):
-            if dl * (k - 1) + 1 > d + lo + hi:
+            if isinstance(d, (int, np.integer)) and dl * (k - 1) + 1 > d + lo + hi:
                 raise TercompError(f"{name}: the kernel spans {dl * (k - 1) + 1} on spatial dim {i}, "
                                    f"more than the padded input ({d} + {lo + hi} padding)")
         rows, out = patches(x, self.kernel_size, self.stride, pads, self.dilation)

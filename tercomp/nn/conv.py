@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import TercompError
 from ..trace import api as _t
+from ..trace.conv_api import PADDING_HINT
 from ..trace.tracer import apply
 from .layers import _uniform
 from .module import Module
@@ -59,6 +60,9 @@ class _ConvNd(Module):
         if not all(isinstance(k, (int, np.integer)) and k > 0 for k in kernel):
             raise TercompError(f"{name}: kernel_size must be positive, got {kernel_size!r}")
         self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
+        if isinstance(padding, str) and padding not in ("same", "valid"):
+            raise TercompError(f"{name}: padding must be \"same\" or \"valid\" when it is a "
+                               f"string, got {padding!r}", hint=PADDING_HINT)
         self.kernel_size, self.stride, self.padding, self.dilation = kernel, stride, padding, dilation
         fan_in = in_channels // groups * int(np.prod(kernel))
         bound = 1.0 / np.sqrt(fan_in)

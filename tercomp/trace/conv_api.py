@@ -39,10 +39,12 @@ def _per_dim(v, nd, name, fn):
                      loc=user_location())
 
 
-def _padding(padding, nd, fn, same=None):
-    """(lo, hi) pairs per spatial dim. "same" (where `same` = (kernel, input size, stride,
-    dilation) is given) pads so that the output has ceil(in / stride) positions, the
-    extra element (an even kernel) after, as PyTorch and JAX do."""
+def resolve_padding(padding, nd, fn, same=None):
+    """(lo, hi) pairs per spatial dim from the user's `padding`: an int, one int per dim,
+    (lo, hi) pairs, "valid", or "same" where `same` = (kernel, input size, stride,
+    dilation) is given, which pads so that the output has ceil(in / stride) positions,
+    the extra element (an even kernel) after, as PyTorch and JAX do. `fn` names the
+    caller in errors (nn layers use it too)."""
     if isinstance(padding, str):
         if padding == "valid":
             return [[0, 0] for _ in range(nd)]
@@ -98,7 +100,7 @@ def conv(x, w, stride=1, padding=0, dilation=1, groups=1):
     """
     nd = _spatial_rank(x, "conv")
     stride, dilation = _per_dim(stride, nd, "stride", "conv"), _per_dim(dilation, nd, "dilation", "conv")
-    pads = _padding(padding, nd, "conv", same=(_shape(w)[2:], _shape(x)[2:], stride, dilation))
+    pads = resolve_padding(padding, nd, "conv", same=(_shape(w)[2:], _shape(x)[2:], stride, dilation))
     return _apply("conv", x, w, stride=stride, padding=pads, dilation=dilation, groups=groups)
 
 
@@ -113,7 +115,7 @@ def conv_transpose(x, w, stride=1, padding=0, output_padding=0, dilation=1, grou
     """
     nd = _spatial_rank(x, "conv_transpose")
     return _apply("conv_transpose", x, w, stride=_per_dim(stride, nd, "stride", "conv_transpose"),
-                  padding=_padding(padding, nd, "conv_transpose"),
+                  padding=resolve_padding(padding, nd, "conv_transpose"),
                   output_padding=_per_dim(output_padding, nd, "output_padding", "conv_transpose"),
                   dilation=_per_dim(dilation, nd, "dilation", "conv_transpose"), groups=groups)
 
@@ -122,7 +124,7 @@ def _pool(opname, x, window, stride, padding):
     nd = _spatial_rank(x, opname)
     window = _per_dim(window, nd, "window", opname)
     stride = window if stride is None else _per_dim(stride, nd, "stride", opname)
-    return _apply(opname, x, window=window, stride=stride, padding=_padding(padding, nd, opname))
+    return _apply(opname, x, window=window, stride=stride, padding=resolve_padding(padding, nd, opname))
 
 
 def max_pool(x, window, stride=None, padding=0):
