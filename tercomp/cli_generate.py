@@ -173,7 +173,7 @@ def open_model(args, spinner, usage_error, check=None):
                                hint="compile a model with `tercomp generate MODEL.gguf --save OUT.tcm`")
         template = gen.chat_template
         if template is not None and getattr(args, "chat", None) is not None:
-            from .models.chat import ChatTemplate
+            from .runtime.chat import ChatTemplate
             template = ChatTemplate.from_dict(template)
         if check is not None:
             check(gen.tokenizer, template, gen.vocab_size, gen.max_seq, True)
@@ -209,7 +209,7 @@ def open_model(args, spinner, usage_error, check=None):
 
 def _prompt(args, tokenizer, template, ids):
     """(prompt ids, {eos id} or None) from --prompt-ids, --prompt or --chat (one user
-    message in the model's chat template, a models.chat.ChatTemplate)."""
+    message in the model's chat template, a runtime.chat.ChatTemplate)."""
     if ids is not None:
         return np.array(ids, np.int64), None
     flag = "--chat" if args.chat is not None else "--prompt"

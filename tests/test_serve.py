@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 import tercomp as tc  # noqa: E402
 from tercomp import models, nn  # noqa: E402
-from tercomp.models.chat import ChatTemplate  # noqa: E402
+from tercomp.runtime.chat import ChatTemplate  # noqa: E402
 from tercomp.models.tokenizer import Tokenizer  # noqa: E402
 
 # bench/serve.py: the load test and the server launcher

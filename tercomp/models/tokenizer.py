@@ -16,7 +16,7 @@ a `tokenizers` BPE or Unigram tokenizer (from tokenizer.json) is written as a "g
 it) with the model's chat template, from `tokenizer_config.json` (`chat_template`,
 `bos_token`, `eos_token`) or the GGUF's `tokenizer.chat_template` and bos/eos ids:
 `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)` as
-transformers has it (models/chat.py renders it in jinja2's sandbox).
+transformers has it (runtime/chat.py renders it in jinja2's sandbox).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from .chat import ChatTemplate, ChatTemplateError
+from ..runtime.chat import ChatTemplate, ChatTemplateError
 from .gguf_scan import GGUFError
 
 try:
@@ -50,7 +50,7 @@ MAX_TOKENIZER_CONFIG = 4 << 20
 
 class Tokenizer:
     """A `tokenizers.Tokenizer` (`inner`; its methods are this object's) with the model's
-    chat template (a models.chat.ChatTemplate, or None)."""
+    chat template (a runtime.chat.ChatTemplate, or None)."""
 
     def __init__(self, inner, chat_template=None):
         self.inner, self.chat_template = inner, chat_template

@@ -33,15 +33,9 @@ from .module import _to_host
 from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
 from .signature import declared_types, parse_types
+from .step_abi import STEP, StepABI
 
 KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
-#: The compiled step's inputs before the caches (tercomp/generate.py); an artifact whose
-#: metadata names others was compiled by an older tercomp.
-STEP_INPUTS = ("ids", "start", "rows")
-#: The batched step's inputs before the caches (compile_lm with max_batch > 1)
-BATCH_STEP_INPUTS = ("ids", "slots", "positions", "rows")
-#: The one exported function of a compiled LM (tercomp/generate.py builds it).
-STEP = "step"
 _FIRST_ROW = np.zeros(1, np.int32)
 
 
@@ -72,14 +66,16 @@ class LMGenerator:
     `position` (cache rows filled), `tokenizer` (a `tokenizers.Tokenizer` or None),
     `stats` (token counts and seconds of the last `generate`)."""
 
-    STEP_INPUTS = STEP_INPUTS
+    #: the step this generator calls (an artifact whose metadata names other inputs was
+    #: compiled by an older tercomp)
+    ABI = StepABI(batched=False)
 
     def __init__(self, exe):
         info = exe.meta.get("lm")
         if not isinstance(info, dict) or not {"config", "max_seq", "kv_dtype"} <= set(info):
             raise TercompError("this module is not a compiled language model (no 'lm' metadata)",
                                hint="compile one with tc.compile_lm(lm)")
-        if info.get("step_inputs") != list(self.STEP_INPUTS):
+        if info.get("step_inputs") != list(self.ABI.inputs):
             raise TercompError("this language model artifact was compiled by an older tercomp "
                                "(its step function takes no `rows` input)",
                                hint="compile it again with tc.compile_lm or `tercomp generate`")
@@ -90,7 +86,7 @@ class LMGenerator:
         self.vocab_size = int(self.config["vocab_size"])
         self.position = 0
         self.tokenizer = _load_tokenizer(info.get("tokenizer"))
-        # the model's chat template as data (rendered by models.chat, which needs jinja2)
+        # the model's chat template as data (rendered by runtime.chat, which needs jinja2)
         self.chat_template = info.get("chat") if isinstance(info.get("chat"), dict) else None
         self.stats: dict = {}
         self._step = None
@@ -104,10 +100,10 @@ class LMGenerator:
         """The JSON metadata a compiled LM carries (artifact `signature.json` key "lm"):
         `chat` is the model's chat template ({"template", "bos_token", "eos_token"});
         `max_batch` > 1 for a batched generator (runtime.batched), whose step takes
-        BATCH_STEP_INPUTS."""
+        StepABI(batched=True)'s inputs."""
         return {"config": dict(config), "max_seq": int(max_seq), "kv_dtype": kv_dtype,
                 "entries": [STEP], "max_batch": int(max_batch),
-                "step_inputs": list(STEP_INPUTS if max_batch == 1 else BATCH_STEP_INPUTS),
+                "step_inputs": list(StepABI.of(max_batch).inputs),
                 "tokenizer": tokenizer, "chat": chat}
 
     @staticmethod
@@ -137,19 +133,17 @@ class LMGenerator:
         batch = info.get("max_batch", 1)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             return f"its max_batch is {batch!r}, not a positive int"
-        names = STEP_INPUTS if batch == 1 else BATCH_STEP_INPUTS
-        ranks = [(1, "i32"), (0, "i32"), (1, "i32")] if batch == 1 else [(1, "i32")] * 4
-        if [t and (len(t[0]), t[1]) for t in inputs] != ranks:
-            return f"the module's {STEP} takes {inputs}, not ({', '.join(names)})"
+        abi = StepABI.of(batch)
+        if [t and (len(t[0]), t[1]) for t in inputs] != abi.input_ranks:
+            return f"the module's {STEP} takes {inputs}, not ({', '.join(abi.inputs)})"
         if not outputs or outputs[0] is None or len(outputs[0][0]) != 2:
             return f"the module's {STEP} returns {outputs}, not logits [rows, vocab]"
         if outputs[0][0][1] != sizes["vocab_size"]:
             return (f"its vocab_size is {sizes['vocab_size']}, the module's logits have "
                     f"{outputs[0][0][1]} columns")
         caches = parse_types(reflection["tercomp.state"])
-        want = ([max_seq, sizes["num_key_value_heads"], sizes["head_dim"]], kv)
-        if batch > 1:
-            want = ([batch] + want[0], kv)
+        want = (list(abi.cache_shape(batch, max_seq, sizes["num_key_value_heads"],
+                                     sizes["head_dim"])), kv)
         if len(caches) != 2 * sizes["num_hidden_layers"]:
             return (f"its {sizes['num_hidden_layers']} layers need {2 * sizes['num_hidden_layers']} "
                     f"KV caches, the module has {len(caches)}")

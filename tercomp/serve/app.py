@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import InputError, TercompError
-from ..models.chat import ChatTemplate, ChatTemplateError
+from ..runtime.chat import ChatTemplate, ChatTemplateError
 from ..runtime.scheduler import EngineClosed, QueueFull
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import ChatRequest, CompletionRequest, error_body
