@@ -197,6 +197,8 @@ CHECK:       linalg.generic {indexing_maps = [#[[WGRAD]],
     (lambda x, w: tc.avg_pool(x, 7), r"avg_pool: the window spans 7 on spatial dim 0"),
     (lambda x, w: tc.max_pool(x, 2, stride=-2), r"max_pool: stride must be 2 positive ints"),
     (lambda x, w: tc.conv_transpose(x, w[:3], padding="same"), r"conv_transpose: padding must be \"valid\""),
+    (lambda x, w: tc.conv_transpose(x, w[:3], groups=2),
+     r"conv_transpose: groups must be a positive int dividing the 3 channels of x"),
 ])
 def test_bad_arguments_name_the_argument_and_the_line(call, pattern):
     x, w = f32(2, 3, 5, 5), f32(4, 3, 3, 3)

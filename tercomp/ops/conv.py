@@ -187,7 +187,11 @@ def _transpose_geometry(g: TensorType, w: TensorType, a: dict, opname="conv_tran
     if w.shape[0] != o:
         raise TraceError(f"{opname}: w {fmt_shape(w.shape)} must be [C_in, C_out // groups, *kernel] "
                          f"with C_in = {o}, the channels of x {fmt_shape(g.shape)}")
-    groups = _groups(a, o, o, opname)           # checks it is a positive int dividing C_in
+    groups = a["groups"]
+    if not _is_int(groups) or groups < 1 or o % groups:
+        raise TraceError(f"{opname}: groups must be a positive int dividing the {o} channels of x "
+                         f"(C_in), got {groups!r}")
+    groups = int(groups)
     stride, dilation, pads = _window(a, nd, opname)
     r = _int_list(a, "output_padding", nd, opname, 0)
     kernel, out = tuple(int(k) for k in w.shape[2:]), tuple(g.shape[2:])
