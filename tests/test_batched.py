@@ -309,7 +309,7 @@ def test_cancel_frees_the_slot(batched, single):
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"),
+    ({"max_tokens": -1}, "max_tokens"), ({"logprobs": 21}, "logprobs"), ({"temperature": -1.0}, "temperature"),
     ({"top_p": 0.0}, "top_p"), ({"seed": "x"}, "seed"), ({"stop": "eos"}, "eos"),
 ])
 def test_engine_rejects_bad_requests_before_queueing(batched, kw, match):

@@ -228,6 +228,89 @@ def test_models_health_and_metrics(base, client):
     assert metric(base, "tercomp_generation_tokens_total") > 0
 
 
+# -- log-probabilities ------------------------------------------------------------------------
+
+def log_softmax(logits):
+    z = np.asarray(logits, np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_echo_scores_the_prompt_as_log_softmax_of_prefill(ref, base, max_tokens):
+    # what lm-evaluation-harness's local-completions sends for a log-likelihood task
+    prompt = "the quick brown fox hello world"
+    ids = ref.encode(prompt).tolist()
+    r = post(base, "/v1/completions", {"model": "tiny", "prompt": prompt, "echo": True,
+                                       "logprobs": 3, "max_tokens": max_tokens,
+                                       "temperature": 0, "seed": 1234})
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    lp = c["logprobs"]
+    want = log_softmax(ref.prefill(np.array(ids, np.int32)))       # [T, vocab]
+    n = len(ids) + max_tokens
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == n
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    got = np.array(lp["token_logprobs"][1:len(ids)])
+    np.testing.assert_allclose(got, want[np.arange(len(ids) - 1), ids[1:]], atol=2e-3)
+    for i in range(1, len(ids)):
+        top = lp["top_logprobs"][i]
+        assert 3 <= len(top) <= 4 and max(top.values()) == pytest.approx(want[i - 1].max(), abs=2e-3)
+    assert c["text"].startswith(prompt) and lp["text_offset"][0] == 0
+    assert lp["text_offset"] == list(np.cumsum([0] + [len(t) for t in lp["tokens"][:-1]]))
+    assert "".join(lp["tokens"][:len(ids)]) == prompt
+    if max_tokens:      # the greedy token, scored from the last prompt position
+        tok = int(want[-1].argmax())
+        assert c["token_ids"] == [tok]
+        assert lp["token_logprobs"][-1] == pytest.approx(want[-1, tok], abs=2e-3)
+        assert lp["token_logprobs"][-1] == max(lp["top_logprobs"][-1].values())
+    else:
+        assert c["token_ids"] == [] and c["text"] == prompt and c["finish_reason"] == "length"
+        assert r.json()["usage"]["completion_tokens"] == 0
+
+
+def test_generated_token_logprobs_streamed_and_not(ref, client):
+    ids = ref.encode("hello").tolist()
+    want_ids, _ = expected(ref, ids, 8)
+    whole = client.completions.create(model="tiny", prompt="hello", max_tokens=8,
+                                      temperature=0, logprobs=2)
+    lp = whole.choices[0].logprobs
+    scores = log_softmax(ref.prefill(np.array(ids + want_ids[:-1], np.int32)))[len(ids) - 1:]
+    np.testing.assert_allclose(lp.token_logprobs, scores[np.arange(len(want_ids)), want_ids],
+                               atol=2e-3)
+    chunks = list(client.completions.create(model="tiny", prompt="hello", max_tokens=8,
+                                            temperature=0, logprobs=2, stream=True))
+    streamed = [x for c in chunks if c.choices and c.choices[0].logprobs
+                for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+
+
+def test_chat_logprobs(ref, client):
+    messages = [{"role": "user", "content": "hello"}]
+    text = ChatTemplate.from_dict(ref.chat_template).render(messages, add_generation_prompt=True)
+    ids = ref.tokenizer.encode(text, add_special_tokens=False).ids
+    want_ids, want = expected(ref, ids, 10)
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(want_ids)
+    scores = log_softmax(ref.prefill(np.array(ids + want_ids[:-1], np.int32)))[len(ids) - 1:]
+    for e, tok, row in zip(content, want_ids, scores):
+        assert e.logprob == pytest.approx(row[tok], abs=2e-3)
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs),
+                                                             reverse=True)
+        assert len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob == pytest.approx(row.max(), abs=2e-3)
+    assert bytes(b for e in content for b in e.bytes).decode().startswith(want)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
+                                                 temperature=0, logprobs=True, top_logprobs=2,
+                                                 stream=True))
+    assert [e.logprob for c in chunks if c.choices[0].logprobs
+            for e in c.choices[0].logprobs.content] == [e.logprob for e in content]
+    bad = post(client.base_url.__str__().removesuffix("/v1/"), "/v1/chat/completions",
+               {"model": "tiny", "messages": messages, "top_logprobs": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
+
+
 # -- bad requests ----------------------------------------------------------------------------
 
 BAD = [  # (what, body or raw bytes, key, status, param)
@@ -237,7 +320,6 @@ BAD = [  # (what, body or raw bytes, key, status, param)
     ("id out of range", {"model": "tiny", "prompt": [1, 280]}, KEY, 400, "prompt"),
     ("negative id", {"model": "tiny", "prompt": [-1]}, KEY, 400, "prompt"),
     ("ids not ints", {"model": "tiny", "prompt": [1.5, True]}, KEY, 400, "prompt"),
-    ("max_tokens 0", {"model": "tiny", "prompt": "hi", "max_tokens": 0}, KEY, 400, "max_tokens"),
     ("max_tokens < 0", {"model": "tiny", "prompt": "hi", "max_tokens": -3}, KEY, 400, "max_tokens"),
     ("temperature < 0", {"model": "tiny", "prompt": "hi", "temperature": -0.5}, KEY, 400,
      "temperature"),
@@ -247,7 +329,7 @@ BAD = [  # (what, body or raw bytes, key, status, param)
     ("oversized body", {"model": "tiny", "prompt": "x" * MAX_BODY}, KEY, 413, None),
     ("another model", {"model": "gpt-4", "prompt": "hi"}, KEY, 404, "model"),
     ("n > 1", {"model": "tiny", "prompt": "hi", "n": 2}, KEY, 400, "n"),
-    ("logprobs", {"model": "tiny", "prompt": "hi", "logprobs": 3}, KEY, 400, "logprobs"),
+    ("logprobs > 20", {"model": "tiny", "prompt": "hi", "logprobs": 21}, KEY, 400, "logprobs"),
     ("empty prompt", {"model": "tiny", "prompt": []}, KEY, 400, "prompt"),
 ]
 

@@ -15,6 +15,9 @@ import numpy as np
 
 from ..errors import InputError
 
+#: the most alternatives a request may ask log-probabilities of (OpenAI's top_logprobs)
+MAX_LOGPROBS = 20
+
 
 def check_sampling(temperature, top_k, top_p, seed) -> None:
     """InputError unless temperature >= 0, top_k None or >= 1, 0 < top_p <= 1 (or
@@ -67,3 +70,27 @@ def sample(logits, temperature: float, top_k, top_p, rng: np.random.Generator) -
         return int(np.argmax(logits))
     p = probabilities(logits, temperature, top_k, top_p)
     return int(rng.choice(p.size, p=p))
+
+
+def log_softmax(logits) -> np.ndarray:
+    """log_softmax of `logits` [vocab] in float64 (the max subtracted first)."""
+    z = np.asarray(logits, np.float64)
+    z = z - z.max()
+    return z - np.log(np.exp(z).sum())
+
+
+def scored_token(logits, token: int, top: int) -> tuple:
+    """(log-probability of `token`, the `top` most likely tokens as [(id,
+    log-probability)], most likely first) under `logits` [vocab].
+
+    >>> scored_token(np.log(np.array([0.5, 0.25, 0.25])), 1, 1)
+    (-1.3862943611198906, [(0, -0.6931471805599453)])
+    """
+    lp = log_softmax(logits)
+    best = []
+    if top:
+        k = min(int(top), lp.size)
+        idx = np.argpartition(-lp, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -lp[idx]))]
+        best = [(int(i), float(lp[i])) for i in idx]
+    return float(lp[token]), best

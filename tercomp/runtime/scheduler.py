@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import InputError, TercompError
 from .batched import BatchedLMGenerator
 from .generator import LMGenerator, _eos_set, _ids
-from .sampling import check_sampling, sample
+from .sampling import MAX_LOGPROBS, check_sampling, sample, scored_token
 
 _DONE = object()
 
@@ -54,7 +54,14 @@ class Request:
     """A submitted generation. Iterate it for its tokens as they come (blocks), or call
     `result()` for all of them. `finish_reason`: "length" (max_tokens or the cache
     full), "stop" (a stop token, included in the tokens), "cancelled", or "error"
-    (then `error` holds the exception). Times are time.perf_counter() values."""
+    (then `error` holds the exception). Times are time.perf_counter() values.
+
+    With `logprobs=n`, `token_logprobs[i]` is (log-probability of tokens[i], its `n`
+    most likely alternatives as [(id, log-probability)]), set before the token is
+    yielded; with `prompt_logprobs=n`, `prompt_scores[i]` is the same for prompt[i]
+    (None for prompt[0], which nothing predicts), complete once the prompt is
+    prefilled. Log-probabilities are `log_softmax` of the model's logits, before any
+    sampling transform (vLLM's raw logprobs)."""
     id: int
     prompt: np.ndarray
     max_tokens: int
@@ -63,7 +70,11 @@ class Request:
     top_p: float | None = None
     seed: int = 0
     stop: set = field(default_factory=set)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     tokens: list = field(default_factory=list)
+    token_logprobs: list = field(default_factory=list)
+    prompt_scores: list = field(default_factory=list)
     finish_reason: str | None = None
     error: BaseException | None = None
     submitted: float = 0.0
@@ -162,12 +173,19 @@ class Engine:
 
     # -- the callers' side ---------------------------------------------------------------
     def submit(self, prompt_ids, max_tokens: int = 16, temperature: float = 0.0, top_k=None,
-               top_p=None, seed: int = 0, stop=None) -> Request:
-        """Queue a request (every argument checked here, in the caller's thread)."""
+               top_p=None, seed: int = 0, stop=None, logprobs=None,
+               prompt_logprobs=None) -> Request:
+        """Queue a request (every argument checked here, in the caller's thread).
+        `max_tokens=0` prefills the prompt only (for its `prompt_logprobs`)."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) \
-                or max_tokens < 1:
-            raise InputError(f"max_tokens must be a positive int, got {max_tokens!r}")
+                or max_tokens < 0:
+            raise InputError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         check_sampling(temperature, top_k, top_p, seed)
+        for what, n in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral)
+                                  or not 0 <= n <= MAX_LOGPROBS):
+                raise InputError(f"{what} must be None or an int from 0 to {MAX_LOGPROBS}, "
+                                 f"got {n!r}")
         stop = _eos_set(stop, self.vocab_size)
         prompt = _ids(prompt_ids, self.vocab_size, "prompt")
         if prompt.size == 0:
@@ -177,7 +195,7 @@ class Engine:
                              f"{self.max_seq} (prompt and generated tokens)",
                              hint="shorten the prompt, or compile with a larger max_seq")
         req = Request(next(self._ids), prompt, int(max_tokens), float(temperature), top_k, top_p,
-                      int(seed), stop, submitted=time.perf_counter())
+                      int(seed), stop, logprobs, prompt_logprobs, submitted=time.perf_counter())
         with self._cv:
             if self._closed or self._failed is not None:
                 raise EngineClosed("the engine is closed" if self._failed is None else
@@ -250,6 +268,7 @@ class Engine:
                 continue
             r._slot, r._prefilled = self._free.pop(0), 0
             r._rng = np.random.default_rng(r.seed)
+            r.prompt_scores = [None] if r.prompt_logprobs is not None else []
             self._running.append(r)
 
     def _drop_cancelled(self):
@@ -257,12 +276,13 @@ class Engine:
             self._finish(r, "cancelled")
 
     def _step(self):
-        """One call: every decoding sequence's next token, then prompt chunks."""
-        ids, slots, positions, rows, owners = [], [], [], [], []
+        """One call: every decoding sequence's next token, then prompt chunks. `uses`
+        pairs each row of logits with (request, the position it was computed at)."""
+        ids, slots, positions, rows, uses = [], [], [], [], []
         for r in self._running:
             if r._prefilled == r.prompt.size:            # decoding
                 rows.append(len(ids))
-                owners.append(r)
+                uses.append((r, r.prompt.size + len(r.tokens) - 1))
                 ids.append(r.tokens[-1])
                 slots.append(r._slot)
                 positions.append(r.prompt.size + len(r.tokens) - 1)
@@ -270,27 +290,42 @@ class Engine:
         for r in self._running:
             if r._prefilled < r.prompt.size and budget > 0:
                 n = min(budget, r.prompt.size - r._prefilled)
-                ids.extend(r.prompt[r._prefilled:r._prefilled + n].tolist())
+                first = r._prefilled
+                ids.extend(r.prompt[first:first + n].tolist())
                 slots.extend([r._slot] * n)
-                positions.extend(range(r._prefilled, r._prefilled + n))
+                positions.extend(range(first, first + n))
                 r._prefilled += n
                 budget -= n
                 self.counters["prompt_tokens_total"] += n
-                if r._prefilled == r.prompt.size:        # its last prompt token's logits
-                    rows.append(len(ids) - 1)
-                    owners.append(r)
+                # the logits that score the prompt's next tokens, and those of its last token
+                scored = range(first, first + n) if r.prompt_logprobs is not None else ()
+                wanted = [p for p in scored if p < r.prompt.size - 1]
+                if r._prefilled == r.prompt.size:
+                    wanted.append(r.prompt.size - 1)
+                for p in wanted:
+                    rows.append(len(ids) - n + (p - first))
+                    uses.append((r, p))
         if not rows:                                     # prompt chunks only
             rows.append(len(ids) - 1)
-            owners.append(None)
+            uses.append((None, None))
         t0 = time.perf_counter()
         logits = self.gen.forward(np.array(ids, np.int32), np.array(slots, np.int32),
                                   np.array(positions, np.int32), np.array(rows, np.int32))
         now = time.perf_counter()
         self.counters["steps_total"] += 1
         self.counters["step_seconds_total"] += now - t0
-        for r, lg in zip(owners, logits):
-            if r is not None:
-                self._emit(r, sample(lg, r.temperature, r.top_k, r.top_p, r._rng), now)
+        for (r, p), lg in zip(uses, logits):
+            if r is None or r._done.is_set():
+                continue
+            if p < r.prompt.size - 1:                    # scores prompt[p + 1]
+                r.prompt_scores.append(scored_token(lg, int(r.prompt[p + 1]), r.prompt_logprobs))
+            elif r.max_tokens == 0:                      # prefill only
+                self._finish(r, "length")
+            else:
+                tok = sample(lg, r.temperature, r.top_k, r.top_p, r._rng)
+                if r.logprobs is not None:
+                    r.token_logprobs.append(scored_token(lg, tok, r.logprobs))
+                self._emit(r, tok, now)
 
     def _emit(self, r: Request, tok: int, now: float):
         if not r.tokens:

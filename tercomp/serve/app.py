@@ -31,6 +31,7 @@ import secrets
 import threading
 import time
 import uuid
+from typing import NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -43,7 +44,7 @@ from ..models.chat import ChatTemplate, ChatTemplateError
 from ..runtime.scheduler import EngineClosed, QueueFull
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import ChatRequest, CompletionRequest, error_body
-from .text import TextStream
+from .text import TextStream, TokenPieces
 
 #: the largest request body accepted, in bytes (create_app's max_body)
 MAX_BODY = 1 << 20
@@ -106,21 +107,27 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
-        prompts = await run_in_threadpool(lambda: [model.encode(p) for p in body.prompts()])
+        texts = body.prompts()
+        prompts = await run_in_threadpool(lambda: [model.encode(p) for p in texts])
         max_tokens = body.max_tokens if body.max_tokens is not None else model.max_seq
-        runs = _submit(engine, model, body, prompts, [max_tokens] * len(prompts), "prompt")
+        echo = [(t if isinstance(t, str) else model.decode(t), p) if body.echo else None
+                for t, p in zip(texts, prompts)]
+        runs = _submit(engine, model, body, prompts, [max_tokens] * len(prompts), "prompt",
+                       logprobs=body.logprobs, echo=echo)
         rid = f"cmpl-{uuid.uuid4().hex}"
         head = {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": model_name}
 
-        def choice(i, text, ids, finish):
-            return {"index": i, "text": text, "logprobs": None, "finish_reason": finish,
-                    "token_ids": ids}
+        def choice(i, run, piece, finish):
+            lp = None if body.logprobs is None else \
+                model.completion_logprobs(run, piece.logged, piece.scores)
+            return {"index": i, "text": piece.text, "logprobs": lp, "finish_reason": finish,
+                    "token_ids": piece.ids}
 
         if body.stream:
             return _sse(runs, request, metrics, head, choice, _include_usage(body))
         await _collect(runs, request, metrics)
-        return {**head, "choices": [choice(i, r.text.text, r.text.tokens, r.finish_reason)
+        return {**head, "choices": [choice(i, r, r.whole(), r.finish_reason)
                                     for i, r in enumerate(runs)], "usage": _usage(runs)}
 
     @app.post("/v1/chat/completions")
@@ -128,21 +135,30 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         check_model(body.model)
         prompt = await run_in_threadpool(model.render_chat, body.messages)
         limit = body.max_completion_tokens or body.max_tokens or model.max_seq
-        runs = _submit(engine, model, body, [prompt], [limit], "messages")
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                 "created": int(time.time()), "model": model_name}
+
+        def logprobs(piece):
+            return None if top is None else \
+                {"content": model.chat_logprobs(piece.logged, piece.scores)}
+
         if body.stream:
-            def delta(i, text, ids, finish):
-                d = {} if finish else {"content": text}
-                return {"index": i, "delta": d, "logprobs": None, "finish_reason": finish}
+            def delta(i, run, piece, finish):
+                d = {} if finish else {"content": piece.text}
+                return {"index": i, "delta": d, "logprobs": None if finish else logprobs(piece),
+                        "finish_reason": finish}
             first = {"index": 0, "delta": {"role": "assistant", "content": ""},
                      "logprobs": None, "finish_reason": None}
             return _sse(runs, request, metrics, {**head, "object": "chat.completion.chunk"},
                         delta, _include_usage(body), first=first)
         await _collect(runs, request, metrics)
         r = runs[0]
-        return {**head, "choices": [{"index": 0, "logprobs": None, "finish_reason": r.finish_reason,
-                                     "message": {"role": "assistant", "content": r.text.text}}],
+        whole = r.whole()
+        return {**head, "choices": [{"index": 0, "logprobs": logprobs(whole),
+                                     "finish_reason": r.finish_reason,
+                                     "message": {"role": "assistant", "content": whole.text}}],
                 "usage": _usage(runs)}
 
     return app
@@ -160,6 +176,39 @@ class _Model:
         if self.template is not None and self.template.eos_token and self.tokenizer is not None:
             eos = self.tokenizer.token_to_id(self.template.eos_token)
         self.eos = {eos} if eos is not None else set()
+        self.pieces = TokenPieces(self.tokenizer)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids)) if self.tokenizer is not None else ""
+
+    def completion_logprobs(self, run, ids, scores) -> dict:
+        """OpenAI's completions `logprobs` of tokens `ids`: their strings, log-probabilities
+        and most likely alternatives (with the token itself, as OpenAI adds it), and
+        their offsets in the choice's text (run.offset carries on between chunks)."""
+        tokens = [self.pieces.text(t) for t in ids]
+        offsets = []
+        for t in tokens:
+            offsets.append(run.offset)
+            run.offset += len(t)
+        tops = []
+        for t, s in zip(ids, scores):
+            if s is None:
+                tops.append(None)
+                continue
+            d = {self.pieces.text(a): _finite(lp) for a, lp in s[1]}
+            d.setdefault(self.pieces.text(t), _finite(s[0]))
+            tops.append(d)
+        return {"tokens": tokens, "token_logprobs": [None if s is None else _finite(s[0])
+                                                     for s in scores],
+                "top_logprobs": tops, "text_offset": offsets}
+
+    def chat_logprobs(self, ids, scores) -> list:
+        """OpenAI's chat `logprobs.content` entries of tokens `ids`."""
+        def entry(t, lp):
+            b = self.pieces.bytes(t)
+            return {"token": self.pieces.text(t), "logprob": _finite(lp), "bytes": list(b)}
+        return [{**entry(t, s[0]), "top_logprobs": [entry(a, lp) for a, lp in s[1]]}
+                for t, s in zip(ids, scores)]
 
     def encode(self, prompt) -> list:
         if not isinstance(prompt, str):
@@ -181,11 +230,18 @@ class _Model:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
 
-class _Run:
-    """One submitted request (one choice) and its text."""
+def _finite(lp: float) -> float:
+    """A log-probability as JSON can hold it (OpenAI's floor for -inf: -9999)."""
+    return max(float(lp), -9999.0) if lp == lp else -9999.0
 
-    def __init__(self, req, text: TextStream):
-        self.req, self.text = req, text
+
+class _Run:
+    """One submitted request (one choice) and its text. `echo`: (prompt text, prompt
+    ids) to send before the generated text, or None; `offset`: the text offset of the
+    next token's log-probability entry."""
+
+    def __init__(self, req, text: TextStream, echo=None):
+        self.req, self.text, self.echo, self.offset = req, text, echo, 0
 
     @property
     def finish_reason(self) -> str:
@@ -193,9 +249,44 @@ class _Run:
             return "stop"
         return self.req.finish_reason if self.req.finish_reason in ("stop", "length") else "abort"
 
+    def piece(self, text: str, start: int, end: int) -> "_Piece":
+        """The piece of generated tokens start..end with `text`."""
+        ids = self.text.tokens[start:end]
+        return _Piece(text, ids, ids, None if self.req.logprobs is None
+                      else self.req.token_logprobs[start:end])
 
-def _submit(engine, model: _Model, body, prompts, limits, param) -> list:
-    """Submit one request per prompt (all or none: a refused one cancels the others)."""
+    def echoed(self) -> "_Piece":
+        """The piece of the echoed prompt (its ids are scored, not generated)."""
+        text, ids = self.echo
+        scores = self.req.prompt_scores if self.req.prompt_logprobs is not None else None
+        return _Piece(text, [], list(map(int, ids)), scores)
+
+    def whole(self) -> "_Piece":
+        """The whole choice once it ended, the echoed prompt first."""
+        p = self.piece(self.text.text, 0, len(self.text.tokens))
+        if self.echo is None:
+            return p
+        e = self.echoed()
+        return _Piece(e.text + p.text, p.ids, e.logged + p.logged,
+                      None if p.scores is None else list(e.scores or ()) + list(p.scores))
+
+
+class _Piece(NamedTuple):
+    """What one chunk carries: `text`, generated `ids`, the ids its log-probability
+    entries are for (`logged`: the prompt's too when echoed) and those entries (None:
+    not asked for)."""
+    text: str
+    ids: list
+    logged: list
+    scores: list | None
+
+
+
+def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
+            echo=None) -> list:
+    """Submit one request per prompt (all or none: a refused one cancels the others).
+    `logprobs`: the alternatives per generated token (None: no log-probabilities);
+    `echo`: per prompt, (text, ids) to echo (the prompt scored too when `logprobs`)."""
     if body.stop and model.tokenizer is None:
         raise APIError(400, "stop strings need the model's tokenizer; this model has none",
                        param="stop")
@@ -203,15 +294,18 @@ def _submit(engine, model: _Model, body, prompts, limits, param) -> list:
     temperature = 1.0 if body.temperature is None else body.temperature
     seed = body.seed if body.seed is not None else secrets.randbits(63)
     runs = []
+    echo = echo or [None] * len(prompts)
     try:
-        for prompt, limit in zip(prompts, limits):
+        for prompt, limit, shown in zip(prompts, limits, echo):
             if len(prompt) >= model.max_seq:
                 raise APIError(400, f"This model's maximum context length is {model.max_seq} "
                                     f"tokens; the prompt has {len(prompt)}", param=param,
                                code="context_length_exceeded")
             req = engine.submit(prompt, max_tokens=limit, temperature=temperature,
-                                top_k=body.k, top_p=body.top_p, seed=seed, stop=stop_ids)
-            runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids)))
+                                top_k=body.k, top_p=body.top_p, seed=seed, stop=stop_ids,
+                                logprobs=logprobs,
+                                prompt_logprobs=logprobs if shown is not None else None)
+            runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids), shown))
     except BaseException as e:
         for r in runs:
             r.req.cancel()
@@ -271,21 +365,29 @@ async def _tokens(req):
 
 
 async def _pieces(run: _Run, metrics: Metrics):
-    """(text, token ids) pieces of one run as they can be sent; the request is cancelled
-    when a stop string ends it, and when the reader goes away (the generator is closed
-    or its task cancelled: the finally)."""
+    """The _Pieces of one run as they can be sent, the echoed prompt first (once it is prefilled: with the first token, or at
+    the end); the request is cancelled when a stop string ends it, and when the reader
+    goes away (the generator is closed or its task cancelled: the finally)."""
     sent = 0
+    echo = run.echo is not None
     try:
         async for tok in _tokens(run.req):
+            if echo:
+                yield run.echoed()
+                echo = False
             text = run.text.push(tok)
             if text or run.text.tokenizer is None:
-                yield text, run.text.tokens[sent:]
-                sent = len(run.text.tokens)
+                end = len(run.text.tokens)
+                yield run.piece(text, sent, end)
+                sent = end
             if run.text.finished:
                 break
+        if echo:
+            yield run.echoed()
         text = run.text.flush()
-        if text or sent < len(run.text.tokens):
-            yield text, run.text.tokens[sent:]
+        end = len(run.text.tokens)
+        if text or sent < end:
+            yield run.piece(text, sent, end)
     finally:
         run.req.cancel()
     metrics.observe(run.req)
@@ -339,11 +441,11 @@ def _sse(runs, request, metrics, head, choice, include_usage, first=None) -> Str
 
         async def drain(i, run):
             try:
-                async for text, ids in _pieces(run, metrics):
-                    await queue.put((i, text, ids))
-                await queue.put((i, None, None))
+                async for piece in _pieces(run, metrics):
+                    await queue.put((i, piece))
+                await queue.put((i, None))
             except BaseException as e:
-                await queue.put((i, e, None))
+                await queue.put((i, e))
 
         tasks = [asyncio.ensure_future(drain(i, r)) for i, r in enumerate(runs)]
         try:
@@ -351,16 +453,16 @@ def _sse(runs, request, metrics, head, choice, include_usage, first=None) -> Str
                 yield event([first])
             left = len(runs)
             while left:
-                i, text, ids = await queue.get()
-                if isinstance(text, BaseException):
-                    message = getattr(text, "message", None) or str(text)
+                i, piece = await queue.get()
+                if isinstance(piece, BaseException):
+                    message = getattr(piece, "message", None) or str(piece)
                     yield f"data: {json.dumps(error_body(f'generation failed: {message}', 'server_error'))}\n\n"
                     left -= 1
-                elif text is None:
-                    yield event([choice(i, "", [], runs[i].finish_reason)])
+                elif piece is None:
+                    yield event([choice(i, runs[i], _Piece("", [], [], []), runs[i].finish_reason)])
                     left -= 1
                 else:
-                    yield event([choice(i, text, ids, None)])
+                    yield event([choice(i, runs[i], piece, None)])
             if include_usage:
                 yield event([], usage=_usage(runs))
             yield "data: [DONE]\n\n"

@@ -4,15 +4,20 @@ OpenAI error body.
 
 Fields are OpenAI's names and defaults (temperature 1, top_p 1, completions' max_tokens
 16). Extensions that vLLM also accepts: `top_k`, `stop_token_ids`, `ignore_eos`.
-Fields OpenAI defines but this server does not implement (n > 1, logprobs, echo,
-suffix, penalties, logit_bias, tools) are refused with a 400 naming the field rather
-than silently ignored; unknown fields are ignored, as OpenAI's SDKs send new ones.
+Log-probabilities: completions' `logprobs=N` (and `echo`, which with `logprobs` scores
+the prompt too; `max_tokens=0` prefills only: what lm-evaluation-harness sends to score
+a continuation), chat's `logprobs` / `top_logprobs`. Fields OpenAI defines but this
+server does not implement (n > 1, suffix, penalties, logit_bias, tools) are refused
+with a 400 naming the field rather than silently ignored; unknown fields are ignored,
+as OpenAI's SDKs send new ones.
 """
 from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+from ..runtime.sampling import MAX_LOGPROBS
 
 #: the most stop strings / stop ids one request may give
 MAX_STOP = 16
@@ -70,9 +75,9 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions: `prompt` is text, a list of token ids, or a list of either
     (one choice each)."""
     prompt: Union[str, TokenIds, list[str], list[TokenIds]]
-    max_tokens: Optional[StrictInt] = Field(16, ge=1)
-    echo: bool = False
-    logprobs: Optional[int] = None
+    max_tokens: Optional[StrictInt] = Field(16, ge=0, description="0: score the prompt only")
+    echo: Optional[bool] = False
+    logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 
@@ -83,7 +88,7 @@ class CompletionRequest(_Sampling):
             raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
         return p
 
-    _unsupported = field_validator("echo", "logprobs", "suffix", "best_of", "presence_penalty",
+    _unsupported = field_validator("suffix", "best_of", "presence_penalty",
                                    "frequency_penalty", "logit_bias")(classmethod(_refuse))
 
     def prompts(self) -> list:
@@ -116,10 +121,18 @@ class ChatRequest(_Sampling):
     max_tokens: Optional[StrictInt] = Field(None, ge=1)
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1)
     logprobs: Optional[bool] = None
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Optional[list] = None
 
-    _unsupported = field_validator("logprobs", "tools", "presence_penalty", "frequency_penalty",
+    _unsupported = field_validator("tools", "presence_penalty", "frequency_penalty",
                                    "logit_bias")(classmethod(_refuse))
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v, info):
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs=true")
+        return v
 
 
 def error_body(message: str, type: str = "invalid_request_error", param=None, code=None) -> dict:
