@@ -311,6 +311,109 @@ def test_chat_logprobs(ref, client):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
 
 
+# -- sampling parameters --------------------------------------------------------------------------
+
+def penalized_greedy(ref, ids, n, presence=0.0, frequency=0.0, repetition=1.0, bias=None):
+    """Greedy tokens with vLLM's transforms, written out in NumPy: bias, then repetition
+    over prompt and output, then frequency and presence over the output."""
+    out, logits = [], ref.prefill(np.array(ids, np.int32))[-1]
+    for _ in range(n):
+        z = logits.astype(np.float64)
+        for t, v in (bias or {}).items():
+            z[int(t)] += v
+        for t in set(ids) | set(out):
+            z[t] = z[t] / repetition if z[t] > 0 else z[t] * repetition
+        counts = np.bincount(out, minlength=z.size)
+        z = z - frequency * counts - presence * (counts > 0)
+        out.append(int(z.argmax()))
+        if out[-1] == EOS:
+            break
+        logits = ref.decode(out[-1])
+    return out
+
+
+@pytest.mark.parametrize("params", [
+    {"presence_penalty": 1.5}, {"frequency_penalty": 0.7}, {"repetition_penalty": 1.3},
+    {"logit_bias": {"100": 4.0, "7": -100}},
+    {"presence_penalty": -0.5, "frequency_penalty": 0.4, "repetition_penalty": 0.8}])
+def test_penalties_as_vllm_applies_them(ref, client, params):
+    ids = ref.encode("hello world").tolist()
+    plain = expected(ref, ids, 24)[0]
+    want = penalized_greedy(ref, ids, 24, params.get("presence_penalty", 0.0),
+                            params.get("frequency_penalty", 0.0),
+                            params.get("repetition_penalty", 1.0), params.get("logit_bias"))
+    assert want != plain                  # the parameter changes the answer
+    extra = {"repetition_penalty": params["repetition_penalty"]} \
+        if "repetition_penalty" in params else {}
+    r = client.completions.create(model="tiny", prompt="hello world", max_tokens=24,
+                                  temperature=0, extra_body=extra,
+                                  **{k: v for k, v in params.items() if k != "repetition_penalty"})
+    assert r.choices[0].model_extra["token_ids"] == want
+
+
+def test_min_p_one_keeps_only_the_most_likely(ref, client):
+    ids = ref.encode("the quick").tolist()
+    r = client.completions.create(model="tiny", prompt="the quick", max_tokens=12,
+                                  temperature=1.5, seed=3, extra_body={"min_p": 1.0})
+    assert r.choices[0].model_extra["token_ids"] == expected(ref, ids, 12)[0]
+
+
+def test_n_choices_and_best_of(ref, client):
+    ids = ref.encode("hello").tolist()
+    r = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=0.9,
+                                  seed=5, n=3)
+    want = [expected(ref, ids, 8, temperature=0.9, seed=5 + j)[0] for j in range(3)]
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.model_extra["token_ids"] for c in r.choices] == want
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), sum(map(len, want)))
+    streamed = {0: [], 1: [], 2: []}
+    for chunk in client.completions.create(model="tiny", prompt="hello", max_tokens=8,
+                                           temperature=0.9, seed=5, n=3, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.model_extra["token_ids"]
+    assert [streamed[j] for j in range(3)] == want
+    # best_of: the most likely of 3 candidates (the sum of their tokens' log-probabilities)
+    cands = [expected(ref, ids, 8, temperature=1.0, seed=11 + j)[0] for j in range(3)]
+
+    def score(c):
+        lp = log_softmax(ref.prefill(np.array(ids + c[:-1], np.int32)))[len(ids) - 1:]
+        return lp[np.arange(len(c)), c].sum()
+    r = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=1.0,
+                                  seed=11, best_of=3, n=1)
+    assert len(r.choices) == 1 and r.choices[0].logprobs is None
+    assert r.choices[0].model_extra["token_ids"] == max(cands, key=score)
+    assert r.usage.completion_tokens == sum(map(len, cands))
+    chat = client.chat.completions.create(model="tiny", n=2, max_tokens=6, temperature=0,
+                                          messages=[{"role": "user", "content": "hello"}])
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content
+
+
+def test_nulls_where_openai_allows_them(ref, base):
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 5, "temperature": 0,
+            "stream": None, "n": None, "echo": None, "logprobs": None, "stop": None,
+            "best_of": None, "presence_penalty": None, "frequency_penalty": None,
+            "logit_bias": None, "seed": None, "top_p": None, "user": None, "suffix": None,
+            "stream_options": None, "response_format": None}
+    r = post(base, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == expected(ref, ref.encode("hello"), 5)[0]
+    chat = post(base, "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "stream": None, "n": None, "logprobs": None, "top_logprobs": None, "tools": None,
+        "tool_choice": None, "response_format": {"type": "text"}, "max_completion_tokens": None})
+    assert chat.status_code == 200, chat.text
+    for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]),
+                         ("tool_choice", "required"),
+                         ("response_format", {"type": "json_schema", "json_schema": {}})):
+        r = post(base, "/v1/chat/completions", {"model": "tiny", field: value,
+                                                "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = post(base, "/v1/chat/completions", {"model": "tiny", "messages": [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+
+
 # -- bad requests ----------------------------------------------------------------------------
 
 BAD = [  # (what, body or raw bytes, key, status, param)
@@ -328,7 +431,25 @@ BAD = [  # (what, body or raw bytes, key, status, param)
     ("not an object", b'[1, 2]', KEY, 400, None),
     ("oversized body", {"model": "tiny", "prompt": "x" * MAX_BODY}, KEY, 413, None),
     ("another model", {"model": "gpt-4", "prompt": "hi"}, KEY, 404, "model"),
-    ("n > 1", {"model": "tiny", "prompt": "hi", "n": 2}, KEY, 400, "n"),
+    ("n > 16", {"model": "tiny", "prompt": "hi", "n": 17}, KEY, 400, "n"),
+    ("64 prompts x 2", {"model": "tiny", "prompt": [[1]] * 64, "n": 2}, KEY, 400, "n"),
+    ("best_of < n", {"model": "tiny", "prompt": "hi", "n": 3, "best_of": 2}, KEY, 400, "best_of"),
+    ("best_of streamed", {"model": "tiny", "prompt": "hi", "best_of": 2, "stream": True}, KEY,
+     400, "best_of"),
+    ("presence > 2", {"model": "tiny", "prompt": "hi", "presence_penalty": 2.5}, KEY, 400,
+     "presence_penalty"),
+    ("repetition 0", {"model": "tiny", "prompt": "hi", "repetition_penalty": 0}, KEY, 400,
+     "repetition_penalty"),
+    ("min_p > 1", {"model": "tiny", "prompt": "hi", "min_p": 1.5}, KEY, 400, "min_p"),
+    ("bias key", {"model": "tiny", "prompt": "hi", "logit_bias": {"x": 1}}, KEY, 400, "logit_bias"),
+    ("bias > 100", {"model": "tiny", "prompt": "hi", "logit_bias": {"3": 101}}, KEY, 400,
+     "logit_bias"),
+    ("bias id", {"model": "tiny", "prompt": "hi", "logit_bias": {"280": 1}}, KEY, 400, "logit_bias"),
+    ("json output", {"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}},
+     KEY, 400, "response_format"),
+    ("guided_json", {"model": "tiny", "prompt": "hi", "guided_json": {"type": "object"}}, KEY, 400,
+     "guided_json"),
+    ("suffix", {"model": "tiny", "prompt": "hi", "suffix": "x"}, KEY, 400, "suffix"),
     ("logprobs > 20", {"model": "tiny", "prompt": "hi", "logprobs": 21}, KEY, 400, "logprobs"),
     ("empty prompt", {"model": "tiny", "prompt": []}, KEY, 400, "prompt"),
 ]

@@ -36,7 +36,8 @@ import numpy as np
 from ..errors import InputError, TercompError
 from .batched import BatchedLMGenerator
 from .generator import LMGenerator, _eos_set, _ids
-from .sampling import MAX_LOGPROBS, check_sampling, sample, scored_token
+from .sampling import (MAX_LOGPROBS, Penalties, check_penalties, check_sampling, sample,
+                       scored_token)
 
 _DONE = object()
 
@@ -72,6 +73,8 @@ class Request:
     stop: set = field(default_factory=set)
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    min_p: float = 0.0
+    penalties: Penalties | None = None
     tokens: list = field(default_factory=list)
     token_logprobs: list = field(default_factory=list)
     prompt_scores: list = field(default_factory=list)
@@ -173,14 +176,19 @@ class Engine:
 
     # -- the callers' side ---------------------------------------------------------------
     def submit(self, prompt_ids, max_tokens: int = 16, temperature: float = 0.0, top_k=None,
-               top_p=None, seed: int = 0, stop=None, logprobs=None,
-               prompt_logprobs=None) -> Request:
+               top_p=None, seed: int = 0, stop=None, logprobs=None, prompt_logprobs=None,
+               min_p: float = 0.0, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+               logit_bias=None) -> Request:
         """Queue a request (every argument checked here, in the caller's thread).
-        `max_tokens=0` prefills the prompt only (for its `prompt_logprobs`)."""
+        `max_tokens=0` prefills the prompt only (for its `prompt_logprobs`); the
+        penalties and `logit_bias` ({id: value}) are runtime.sampling.Penalties'."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) \
                 or max_tokens < 0:
             raise InputError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         check_sampling(temperature, top_k, top_p, seed)
+        check_penalties(self.vocab_size, min_p, presence_penalty, frequency_penalty,
+                        repetition_penalty, logit_bias)
         for what, n in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral)
                                   or not 0 <= n <= MAX_LOGPROBS):
@@ -195,7 +203,11 @@ class Engine:
                              f"{self.max_seq} (prompt and generated tokens)",
                              hint="shorten the prompt, or compile with a larger max_seq")
         req = Request(next(self._ids), prompt, int(max_tokens), float(temperature), top_k, top_p,
-                      int(seed), stop, logprobs, prompt_logprobs, submitted=time.perf_counter())
+                      int(seed), stop, logprobs, prompt_logprobs, float(min_p),
+                      submitted=time.perf_counter())
+        pen = Penalties(self.vocab_size, prompt, float(presence_penalty),
+                        float(frequency_penalty), float(repetition_penalty), logit_bias)
+        req.penalties = pen if pen.active else None
         with self._cv:
             if self._closed or self._failed is not None:
                 raise EngineClosed("the engine is closed" if self._failed is None else
@@ -322,8 +334,12 @@ class Engine:
             elif r.max_tokens == 0:                      # prefill only
                 self._finish(r, "length")
             else:
-                tok = sample(lg, r.temperature, r.top_k, r.top_p, r._rng)
-                if r.logprobs is not None:
+                pen = r.penalties
+                tok = sample(lg if pen is None else pen.apply(lg), r.temperature, r.top_k,
+                             r.top_p, r._rng, r.min_p)
+                if pen is not None:
+                    pen.add(tok)
+                if r.logprobs is not None:      # of the model's logits (vLLM's raw logprobs)
                     r.token_logprobs.append(scored_token(lg, tok, r.logprobs))
                 self._emit(r, tok, now)
 

@@ -43,7 +43,7 @@ from ..errors import InputError, TercompError
 from ..models.chat import ChatTemplate, ChatTemplateError
 from ..runtime.scheduler import EngineClosed, QueueFull
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import ChatRequest, CompletionRequest, error_body
+from .protocol import MAX_PROMPTS, ChatRequest, CompletionRequest, error_body
 from .text import TextStream, TokenPieces
 
 #: the largest request body accepted, in bytes (create_app's max_body)
@@ -113,7 +113,7 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         echo = [(t if isinstance(t, str) else model.decode(t), p) if body.echo else None
                 for t, p in zip(texts, prompts)]
         runs = _submit(engine, model, body, prompts, [max_tokens] * len(prompts), "prompt",
-                       logprobs=body.logprobs, echo=echo)
+                       logprobs=body.logprobs, echo=echo, candidates=body.candidates)
         rid = f"cmpl-{uuid.uuid4().hex}"
         head = {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": model_name}
@@ -127,8 +127,9 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         if body.stream:
             return _sse(runs, request, metrics, head, choice, _include_usage(body))
         await _collect(runs, request, metrics)
+        best = _best(runs, body.choices)
         return {**head, "choices": [choice(i, r, r.whole(), r.finish_reason)
-                                    for i, r in enumerate(runs)], "usage": _usage(runs)}
+                                    for i, r in enumerate(best)], "usage": _usage(runs)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
@@ -136,7 +137,8 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         prompt = await run_in_threadpool(model.render_chat, body.messages)
         limit = body.max_completion_tokens or body.max_tokens or model.max_seq
         top = (body.top_logprobs or 0) if body.logprobs else None
-        runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top)
+        runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top,
+                       candidates=body.choices)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
                 "created": int(time.time()), "model": model_name}
 
@@ -149,16 +151,17 @@ def create_app(engine, model_name: str, api_key: str | None = None,
                 d = {} if finish else {"content": piece.text}
                 return {"index": i, "delta": d, "logprobs": None if finish else logprobs(piece),
                         "finish_reason": finish}
-            first = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                     "logprobs": None, "finish_reason": None}
+            first = [{"index": i, "delta": {"role": "assistant", "content": ""},
+                      "logprobs": None, "finish_reason": None} for i in range(len(runs))]
             return _sse(runs, request, metrics, {**head, "object": "chat.completion.chunk"},
                         delta, _include_usage(body), first=first)
         await _collect(runs, request, metrics)
-        r = runs[0]
-        whole = r.whole()
-        return {**head, "choices": [{"index": 0, "logprobs": logprobs(whole),
-                                     "finish_reason": r.finish_reason,
-                                     "message": {"role": "assistant", "content": whole.text}}],
+
+        def message(i, r):
+            whole = r.whole()
+            return {"index": i, "logprobs": logprobs(whole), "finish_reason": r.finish_reason,
+                    "message": {"role": "assistant", "content": whole.text}}
+        return {**head, "choices": [message(i, r) for i, r in enumerate(runs)],
                 "usage": _usage(runs)}
 
     return app
@@ -240,8 +243,9 @@ class _Run:
     ids) to send before the generated text, or None; `offset`: the text offset of the
     next token's log-probability entry."""
 
-    def __init__(self, req, text: TextStream, echo=None):
+    def __init__(self, req, text: TextStream, echo=None, prompt_index: int = 0):
         self.req, self.text, self.echo, self.offset = req, text, echo, 0
+        self.prompt_index = prompt_index
 
     @property
     def finish_reason(self) -> str:
@@ -283,10 +287,20 @@ class _Piece(NamedTuple):
 
 
 def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
-            echo=None) -> list:
-    """Submit one request per prompt (all or none: a refused one cancels the others).
-    `logprobs`: the alternatives per generated token (None: no log-probabilities);
-    `echo`: per prompt, (text, ids) to echo (the prompt scored too when `logprobs`)."""
+            echo=None, candidates: int = 1) -> list:
+    """Submit `candidates` requests per prompt (all or none: a refused one cancels the
+    others), the j-th of a prompt seeded with seed + j. `logprobs`: the alternatives per
+    generated token (None: no log-probabilities); `echo`: per prompt, (text, ids) to
+    echo (the prompt scored too when `logprobs`)."""
+    if len(prompts) * candidates > MAX_PROMPTS:
+        raise APIError(400, f"{len(prompts)} prompts times {candidates} choices each is over "
+                            f"{MAX_PROMPTS} sequences in one request", param="n")
+    bad = [t for t in (body.logit_bias or ()) if t >= model.vocab_size]
+    if bad:
+        raise APIError(400, f"logit_bias: token id {bad[0]} is out of range for a vocabulary "
+                            f"of {model.vocab_size}", param="logit_bias")
+    if candidates > (body.n or 1) and logprobs is None:
+        logprobs = 0                    # best_of ranks by the generated tokens' logprobs
     if body.stop and model.tokenizer is None:
         raise APIError(400, "stop strings need the model's tokenizer; this model has none",
                        param="stop")
@@ -296,16 +310,18 @@ def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
     runs = []
     echo = echo or [None] * len(prompts)
     try:
-        for prompt, limit, shown in zip(prompts, limits, echo):
+        for (index, prompt), limit, shown in zip(enumerate(prompts), limits, echo):
             if len(prompt) >= model.max_seq:
                 raise APIError(400, f"This model's maximum context length is {model.max_seq} "
                                     f"tokens; the prompt has {len(prompt)}", param=param,
                                code="context_length_exceeded")
-            req = engine.submit(prompt, max_tokens=limit, temperature=temperature,
-                                top_k=body.k, top_p=body.top_p, seed=seed, stop=stop_ids,
-                                logprobs=logprobs,
-                                prompt_logprobs=logprobs if shown is not None else None)
-            runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids), shown))
+            for j in range(candidates):
+                req = engine.submit(prompt, max_tokens=limit, temperature=temperature,
+                                    seed=(seed + j) % (1 << 63), stop=stop_ids,
+                                    logprobs=logprobs, **body.sampling(),
+                                    prompt_logprobs=logprobs if shown is not None else None)
+                runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids),
+                                 shown, index))
     except BaseException as e:
         for r in runs:
             r.req.cancel()
@@ -321,8 +337,26 @@ def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
     return runs
 
 
+def _best(runs, n: int) -> list:
+    """Of each prompt's candidates, the `n` whose generated tokens are most likely (the
+    sum of their log-probabilities: OpenAI's best_of), most likely first; all of them,
+    in order, when there are n."""
+    by_prompt: dict = {}
+    for r in runs:
+        by_prompt.setdefault(r.prompt_index, []).append(r)
+    out = []
+    for group in by_prompt.values():
+        if len(group) > n:
+            group = sorted(group, key=lambda r: -sum(s[0] for s in r.req.token_logprobs[
+                :len(r.text.tokens)]))[:n]
+        out.extend(group)
+    return out
+
+
 def _usage(runs) -> dict:
-    prompt = sum(int(r.req.prompt.size) for r in runs)
+    """Prompt tokens once per prompt, every generated token (best_of's discarded ones
+    too)."""
+    prompt = sum(int(r.req.prompt.size) for r in {r.prompt_index: r for r in runs}.values())
     completion = sum(len(r.text.tokens) for r in runs)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
@@ -449,8 +483,8 @@ def _sse(runs, request, metrics, head, choice, include_usage, first=None) -> Str
 
         tasks = [asyncio.ensure_future(drain(i, r)) for i, r in enumerate(runs)]
         try:
-            if first is not None:
-                yield event([first])
+            for f in first or ():
+                yield event([f])
             left = len(runs)
             while left:
                 i, piece = await queue.get()

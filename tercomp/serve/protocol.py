@@ -3,17 +3,19 @@ models (FastAPI validates every body against them before a handler runs), and th
 OpenAI error body.
 
 Fields are OpenAI's names and defaults (temperature 1, top_p 1, completions' max_tokens
-16). Extensions that vLLM also accepts: `top_k`, `stop_token_ids`, `ignore_eos`.
-Log-probabilities: completions' `logprobs=N` (and `echo`, which with `logprobs` scores
-the prompt too; `max_tokens=0` prefills only: what lm-evaluation-harness sends to score
-a continuation), chat's `logprobs` / `top_logprobs`. Fields OpenAI defines but this
-server does not implement (n > 1, suffix, penalties, logit_bias, tools) are refused
-with a 400 naming the field rather than silently ignored; unknown fields are ignored,
-as OpenAI's SDKs send new ones.
+16), each nullable where OpenAI's is (null is the default). Extensions that vLLM also
+accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`;
+llama-server's `parse_special`. Log-probabilities: completions' `logprobs=N` (and
+`echo`, which with `logprobs` scores the prompt too; `max_tokens=0` prefills only: what
+lm-evaluation-harness sends to score a continuation), chat's `logprobs` /
+`top_logprobs`. Fields this server does not implement (`REFUSED`: structured output,
+tools, beam search, ...) are refused with a 400 naming the field unless they hold
+their default, rather than silently ignored; unknown fields are ignored, as OpenAI's
+SDKs send new ones.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -21,41 +23,86 @@ from ..runtime.sampling import MAX_LOGPROBS
 
 #: the most stop strings / stop ids one request may give
 MAX_STOP = 16
-#: the most prompts one completions request may batch
+#: the most prompts one completions request may batch, and the most choices (prompts
+#: times n or best_of) one request may ask for
 MAX_PROMPTS = 64
+#: the largest n / best_of
+MAX_N = 16
 
 TokenIds = list[StrictInt]
 
+#: fields of OpenAI's API, vLLM's or llama-server's that this server does not implement,
+#: with the values that ask for nothing (null, false, 0, empty, and these)
+REFUSED = {
+    "suffix": (), "response_format": ({"type": "text"},), "tools": (),
+    "tool_choice": ("none",), "functions": (), "function_call": ("none",),
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "structured_outputs": (), "grammar": (), "json_schema": (), "use_beam_search": (),
+    "min_tokens": (), "bad_words": (), "allowed_token_ids": (), "prompt_logprobs": (),
+    "typical_p": (1, 1.0), "mirostat": (), "suffix_prompt": (),
+}
+
 
 def _refuse(cls, value, info):
-    """A field OpenAI defines and this server does not implement: only its default."""
-    if value and not (info.field_name == "best_of" and value == 1):
-        raise ValueError(f"{info.field_name}={value!r} is not supported by this server")
-    return value
+    """A field this server does not implement: only a value that asks for nothing."""
+    if value is None or value in (False, 0, "", [], {}) or value in REFUSED[info.field_name]:
+        return value
+    raise ValueError(f"{info.field_name}={value!r:.80} is not supported by this server")
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: Optional[bool] = False
 
 
-class _Sampling(BaseModel):
-    """What both endpoints share."""
+class _Refused(BaseModel):
+    """The REFUSED fields, each a 400 naming it unless it asks for nothing."""
     model_config = ConfigDict(extra="ignore")
+
+    suffix: Any = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    grammar: Any = None
+    json_schema: Any = None
+    use_beam_search: Any = None
+    min_tokens: Any = None
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    prompt_logprobs: Any = None
+    typical_p: Any = None
+    mirostat: Any = None
+    suffix_prompt: Any = None
+
+    _refused = field_validator(*REFUSED)(classmethod(_refuse))
+
+
+class _Sampling(_Refused):
+    """What both endpoints share."""
 
     model: str
     temperature: Optional[float] = Field(1.0, ge=0.0)
     top_p: Optional[float] = Field(1.0, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1, description="-1 or 0: off (vLLM's convention)")
+    min_p: Optional[float] = Field(0.0, ge=0.0, le=1.0)
     seed: Optional[StrictInt] = Field(None, ge=0, lt=1 << 63)
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[StrictInt]] = Field(None, max_length=MAX_STOP)
-    ignore_eos: bool = False
-    stream: bool = False
+    ignore_eos: Optional[bool] = False
+    stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    n: int = Field(1, ge=1, le=1, description="one choice per prompt")
-    presence_penalty: Optional[float] = 0.0
-    frequency_penalty: Optional[float] = 0.0
-    logit_bias: Optional[dict] = None
+    n: Optional[StrictInt] = Field(1, ge=1, le=MAX_N)
+    presence_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: Optional[float] = Field(1.0, gt=0.0, le=100.0)
+    logit_bias: Optional[dict[str, float]] = Field(None, max_length=1024)
+    parse_special: Optional[bool] = False
     user: Optional[str] = None
 
     @field_validator("stop")
@@ -66,20 +113,48 @@ class _Sampling(BaseModel):
             raise ValueError(f"at most {MAX_STOP} stop strings")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        """{"token id": bias} as {int: float}, each bias in [-100, 100] (OpenAI's range)."""
+        if v is None:
+            return v
+        out = {}
+        for key, bias in v.items():
+            if not key.isdigit() or len(key) > 9:
+                raise ValueError(f"keys must be token ids, got {key!r:.40}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {key} must be from -100 to 100, got {bias}")
+            out[int(key)] = float(bias)
+        return out
+
     @property
     def k(self) -> Optional[int]:
         return self.top_k if self.top_k and self.top_k > 0 else None
 
+    @property
+    def choices(self) -> int:
+        """Choices per prompt."""
+        return self.n or 1
+
+    def sampling(self) -> dict:
+        """The Engine.submit keywords of the sampling fields."""
+        return {"top_k": self.k, "top_p": self.top_p, "min_p": self.min_p or 0.0,
+                "presence_penalty": self.presence_penalty or 0.0,
+                "frequency_penalty": self.frequency_penalty or 0.0,
+                "repetition_penalty": 1.0 if self.repetition_penalty is None
+                else self.repetition_penalty, "logit_bias": self.logit_bias}
+
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions: `prompt` is text, a list of token ids, or a list of either
-    (one choice each)."""
+    (n choices each)."""
     prompt: Union[str, TokenIds, list[str], list[TokenIds]]
     max_tokens: Optional[StrictInt] = Field(16, ge=0, description="0: score the prompt only")
     echo: Optional[bool] = False
     logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
-    suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    best_of: Optional[StrictInt] = Field(None, ge=1, le=MAX_N)
+    add_special_tokens: Optional[bool] = True
 
     @field_validator("prompt")
     @classmethod
@@ -88,11 +163,22 @@ class CompletionRequest(_Sampling):
             raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
         return p
 
-    _unsupported = field_validator("suffix", "best_of", "presence_penalty",
-                                   "frequency_penalty", "logit_bias")(classmethod(_refuse))
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v, info):
+        if v is not None and v < (info.data.get("n") or 1):
+            raise ValueError(f"best_of must be at least n ({info.data.get('n')}), got {v}")
+        if v is not None and v > (info.data.get("n") or 1) and info.data.get("stream"):
+            raise ValueError("best_of > n cannot be streamed (as OpenAI's API)")
+        return v
+
+    @property
+    def candidates(self) -> int:
+        """Sequences generated per prompt (best_of, else n)."""
+        return self.best_of or self.choices
 
     def prompts(self) -> list:
-        """One prompt per choice: a str or a list of ids."""
+        """The prompts: each a str or a list of ids."""
         p = self.prompt
         if isinstance(p, str) or not p or isinstance(p[0], int):
             return [p]
@@ -108,6 +194,15 @@ class ChatMessage(BaseModel):
     role: str
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
+    tool_calls: Any = None          # refused: tools are not implemented
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _no_tool_calls(cls, v):
+        if v:
+            raise ValueError("tool_calls in the history are not supported by this server "
+                             "(tools are not implemented)")
+        return v
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -122,10 +217,7 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: Optional[list] = None
-
-    _unsupported = field_validator("tools", "presence_penalty", "frequency_penalty",
-                                   "logit_bias")(classmethod(_refuse))
+    parallel_tool_calls: Optional[bool] = None      # a hint about tools, which are refused
 
     @field_validator("top_logprobs")
     @classmethod
