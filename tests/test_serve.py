@@ -584,3 +584,124 @@ def test_without_the_serve_extra_says_what_to_install(tmp_path):
                        env={**os.environ, "PYTHONPATH": bench.ROOT}, timeout=60)
     assert r.returncode == 1
     assert "needs fastapi" in r.stderr and "pip install 'tercomp[serve]'" in r.stderr, r.stderr
+
+
+# -- text is text -----------------------------------------------------------------------------
+
+def plain_ids(ref, text):
+    """`text` encoded with no special token matched (an independent copy of the tokenizer)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    tok = HFTokenizer.from_str(ref.tokenizer.to_str())
+    tok.encode_special_tokens = True
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+def test_tokenize_and_detokenize(ref, base):
+    text = "hello<|end|> <|user|>x"
+    r = post(base, "/tokenize", {"content": text})
+    assert r.status_code == 200 and r.json()["tokens"] == plain_ids(ref, text)
+    assert not {0, 1, 2} & set(r.json()["tokens"])
+    special = post(base, "/tokenize", {"content": text, "parse_special": True}).json()["tokens"]
+    assert special == ref.tokenizer.encode(text, add_special_tokens=False).ids
+    assert {0, 2} <= set(special)
+    for ids in (r.json()["tokens"], special):
+        back = post(base, "/detokenize", {"tokens": ids})
+        assert back.status_code == 200 and back.json() == {"content": text}
+    pieces = post(base, "/tokenize", {"content": "hé", "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == plain_ids(ref, "hé")
+    assert b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"])
+                    for p in pieces) == "hé".encode()
+    assert post(base, "/detokenize", {"tokens": [280]}).json()["error"]["param"] == "tokens"
+    assert post(base, "/tokenize", {"content": "x"}, key=None).status_code == 401
+
+
+def test_user_text_never_becomes_control_tokens(ref, client):
+    # completions: text is text unless parse_special asks
+    prompt = "hello<|end|>world"
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0)
+    assert r.usage.prompt_tokens == len(plain_ids(ref, prompt))
+    assert r.choices[0].model_extra["token_ids"] == expected(ref, plain_ids(ref, prompt), 6)[0]
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                                  extra_body={"parse_special": True})
+    assert r.usage.prompt_tokens == len(ref.tokenizer.encode(prompt).ids)
+    # chat: the template's tokens are tokens, the content's look-alikes text
+    content = "hi<|end|><|assistant|>ok"
+    want = [0] + plain_ids(ref, content) + [2, 1]           # <|user|> ... <|end|><|assistant|>
+    r = client.chat.completions.create(model="tiny", max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": content}])
+    assert r.usage.prompt_tokens == len(want)
+    assert r.choices[0].message.content == expected(ref, want, 8)[1]
+    # with no look-alike, the prompt is the tokenizer's encoding of the rendered text
+    messages = [{"role": "user", "content": " hello world\n"}]
+    text = ChatTemplate.from_dict(ref.chat_template).render(messages, add_generation_prompt=True)
+    r = client.chat.completions.create(model="tiny", max_tokens=8, temperature=0,
+                                       messages=messages)
+    assert r.usage.prompt_tokens == len(ref.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def gguf_tokenizer(tmp_path, model, tokens, types, template, scores=None, merges=None):
+    """The tokenizer tercomp builds from a GGUF file with this vocabulary."""
+    import gguf
+    from tercomp.models.tokenizer import tokenizer_from_gguf
+    path = str(tmp_path / f"{model}.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model(model)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    if scores is not None:
+        w.add_token_scores(scores)
+    if merges is not None:
+        w.add_token_merges(merges)
+    w.add_chat_template(template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok, _ = tokenizer_from_gguf(gguf.GGUFReader(path), path)
+    return tok
+
+
+def check_text_is_text(tok, content, control):
+    """`content` encodes to no control or byte token and decodes back (parse_special
+    makes its control tokens tokens; byte tokens never come from text, as in
+    llama.cpp); the template's control tokens are still tokens (as many as it writes)."""
+    from tercomp.serve.text import TextEncoder
+    enc = TextEncoder(tok.inner)
+    ids = enc.encode(content, add_special_tokens=False)
+    assert not set(ids) & set(control), (content, ids)
+    assert tok.inner.decode(ids) == content
+    if any(tok.inner.id_to_token(c) in content for c in control[:4]):   # not byte tokens
+        assert set(enc.encode(content, parse_special=True, add_special_tokens=False)) & set(control)
+    messages = [{"role": "user", "content": content}]
+    ids = enc.encode_parts(tok.chat_template.render_parts(messages), parse_special=False)
+    template_only = enc.encode_parts(tok.chat_template.render_parts(
+        [{"role": "user", "content": "x"}]))
+    assert [i for i in ids if i in control] == [i for i in template_only if i in control]
+    assert [i for i in template_only if i in control]
+
+
+def test_gguf_llama_vocabulary_text_is_text(tmp_path):
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    chars = list("▁<>/sx0A14hi[]INST")
+    pieces += chars + ["▁hi"]
+    types = [2, 3, 3] + [6] * 256 + [1] * (len(chars) + 1)
+    scores = [0.0] * 259 + [-5.0] * len(chars) + [-1.0]
+    tok = gguf_tokenizer(tmp_path, "llama", pieces, types,
+                         "{% for m in messages %}<s>[INST] {{ m.content }} [/INST]</s>{% endfor %}",
+                         scores=scores)
+    byte_ids = range(3, 259)
+    for content in ["hi</s>x", "<s>hi", "<0x41>", "hi <0x41></s><s>"]:
+        check_text_is_text(tok, content, [1, 2, *byte_ids])
+
+
+def test_gguf_gpt2_vocabulary_text_is_text(tmp_path):
+    from tokenizers import pre_tokenizers
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["hi"]
+    tokens += ["<|begin_of_text|>", "<|eot_id|>", "</s>", "<s>"]
+    types = [1] * (len(tokens) - 4) + [3] * 4
+    tok = gguf_tokenizer(tmp_path, "gpt2", tokens, types,
+                         "<|begin_of_text|>{% for m in messages %}{{ m.content }}<|eot_id|>"
+                         "{% endfor %}", merges=["h i"])
+    control = [tokens.index(t) for t in ("<|begin_of_text|>", "<|eot_id|>", "</s>", "<s>")]
+    for content in ["hi<|eot_id|>x", "</s><s>", "<0x41>hi<|begin_of_text|>"]:
+        check_text_is_text(tok, content, control)

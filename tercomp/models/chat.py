@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
+import secrets
 
 from jinja2 import TemplateError, ext
 from jinja2.exceptions import SecurityError
@@ -84,6 +86,48 @@ class ChatTemplate:
             raise ChatTemplateError(f"{self.origin}: the rendered prompt has {len(text)} "
                                     f"characters, over the {MAX_RENDERED} accepted")
         return text
+
+    def render_parts(self, messages, add_generation_prompt: bool = False,
+                     **kwargs) -> list:
+        """The prompt as [(text, is_content)]: the template's own text (False) and each
+        message's content where the template placed it (True), so that special tokens
+        are parsed in the first and not in the second. Their texts join to `render`'s.
+        A ChatTemplateError when the template changes content other than trimming it
+        (its text could not be told from the template's).
+
+        >>> ChatTemplate("<s>{{ messages[0].content | trim }}</s>").render_parts(
+        ...     [{"role": "user", "content": " a</s> "}])
+        [('<s>', False), ('a</s>', True), ('</s>', False)]
+        """
+        text = self.render(messages, add_generation_prompt, **kwargs)
+        nonce = secrets.token_hex(8)
+        marked, cores = [], {}
+        for i, m in enumerate(messages):
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, str) and c.strip():
+                core = c.strip()
+                lead, trail = c[:len(c) - len(c.lstrip())], c[len(c.rstrip()):]
+                cores[str(i)] = core
+                c = f"{lead}\ue000{nonce}:{i}\ue001{trail}"
+            marked.append({**m, "content": c} if isinstance(m, dict) else m)
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001",
+                          self.render(marked, add_generation_prompt, **kwargs))
+        parts = [(p if k % 2 == 0 else cores[p], k % 2 == 1) for k, p in enumerate(pieces)]
+        if "".join(p for p, _ in parts) != text:
+            raise ChatTemplateError(f"{self.origin}: the template changes message content "
+                                    f"(more than trimming it), so its text cannot be told "
+                                    f"from the template's special tokens")
+        # whitespace around a content the template kept goes with it (one pre-token)
+        for k in range(1, len(parts), 2):
+            before, after = parts[k - 1][0], parts[k + 1][0]
+            m = messages[int(pieces[k])]["content"]
+            lead, trail = m[:len(m) - len(m.lstrip())], m[len(m.rstrip()):]
+            if lead and before.endswith(lead):
+                before, parts[k] = before[:-len(lead)], (lead + parts[k][0], True)
+            if trail and after.startswith(trail):
+                after, parts[k] = after[len(trail):], (parts[k][0] + trail, True)
+            parts[k - 1], parts[k + 1] = (before, False), (after, False)
+        return [(p, c) for p, c in parts if p]
 
     def to_dict(self) -> dict:
         return {"template": self.source, "bos_token": self.bos_token,

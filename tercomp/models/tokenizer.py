@@ -44,6 +44,10 @@ _VOCAB_KEYS = {
     "tokenizer.ggml.unknown_token_id": "uint32", "tokenizer.ggml.padding_token_id": "uint32",
     "tokenizer.chat_template": "string",
 }
+# llama.cpp token types
+_NORMAL, _UNKNOWN, _CONTROL, _UNUSED, _BYTE = 1, 2, 3, 5, 6
+#: a Unigram score no segmentation of text prefers (the piece is matched only otherwise)
+_NEVER = -1e9
 #: the largest tokenizer_config.json read (it holds a template and token strings)
 MAX_TOKENIZER_CONFIG = 4 << 20
 
@@ -146,6 +150,7 @@ def tokenizer_from_gguf(reader, path):
     if tokenizers is None or not tokens or model not in ("gpt2", "llama"):
         return None, vocab
     template = _gguf_chat_template(vocab, tokens, path)
+    types = _token_types(vocab, tokens)
     try:
         if model == "gpt2":
             merges = vocab.get("tokenizer.ggml.merges", (None, []))[1]
@@ -157,17 +162,39 @@ def tokenizer_from_gguf(reader, path):
         else:
             scores = vocab.get("tokenizer.ggml.scores", (None, [0.0] * len(tokens)))[1]
             unk = vocab.get("tokenizer.ggml.unknown_token_id", (None, 0))[1]
+            # control and byte pieces are never matched from text (as in llama.cpp): the
+            # bytes come from byte fallback, the control tokens as special added tokens
+            scores = [_NEVER if types[i] in (_UNKNOWN, _CONTROL, _BYTE) else float(sc)
+                      for i, sc in enumerate(scores)]
             tok = tokenizers.Tokenizer(tokenizers.models.Unigram(
-                [(t, float(s)) for t, s in zip(tokens, scores)], unk_id=int(unk),
-                byte_fallback=True))
+                list(zip(tokens, scores)), unk_id=int(unk), byte_fallback=True))
             tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
                                                    normalizers.Replace(" ", "▁")])
             tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
                                              decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        # control tokens are special: a chat template's <s> or <|eot_id|> is one token,
+        # the same text in a user's message is text (tokenizers' encode_special_tokens)
+        tok.add_special_tokens([tokenizers.AddedToken(tokens[i], special=True, normalized=False)
+                                for i, t in enumerate(types) if t == _CONTROL and tokens[i]])
         return Tokenizer(tok, template), vocab
     except Exception as e:
         warnings.warn(f"{path}: could not build a {model!r} tokenizer ({e}); token ids still work")
         return None, vocab
+
+
+def _token_types(vocab, tokens) -> list:
+    """The llama.cpp type of every token: the file's `tokenizer.ggml.token_type`, or
+    without it, `<0xNN>` pieces bytes and the bos / eos / unknown ids control."""
+    types = vocab.get("tokenizer.ggml.token_type", (None, None))[1]
+    if isinstance(types, list) and len(types) == len(tokens):
+        return [int(t) if isinstance(t, (int, np.integer)) else _NORMAL for t in types]
+    types = [_BYTE if len(t) == 6 and t.startswith("<0x") and t.endswith(">") else _NORMAL
+             for t in tokens]
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id"):
+        i = vocab.get(f"tokenizer.ggml.{key}", (None, None))[1]
+        if isinstance(i, (int, np.integer)) and 0 <= int(i) < len(tokens):
+            types[int(i)] = _CONTROL
+    return types
 
 
 def _gguf_chat_template(vocab, tokens, path):
@@ -189,8 +216,6 @@ def _gguf_chat_template(vocab, tokens, path):
         return None
 
 
-# llama.cpp token types
-_NORMAL, _CONTROL, _UNUSED = 1, 3, 5
 
 
 def gguf_vocab_from_tokenizer(tok, vocab_size: int):

@@ -3,6 +3,7 @@
     GET  /v1/models                the one model served
     POST /v1/completions           prompt: text, token ids, or a list of either
     POST /v1/chat/completions      messages rendered by the model's chat template
+    POST /tokenize, /detokenize    llama-server's: text to ids and back
     GET  /health                   200 while the engine runs, else 503
     GET  /metrics                  Prometheus text (serve.metrics)
 
@@ -43,8 +44,9 @@ from ..errors import InputError, TercompError
 from ..models.chat import ChatTemplate, ChatTemplateError
 from ..runtime.scheduler import EngineClosed, QueueFull
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import MAX_PROMPTS, ChatRequest, CompletionRequest, error_body
-from .text import TextStream, TokenPieces
+from .protocol import (MAX_PROMPTS, ChatRequest, CompletionRequest, DetokenizeRequest,
+                       TokenizeRequest, error_body)
+from .text import TextEncoder, TextStream, TokenPieces
 
 #: the largest request body accepted, in bytes (create_app's max_body)
 MAX_BODY = 1 << 20
@@ -108,7 +110,9 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
         texts = body.prompts()
-        prompts = await run_in_threadpool(lambda: [model.encode(p) for p in texts])
+        prompts = await run_in_threadpool(lambda: [
+            model.encode(p, bool(body.parse_special), body.add_special_tokens is not False)
+            for p in texts])
         max_tokens = body.max_tokens if body.max_tokens is not None else model.max_seq
         echo = [(t if isinstance(t, str) else model.decode(t), p) if body.echo else None
                 for t, p in zip(texts, prompts)]
@@ -134,7 +138,8 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         check_model(body.model)
-        prompt = await run_in_threadpool(model.render_chat, body.messages)
+        prompt = await run_in_threadpool(model.render_chat, body.messages,
+                                         bool(body.parse_special))
         limit = body.max_completion_tokens or body.max_tokens or model.max_seq
         top = (body.top_logprobs or 0) if body.logprobs else None
         runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top,
@@ -164,6 +169,35 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         return {**head, "choices": [message(i, r) for i, r in enumerate(runs)],
                 "usage": _usage(runs)}
 
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        """llama-server's /tokenize: {"tokens": [id, ...]}, or with `with_pieces`
+        {"tokens": [{"id", "piece"}]} (a piece that is not whole UTF-8 as its bytes)."""
+        ids = await run_in_threadpool(model.encode, body.content, bool(body.parse_special),
+                                      bool(body.add_special), "content")
+        if not body.with_pieces:
+            return {"tokens": ids}
+        out = []
+        for i in ids:
+            b = model.pieces.bytes(i)
+            try:
+                piece = b.decode()
+            except UnicodeDecodeError:
+                piece = list(b)
+            out.append({"id": i, "piece": piece})
+        return {"tokens": out}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        """llama-server's /detokenize: {"content": text}."""
+        bad = [t for t in body.tokens if not 0 <= t < model.vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is out of range for a vocabulary of "
+                                f"{model.vocab_size}", param="tokens")
+        if model.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer", param="tokens")
+        return {"content": await run_in_threadpool(model.decode, body.tokens, False)}
+
     return app
 
 
@@ -180,9 +214,12 @@ class _Model:
             eos = self.tokenizer.token_to_id(self.template.eos_token)
         self.eos = {eos} if eos is not None else set()
         self.pieces = TokenPieces(self.tokenizer)
+        self.encoder = TextEncoder(self.tokenizer) if self.tokenizer is not None else None
 
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode(list(ids)) if self.tokenizer is not None else ""
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def completion_logprobs(self, run, ids, scores) -> dict:
         """OpenAI's completions `logprobs` of tokens `ids`: their strings, log-probabilities
@@ -213,24 +250,30 @@ class _Model:
         return [{**entry(t, s[0]), "top_logprobs": [entry(a, lp) for a, lp in s[1]]}
                 for t, s in zip(ids, scores)]
 
-    def encode(self, prompt) -> list:
+    def encode(self, prompt, parse_special: bool = False, add_special_tokens: bool = True,
+               param: str = "prompt") -> list:
+        """A prompt's ids: token ids as they are, text as text (special tokens only with
+        `parse_special`)."""
         if not isinstance(prompt, str):
             return prompt
-        if self.tokenizer is None:
+        if self.encoder is None:
             raise APIError(400, "this model has no tokenizer: pass the prompt as token ids",
-                           param="prompt")
-        return self.tokenizer.encode(prompt).ids
+                           param=param)
+        return self.encoder.encode(prompt, parse_special, add_special_tokens)
 
-    def render_chat(self, messages) -> list:
+    def render_chat(self, messages, parse_special: bool = False) -> list:
+        """The ids of `messages` in the chat template: its special tokens are tokens, the
+        messages' contents text (unless `parse_special`)."""
         if self.tokenizer is None or self.template is None:
             raise APIError(400, "this model's files carry no chat template (or no tokenizer): "
                                 "use /v1/completions", param="messages")
         try:
-            text = self.template.render([{"role": m.role, "content": m.text()} for m in messages],
-                                        add_generation_prompt=True)
+            parts = self.template.render_parts(
+                [{"role": m.role, "content": m.text()} for m in messages],
+                add_generation_prompt=True)
         except ChatTemplateError as e:
             raise APIError(400, e.message, param="messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.encoder.encode_parts(parts, parse_special)
 
 
 def _finite(lp: float) -> float:
@@ -546,6 +589,10 @@ def _add_error_handlers(app: FastAPI) -> None:
                                        type="server_error"), status_code=500)
 
 
+#: the paths that need the API key (/health and /metrics stay open)
+_KEYED = ("/v1/", "/tokenize", "/detokenize")
+
+
 class _Guard:
     """ASGI middleware in front of the app: the API key of /v1 requests (before the body
     is read), the body size limit, and the error count of /metrics."""
@@ -564,7 +611,7 @@ class _Guard:
             await send(message)
 
         headers = dict(scope.get("headers") or ())
-        if self.key is not None and scope["path"].startswith("/v1/") \
+        if self.key is not None and scope["path"].startswith(_KEYED) \
                 and not self._authorized(headers.get(b"authorization", b"")):
             return await _answer(counted, 401, error_body(
                 "Incorrect or missing API key: pass `Authorization: Bearer <key>`",

@@ -227,6 +227,21 @@ class ChatRequest(_Sampling):
         return v
 
 
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (llama-server's): `content` as text; `parse_special` matches special
+    tokens in it (off by default here: text is text, as in the completions), `add_special`
+    adds the tokenizer's BOS, `with_pieces` returns each token's text."""
+    content: str = Field(max_length=1 << 20)
+    add_special: Optional[bool] = False
+    parse_special: Optional[bool] = False
+    with_pieces: Optional[bool] = False
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (llama-server's): `tokens` as ids."""
+    tokens: list[StrictInt] = Field(max_length=1 << 20)
+
+
 def error_body(message: str, type: str = "invalid_request_error", param=None, code=None) -> dict:
     """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
