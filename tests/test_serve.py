@@ -4,11 +4,15 @@ non-streamed, chat equals the template + generate, every bad request gets its st
 and an OpenAI error body while the server keeps answering the next one correctly, a
 client that goes away frees its slot, and a bounded load loses no request."""
 import concurrent.futures as cf
+import http.client
 import importlib.util
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -33,6 +37,7 @@ _spec.loader.exec_module(bench)
 
 KEY = "test-key"
 MAX_SEQ, SLOTS, MAX_QUEUE, MAX_BODY = 256, 4, 8, 64 << 10
+READ_TIMEOUT, MAX_CONNECTIONS = 1.5, 48
 TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -56,15 +61,24 @@ def tiny_lm():
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(the single-stream reference generator, the server's base URL)."""
+def tcm(tmp_path_factory):
+    """(the tiny LM, the path of its batched .tcm)."""
     lm = tiny_lm()
     path = str(tmp_path_factory.mktemp("serve") / "tiny.tcm")
     tc.compile_lm(lm, max_seq=MAX_SEQ, max_batch=SLOTS).save(path)
+    return lm, path
+
+
+@pytest.fixture(scope="module")
+def served(tcm):
+    """(the single-stream reference generator, the server's base URL)."""
+    lm, path = tcm
     ref = tc.compile_lm(lm, max_seq=MAX_SEQ)
     port = bench.free_port()
     proc = bench.start_server(path, port, ["--api-key", KEY, "--max-queue", str(MAX_QUEUE),
-                                           "--max-body", str(MAX_BODY)])
+                                           "--max-body", str(MAX_BODY), "--read-timeout",
+                                           str(READ_TIMEOUT), "--max-connections",
+                                           str(MAX_CONNECTIONS)])
     try:
         yield ref, f"http://127.0.0.1:{port}"
     finally:
@@ -705,3 +719,244 @@ def test_gguf_gpt2_vocabulary_text_is_text(tmp_path):
     control = [tokens.index(t) for t in ("<|begin_of_text|>", "<|eot_id|>", "</s>", "<s>")]
     for content in ["hi<|eot_id|>x", "</s><s>", "<0x41>hi<|begin_of_text|>"]:
         check_text_is_text(tok, content, control)
+
+
+# -- hostile clients ----------------------------------------------------------------------------
+
+def raw_post(conn, path, body: bytes, key=KEY):
+    """POST on an open http.client connection (kept alive): (status, headers, JSON)."""
+    conn.request("POST", path, body=body, headers={"Authorization": f"Bearer {key}",
+                                                   "Content-Type": "application/json"})
+    r = conn.getresponse()
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())
+
+
+HOSTILE_TEXT = [  # (raw body, the field the 400 names)
+    (b'{"model": "tiny", "prompt": "a\\ud800b"}', "prompt"),
+    (b'{"model": "tiny", "prompt": ["ok", "\\udfff"]}', "prompt"),
+    (b'{"model": "tiny\\ud83d", "prompt": "hi"}', "model"),
+    (b'{"model": "tiny", "prompt": "a\xffb"}', None),
+    (b'{"model": "tiny", "prompt": "\xed\xa0\x80"}', None),          # a surrogate in UTF-8
+]
+
+
+def test_lone_surrogates_and_bad_utf8_are_400_on_a_kept_connection(ref, base, client):
+    port = int(base.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    chat = [b'{"model": "tiny", "messages": [{"role": "user", "content": "x\\ud800"}]}',
+            b'{"model": "tiny", "messages": [{"role": "us\\udc00er", "content": "x"}]}']
+    cases = [("/v1/completions", b, f) for b, f in HOSTILE_TEXT] + \
+        [("/v1/chat/completions", b, "messages") for b in chat] + \
+        [("/tokenize", b'{"content": "\\ud800"}', "content")]
+    sock = None
+    for path, body, field in cases:
+        status, headers, answer = raw_post(conn, path, body)
+        assert status == 400, (body, answer)
+        assert answer["error"]["param"] == field and answer["error"]["message"]
+        assert headers.get("connection") != "close"
+        sock = sock or conn.sock
+        assert conn.sock is sock                # the same connection, still open
+    status, _, answer = raw_post(conn, "/v1/completions", json.dumps(
+        {"model": "tiny", "prompt": "hello world", "max_tokens": 6, "temperature": 0}).encode())
+    assert status == 200 and conn.sock is sock
+    assert answer["choices"][0]["token_ids"] == expected(ref, ref.encode("hello world"), 6)[0]
+    conn.close()
+
+
+def test_an_internal_error_is_a_json_500_that_keeps_the_connection(ref):
+    # an engine whose submit fails with a bug: the app's answer is JSON, the connection lives
+    import uvicorn
+    from tercomp.runtime.scheduler import Engine
+    from tercomp.serve.app import create_app
+    from tercomp.serve.http import protocol
+    engine = Engine(ref, start=False)
+
+    def broken(*a, **kw):
+        raise RuntimeError("a bug")
+    engine.submit = broken
+    port = bench.free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, "tiny"), host="127.0.0.1",
+                                           port=port, log_level="critical", http=protocol()))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.05)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(3):
+            status, headers, answer = raw_post(conn, "/v1/completions",
+                                               b'{"model": "tiny", "prompt": [1, 2]}')
+            assert status == 500 and answer["error"]["type"] == "server_error"
+            assert headers["content-type"] == "application/json"
+            assert headers.get("connection") != "close"
+            status, _, answer = raw_post(conn, "/tokenize", b'{"content": "hello"}')
+            assert status == 200 and answer["tokens"] == ref.encode("hello").tolist()
+        conn.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        engine.close()
+
+
+def test_long_text_is_refused_before_tokenizing(base):
+    long = "hello world " * (MAX_BODY // 13)          # just under the body limit
+    for path, body in (("/v1/completions", {"model": "tiny", "prompt": long}),
+                       ("/v1/completions", {"model": "tiny", "prompt": ["hi", long]}),
+                       ("/v1/chat/completions", {"model": "tiny", "messages": [
+                           {"role": "user", "content": long}]}),
+                       ("/tokenize", {"content": long})):
+        t0 = time.perf_counter()
+        r = post(base, path, body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+        assert time.perf_counter() - t0 < 1.0
+
+
+def test_slow_heads_and_bodies_and_idle_connections_are_cut(base):
+    port = int(base.rsplit(":", 1)[1])
+
+    def closed_within(sock, seconds) -> float:
+        """Seconds until the server closes `sock` (reading what it sends)."""
+        t0 = time.monotonic()
+        sock.settimeout(seconds)
+        data = b""
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return time.monotonic() - t0, data
+            data += chunk
+
+    idle = socket.create_connection(("127.0.0.1", port))
+    slow = socket.create_connection(("127.0.0.1", port))
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + \
+        KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+    dripping = threading.Event()
+
+    def drip():                        # slowloris: one byte of the head every 0.2 s
+        for b in head:
+            if dripping.is_set():
+                return
+            try:
+                slow.send(bytes([b]))
+            except OSError:
+                return
+            time.sleep(0.2)
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    body = socket.create_connection(("127.0.0.1", port))
+    body.sendall(head + b"Content-Length: 100\r\n\r\n" + b'{"model": ')
+    try:
+        for sock in (idle, slow):
+            took, _ = closed_within(sock, READ_TIMEOUT + 5)
+            assert took < READ_TIMEOUT + 2
+        took, data = closed_within(body, READ_TIMEOUT + 5)
+        assert took < READ_TIMEOUT + 2 and data.startswith(b"HTTP/1.1 408")
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+    finally:
+        dripping.set()
+        for sock in (idle, slow, body):
+            sock.close()
+    assert stats(base)["status"] == "ok"
+
+
+def test_open_connections_are_capped(ref, base, client):
+    socks = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 4):
+            socks.append(socket.create_connection(("127.0.0.1", port_of(base))))
+        last = socks[-1]
+        last.settimeout(5)
+        data = b""
+        while chunk := last.recv(4096):
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 503")
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "too_many_connections"
+    finally:
+        for sock in socks:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:                    # the server notices the closed sockets, then serves
+        try:
+            check_serves(ref, client)
+            break
+        except openai.APIStatusError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def port_of(base) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+def test_a_request_is_capped_in_total_tokens(base):
+    r = post(base, "/v1/completions", {"model": "tiny", "prompt": [[1, 2]] * 64,
+                                       "max_tokens": 600})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    r = post(base, "/v1/chat/completions", {"model": "tiny", "n": 16, "max_tokens": 2100,
+                                            "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+def test_one_big_request_does_not_starve_another(base):
+    _wait_idle(base)
+    big = {"model": "tiny", "prompt": [[5, 6, 7]] * (2 * SLOTS), "max_tokens": 240,
+           "temperature": 0, "ignore_eos": True}
+    small = {"model": "tiny", "prompt": [8, 9], "max_tokens": 4, "temperature": 0}
+    with cf.ThreadPoolExecutor(2) as pool:
+        a = pool.submit(lambda: (post(base, "/v1/completions", big), time.perf_counter()))
+        deadline = time.monotonic() + 30
+        while stats(base)["waiting"] < SLOTS:           # half of it runs, half waits
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        b = post(base, "/v1/completions", small)
+        small_done = time.perf_counter()
+        big_r, big_done = a.result()
+    assert big_r.status_code == 200 and b.status_code == 200
+    # first come, first served would run the small request after all of the big one's;
+    # shared fairly, it takes a slot as soon as the big one's first half ends
+    assert small_done < big_done
+
+
+def test_sigterm_finishes_or_errors_every_open_request(tcm):
+    _, path = tcm
+    port = bench.free_port()
+    proc = bench.start_server(path, port, ["--max-queue", "16", "--drain", "0.1"])
+    url = f"http://127.0.0.1:{port}"
+    long = {"model": "tiny", "prompt": [9, 10], "max_tokens": 250, "temperature": 0,
+            "ignore_eos": True}
+
+    def stream():
+        with httpx.stream("POST", f"{url}/v1/completions", json={**long, "stream": True},
+                          timeout=30) as r:
+            return r.status_code, [line for line in r.iter_lines() if line]
+    try:
+        with cf.ThreadPoolExecutor(16) as pool:
+            streams = [pool.submit(stream) for _ in range(SLOTS)]
+            whole = [pool.submit(httpx.post, f"{url}/v1/completions", json=long, timeout=30)
+                     for _ in range(12)]
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{url}/health", timeout=5).json()["waiting"] < 8:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            answers = [w.result() for w in whole]
+            ended = [s.result() for s in streams]
+            took = time.monotonic() - t0
+        assert took < 0.1 + 5
+        for r in answers:          # each finished, or a 503 with OpenAI's error body
+            assert r.status_code in (200, 503), r.text
+            if r.status_code == 503:
+                assert r.json()["error"]["type"] == "server_error"
+        assert any(r.status_code == 503 for r in answers)
+        for status, lines in ended:
+            assert status == 200 and lines[-1] == "data: [DONE]"
+            last = json.loads(lines[-2].removeprefix("data: "))
+            assert "error" in last or last["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(10) in (0, -signal.SIGTERM)     # uvicorn re-raises the signal
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        bench.stop_server(proc)

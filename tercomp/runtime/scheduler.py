@@ -11,7 +11,10 @@ batched step function (runtime.batched) holding:
 
 Requests join between steps (when a slot is free: one slot per sequence) and leave
 when they finish (max_tokens, a stop token, the cache full) or are cancelled (a client
-that went away: its slot is freed at the next step). Sampling is the generator's
+that went away: its slot is freed at the next step; a waiting request leaves the queue
+at once). A free slot goes to the waiting request whose `group` (the API request it
+belongs to: its prompts and choices) has the fewest running sequences, the oldest on
+ties, so one request of 64 prompts does not hold every slot while another waits. Sampling is the generator's
 (runtime.sampling with a NumPy generator seeded per request), so a request's tokens
 are the ones `gen.generate` gives for the same arguments.
 
@@ -91,6 +94,8 @@ class Request:
     _slot: int | None = None
     _prefilled: int = 0
     _rng: np.random.Generator | None = None
+    _withdraw: object = field(default=None, repr=False)
+    group: object = None
 
     def __iter__(self):
         while True:
@@ -110,8 +115,11 @@ class Request:
         return np.array(self.tokens, np.int32)
 
     def cancel(self) -> None:
-        """Stop generating (the slot is freed at the engine's next step)."""
+        """Stop generating: a waiting request leaves the queue now, a running one frees
+        its slot at the engine's next step."""
         self._cancel = True
+        if self._withdraw is not None:
+            self._withdraw(self)
 
     @property
     def done(self) -> bool:
@@ -161,6 +169,8 @@ class Engine:
         self._cv = threading.Condition()
         self._ids = itertools.count()
         self._closed = False
+        self._draining: str | None = None
+        self._close_error: EngineClosed | None = None
         self._failed: BaseException | None = None
         self.counters = {"requests_total": 0, "requests_finished": 0, "requests_rejected": 0,
                          "prompt_tokens_total": 0, "generated_tokens_total": 0, "steps_total": 0,
@@ -179,10 +189,12 @@ class Engine:
                top_p=None, seed: int = 0, stop=None, logprobs=None, prompt_logprobs=None,
                min_p: float = 0.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
-               logit_bias=None) -> Request:
+               logit_bias=None, group=None) -> Request:
         """Queue a request (every argument checked here, in the caller's thread).
         `max_tokens=0` prefills the prompt only (for its `prompt_logprobs`); the
-        penalties and `logit_bias` ({id: value}) are runtime.sampling.Penalties'."""
+        penalties and `logit_bias` ({id: value}) are runtime.sampling.Penalties'.
+        Requests of one `group` (any hashable; default: the request alone) share the
+        slots fairly with other groups."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) \
                 or max_tokens < 0:
             raise InputError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
@@ -208,10 +220,12 @@ class Engine:
         pen = Penalties(self.vocab_size, prompt, float(presence_penalty),
                         float(frequency_penalty), float(repetition_penalty), logit_bias)
         req.penalties = pen if pen.active else None
+        req.group = req.id if group is None else group
+        req._withdraw = self._withdraw
         with self._cv:
-            if self._closed or self._failed is not None:
-                raise EngineClosed("the engine is closed" if self._failed is None else
-                                   f"the engine stopped: {self._failed}")
+            if self._closed or self._failed is not None or self._draining:
+                raise EngineClosed(f"the engine stopped: {self._failed}" if self._failed else
+                                   self._draining or "the engine is closed")
             if len(self._waiting) >= self.max_queue:
                 self.counters["requests_rejected"] += 1
                 raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)",
@@ -233,13 +247,22 @@ class Engine:
 
     @property
     def alive(self) -> bool:
-        """True until the engine is closed or its thread stops on an error."""
-        return self._thread.is_alive() and not self._closed and self._failed is None
+        """True until the engine drains, is closed or its thread stops on an error."""
+        return self._thread.is_alive() and not self._closed and self._failed is None \
+            and not self._draining
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the engine: running and waiting requests finish as "cancelled"."""
+    def drain(self, reason: str = "the server is shutting down") -> None:
+        """Refuse new requests (EngineClosed with `reason`); running and waiting ones go on."""
+        with self._cv:
+            self._draining = reason
+
+    def close(self, timeout: float = 10.0, reason: str | None = None) -> None:
+        """Stop the engine: running and waiting requests finish as "cancelled", or with
+        `reason` as "error" with an EngineClosed(reason) (a server shutting down)."""
         with self._cv:
             self._closed = True
+            if reason is not None:
+                self._close_error = EngineClosed(reason)
             self._cv.notify()
         if self._thread.ident is None:          # never started: finish what waits
             self._thread.start()
@@ -267,14 +290,26 @@ class Engine:
         except BaseException as e:            # a device failure: every request learns it
             self._failed = e if isinstance(e, TercompError) else \
                 EngineClosed(f"the engine stopped on {type(e).__name__}: {e}")
+        error = self._failed or self._close_error
         for r in list(self._running) + list(self._waiting):
-            self._finish(r, "error" if self._failed else "cancelled", self._failed)
+            self._finish(r, "error" if error else "cancelled", error)
         self._running.clear()
         self._waiting.clear()
 
+    def _withdraw(self, r: Request) -> None:
+        """A cancelled request leaves the queue now (its client is gone)."""
+        with self._cv:
+            try:
+                self._waiting.remove(r)
+            except ValueError:
+                return                      # running (freed at the next step) or done
+        self._finish(r, "cancelled")
+
     def _admit(self):
         while self._waiting and self._free:
-            r = self._waiting.popleft()
+            running = collections.Counter(q.group for q in self._running)
+            r = min(self._waiting, key=lambda q: running[q.group])   # the oldest on ties
+            self._waiting.remove(r)
             if r._cancel:
                 self._finish(r, "cancelled")
                 continue

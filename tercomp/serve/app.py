@@ -28,14 +28,16 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import secrets
 import threading
 import time
 import uuid
 from typing import NamedTuple
 
+import anyio
+import anyio.to_thread
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -50,6 +52,12 @@ from .text import TextEncoder, TextStream, TokenPieces
 
 #: the largest request body accepted, in bytes (create_app's max_body)
 MAX_BODY = 1 << 20
+#: seconds a request body may take to arrive (a 408 after)
+READ_TIMEOUT = 10.0
+#: the most tokens one request may generate over all its prompts and choices
+MAX_REQUEST_TOKENS = 1 << 15
+#: prompts tokenized at once (the others wait, off the event loop)
+TOKENIZING = 4
 
 _END = object()
 
@@ -64,17 +72,27 @@ class APIError(Exception):
 
 
 def create_app(engine, model_name: str, api_key: str | None = None,
-               max_body: int = MAX_BODY) -> FastAPI:
+               max_body: int = MAX_BODY, read_timeout: float = READ_TIMEOUT,
+               max_request_tokens: int = MAX_REQUEST_TOKENS) -> FastAPI:
     """The FastAPI app serving `engine` (a runtime.Engine) as `model_name`. With
     `api_key`, every /v1 request needs `Authorization: Bearer <api_key>` (/health and
-    /metrics stay open, for load balancers and scrapers). The caller owns the engine
-    (closes it after the server stops)."""
+    /metrics stay open, for load balancers and scrapers). A body must arrive within
+    `read_timeout` seconds; one request may generate `max_request_tokens` tokens over
+    all its prompts and choices. The caller owns the engine (closes it after the
+    server stops)."""
     model = _Model(engine.model)
+    tokenizing = anyio.CapacityLimiter(TOKENIZING)
+
+    async def off_loop(fn, *args):
+        """Tokenization off the event loop, a few at a time (the rest wait their turn
+        without holding threads the other endpoints need)."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=tokenizing)
     metrics = Metrics(engine)
     created = int(time.time())
     app = FastAPI(title="tercomp", summary=f"OpenAI-compatible API serving {model_name}")
     app.state.engine, app.state.metrics = engine, metrics
-    app.add_middleware(_Guard, api_key=api_key, max_body=max_body, metrics=metrics)
+    app.add_middleware(_Guard, api_key=api_key, max_body=max_body, metrics=metrics,
+                       read_timeout=read_timeout)
     _add_error_handlers(app)
 
     def check_model(name: str):
@@ -83,14 +101,14 @@ def create_app(engine, model_name: str, api_key: str | None = None,
                                 f"`{model_name}`", param="model", code="model_not_found")
 
     @app.get("/health")
-    def health():
+    async def health():
         s = engine.stats()
         body = {"status": "ok" if engine.alive else "stopped", "model": model_name,
                 **{k: s[k] for k in ("slots", "free_slots", "running", "waiting")}}
         return JSONResponse(body, status_code=200 if engine.alive else 503)
 
     @app.get("/metrics")
-    def prometheus():
+    async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     def model_card():
@@ -110,15 +128,18 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
         texts = body.prompts()
-        prompts = await run_in_threadpool(lambda: [
+        for t in texts:
+            model.check_length(t, "prompt")
+        prompts = await off_loop(lambda: [
             model.encode(p, bool(body.parse_special), body.add_special_tokens is not False)
             for p in texts])
-        max_tokens = body.max_tokens if body.max_tokens is not None else model.max_seq
+        max_tokens = _budget(body.max_tokens, len(texts) * body.candidates, model.max_seq,
+                             max_request_tokens)
         echo = [(t if isinstance(t, str) else model.decode(t), p) if body.echo else None
                 for t, p in zip(texts, prompts)]
-        runs = _submit(engine, model, body, prompts, [max_tokens] * len(prompts), "prompt",
-                       logprobs=body.logprobs, echo=echo, candidates=body.candidates)
         rid = f"cmpl-{uuid.uuid4().hex}"
+        runs = _submit(engine, model, body, prompts, [max_tokens] * len(prompts), "prompt",
+                       logprobs=body.logprobs, echo=echo, candidates=body.candidates, group=rid)
         head = {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": model_name}
 
@@ -138,13 +159,16 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         check_model(body.model)
-        prompt = await run_in_threadpool(model.render_chat, body.messages,
-                                         bool(body.parse_special))
-        limit = body.max_completion_tokens or body.max_tokens or model.max_seq
+        model.check_length("".join(m.text() for m in body.messages), "messages")
+        prompt = await off_loop(model.render_chat, body.messages, bool(body.parse_special))
+        limit = _budget(body.max_completion_tokens or body.max_tokens, body.choices,
+                        model.max_seq, max_request_tokens, "max_completion_tokens"
+                        if body.max_completion_tokens else "max_tokens")
         top = (body.top_logprobs or 0) if body.logprobs else None
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
         runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top,
-                       candidates=body.choices)
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                       candidates=body.choices, group=rid)
+        head = {"id": rid, "object": "chat.completion",
                 "created": int(time.time()), "model": model_name}
 
         def logprobs(piece):
@@ -173,8 +197,9 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     async def tokenize(body: TokenizeRequest):
         """llama-server's /tokenize: {"tokens": [id, ...]}, or with `with_pieces`
         {"tokens": [{"id", "piece"}]} (a piece that is not whole UTF-8 as its bytes)."""
-        ids = await run_in_threadpool(model.encode, body.content, bool(body.parse_special),
-                                      bool(body.add_special), "content")
+        model.check_length(body.content, "content")
+        ids = await off_loop(model.encode, body.content, bool(body.parse_special),
+                             bool(body.add_special), "content")
         if not body.with_pieces:
             return {"tokens": ids}
         out = []
@@ -196,7 +221,7 @@ def create_app(engine, model_name: str, api_key: str | None = None,
                                 f"{model.vocab_size}", param="tokens")
         if model.tokenizer is None:
             raise APIError(400, "this model has no tokenizer", param="tokens")
-        return {"content": await run_in_threadpool(model.decode, body.tokens, False)}
+        return {"content": await off_loop(model.decode, body.tokens, False)}
 
     return app
 
@@ -215,6 +240,21 @@ class _Model:
         self.eos = {eos} if eos is not None else set()
         self.pieces = TokenPieces(self.tokenizer)
         self.encoder = TextEncoder(self.tokenizer) if self.tokenizer is not None else None
+        # the most bytes a token covers: text of more than max_seq times it (twice, for
+        # normalizers that shrink text) is over the context whatever its tokens
+        n = self.tokenizer.get_vocab_size(with_added_tokens=True) if self.tokenizer else 0
+        longest = max((len(self.pieces.bytes(i)) for i in range(n)), default=1)
+        self.max_text_bytes = 2 * self.max_seq * max(longest, 1)
+
+    def check_length(self, text, param: str) -> None:
+        """A 400 for text too long for the context, before tokenizing it (its time is
+        bounded by the bytes this lets through)."""
+        if isinstance(text, str) and len(text) > self.max_text_bytes // 4 \
+                and len(text.encode("utf-8", "surrogatepass")) > self.max_text_bytes:
+            raise APIError(400, f"This model's maximum context length is {self.max_seq} "
+                                f"tokens; the text has over {self.max_text_bytes} bytes, more "
+                                f"than that many tokens cover", param=param,
+                           code="context_length_exceeded")
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:
@@ -330,7 +370,7 @@ class _Piece(NamedTuple):
 
 
 def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
-            echo=None, candidates: int = 1) -> list:
+            echo=None, candidates: int = 1, group=None) -> list:
     """Submit `candidates` requests per prompt (all or none: a refused one cancels the
     others), the j-th of a prompt seeded with seed + j. `logprobs`: the alternatives per
     generated token (None: no log-probabilities); `echo`: per prompt, (text, ids) to
@@ -361,7 +401,7 @@ def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
             for j in range(candidates):
                 req = engine.submit(prompt, max_tokens=limit, temperature=temperature,
                                     seed=(seed + j) % (1 << 63), stop=stop_ids,
-                                    logprobs=logprobs, **body.sampling(),
+                                    logprobs=logprobs, group=group, **body.sampling(),
                                     prompt_logprobs=logprobs if shown is not None else None)
                 runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids),
                                  shown, index))
@@ -378,6 +418,18 @@ def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
                            param=param) from None
         raise
     return runs
+
+
+def _budget(asked, sequences: int, max_seq: int, cap: int, param: str = "max_tokens") -> int:
+    """Tokens per sequence: `asked` (None: as many as the context and the request's cap
+    allow), a 400 when `sequences` of them are over the request's cap."""
+    if asked is None:
+        return max(1, min(max_seq, cap // sequences))
+    if asked * sequences > cap:
+        raise APIError(400, f"{sequences} sequences of {param}={asked} are "
+                            f"{asked * sequences} tokens, over the {cap} one request may "
+                            f"generate", param=param)
+    return asked
 
 
 def _best(runs, n: int) -> list:
@@ -583,10 +635,6 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error_body(str(e.detail), code=str(e.status_code)),
                             status_code=e.status_code)
 
-    @app.exception_handler(Exception)
-    async def internal(request, e: Exception):
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}",
-                                       type="server_error"), status_code=500)
 
 
 #: the paths that need the API key (/health and /metrics stay open)
@@ -594,52 +642,80 @@ _KEYED = ("/v1/", "/tokenize", "/detokenize")
 
 
 class _Guard:
-    """ASGI middleware in front of the app: the API key of /v1 requests (before the body
-    is read), the body size limit, and the error count of /metrics."""
+    """ASGI middleware in front of the app: the API key of keyed paths (before the body
+    is read), the body size limit and read timeout (408), a body that is not UTF-8 or
+    holds a lone surrogate (400: nothing downstream could encode it), any exception as
+    a JSON 500 that keeps the connection open (Starlette's error middleware re-raises
+    after its 500, and uvicorn then drops the connection), and the error count of
+    /metrics."""
 
-    def __init__(self, app, api_key, max_body, metrics):
+    def __init__(self, app, api_key, max_body, metrics, read_timeout):
         self.app, self.max_body, self.metrics = app, int(max_body), metrics
         self.key = api_key.encode() if api_key else None
+        self.read_timeout = read_timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        started = False
 
         async def counted(message):
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                self.metrics.errors.labels(str(message["status"])).inc()
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] >= 400:
+                    self.metrics.errors.labels(str(message["status"])).inc()
             await send(message)
 
+        try:
+            await self._guarded(scope, receive, counted)
+        except Exception as e:                          # a bug: still a JSON answer
+            if started:
+                raise
+            await _answer(counted, 500, error_body(f"internal error: {type(e).__name__}",
+                                                   type="server_error"))
+
+    async def _guarded(self, scope, receive, send):
         headers = dict(scope.get("headers") or ())
         if self.key is not None and scope["path"].startswith(_KEYED) \
                 and not self._authorized(headers.get(b"authorization", b"")):
-            return await _answer(counted, 401, error_body(
+            return await _answer(send, 401, error_body(
                 "Incorrect or missing API key: pass `Authorization: Bearer <key>`",
                 code="invalid_api_key"))
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            return await _answer(counted, 413, self._too_large())
+            return await _answer(send, 413, self._too_large())
         body, more = [], True
         size = 0
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.read_timeout)
+            except asyncio.TimeoutError:
+                return await _answer(send, 408, error_body(
+                    f"the request body did not arrive within {self.read_timeout:g} s",
+                    code="request_timeout"), close=True)
             if message["type"] != "http.request":
                 return                                 # the client went away
             body.append(message.get("body", b""))
             size += len(body[-1])
             more = message.get("more_body", False)
             if size > self.max_body:
-                return await _answer(counted, 413, self._too_large())
+                return await _answer(send, 413, self._too_large())
+        data = b"".join(body)
+        bad = _unencodable(data)
+        if bad is not None:
+            return await _answer(send, 400, error_body(bad[0], param=bad[1],
+                                                       code="invalid_encoding"))
         replayed = False
 
         async def replay():
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(body), "more_body": False}
+                return {"type": "http.request", "body": data, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, counted)
+        await self.app(scope, replay, send)
 
     def _authorized(self, header: bytes) -> bool:
         scheme, _, token = header.partition(b" ")
@@ -650,9 +726,45 @@ class _Guard:
                           code="request_too_large")
 
 
-async def _answer(send, status: int, body: dict) -> None:
+def _unencodable(data: bytes):
+    """(message, field) when a body is not UTF-8 or a JSON string in it holds a lone
+    surrogate (`"\\ud800"`: valid JSON, not encodable text), else None."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"the request body is not valid UTF-8 (byte {e.start})", None
+    if not _SURROGATE.search(data):
+        return None
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None                     # the app answers invalid JSON
+    stack = [(value, None)]
+    while stack:
+        v, field = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, field or k) for k, x in v.items())
+            stack.extend((k, field or k) for k in v)
+        elif isinstance(v, list):
+            stack.extend((x, field) for x in v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                where = f"`{field}`" if isinstance(field, str) and field.isascii() else "a key"
+                return (f"{where} holds a lone UTF-16 surrogate (\\ud800-\\udfff without its "
+                        f"pair): not text", field if where != "a key" else None)
+    return None
+
+
+#: a JSON escape of a UTF-16 surrogate
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+async def _answer(send, status: int, body: dict, close: bool = False) -> None:
     data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
+                "headers": headers + ([(b"connection", b"close")] if close else [])})
     await send({"type": "http.response.body", "body": data})
