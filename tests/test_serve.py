@@ -418,8 +418,7 @@ def test_nulls_where_openai_allows_them(ref, base):
         "tool_choice": None, "response_format": {"type": "text"}, "max_completion_tokens": None})
     assert chat.status_code == 200, chat.text
     for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]),
-                         ("tool_choice", "required"),
-                         ("response_format", {"type": "json_schema", "json_schema": {}})):
+                         ("tool_choice", "required"), ("functions", [{"name": "f"}])):
         r = post(base, "/v1/chat/completions", {"model": "tiny", field: value,
                                                 "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
@@ -459,7 +458,12 @@ BAD = [  # (what, body or raw bytes, key, status, param)
     ("bias > 100", {"model": "tiny", "prompt": "hi", "logit_bias": {"3": 101}}, KEY, 400,
      "logit_bias"),
     ("bias id", {"model": "tiny", "prompt": "hi", "logit_bias": {"280": 1}}, KEY, 400, "logit_bias"),
-    ("json output", {"model": "tiny", "prompt": "hi", "response_format": {"type": "json_object"}},
+    ("xml output", {"model": "tiny", "prompt": "hi", "response_format": {"type": "xml"}},
+     KEY, 400, "response_format"),
+    ("schema-less", {"model": "tiny", "prompt": "hi", "response_format": {"type": "json_schema"}},
+     KEY, 400, "response_format"),
+    ("bad schema", {"model": "tiny", "prompt": "hi", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
      KEY, 400, "response_format"),
     ("guided_json", {"model": "tiny", "prompt": "hi", "guided_json": {"type": "object"}}, KEY, 400,
      "guided_json"),
@@ -598,6 +602,66 @@ def test_without_the_serve_extra_says_what_to_install(tmp_path):
                        env={**os.environ, "PYTHONPATH": bench.ROOT}, timeout=60)
     assert r.returncode == 1
     assert "needs fastapi" in r.stderr and "pip install 'tercomp[serve]'" in r.stderr, r.stderr
+
+
+# -- structured output ---------------------------------------------------------------------------
+
+SCHEMAS = [
+    {"type": "object", "properties": {"color": {"enum": ["red", "green"]},
+                                      "ok": {"type": "boolean"}},
+     "required": ["color", "ok"], "additionalProperties": False},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 4},
+                                      "n": {"enum": [1, 2, 3]}},
+     "required": ["name", "n"], "additionalProperties": False},
+    {"type": "object", "properties": {"flags": {"type": "array", "items": {"type": "boolean"},
+                                                "minItems": 1, "maxItems": 3}},
+     "required": ["flags"], "additionalProperties": False},
+]
+
+
+def test_json_schema_answers_validate_under_concurrent_load(client):
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+
+    def ask(i):
+        schema = SCHEMAS[i % len(SCHEMAS)]
+        fmt = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema,
+                                                       "strict": True}}
+        if i % 2:
+            r = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=80,
+                temperature=0.9, seed=i, response_format=fmt)
+            return schema, r.choices[0].finish_reason, r.choices[0].message.content
+        r = client.completions.create(model="tiny", prompt="the quick", max_tokens=80,
+                                      temperature=0.9, seed=i,
+                                      extra_body={"response_format": fmt})    # vLLM's extension
+        return schema, r.choices[0].finish_reason, r.choices[0].text
+    with cf.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(ask, range(12)))
+    for schema, finish, text in answers:
+        assert finish == "stop", text
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_object_streamed_and_n(ref, client):
+    pytest.importorskip("llguidance")
+    # a random model writes keys and strings at length: a bias towards closing them (the
+    # grammar still decides which tokens may come)
+    bias = {str(ref.tokenizer.token_to_id(c)): 6 for c in '"}'}
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=120,
+        temperature=0.7, seed=3, response_format={"type": "json_object"}, stream=True,
+        logit_bias=bias))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "stop", text
+    assert isinstance(json.loads(text), dict)
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=80, n=3,
+        temperature=1.0, seed=5, response_format={"type": "json_schema", "json_schema": {
+            "name": "c", "schema": SCHEMAS[0]}})
+    assert len({c.message.content for c in r.choices}) >= 1
+    for c in r.choices:           # each choice its own matcher
+        assert c.finish_reason == "stop" and json.loads(c.message.content)["color"] in ("red", "green")
 
 
 # -- text is text -----------------------------------------------------------------------------

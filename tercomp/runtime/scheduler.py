@@ -78,6 +78,7 @@ class Request:
     prompt_logprobs: int | None = None
     min_p: float = 0.0
     penalties: Penalties | None = None
+    constraint: object = None
     tokens: list = field(default_factory=list)
     token_logprobs: list = field(default_factory=list)
     prompt_scores: list = field(default_factory=list)
@@ -189,12 +190,15 @@ class Engine:
                top_p=None, seed: int = 0, stop=None, logprobs=None, prompt_logprobs=None,
                min_p: float = 0.0, presence_penalty: float = 0.0,
                frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
-               logit_bias=None, group=None) -> Request:
+               logit_bias=None, group=None, constraint=None) -> Request:
         """Queue a request (every argument checked here, in the caller's thread).
         `max_tokens=0` prefills the prompt only (for its `prompt_logprobs`); the
         penalties and `logit_bias` ({id: value}) are runtime.sampling.Penalties'.
         Requests of one `group` (any hashable; default: the request alone) share the
-        slots fairly with other groups."""
+        slots fairly with other groups. A `constraint` (structured output: an object
+        with `mask(logits)` -> the logits with forbidden tokens at -inf or None if none
+        is allowed, `accept(token)`, `done` and `error`, as serve.structured.Constraint)
+        is applied after the penalties; the request ends when it is `done`."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) \
                 or max_tokens < 0:
             raise InputError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
@@ -221,6 +225,7 @@ class Engine:
                         float(frequency_penalty), float(repetition_penalty), logit_bias)
         req.penalties = pen if pen.active else None
         req.group = req.id if group is None else group
+        req.constraint = constraint
         req._withdraw = self._withdraw
         with self._cv:
             if self._closed or self._failed is not None or self._draining:
@@ -369,14 +374,24 @@ class Engine:
             elif r.max_tokens == 0:                      # prefill only
                 self._finish(r, "length")
             else:
-                pen = r.penalties
-                tok = sample(lg if pen is None else pen.apply(lg), r.temperature, r.top_k,
-                             r.top_p, r._rng, r.min_p)
+                pen, con = r.penalties, r.constraint
+                z = lg if pen is None else pen.apply(lg)
+                if con is not None:
+                    z = con.mask(z)
+                    if z is None:
+                        self._finish(r, "error", TercompError(f"structured output: {con.error}"))
+                        continue
+                tok = sample(z, r.temperature, r.top_k, r.top_p, r._rng, r.min_p)
                 if pen is not None:
                     pen.add(tok)
                 if r.logprobs is not None:      # of the model's logits (vLLM's raw logprobs)
                     r.token_logprobs.append(scored_token(lg, tok, r.logprobs))
+                if con is not None and not con.accept(tok):
+                    self._finish(r, "error", TercompError(f"structured output: {con.error}"))
+                    continue
                 self._emit(r, tok, now)
+                if con is not None and con.done:
+                    self._finish(r, "stop")
 
     def _emit(self, r: Request, tok: int, now: float):
         if not r.tokens:

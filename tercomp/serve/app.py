@@ -7,6 +7,10 @@
     GET  /health                   200 while the engine runs, else 503
     GET  /metrics                  Prometheus text (serve.metrics)
 
+Sampling (n, best_of, penalties, logit_bias, min_p), log-probabilities and structured
+output (serve.structured) are per request in the engine; text is text (serve.text:
+special tokens only from the chat template, or where `parse_special` asks).
+
 `stream: true` answers with server-sent events (`data: {chunk}\\n\\n` ..., `data:
 [DONE]\\n\\n`), as OpenAI streams them. Every error is OpenAI's JSON error body with
 a 4xx/5xx status: 401 (API key), 400 (a body that fails validation, a prompt longer
@@ -48,6 +52,7 @@ from ..runtime.scheduler import EngineClosed, QueueFull
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (MAX_PROMPTS, ChatRequest, CompletionRequest, DetokenizeRequest,
                        TokenizeRequest, error_body)
+from .structured import GrammarError, Grammars
 from .text import TextEncoder, TextStream, TokenPieces
 
 #: the largest request body accepted, in bytes (create_app's max_body)
@@ -137,9 +142,11 @@ def create_app(engine, model_name: str, api_key: str | None = None,
                              max_request_tokens)
         echo = [(t if isinstance(t, str) else model.decode(t), p) if body.echo else None
                 for t, p in zip(texts, prompts)]
+        grammar = await _grammar(model, body, off_loop)
         rid = f"cmpl-{uuid.uuid4().hex}"
         runs = _submit(engine, model, body, prompts, [max_tokens] * len(prompts), "prompt",
-                       logprobs=body.logprobs, echo=echo, candidates=body.candidates, group=rid)
+                       logprobs=body.logprobs, echo=echo, candidates=body.candidates, group=rid,
+                       grammar=grammar)
         head = {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": model_name}
 
@@ -165,9 +172,10 @@ def create_app(engine, model_name: str, api_key: str | None = None,
                         model.max_seq, max_request_tokens, "max_completion_tokens"
                         if body.max_completion_tokens else "max_tokens")
         top = (body.top_logprobs or 0) if body.logprobs else None
+        grammar = await _grammar(model, body, off_loop)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top,
-                       candidates=body.choices, group=rid)
+                       candidates=body.choices, group=rid, grammar=grammar)
         head = {"id": rid, "object": "chat.completion",
                 "created": int(time.time()), "model": model_name}
 
@@ -240,6 +248,7 @@ class _Model:
         self.eos = {eos} if eos is not None else set()
         self.pieces = TokenPieces(self.tokenizer)
         self.encoder = TextEncoder(self.tokenizer) if self.tokenizer is not None else None
+        self.grammars = Grammars(self.tokenizer, self.vocab_size, next(iter(self.eos), None))
         # the most bytes a token covers: text of more than max_seq times it (twice, for
         # normalizers that shrink text) is over the context whatever its tokens
         n = self.tokenizer.get_vocab_size(with_added_tokens=True) if self.tokenizer else 0
@@ -370,7 +379,7 @@ class _Piece(NamedTuple):
 
 
 def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
-            echo=None, candidates: int = 1, group=None) -> list:
+            echo=None, candidates: int = 1, group=None, grammar=None) -> list:
     """Submit `candidates` requests per prompt (all or none: a refused one cancels the
     others), the j-th of a prompt seeded with seed + j. `logprobs`: the alternatives per
     generated token (None: no log-probabilities); `echo`: per prompt, (text, ids) to
@@ -402,6 +411,7 @@ def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
                 req = engine.submit(prompt, max_tokens=limit, temperature=temperature,
                                     seed=(seed + j) % (1 << 63), stop=stop_ids,
                                     logprobs=logprobs, group=group, **body.sampling(),
+                                    constraint=grammar and grammar.constraint(),
                                     prompt_logprobs=logprobs if shown is not None else None)
                 runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids),
                                  shown, index))
@@ -418,6 +428,17 @@ def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
                            param=param) from None
         raise
     return runs
+
+
+async def _grammar(model: _Model, body, off_loop):
+    """The compiled response_format of a request (None for text), off the event loop
+    (a large schema takes a while); a 400 naming the field when it cannot be enforced."""
+    if body.response_format is None or body.response_format.type == "text":
+        return None
+    try:
+        return await off_loop(model.grammars.compile, body.response_format.model_dump())
+    except GrammarError as e:
+        raise APIError(400, f"response_format: {e}", param="response_format") from None
 
 
 def _budget(asked, sequences: int, max_seq: int, cap: int, param: str = "max_tokens") -> int:

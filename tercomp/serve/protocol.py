@@ -8,8 +8,9 @@ accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`;
 llama-server's `parse_special`. Log-probabilities: completions' `logprobs=N` (and
 `echo`, which with `logprobs` scores the prompt too; `max_tokens=0` prefills only: what
 lm-evaluation-harness sends to score a continuation), chat's `logprobs` /
-`top_logprobs`. Fields this server does not implement (`REFUSED`: structured output,
-tools, beam search, ...) are refused with a 400 naming the field unless they hold
+`top_logprobs`. Structured output: `response_format` (json_object, json_schema). Fields
+this server does not implement (`REFUSED`: tools, vLLM's guided decoding fields, beam
+search, ...) are refused with a 400 naming the field unless they hold
 their default, rather than silently ignored; unknown fields are ignored, as OpenAI's
 SDKs send new ones.
 """
@@ -34,7 +35,7 @@ TokenIds = list[StrictInt]
 #: fields of OpenAI's API, vLLM's or llama-server's that this server does not implement,
 #: with the values that ask for nothing (null, false, 0, empty, and these)
 REFUSED = {
-    "suffix": (), "response_format": ({"type": "text"},), "tools": (),
+    "suffix": (), "tools": (),
     "tool_choice": ("none",), "functions": (), "function_call": ("none",),
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
     "structured_outputs": (), "grammar": (), "json_schema": (), "use_beam_search": (),
@@ -59,7 +60,6 @@ class _Refused(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     suffix: Any = None
-    response_format: Any = None
     tools: Any = None
     tool_choice: Any = None
     functions: Any = None
@@ -83,6 +83,20 @@ class _Refused(BaseModel):
     _refused = field_validator(*REFUSED)(classmethod(_refuse))
 
 
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, json_object, or json_schema ({"name", "schema",
+    "strict"}), enforced by serve.structured."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[dict] = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema(cls, v, info):
+        if v is not None and not isinstance(v.get("schema", {}), dict):
+            raise ValueError("json_schema.schema must be a JSON schema (an object)")
+        return v
+
+
 class _Sampling(_Refused):
     """What both endpoints share."""
 
@@ -103,7 +117,15 @@ class _Sampling(_Refused):
     repetition_penalty: Optional[float] = Field(1.0, gt=0.0, le=100.0)
     logit_bias: Optional[dict[str, float]] = Field(None, max_length=1024)
     parse_special: Optional[bool] = False
+    response_format: Optional[ResponseFormat] = None
     user: Optional[str] = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _needs_schema(cls, v):
+        if v is not None and v.type == "json_schema" and v.json_schema is None:
+            raise ValueError("type json_schema needs json_schema: {\"name\", \"schema\"}")
+        return v
 
     @field_validator("stop")
     @classmethod
