@@ -465,8 +465,12 @@ BAD = [  # (what, body or raw bytes, key, status, param)
     ("bad schema", {"model": "tiny", "prompt": "hi", "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
      KEY, 400, "response_format"),
-    ("guided_json", {"model": "tiny", "prompt": "hi", "guided_json": {"type": "object"}}, KEY, 400,
-     "guided_json"),
+    ("structured_outputs", {"model": "tiny", "prompt": "hi", "structured_outputs": {"regex": "a"}},
+     KEY, 400, "structured_outputs"),
+    ("two constraints", {"model": "tiny", "prompt": "hi", "guided_regex": "a",
+                         "response_format": {"type": "json_object"}}, KEY, 400, "guided_regex"),
+    ("bad regex", {"model": "tiny", "prompt": "hi", "guided_regex": "(a"}, KEY, 400,
+     "guided_regex"),
     ("suffix", {"model": "tiny", "prompt": "hi", "suffix": "x"}, KEY, 400, "suffix"),
     ("logprobs > 20", {"model": "tiny", "prompt": "hi", "logprobs": 21}, KEY, 400, "logprobs"),
     ("empty prompt", {"model": "tiny", "prompt": []}, KEY, 400, "prompt"),
@@ -662,6 +666,22 @@ def test_json_object_streamed_and_n(ref, client):
     assert len({c.message.content for c in r.choices}) >= 1
     for c in r.choices:           # each choice its own matcher
         assert c.finish_reason == "stop" and json.loads(c.message.content)["color"] in ("red", "green")
+
+
+def test_regex_choice_and_grammar_extensions(client):
+    import re
+    pytest.importorskip("llguidance")
+    cases = [({"guided_regex": "[a-c]{2,4}-[0-9]"}, lambda t: re.fullmatch("[a-c]{2,4}-[0-9]", t)),
+             ({"guided_choice": ["yes", "no", "maybe"]}, lambda t: t in ("yes", "no", "maybe")),
+             ({"grammar": 'root ::= "x" pair pair "!"\npair ::= "ab" | "cd"'},    # GBNF
+              lambda t: re.fullmatch("x(ab|cd){2}!", t)),
+             ({"guided_json": SCHEMAS[0]}, lambda t: json.loads(t)["color"] in ("red", "green")),
+             ({"json_schema": SCHEMAS[1]}, lambda t: json.loads(t)["n"] in (1, 2, 3))]
+    for seed, (extra, ok) in enumerate(cases):
+        r = client.completions.create(model="tiny", prompt="hello", max_tokens=40,
+                                      temperature=1.0, seed=seed, extra_body=extra)
+        c = r.choices[0]
+        assert c.finish_reason == "stop" and ok(c.text), (extra, c.text)
 
 
 # -- text is text -----------------------------------------------------------------------------

@@ -431,14 +431,20 @@ def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
 
 
 async def _grammar(model: _Model, body, off_loop):
-    """The compiled response_format of a request (None for text), off the event loop
-    (a large schema takes a while); a 400 naming the field when it cannot be enforced."""
-    if body.response_format is None or body.response_format.type == "text":
-        return None
+    """The compiled output constraint of a request (None without one), off the event
+    loop (a large schema takes a while); a 400 naming the field when it cannot be
+    enforced."""
     try:
-        return await off_loop(model.grammars.compile, body.response_format.model_dump())
+        spec = body.constraint()
+    except ValueError as e:
+        raise APIError(400, str(e), param=str(e).split(":")[0]) from None
+    if spec is None:
+        return None
+    field, kind, value = spec
+    try:
+        return await off_loop(model.grammars.compile, kind, value)
     except GrammarError as e:
-        raise APIError(400, f"response_format: {e}", param="response_format") from None
+        raise APIError(400, f"{field}: {e}", param=field) from None
 
 
 def _budget(asked, sequences: int, max_seq: int, cap: int, param: str = "max_tokens") -> int:

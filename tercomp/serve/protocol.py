@@ -8,7 +8,9 @@ accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`;
 llama-server's `parse_special`. Log-probabilities: completions' `logprobs=N` (and
 `echo`, which with `logprobs` scores the prompt too; `max_tokens=0` prefills only: what
 lm-evaluation-harness sends to score a continuation), chat's `logprobs` /
-`top_logprobs`. Structured output: `response_format` (json_object, json_schema). Fields
+`top_logprobs`. Structured output: `response_format` (json_object, json_schema), vLLM's
+`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, llama-server's
+`json_schema` / `grammar` (GBNF). Fields
 this server does not implement (`REFUSED`: tools, vLLM's guided decoding fields, beam
 search, ...) are refused with a 400 naming the field unless they hold
 their default, rather than silently ignored; unknown fields are ignored, as OpenAI's
@@ -37,8 +39,7 @@ TokenIds = list[StrictInt]
 REFUSED = {
     "suffix": (), "tools": (),
     "tool_choice": ("none",), "functions": (), "function_call": ("none",),
-    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-    "structured_outputs": (), "grammar": (), "json_schema": (), "use_beam_search": (),
+    "structured_outputs": (), "use_beam_search": (),
     "min_tokens": (), "bad_words": (), "allowed_token_ids": (), "prompt_logprobs": (),
     "typical_p": (1, 1.0), "mirostat": (), "suffix_prompt": (),
 }
@@ -64,13 +65,7 @@ class _Refused(BaseModel):
     tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
     structured_outputs: Any = None
-    grammar: Any = None
-    json_schema: Any = None
     use_beam_search: Any = None
     min_tokens: Any = None
     bad_words: Any = None
@@ -118,6 +113,13 @@ class _Sampling(_Refused):
     logit_bias: Optional[dict[str, float]] = Field(None, max_length=1024)
     parse_special: Optional[bool] = False
     response_format: Optional[ResponseFormat] = None
+    # the grammar extensions of vLLM (guided_*) and llama-server (json_schema, grammar)
+    guided_json: Optional[Union[dict, str]] = None
+    guided_regex: Optional[str] = Field(None, max_length=1 << 16)
+    guided_choice: Optional[list[str]] = Field(None, max_length=1024)
+    guided_grammar: Optional[str] = Field(None, max_length=1 << 20)
+    json_schema: Optional[dict] = None
+    grammar: Optional[str] = Field(None, max_length=1 << 20)
     user: Optional[str] = None
 
     @field_validator("response_format")
@@ -158,6 +160,25 @@ class _Sampling(_Refused):
     def choices(self) -> int:
         """Choices per prompt."""
         return self.n or 1
+
+    def constraint(self):
+        """(field, kind, value) of the one structured-output field set ("json": a schema
+        or None for any object, "regex", "choice", "grammar": GBNF or Lark), or None;
+        ValueError naming them when several are."""
+        rf = self.response_format
+        given = [("response_format", "json", None if rf.type == "json_object"
+                  else (rf.json_schema or {}).get("schema", {}))] \
+            if rf is not None and rf.type != "text" else []
+        for name, kind in (("guided_json", "json"), ("json_schema", "json"),
+                           ("guided_regex", "regex"), ("guided_choice", "choice"),
+                           ("guided_grammar", "grammar"), ("grammar", "grammar")):
+            v = getattr(self, name)
+            if v:
+                given.append((name, kind, v))
+        if len(given) > 1:
+            raise ValueError(f"{given[1][0]}: only one of {', '.join(g[0] for g in given)} "
+                             f"may constrain the output")
+        return given[0] if given else None
 
     def sampling(self) -> dict:
         """The Engine.submit keywords of the sampling fields."""

@@ -1,24 +1,28 @@
-"""Structured output: `response_format` enforced token by token with llguidance (the
-constrained-decoding library of Microsoft's Guidance, used by vLLM and llama.cpp).
+"""Structured output: `response_format` (and vLLM's and llama-server's grammar fields)
+enforced token by token with llguidance (the constrained-decoding library of
+Microsoft's Guidance, used by vLLM and llama.cpp).
 
-A request's JSON schema (`json_schema`; `json_object` is the schema of any object) is
-compiled once into an llguidance grammar; each generated sequence gets its own
+A request's JSON schema (`json_schema`; `json_object` is the schema of any object),
+regular expression, choice or GBNF / Lark grammar is compiled once into an llguidance
+grammar; each generated sequence gets its own
 `Constraint` (a matcher over the model's tokenizer) that the engine asks, before it
 samples, which tokens may come next (the others' logits become -inf), and tells which
 token was sampled. When the grammar is complete the sequence stops. JSON is compact
 (no free whitespace: a model cannot fill its tokens with blanks).
 
-    >>> grammar = Grammars(tokenizer, vocab_size, eos).compile({"type": "json_object"})
+    >>> grammar = Grammars(tokenizer, vocab_size, eos).compile("json", schema)
     >>> engine.submit(ids, constraint=grammar.constraint())
 """
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
 
 try:
     import llguidance
+    from llguidance.gbnf_to_lark import any_to_lark
 except ImportError:     # pragma: no cover - the serve extra installs it
     llguidance = None
 
@@ -40,33 +44,32 @@ class Grammars:
         self._lltok = None
         self._lock = threading.Lock()
 
-    def compile(self, response_format: dict) -> "Grammar | None":
-        """The grammar of an OpenAI `response_format` ({"type": "text"}: None), or a
-        GrammarError."""
-        kind = response_format.get("type")
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            schema = {"type": "object"}
-        elif kind == "json_schema":
-            spec = response_format.get("json_schema")
-            schema = spec.get("schema", {}) if isinstance(spec, dict) else None
-            if not isinstance(schema, dict):
-                raise GrammarError("json_schema.schema must be a JSON schema (an object)")
-        else:
-            raise GrammarError(f"type {kind!r} is not one of text, json_object, json_schema")
+    def compile(self, kind: str, value) -> "Grammar":
+        """The grammar of `kind` "json" (`value` a JSON schema, a dict or its text; None:
+        any object), "regex" (a regular expression), "choice" (a list of strings) or
+        "grammar" (GBNF, as llama-server takes it, or Lark), or a GrammarError."""
         if llguidance is None:
             raise GrammarError("structured output needs llguidance, which is not installed "
                                "(pip install 'tercomp[serve]')")
         if self.tokenizer is None or self.eos is None:
             raise GrammarError("structured output needs the model's tokenizer and eos token")
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-        except ValueError as e:
-            raise GrammarError(f"the schema is not valid: {e}") from None
+            if kind == "json":
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                    {"type": "object"} if value is None else value, defaults=JSON_OPTIONS)
+            elif kind == "regex":
+                grammar = llguidance.LLMatcher.grammar_from_regex(value)
+            elif kind == "choice":
+                grammar = "start: " + " | ".join(json.dumps(c) for c in value)
+            else:
+                grammar = any_to_lark(value)
+        except (ValueError, TypeError) as e:
+            raise GrammarError(f"not a valid {kind}: {e}") from None
+        except Exception as e:      # the GBNF converter's own errors
+            raise GrammarError(f"not a valid grammar: {e}") from None
         matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"the schema cannot be enforced: {matcher.get_error()}")
+            raise GrammarError(f"it cannot be enforced: {matcher.get_error()}")
         return Grammar(matcher, self.vocab_size)
 
     def _tokenizer(self):
