@@ -425,6 +425,9 @@ def test_nulls_where_openai_allows_them(ref, base):
     r = post(base, "/v1/chat/completions", {"model": "tiny", "messages": [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    r = post(base, "/v1/chat/completions", {"model": "tiny", "add_special_tokens": True,
+                                            "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "add_special_tokens", r.text
 
 
 # -- bad requests ----------------------------------------------------------------------------
@@ -763,7 +766,7 @@ def check_text_is_text(tok, content, control):
     """`content` encodes to no control or byte token and decodes back (parse_special
     makes its control tokens tokens; byte tokens never come from text, as in
     llama.cpp); the template's control tokens are still tokens (as many as it writes)."""
-    from tercomp.serve.text import TextEncoder
+    from tercomp.models.tokenizer import TextEncoder
     enc = TextEncoder(tok.inner)
     ids = enc.encode(content, add_special_tokens=False)
     assert not set(ids) & set(control), (content, ids)
@@ -772,6 +775,7 @@ def check_text_is_text(tok, content, control):
         assert set(enc.encode(content, parse_special=True, add_special_tokens=False)) & set(control)
     messages = [{"role": "user", "content": content}]
     ids = enc.encode_parts(tok.chat_template.render_parts(messages), parse_special=False)
+    assert tok.apply_chat_template(messages) == ids        # the library's own path
     template_only = enc.encode_parts(tok.chat_template.render_parts(
         [{"role": "user", "content": "x"}]))
     assert [i for i in ids if i in control] == [i for i in template_only if i in control]

@@ -58,28 +58,82 @@ class Tokenizer:
 
     def __init__(self, inner, chat_template=None):
         self.inner, self.chat_template = inner, chat_template
+        self._encoder = None
 
     def __getattr__(self, name):
-        if name in ("inner", "chat_template"):       # not set yet (copy, unpickle)
+        if name in ("inner", "chat_template", "_encoder"):   # not set yet (copy, unpickle)
             raise AttributeError(name)
         return getattr(self.inner, name)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = False,
-                            tokenize: bool = True, **kwargs):
+                            tokenize: bool = True, parse_special: bool = False, **kwargs):
         """The prompt for `messages` ([{"role": ..., "content": ...}, ...]): text with
         `tokenize=False`, else its token ids (a list of ints; the template writes the
-        special tokens itself, so none are added)."""
+        special tokens itself, so none are added). A message's `</s>` or `<|eot_id|>`
+        is text, not the special token, unless `parse_special` (TextEncoder)."""
         if self.chat_template is None:
             raise ChatTemplateError("this model's files carry no chat template",
                                     hint="render the prompt yourself and pass its text")
-        text = self.chat_template.render(messages, add_generation_prompt, **kwargs)
         if not tokenize:
-            return text
-        return list(self.inner.encode(text, add_special_tokens=False).ids)
+            return self.chat_template.render(messages, add_generation_prompt, **kwargs)
+        if self._encoder is None:
+            self._encoder = TextEncoder(self.inner)
+        parts = self.chat_template.render_parts(messages, add_generation_prompt, **kwargs)
+        return list(self._encoder.encode_parts(parts, parse_special))
 
     def __repr__(self):
         chat = "with" if self.chat_template is not None else "without"
         return f"Tokenizer({self.inner.get_vocab_size()} tokens, {chat} a chat template)"
+
+
+class TextEncoder:
+    """Text to token ids where text is text: a user's `</s>`, `<|eot_id|>` or `<0x41>`
+    is encoded as those characters, never as the control or byte token, unless
+    `parse_special` asks for it (llama-server's flag); a chat template's own special
+    tokens still are tokens (`encode_parts`). `add_special_tokens` is the tokenizer's
+    post-processor (a BOS, as vLLM's flag). Byte tokens are never matched from text by
+    the vocabularies tercomp builds (tokenizer_from_gguf); special tokens are kept apart
+    by a second copy of the tokenizer with `encode_special_tokens` set (the flag is the
+    tokenizer's state, so one copy per mode keeps threads apart).
+
+        enc = TextEncoder(tok)          # a tokenizers.Tokenizer
+        enc.encode("hi</s>")            # the pieces of '<', '/', 's', '>', not eos
+    """
+
+    def __init__(self, tokenizer):
+        self.special = tokenizer
+        self.plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+        self.plain.encode_special_tokens = True
+        self.special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items()
+                            if t.special}
+
+    def encode(self, text: str, parse_special: bool = False,
+               add_special_tokens: bool = True) -> list:
+        tok = self.special if parse_special else self.plain
+        return tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_parts(self, parts, parse_special: bool = False) -> list:
+        """Ids of [(text, is_content)] (models.chat.ChatTemplate.render_parts): special
+        tokens parsed in the template's text, and in the contents only with
+        `parse_special`. The whole text is encoded at once (its tokens may span a
+        boundary, as a tokenizer of the rendered prompt gives them) unless a special
+        token comes out of a content; then each part is encoded on its own."""
+        text = "".join(p for p, _ in parts)
+        enc = self.special.encode(text, add_special_tokens=False)
+        if parse_special or not any(c for _, c in parts):
+            return enc.ids
+        spans, at = [], 0
+        for p, content in parts:
+            if content:
+                spans.append((at, at + len(p)))
+            at += len(p)
+        leaked = any(i in self.special_ids and any(s < e and a < e and s < b for a, b in spans)
+                     for i, (s, e) in zip(enc.ids, enc.offsets))
+        if not leaked:
+            return enc.ids
+        return [i for p, content in parts
+                for i in (self.plain if content else self.special).encode(
+                    p, add_special_tokens=False).ids]
 
 
 def _special(value) -> str:

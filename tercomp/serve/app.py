@@ -8,8 +8,9 @@
     GET  /metrics                  Prometheus text (serve.metrics)
 
 Sampling (n, best_of, penalties, logit_bias, min_p), log-probabilities and structured
-output (serve.structured) are per request in the engine; text is text (serve.text:
-special tokens only from the chat template, or where `parse_special` asks).
+output (serve.structured) are per request in the engine; text is text
+(models.tokenizer.TextEncoder: special tokens only from the chat template, or where
+`parse_special` asks).
 
 `stream: true` answers with server-sent events (`data: {chunk}\\n\\n` ..., `data:
 [DONE]\\n\\n`), as OpenAI streams them. Every error is OpenAI's JSON error body with
@@ -48,12 +49,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import InputError, TercompError
 from ..models.chat import ChatTemplate, ChatTemplateError
+from ..models.tokenizer import TextEncoder
 from ..runtime.scheduler import EngineClosed, QueueFull
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import (MAX_PROMPTS, ChatRequest, CompletionRequest, DetokenizeRequest,
                        TokenizeRequest, error_body)
 from .structured import GrammarError, Grammars
-from .text import TextEncoder, TextStream, TokenPieces
+from .text import TextStream, TokenPieces
 
 #: the largest request body accepted, in bytes (create_app's max_body)
 MAX_BODY = 1 << 20

@@ -261,6 +261,15 @@ class ChatRequest(_Sampling):
     logprobs: Optional[bool] = None
     top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
     parallel_tool_calls: Optional[bool] = None      # a hint about tools, which are refused
+    add_special_tokens: Optional[bool] = False
+
+    @field_validator("add_special_tokens")
+    @classmethod
+    def _template_writes_them(cls, v):
+        if v:
+            raise ValueError("add_special_tokens=true is not supported in chat: the chat "
+                             "template writes the special tokens")
+        return v
 
     @field_validator("top_logprobs")
     @classmethod
