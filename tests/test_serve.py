@@ -935,6 +935,17 @@ def test_slow_heads_and_bodies_and_idle_connections_are_cut(base):
     t.start()
     body = socket.create_connection(("127.0.0.1", port))
     body.sendall(head + b"Content-Length: 100\r\n\r\n" + b'{"model": ')
+
+    def drip_body():                   # a byte of the body now and then: the deadline is
+        for b in b'"tiny", "prompt": "hello world", "max_tokens": 2':   # for all of it
+            if dripping.is_set():
+                return
+            try:
+                body.send(bytes([b]))
+            except OSError:
+                return
+            time.sleep(0.3)
+    threading.Thread(target=drip_body, daemon=True).start()
     try:
         for sock in (idle, slow):
             took, _ = closed_within(sock, READ_TIMEOUT + 5)

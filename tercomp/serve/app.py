@@ -716,9 +716,10 @@ class _Guard:
             return await _answer(send, 413, self._too_large())
         body, more = [], True
         size = 0
+        deadline = time.monotonic() + self.read_timeout       # for the whole body
         while more:
             try:
-                message = await asyncio.wait_for(receive(), self.read_timeout)
+                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
             except asyncio.TimeoutError:
                 return await _answer(send, 408, error_body(
                     f"the request body did not arrive within {self.read_timeout:g} s",
