@@ -28,7 +28,7 @@ def add_parser(sub, positive_int, run):
     s = sub.add_parser("serve", help="serve a language model over OpenAI's HTTP API",
                        description="Serve MODEL (.gguf, Hugging Face directory, or an LM "
                                    "artifact .tcm) at /v1/completions, /v1/chat/completions, "
-                                   "/v1/models, /health and /metrics.")
+                                   "/v1/models, /tokenize, /detokenize, /health and /metrics.")
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
