@@ -283,6 +283,33 @@ def test_echo_scores_the_prompt_as_log_softmax_of_prefill(ref, base, max_tokens)
         assert r.json()["usage"]["completion_tokens"] == 0
 
 
+def test_what_lm_eval_local_completions_does(ref, base):
+    # lm-evaluation-harness's local-completions with its remote tokenizer (vLLM's
+    # /tokenizer_info, /tokenize, /detokenize), scoring a continuation as it does
+    auth = {"Authorization": f"Bearer {KEY}"}
+    info = httpx.get(f"{base}/tokenizer_info", headers=auth, timeout=30).json()
+    assert info["eos_token"] == "<|end|>" and info["chat_template"] == TEMPLATE
+    context, continuation = "the quick brown", " fox hello"
+
+    def encode(text):
+        r = post(base, "/tokenize", {"prompt": text, "add_special_tokens": False})
+        return r.json()["tokens"]
+    ctxlen = len(encode(context))
+    assert post(base, "/detokenize", {"tokens": encode(context)}).json()["prompt"] == context
+    r = post(base, "/v1/completions", {"model": "tiny", "prompt": [context + continuation],
+                                       "temperature": 0, "max_tokens": 1, "logprobs": 1,
+                                       "seed": 1234, "echo": True})
+    assert r.status_code == 200, r.text
+    choice = sorted(r.json()["choices"], key=lambda c: c["index"])[0]
+    got = sum(choice["logprobs"]["token_logprobs"][ctxlen:-1])
+    greedy = all(t == max(top.values()) for t, top in zip(
+        choice["logprobs"]["token_logprobs"][ctxlen:-1], choice["logprobs"]["top_logprobs"][ctxlen:-1]))
+    ids = ref.encode(context + continuation).tolist()
+    want = log_softmax(ref.prefill(np.array(ids, np.int32)))
+    assert got == pytest.approx(sum(want[i - 1, ids[i]] for i in range(ctxlen, len(ids))), abs=1e-2)
+    assert greedy == all(want[i - 1].argmax() == ids[i] for i in range(ctxlen, len(ids)))
+
+
 def test_generated_token_logprobs_streamed_and_not(ref, client):
     ids = ref.encode("hello").tolist()
     want_ids, _ = expected(ref, ids, 8)
@@ -701,13 +728,14 @@ def test_tokenize_and_detokenize(ref, base):
     text = "hello<|end|> <|user|>x"
     r = post(base, "/tokenize", {"content": text})
     assert r.status_code == 200 and r.json()["tokens"] == plain_ids(ref, text)
+    assert r.json()["count"] == len(plain_ids(ref, text)) and r.json()["max_model_len"] == MAX_SEQ
     assert not {0, 1, 2} & set(r.json()["tokens"])
     special = post(base, "/tokenize", {"content": text, "parse_special": True}).json()["tokens"]
     assert special == ref.tokenizer.encode(text, add_special_tokens=False).ids
     assert {0, 2} <= set(special)
     for ids in (r.json()["tokens"], special):
         back = post(base, "/detokenize", {"tokens": ids})
-        assert back.status_code == 200 and back.json() == {"content": text}
+        assert back.status_code == 200 and back.json() == {"content": text, "prompt": text}
     pieces = post(base, "/tokenize", {"content": "hé", "with_pieces": True}).json()["tokens"]
     assert [p["id"] for p in pieces] == plain_ids(ref, "hé")
     assert b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"])

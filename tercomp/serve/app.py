@@ -3,7 +3,8 @@
     GET  /v1/models                the one model served
     POST /v1/completions           prompt: text, token ids, or a list of either
     POST /v1/chat/completions      messages rendered by the model's chat template
-    POST /tokenize, /detokenize    llama-server's: text to ids and back
+    POST /tokenize, /detokenize    llama-server's and vLLM's: text to ids and back
+    GET  /tokenizer_info           vLLM's: special tokens and the chat template
     GET  /health                   200 while the engine runs, else 503
     GET  /metrics                  Prometheus text (serve.metrics)
 
@@ -205,13 +206,17 @@ def create_app(engine, model_name: str, api_key: str | None = None,
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
-        """llama-server's /tokenize: {"tokens": [id, ...]}, or with `with_pieces`
-        {"tokens": [{"id", "piece"}]} (a piece that is not whole UTF-8 as its bytes)."""
-        model.check_length(body.content, "content")
-        ids = await off_loop(model.encode, body.content, bool(body.parse_special),
-                             bool(body.add_special), "content")
+        """llama-server's /tokenize ({"tokens": [id, ...]}, or with `with_pieces`
+        {"tokens": [{"id", "piece"}]}, a piece that is not whole UTF-8 as its bytes) and
+        vLLM's (`prompt` in; `count` and `max_model_len` out too)."""
+        try:
+            text, field, add = body.text()
+        except ValueError as e:
+            raise APIError(400, str(e), param="content") from None
+        model.check_length(text, field)
+        ids = await off_loop(model.encode, text, bool(body.parse_special), add, field)
         if not body.with_pieces:
-            return {"tokens": ids}
+            return {"tokens": ids, "count": len(ids), "max_model_len": model.max_seq}
         out = []
         for i in ids:
             b = model.pieces.bytes(i)
@@ -224,14 +229,25 @@ def create_app(engine, model_name: str, api_key: str | None = None,
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
-        """llama-server's /detokenize: {"content": text}."""
+        """{"content": text} (llama-server's key), also as "prompt" (vLLM's)."""
         bad = [t for t in body.tokens if not 0 <= t < model.vocab_size]
         if bad:
             raise APIError(400, f"token id {bad[0]} is out of range for a vocabulary of "
                                 f"{model.vocab_size}", param="tokens")
         if model.tokenizer is None:
             raise APIError(400, "this model has no tokenizer", param="tokens")
-        return {"content": await off_loop(model.decode, body.tokens, False)}
+        text = await off_loop(model.decode, body.tokens, False)
+        return {"content": text, "prompt": text}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """vLLM's /tokenizer_info: the special tokens and the chat template (what
+        lm-evaluation-harness's remote tokenizer reads)."""
+        t = model.template
+        return {"tokenizer_class": "tercomp", "eos_token": t.eos_token or None if t else None,
+                "bos_token": t.bos_token or None if t else None, "pad_token": None,
+                "chat_template": t.source if t else None, "model_max_length": model.max_seq,
+                "vocab_size": model.vocab_size}
 
     return app
 
@@ -667,7 +683,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 #: the paths that need the API key (/health and /metrics stay open)
-_KEYED = ("/v1/", "/tokenize", "/detokenize")
+_KEYED = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info")
 
 
 class _Guard:

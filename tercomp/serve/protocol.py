@@ -280,17 +280,46 @@ class ChatRequest(_Sampling):
 
 
 class TokenizeRequest(BaseModel):
-    """POST /tokenize (llama-server's): `content` as text; `parse_special` matches special
-    tokens in it (off by default here: text is text, as in the completions), `add_special`
-    adds the tokenizer's BOS, `with_pieces` returns each token's text."""
-    content: str = Field(max_length=1 << 20)
+    """POST /tokenize, in llama-server's shape (`content`; `add_special`, default false,
+    adds the tokenizer's BOS; `with_pieces` returns each token's text) or vLLM's
+    (`prompt`; `add_special_tokens`, default true). `parse_special` matches special
+    tokens in the text (off by default here: text is text, as in the completions)."""
+    model_config = ConfigDict(extra="ignore")
+
+    content: Optional[str] = Field(None, max_length=1 << 20)
+    prompt: Optional[str] = Field(None, max_length=1 << 20)
     add_special: Optional[bool] = False
+    add_special_tokens: Optional[bool] = True
     parse_special: Optional[bool] = False
     with_pieces: Optional[bool] = False
+    messages: Any = None        # vLLM's chat form: refused
+
+    @field_validator("messages")
+    @classmethod
+    def _no_chat(cls, v):
+        if v is not None:
+            raise ValueError("tokenizing messages is not supported: pass `content` (or "
+                             "`prompt`) text")
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_text(cls, v, info):
+        if v is not None and info.data.get("content") is not None:
+            raise ValueError("pass `content` (llama-server) or `prompt` (vLLM), not both")
+        return v
+
+    def text(self) -> tuple:
+        """(the text, its field, whether to add the tokenizer's special tokens)."""
+        if self.prompt is not None:
+            return self.prompt, "prompt", self.add_special_tokens is not False
+        if self.content is None:
+            raise ValueError("content: the text to tokenize is missing")
+        return self.content, "content", bool(self.add_special)
 
 
 class DetokenizeRequest(BaseModel):
-    """POST /detokenize (llama-server's): `tokens` as ids."""
+    """POST /detokenize (llama-server's and vLLM's): `tokens` as ids."""
     tokens: list[StrictInt] = Field(max_length=1 << 20)
 
 
