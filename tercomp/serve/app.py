@@ -32,9 +32,7 @@ so the loop never waits on the engine.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-import re
 import secrets
 import threading
 import time
@@ -44,19 +42,17 @@ from typing import NamedTuple
 import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import InputError, TercompError
-from ..models.chat import ChatTemplate, ChatTemplateError
-from ..models.tokenizer import TextEncoder
 from ..runtime.scheduler import EngineClosed, QueueFull
+from .guard import APIError, Guard, add_error_handlers
 from .metrics import CONTENT_TYPE, Metrics
+from .model import ServedModel
 from .protocol import (MAX_PROMPTS, ChatRequest, CompletionRequest, DetokenizeRequest,
                        TokenizeRequest, error_body)
-from .structured import GrammarError, Grammars
-from .text import TextStream, TokenPieces
+from .structured import GrammarError
+from .text import TextStream
 
 #: the largest request body accepted, in bytes (create_app's max_body)
 MAX_BODY = 1 << 20
@@ -70,15 +66,6 @@ TOKENIZING = 4
 _END = object()
 
 
-class APIError(Exception):
-    """An error answered as OpenAI's JSON error body with `status`."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param=None, code=None):
-        super().__init__(message)
-        self.status, self.body = status, error_body(message, type, param, code)
-
-
 def create_app(engine, model_name: str, api_key: str | None = None,
                max_body: int = MAX_BODY, read_timeout: float = READ_TIMEOUT,
                max_request_tokens: int = MAX_REQUEST_TOKENS) -> FastAPI:
@@ -88,7 +75,7 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     `read_timeout` seconds; one request may generate `max_request_tokens` tokens over
     all its prompts and choices. The caller owns the engine (closes it after the
     server stops)."""
-    model = _Model(engine.model)
+    model = ServedModel(engine.model)
     tokenizing = anyio.CapacityLimiter(TOKENIZING)
 
     async def off_loop(fn, *args):
@@ -99,9 +86,9 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     created = int(time.time())
     app = FastAPI(title="tercomp", summary=f"OpenAI-compatible API serving {model_name}")
     app.state.engine, app.state.metrics = engine, metrics
-    app.add_middleware(_Guard, api_key=api_key, max_body=max_body, metrics=metrics,
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body, metrics=metrics,
                        read_timeout=read_timeout)
-    _add_error_handlers(app)
+    add_error_handlers(app)
 
     def check_model(name: str):
         if name != model_name:
@@ -252,102 +239,6 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     return app
 
 
-# -- the model's text side -------------------------------------------------------------------
-
-class _Model:
-    """What the API needs of the generator: its tokenizer, chat template and eos."""
-
-    def __init__(self, gen):
-        self.tokenizer, self.max_seq, self.vocab_size = gen.tokenizer, gen.max_seq, gen.vocab_size
-        self.template = ChatTemplate.from_dict(gen.chat_template)
-        eos = None
-        if self.template is not None and self.template.eos_token and self.tokenizer is not None:
-            eos = self.tokenizer.token_to_id(self.template.eos_token)
-        self.eos = {eos} if eos is not None else set()
-        self.pieces = TokenPieces(self.tokenizer)
-        self.encoder = TextEncoder(self.tokenizer) if self.tokenizer is not None else None
-        self.grammars = Grammars(self.tokenizer, self.vocab_size, next(iter(self.eos), None))
-        # the most bytes a token covers: text of more than max_seq times it (twice, for
-        # normalizers that shrink text) is over the context whatever its tokens
-        n = self.tokenizer.get_vocab_size(with_added_tokens=True) if self.tokenizer else 0
-        longest = max((len(self.pieces.bytes(i)) for i in range(n)), default=1)
-        self.max_text_bytes = 2 * self.max_seq * max(longest, 1)
-
-    def check_length(self, text, param: str) -> None:
-        """A 400 for text too long for the context, before tokenizing it (its time is
-        bounded by the bytes this lets through)."""
-        if isinstance(text, str) and len(text) > self.max_text_bytes // 4 \
-                and len(text.encode("utf-8", "surrogatepass")) > self.max_text_bytes:
-            raise APIError(400, f"This model's maximum context length is {self.max_seq} "
-                                f"tokens; the text has over {self.max_text_bytes} bytes, more "
-                                f"than that many tokens cover", param=param,
-                           code="context_length_exceeded")
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def completion_logprobs(self, run, ids, scores) -> dict:
-        """OpenAI's completions `logprobs` of tokens `ids`: their strings, log-probabilities
-        and most likely alternatives (with the token itself, as OpenAI adds it), and
-        their offsets in the choice's text (run.offset carries on between chunks)."""
-        tokens = [self.pieces.text(t) for t in ids]
-        offsets = []
-        for t in tokens:
-            offsets.append(run.offset)
-            run.offset += len(t)
-        tops = []
-        for t, s in zip(ids, scores):
-            if s is None:
-                tops.append(None)
-                continue
-            d = {self.pieces.text(a): _finite(lp) for a, lp in s[1]}
-            d.setdefault(self.pieces.text(t), _finite(s[0]))
-            tops.append(d)
-        return {"tokens": tokens, "token_logprobs": [None if s is None else _finite(s[0])
-                                                     for s in scores],
-                "top_logprobs": tops, "text_offset": offsets}
-
-    def chat_logprobs(self, ids, scores) -> list:
-        """OpenAI's chat `logprobs.content` entries of tokens `ids`."""
-        def entry(t, lp):
-            b = self.pieces.bytes(t)
-            return {"token": self.pieces.text(t), "logprob": _finite(lp), "bytes": list(b)}
-        return [{**entry(t, s[0]), "top_logprobs": [entry(a, lp) for a, lp in s[1]]}
-                for t, s in zip(ids, scores)]
-
-    def encode(self, prompt, parse_special: bool = False, add_special_tokens: bool = True,
-               param: str = "prompt") -> list:
-        """A prompt's ids: token ids as they are, text as text (special tokens only with
-        `parse_special`)."""
-        if not isinstance(prompt, str):
-            return prompt
-        if self.encoder is None:
-            raise APIError(400, "this model has no tokenizer: pass the prompt as token ids",
-                           param=param)
-        return self.encoder.encode(prompt, parse_special, add_special_tokens)
-
-    def render_chat(self, messages, parse_special: bool = False) -> list:
-        """The ids of `messages` in the chat template: its special tokens are tokens, the
-        messages' contents text (unless `parse_special`)."""
-        if self.tokenizer is None or self.template is None:
-            raise APIError(400, "this model's files carry no chat template (or no tokenizer): "
-                                "use /v1/completions", param="messages")
-        try:
-            parts = self.template.render_parts(
-                [{"role": m.role, "content": m.text()} for m in messages],
-                add_generation_prompt=True)
-        except ChatTemplateError as e:
-            raise APIError(400, e.message, param="messages") from None
-        return self.encoder.encode_parts(parts, parse_special)
-
-
-def _finite(lp: float) -> float:
-    """A log-probability as JSON can hold it (OpenAI's floor for -inf: -9999)."""
-    return max(float(lp), -9999.0) if lp == lp else -9999.0
-
-
 class _Run:
     """One submitted request (one choice) and its text. `echo`: (prompt text, prompt
     ids) to send before the generated text, or None; `offset`: the text offset of the
@@ -396,7 +287,7 @@ class _Piece(NamedTuple):
 
 
 
-def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
+def _submit(engine, model: ServedModel, body, prompts, limits, param, logprobs=None,
             echo=None, candidates: int = 1, group=None, grammar=None) -> list:
     """Submit `candidates` requests per prompt (all or none: a refused one cancels the
     others), the j-th of a prompt seeded with seed + j. `logprobs`: the alternatives per
@@ -448,7 +339,7 @@ def _submit(engine, model: _Model, body, prompts, limits, param, logprobs=None,
     return runs
 
 
-async def _grammar(model: _Model, body, off_loop):
+async def _grammar(model: ServedModel, body, off_loop):
     """The compiled output constraint of a request (None without one), off the event
     loop (a large schema takes a while); a 400 naming the field when it cannot be
     enforced."""
@@ -648,169 +539,3 @@ def _sse(runs, request, metrics, head, choice, include_usage, first=None) -> Str
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-# -- errors, keys and body size ----------------------------------------------------------------
-
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(request, e: APIError):
-        return JSONResponse(e.body, status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, e: RequestValidationError):
-        err = (e.errors() or [{}])[0]
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        if err.get("type") == "json_invalid":
-            return JSONResponse(error_body("the request body is not valid JSON: "
-                                           f"{err.get('ctx', {}).get('error', '')}".rstrip(": "),
-                                           code="invalid_json"), status_code=400)
-        param = loc[0] if loc else None
-        message = err.get("msg", "invalid request").removeprefix("Value error, ")
-        if not loc and err.get("type") in ("model_attributes_type", "dict_type"):
-            message = "the request body must be a JSON object (Content-Type: application/json)"
-        elif param == "prompt" and err.get("type") != "value_error":
-            message = "prompt must be a string, a list of token ids (ints), or a list of either"
-        elif loc:
-            message = f"{'.'.join(loc)}: {message}"
-        return JSONResponse(error_body(message, param=param), status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request, e: StarletteHTTPException):
-        return JSONResponse(error_body(str(e.detail), code=str(e.status_code)),
-                            status_code=e.status_code)
-
-
-
-#: the paths that need the API key (/health and /metrics stay open)
-_KEYED = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info")
-
-
-class _Guard:
-    """ASGI middleware in front of the app: the API key of keyed paths (before the body
-    is read), the body size limit and read timeout (408), a body that is not UTF-8 or
-    holds a lone surrogate (400: nothing downstream could encode it), any exception as
-    a JSON 500 that keeps the connection open (Starlette's error middleware re-raises
-    after its 500, and uvicorn then drops the connection), and the error count of
-    /metrics."""
-
-    def __init__(self, app, api_key, max_body, metrics, read_timeout):
-        self.app, self.max_body, self.metrics = app, int(max_body), metrics
-        self.key = api_key.encode() if api_key else None
-        self.read_timeout = read_timeout
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started = False
-
-        async def counted(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                if message["status"] >= 400:
-                    self.metrics.errors.labels(str(message["status"])).inc()
-            await send(message)
-
-        try:
-            await self._guarded(scope, receive, counted)
-        except Exception as e:                          # a bug: still a JSON answer
-            if started:
-                raise
-            await _answer(counted, 500, error_body(f"internal error: {type(e).__name__}",
-                                                   type="server_error"))
-
-    async def _guarded(self, scope, receive, send):
-        headers = dict(scope.get("headers") or ())
-        if self.key is not None and scope["path"].startswith(_KEYED) \
-                and not self._authorized(headers.get(b"authorization", b"")):
-            return await _answer(send, 401, error_body(
-                "Incorrect or missing API key: pass `Authorization: Bearer <key>`",
-                code="invalid_api_key"))
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            return await _answer(send, 413, self._too_large())
-        body, more = [], True
-        size = 0
-        deadline = time.monotonic() + self.read_timeout       # for the whole body
-        while more:
-            try:
-                message = await asyncio.wait_for(receive(), deadline - time.monotonic())
-            except asyncio.TimeoutError:
-                return await _answer(send, 408, error_body(
-                    f"the request body did not arrive within {self.read_timeout:g} s",
-                    code="request_timeout"), close=True)
-            if message["type"] != "http.request":
-                return                                 # the client went away
-            body.append(message.get("body", b""))
-            size += len(body[-1])
-            more = message.get("more_body", False)
-            if size > self.max_body:
-                return await _answer(send, 413, self._too_large())
-        data = b"".join(body)
-        bad = _unencodable(data)
-        if bad is not None:
-            return await _answer(send, 400, error_body(bad[0], param=bad[1],
-                                                       code="invalid_encoding"))
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": data, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    def _authorized(self, header: bytes) -> bool:
-        scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
-
-    def _too_large(self) -> dict:
-        return error_body(f"the request body is over {self.max_body} bytes",
-                          code="request_too_large")
-
-
-def _unencodable(data: bytes):
-    """(message, field) when a body is not UTF-8 or a JSON string in it holds a lone
-    surrogate (`"\\ud800"`: valid JSON, not encodable text), else None."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return f"the request body is not valid UTF-8 (byte {e.start})", None
-    if not _SURROGATE.search(data):
-        return None
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return None                     # the app answers invalid JSON
-    stack = [(value, None)]
-    while stack:
-        v, field = stack.pop()
-        if isinstance(v, dict):
-            stack.extend((x, field or k) for k, x in v.items())
-            stack.extend((k, field or k) for k in v)
-        elif isinstance(v, list):
-            stack.extend((x, field) for x in v)
-        elif isinstance(v, str):
-            try:
-                v.encode("utf-8")
-            except UnicodeEncodeError:
-                where = f"`{field}`" if isinstance(field, str) and field.isascii() else "a key"
-                return (f"{where} holds a lone UTF-16 surrogate (\\ud800-\\udfff without its "
-                        f"pair): not text", field if where != "a key" else None)
-    return None
-
-
-#: a JSON escape of a UTF-16 surrogate
-_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-async def _answer(send, status: int, body: dict, close: bool = False) -> None:
-    data = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(data)).encode())]
-    await send({"type": "http.response.start", "status": status,
-                "headers": headers + ([(b"connection", b"close")] if close else [])})
-    await send({"type": "http.response.body", "body": data})

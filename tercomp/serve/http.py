@@ -4,7 +4,7 @@ needs and uvicorn does not give.
 - `timeout_keep_alive` (uvicorn's own): an idle keep-alive connection is closed.
 - A request head must arrive within `read_timeout` seconds (uvicorn has no header
   timeout: a client sending one byte a second holds its connection for as long as it
-  likes). The body's timeout is the app's (app._Guard), which answers 408.
+  likes). The body's timeout is the app's (guard.Guard), which answers 408.
 - At most `max_connections` open connections: the next one is answered a 503 with
   OpenAI's JSON error body and closed (uvicorn's `limit_concurrency` answers plain
   text, and counts requests, not idle connections).
