@@ -14,7 +14,8 @@ when they finish (max_tokens, a stop token, the cache full) or are cancelled (a 
 that went away: its slot is freed at the next step; a waiting request leaves the queue
 at once). A free slot goes to the waiting request whose `group` (the API request it
 belongs to: its prompts and choices) has the fewest running sequences, the oldest on
-ties, so one request of 64 prompts does not hold every slot while another waits. Sampling is the generator's
+ties, so one request of 64 prompts does not hold every slot while another waits.
+Sampling is the generator's
 (runtime.sampling with a NumPy generator seeded per request), so a request's tokens
 are the ones `gen.generate` gives for the same arguments.
 

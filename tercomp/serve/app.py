@@ -430,8 +430,8 @@ async def _tokens(req):
 
 
 async def _pieces(run: _Run, metrics: Metrics):
-    """The _Pieces of one run as they can be sent, the echoed prompt first (once it is prefilled: with the first token, or at
-    the end); the request is cancelled when a stop string ends it, and when the reader
+    """The _Pieces of one run as they can be sent, the echoed prompt first (once it is
+    prefilled: with the first token, or at the end); the request is cancelled when a stop string ends it, and when the reader
     goes away (the generator is closed or its task cancelled: the finally)."""
     sent = 0
     echo = run.echo is not None

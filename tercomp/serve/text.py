@@ -104,7 +104,8 @@ class TokenPieces:
         if tokenizer is not None:
             self.added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
             decoder = tokenizer.decoder
-            self.byte_level = decoder is not None and '"ByteLevel"' in decoder.__getstate__().decode()
+            state = decoder.__getstate__().decode() if decoder is not None else ""
+            self.byte_level = '"ByteLevel"' in state
 
     def bytes(self, token: int) -> bytes:
         b = self._cache.get(token)
