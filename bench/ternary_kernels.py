@@ -32,7 +32,7 @@ from iree.compiler import ir  # noqa: E402
 from iree.compiler.dialects import arith, func, linalg, tensor  # noqa: E402
 
 from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session  # noqa: E402
-from tercomp.kernels.table import host_cpu_features  # noqa: E402
+from tercomp.kernels.table import host_cpu_features, ternary_types  # noqa: E402
 from tercomp.kernels.ternary.strategies import (STRATEGIES, choose_strategy,  # noqa: E402
                                                 emit_ternary_matmul, strategy_flags,
                                                 weight_codes)
@@ -142,6 +142,8 @@ def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng, only=None,
         row = STRATEGIES[strategy]
         if row.needs_feature and row.feature not in host_cpu_features():
             continue            # e.g. avx2 on a host without AVX2
+        if not row.fits(ternary_types(m, k, n), {"k": k, "n": n}):
+            continue            # the kernel does not take this shape
         if codes != weight_codes(strategy, k, n) and codes != "signed":
             continue            # the shape does not fit the kernel that reads them
         recode = to_offset_codes if codes == "offset" else (lambda p: p)

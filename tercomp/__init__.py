@@ -11,7 +11,7 @@ still gives tc.load, CompiledModule and the errors: saved artifacts run. The com
 side (tc.compile, tc.trace, tc.nn, the numpy-named functions, ...) is imported on first
 use, so a process that only runs artifacts does not load IREE's compiler or sympy.
 """
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: F401
 
 import importlib
 import importlib.util

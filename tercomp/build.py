@@ -1,42 +1,54 @@
-"""From lowered tern graphs to a CompiledModule: the steps every entry point shares.
+"""From a traced tern graph to a CompiledModule: the steps every entry point shares.
 
-tc.compile (and through it tc.grad's and compile_train_step's modules) and
-tc.compile_lm differ in what they trace and how they lower it (one function, or
-entry points over mutable globals); everything around that is here, once:
+tc.compile (and through it tc.grad's modules), tc.compile_train_step and tc.compile_lm
+differ in what they trace, which passes they run and how they lower the result (one
+function, or entry points over mutable globals): each says so in one `Pipeline` and
+hands it to `build` with the traced graph; everything else is here, once:
 
     opts = BuildOptions.resolve(target, vulkan_target=..., flags=..., device=..., ...)
-    exe = build(lambda ctx, params: to_mlir(graph, ctx, params=params, targets=opts.names),
-                [graph], opts, signature=Signature.from_graph(graph), dumper=dumper)
+    pipeline = Pipeline("compile", passes=("simplify",),
+                        lower=lambda g, ctx, params: to_mlir(g, ctx, params=params,
+                                                             targets=opts.names))
+    exe = build(pipeline, graph, opts, dumper=dumper)
 
 `BuildOptions.resolve` checks every option before anything is traced (targets, extra
-flags, device, threads, the ternary strategy); `build` checks what the targets can
-store, binds large constants as parameters (`weights`), records the `mlir` stage,
-merges the kernels' IREE flags into the target's, looks the module up in the compile
-cache, compiles it in this process or in an iree-compile subprocess
+flags, device, threads, the ternary strategy); `build` looks the program up in the
+compile cache (`Pipeline.key`: the traced program, the pipeline, the options and the
+compiler), runs the passes, checks what the targets can store, binds large constants
+as parameters (`weights`), records the `mlir` stage, merges the kernels' IREE flags
+into the target's, compiles in this process or in an iree-compile subprocess
 (codegen.targets.needs_isolation), dumps IREE's phases, and makes the CompiledModule.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import hashlib
+import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Callable
 
 from iree.compiler.version import VERSION as IREE_VERSION
 
-from . import __version__
-from .codegen.iree_session import compile_vmfb, module_text, new_session
-from .codegen.lower import check_storage
+from ._version import __version__
+from .codegen.iree_session import compile_vmfb, new_session
+from .lowering import check_storage
 from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
 from .codegen.targets import check_extra_flags, needs_isolation, resolve_targets, target_flags
+from .kernels.table import table_key
 from .kernels.ternary.strategies import check_strategy
 from .errors import TercompError
-from .passes import Dumper
-from .runtime import cache as compile_cache
+from .ir.digest import digest
+from .passes import Dumper, run_pipeline
+from .runtime import compile_cache
 from .runtime.devices import check_threads, pick_device
+from .runtime.loader import from_parts
 from .runtime.module import CompiledModule
+from .runtime.signature import Signature
 
 
 @dataclass(frozen=True)
@@ -79,28 +91,98 @@ class BuildOptions:
                           "--", *self.user_flags])
 
 
-def build(lower, graphs, opts: BuildOptions, *, signature, dumper: Dumper,
-          stages: dict | None = None, weights: str = "auto", meta: dict | None = None,
-          cache: bool = True, cache_key: str | None = None, stage: str = "") -> CompiledModule:
-    """Compile the module that `lower(ctx, params)` (-> codegen.lower.Lowered) builds from
-    `graphs` into a CompiledModule calling `signature`.
+@dataclass(frozen=True)
+class Pipeline:
+    """How a traced program becomes a module: what tc.compile, tc.compile_lm and
+    tc.compile_train_step each decide, handed with the traced graph to `build`.
 
-    `stages`: the stage texts the module keeps (default `dumper.stages`); the `mlir`
-    stage and, with a dump directory, IREE's phases are added to it. `weights`: "inline",
-    "irpa" or "auto" (codegen.params). With `cache`, a module compiled before with the
-    same MLIR, parameters, flags and versions is taken from the compile cache; a
-    `cache_key` computed by the caller before tracing (tc.compile_lm) is used to store
-    the result instead."""
-    check_mode(weights)
-    for g in graphs:
-        check_storage(g, opts.targets)
-    stages = dumper.stages if stages is None else stages
+    `driver` names the entry point (a part of the cache key); `passes` are
+    passes.run_pipeline's names or (name, options) pairs; `lower(graph, ctx, params)`
+    lowers the graph after the passes (-> lowering.Lowered) and `lower_key` says
+    what it adds that the graph does not show (a stateful entry point's globals and
+    bindings); `weights` is codegen.params' mode; `function` names the signature's
+    function (default the graph's); with `stages_on_hit` a cache hit still runs the
+    passes and the lowering, so that `exe.ir(stage)` has every stage, and skips only IREE
+    (else a hit skips everything after tracing); `stage_prefix` prefixes the stage names
+    (`step.ternary`)."""
+    driver: str
+    passes: tuple
+    lower: Callable
+    lower_key: str = ""
+    weights: str = "auto"
+    function: str | None = None
+    stages_on_hit: bool = True
+    stage_prefix: str = ""
+
+    def key(self, graph, opts: "BuildOptions") -> str:
+        """The compile-cache key of `graph` built by this pipeline with `opts` (STYLE.md
+        §17: the key is the program). The traced graph whole (ir.digest: its text, every
+        constant's bytes, its argument and result structure; its source locations where
+        check_numerics puts them in the module's messages), this pipeline (passes with
+        their options, the lowering's key, the weights mode), the build options, and the
+        compiler: tercomp's own sources, the kernel rows this host offers the targets and
+        IREE's version. The key is taken from what the trace produced, so whatever code
+        or data the trace read (a class, a patched method, a module-level function, a
+        callable attribute, a config field) is in it exactly as far as it changed the
+        program."""
+        passes = json.dumps(list(self.passes), sort_keys=True, default=repr)
+        # source locations only where a pass writes them into the module (its messages)
+        locations = "check_numerics" in [p if isinstance(p, str) else p[0] for p in self.passes]
+        return compile_cache.key("pipeline", self.driver, digest(graph, locations), passes,
+                                 self.lower_key,
+                                 self.weights, self.function or "", opts.cache_parts(),
+                                 compiler_digest(), table_key(opts.names), __version__,
+                                 IREE_VERSION)
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_digest() -> str:
+    """sha256 of tercomp's own source files (its kernel templates too): the passes and the
+    lowering that run after the key is taken are this code."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for d, dirs, files in os.walk(root):
+        dirs.sort()
+        for f in sorted(files):
+            if f.endswith((".py", ".mlir")):
+                with open(os.path.join(d, f), "rb") as fh:
+                    data = fh.read()
+                name = os.path.relpath(os.path.join(d, f), root).encode()
+                h.update(len(name).to_bytes(8, "little") + name)
+                h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def build(pipeline: Pipeline, graph, opts: BuildOptions, *, dumper: Dumper,
+          meta: dict | None = None, hit_meta: dict | None = None, cache: bool = True,
+          stage: str = "") -> CompiledModule:
+    """Compile traced `graph` as `pipeline` says into a CompiledModule.
+
+    With `cache`, the compile cache is looked up by `pipeline.key(graph, opts)` before
+    anything else runs; a miss is compiled and stored under that key. `meta` is recorded
+    in the module's meta (and its cache entry); `hit_meta` is what a hit that skips the
+    passes puts over the entry's own (what the trace knows that the entry may not: an
+    LM's tokenizer). The module keeps the stages the dumper recorded (`tern`, one per
+    pass), the `mlir` stage and, with a dump directory, IREE's phases."""
+    check_mode(pipeline.weights)
+    key = pipeline.key(graph, opts) if cache else None
+    hit = compile_cache.lookup(key) if key is not None else None
+    if hit is not None and not pipeline.stages_on_hit:
+        cached, vmfb, irpa = hit
+        return from_parts(cached, vmfb, irpa, device=opts.device, threads=opts.threads,
+                          cache_key=key, cache_hit=True, **(hit_meta or {}))
+    g = run_pipeline(graph, list(pipeline.passes), dumper)
+    check_storage(g, opts.targets)
+    signature = Signature.from_graph(g)
+    if pipeline.function:
+        signature = dataclasses.replace(signature, function=pipeline.function)
+    stages = {f"{pipeline.stage_prefix}{k}": v for k, v in dumper.stages.items()}
     session, ctx = new_session()
-    mode = resolve_mode(list(graphs), weights)
+    mode = resolve_mode([g], pipeline.weights)
     table = ParamTable()
-    swap = parameterized(list(graphs), table) if mode == "irpa" else contextlib.nullcontext()
+    swap = parameterized([g], table) if mode == "irpa" else contextlib.nullcontext()
     with swap:
-        module, kernel_flags, kernels = lower(ctx, table)
+        module, kernel_flags, kernels = pipeline.lower(g, ctx, table)
     irpa = table.archive()
     with ctx:
         text = module.operation.get_asm(large_elements_limit=16)
@@ -108,22 +190,15 @@ def build(lower, graphs, opts: BuildOptions, *, signature, dumper: Dumper,
     stages["mlir"] = text
     flags = opts.flags(kernel_flags)
     meta = {"flags": flags, "drivers": opts.drivers, "iree_version": IREE_VERSION,
-            "cache_hit": False, "weights": mode, "parameters": sorted(table.arrays),
-            "ternary": kernels, **(meta or {})}
-    hit, full = None, None
-    if cache and cache_key is None:
-        full = module_text(module)          # what IREE is given, printed once for both
-        # with parameters the module text holds only their names: hash their bytes too
-        params_digest = hashlib.sha256(irpa).hexdigest() if irpa is not None else ""
-        cache_key = compile_cache.key(full, "\0".join(flags), __version__, IREE_VERSION,
-                                      params_digest)
-        hit = compile_cache.lookup(cache_key)
-    if cache_key is not None:
-        meta.update(cache_key=cache_key, cache_hit=hit is not None)
+            "cache_hit": hit is not None, "weights": mode, "parameters": sorted(table.arrays),
+            "ternary": kernels, "numerics": g.meta.get("numerics"),
+            **{k: g.meta[k] for k in ("saved_for_backward",) if k in g.meta}, **(meta or {})}
+    if key is not None:
+        meta["cache_key"] = key
     if hit is not None:
-        _, vmfb, irpa = hit
+        _, vmfb, _ = hit
     else:
-        vmfb = compile_vmfb(module, flags, session=session, text=full,
+        vmfb = compile_vmfb(module, flags, session=session,
                             isolate=needs_isolation(opts.names, flags, opts.user_flags,
                                                     opts.isolate),
                             stage=stage or f"the IREE compile for {', '.join(opts.names)}")
@@ -132,8 +207,8 @@ def build(lower, graphs, opts: BuildOptions, *, signature, dumper: Dumper,
             stages.update(_dump_phases(dumper.dump_dir, flags, str(module)))
     exe = CompiledModule(vmfb, signature, stages, device=opts.device, threads=opts.threads,
                          targets=opts.names, meta=meta, weights=irpa, weights_scope=table.scope)
-    if cache and hit is None:
-        compile_cache.store(cache_key, exe)
+    if key is not None and hit is None:
+        compile_cache.store(key, exe)
     return exe
 
 

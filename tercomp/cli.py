@@ -6,6 +6,7 @@
     tercomp opt FILE.tern.mlir|- --pass NAME [--pass NAME]...
     tercomp bench ARTIFACT [--runs N] [--dim B=8]... [--device D] [--threads N]
     tercomp generate MODEL (--prompt TEXT | --prompt-ids 1,2,3) [-n 64] [--temperature T] ...
+    tercomp perplexity MODEL --text FILE [--ctx N] [--bos ID | --no-bos]
 
 OBJ is a function, an nn.Module, or a zero-argument factory of either (a Module
 class, say). SPEC is `dims:dtype` with dims comma-separated ints or names of
@@ -32,7 +33,7 @@ import types
 
 import numpy as np
 
-from . import cli_generate, cli_serve, dimexpr
+from . import cli_generate, cli_perplexity, cli_serve, dimexpr
 from .dtypes import ALIASES, DTYPES, dtype_name, numpy_dtype
 from .errors import TercompError
 
@@ -473,6 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli_generate.add_parser(sub, _positive_int,
                             lambda args: cli_generate.run(args, spinner, UsageError))
     cli_serve.add_parser(sub, _positive_int, lambda args: cli_serve.run(args, spinner, UsageError))
+    cli_perplexity.add_parser(sub, _positive_int,
+                              lambda args: cli_perplexity.run(args, spinner, UsageError))
     return p
 
 
@@ -495,7 +498,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command is None:
-            raise UsageError("a command is required: compile, run, info, opt, bench or generate "
+            raise UsageError("a command is required: compile, run, info, opt, bench, generate, serve or perplexity "
                              "(see `tercomp --help`)")
         return args.run(args)
     except UsageError as e:

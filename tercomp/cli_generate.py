@@ -81,8 +81,10 @@ def _int_list(text: str, what: str, usage_error) -> list:
             shown = "an empty item" if not t else repr(t)
             raise usage_error(f"{what} must be comma-separated token ids (ASCII digits) like 1,2,3; "
                               f"{shown} in {text!r} is not one")
-        if int(t) > _MAX_ID:
-            raise usage_error(f"{what}: {t} is too large for a token id (at most {_MAX_ID})")
+        # by length first: int() of more than 4300 digits is a ValueError of its own
+        if len(t.lstrip("0")) > len(str(_MAX_ID)) or int(t) > _MAX_ID:
+            shown = t if len(t) <= 24 else f"{t[:12]}...({len(t)} digits)"
+            raise usage_error(f"{what}: {shown} is too large for a token id (at most {_MAX_ID})")
     return [int(t) for t in items]
 
 
@@ -160,11 +162,12 @@ def _open(args, spinner, usage_error, ids, eos):
     return gen, made["prompt"], made["eos"]
 
 
-def open_model(args, spinner, usage_error, check=None):
+def open_model(args, spinner, usage_error, check=None, max_seq_flag="--max-seq"):
     """The generator for args.model (`tercomp generate`'s and `tercomp serve`'s flags): a
     .tcm is loaded, anything else loaded and compiled (with args.max_batch where the
     command has one). `check(tokenizer, chat template, vocab size, max_seq, compiled)`
-    runs before the compile (after loading a .tcm)."""
+    runs before the compile (after loading a .tcm). `max_seq_flag` is the flag that
+    set args.max_seq, for the error when it exceeds the model's context."""
     from .runtime.loader import load
     if _is_artifact(args.model):
         gen = load(args.model, device=args.device, threads=args.threads)
@@ -173,7 +176,7 @@ def open_model(args, spinner, usage_error, check=None):
                                hint="compile a model with `tercomp generate MODEL.gguf --save OUT.tcm`")
         template = gen.chat_template
         if template is not None and getattr(args, "chat", None) is not None:
-            from .models.chat import ChatTemplate
+            from .runtime.chat import ChatTemplate
             template = ChatTemplate.from_dict(template)
         if check is not None:
             check(gen.tokenizer, template, gen.vocab_size, gen.max_seq, True)
@@ -191,12 +194,13 @@ def open_model(args, spinner, usage_error, check=None):
         lm = models.load(args.model)
     tok = getattr(lm, "tokenizer", None)
     ctx = lm.config.max_position_embeddings
-    if check is not None:
+    if args.max_seq is not None and args.max_seq > ctx:
+        raise TercompError(f"{max_seq_flag} {args.max_seq} is more than {args.model}'s context of "
+                           f"{ctx} positions (max_position_embeddings)",
+                           hint=f"pass {max_seq_flag} {ctx} or less")
+    if check is not None:       # may set args.max_seq (the cache it needs), within ctx
         check(tok, getattr(tok, "chat_template", None), lm.config.vocab_size,
               args.max_seq or min(DEFAULT_MAX_SEQ, ctx), False)
-    if args.max_seq is not None and args.max_seq > ctx:
-        raise TercompError(f"--max-seq {args.max_seq} is more than {args.model}'s context of {ctx} "
-                           f"positions (max_position_embeddings)", hint=f"pass --max-seq {ctx} or less")
     with spinner(f"compiling {args.model}"):
         gen = compile_lm(lm, max_seq=args.max_seq, kv_dtype=args.kv_dtype, device=args.device,
                          threads=args.threads, cache=not args.no_cache,
@@ -209,7 +213,7 @@ def open_model(args, spinner, usage_error, check=None):
 
 def _prompt(args, tokenizer, template, ids):
     """(prompt ids, {eos id} or None) from --prompt-ids, --prompt or --chat (one user
-    message in the model's chat template, a models.chat.ChatTemplate)."""
+    message in the model's chat template, a runtime.chat.ChatTemplate)."""
     if ids is not None:
         return np.array(ids, np.int64), None
     flag = "--chat" if args.chat is not None else "--prompt"

@@ -6,14 +6,13 @@ with a dump directory, IREE's own phases under `iree/`.
 """
 from __future__ import annotations
 
-from .build import BuildOptions, build
-from .codegen.lower import to_mlir
+from .build import BuildOptions, Pipeline, build
+from .lowering import to_mlir
 from .codegen.params import check_mode
 from .ir import Graph
-from .passes import Dumper, run_pipeline
+from .passes import Dumper
 from .passes.check_numerics import enabled as numerics_enabled
 from .runtime.module import CompiledModule
-from .runtime.signature import Signature
 from .trace import trace
 from .autodiff import GradFn
 
@@ -35,8 +34,9 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     tercomp.codegen.targets. `device` ("local-task", "local-sync", "vulkan", "cuda";
     default: the first present one the targets run on) and `threads` (local-task pool
     size) say where the module runs. With `cache` (default), a module compiled before
-    with the same MLIR, flags and versions comes from $TERCOMP_CACHE_DIR
-    (default ~/.cache/tercomp) without running IREE; `exe.meta["cache_hit"]` tells.
+    from the same traced program with the same options and compiler comes from
+    $TERCOMP_CACHE_DIR (default ~/.cache/tercomp) without running IREE
+    (build.Pipeline.key); `exe.meta["cache_hit"]` tells.
 
     `weights` says where the model's constants go: "inline" (in the .vmfb), "irpa"
     (every constant of 4096 elements or more, packed ternary weights included, becomes
@@ -65,18 +65,25 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
     check_mode(weights)
     dumper = Dumper(dump_dir)
     graph = _trace_stages(fn, example_args, name, dumper)
-    pipeline = list(DEFAULT_PASSES if passes is None else passes)
+    return build(pipeline(opts, passes=passes, ternary=ternary, check_numerics=check_numerics,
+                          weights=weights),
+                 graph, opts, dumper=dumper, cache=cache)
+
+
+def pipeline(opts: BuildOptions, *, passes=None, ternary: str = "auto",
+             check_numerics: bool | None = None, weights: str = "auto",
+             driver: str = "compile") -> Pipeline:
+    """tc.compile's Pipeline: `passes` (default simplify), the ternary pass before
+    simplify unless ternary="off", check_numerics last; one function lowered as it is."""
+    names = opts.names
+    steps = list(DEFAULT_PASSES if passes is None else passes)
     if ternary != "off":
-        at = pipeline.index("simplify") if "simplify" in pipeline else len(pipeline)
-        pipeline.insert(at, ("ternary", {"strategy": ternary, "targets": opts.names}))
+        at = steps.index("simplify") if "simplify" in steps else len(steps)
+        steps.insert(at, ("ternary", {"strategy": ternary, "targets": names}))
     if numerics_enabled(check_numerics):
-        pipeline.append("check_numerics")      # last: simplify would fold its checks away
-    graph = run_pipeline(graph, pipeline, dumper)
-    return build(lambda ctx, params: to_mlir(graph, ctx, params=params, targets=opts.names),
-                 [graph], opts, signature=Signature.from_graph(graph), dumper=dumper,
-                 weights=weights, cache=cache,
-                 meta={"numerics": graph.meta.get("numerics"),
-                       "saved_for_backward": graph.meta.get("saved_for_backward", [])})
+        steps.append("check_numerics")      # last: simplify would fold its checks away
+    return Pipeline(driver, tuple(steps), weights=weights,
+                    lower=lambda g, ctx, params: to_mlir(g, ctx, params=params, targets=names))
 
 
 def _trace_stages(fn, example_args, name, dumper: Dumper) -> Graph:

@@ -2,7 +2,7 @@
 
 One IREE module over ONE copy of the weights (2-bit packed ternary projections and an
 f16 output table, read as parameters) and a KV cache that lives on the device as mutable
-globals (tercomp/codegen/state.py), with one exported function that serves prefill and
+globals (tercomp/lowering/state.py), with one exported function that serves prefill and
 decode alike:
 
     step(ids: i32 [T], start: i32, rows: i32 [L]) -> logits [L, vocab]
@@ -16,15 +16,17 @@ measurable decode gain (11-22 ms vs 11-19 ms a token, 2 layers of the bench shap
 shared 2-core AVX2 machine).
 
 The step (`_Step.forward`) is the model's own forward (`lm.hidden_states` with a
-models.StaticKVCache: this call's k/v rows go into the cache at `start`, attention reads
+models.KVCache: this call's k/v rows go into the cache at `start`, attention reads
 cache rows 0..start+T-1; tercomp/ops/kv_cache_ops.py) and its output layer on the rows asked
 for; this file holds no layer math, so a changed model is the model compiled. For a
 module compiled for llvm-cpu alone, the `kernels` pass (passes/kernels.py) gives
 attention, `rms_norm`, `rope` and the output layer their hand-written CPU dispatches
 (tercomp/kernels/: attention_cpu, rows_cpu, widening_avx2). The module is built as
-tc.compile's are (tercomp/build.py). The compile cache is keyed on the model's arrays
-and the options, so a cached compile skips tracing. The runtime side (validation,
-sampling, `generate`, saving) is tercomp/runtime/generator.py.
+tc.compile's are (tercomp/build.py: its Pipeline is `_pipeline`). The compile cache is
+keyed on the traced step (build.Pipeline.key), so a subclassed layer, a patched method or
+a swapped activation is compiled anew; a hit skips the passes, the lowering and IREE.
+The runtime side (validation, sampling, `generate`, saving) is
+tercomp/runtime/generator.py.
 
     >>> gen = tc.compile_lm(lm, max_seq=2048)
     >>> logits = gen.prefill(np.array([1, 2, 3], np.int32))     # [3, vocab]
@@ -33,32 +35,23 @@ sampling, `generate`, saving) is tercomp/runtime/generator.py.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
 import os
 
 import numpy as np
-from iree.compiler.version import VERSION as IREE_VERSION
-
-from . import __version__, nn
-from .build import BuildOptions, build
-from .codegen.state import Entry, StateVar, to_stateful_mlir
+from . import nn
+from .build import BuildOptions, Pipeline, build
+from .lowering import Entry, StateVar, to_stateful_mlir
 from .codegen.targets import WITH_16BIT_STORAGE
 from .errors import TercompError
 from .ir import TensorType
 from .models.bitnet import BitNetLM
-from .models.kv_cache import SlotKVCache, StaticKVCache
+from .models.kv_cache import KVCache
 from .nn.stored import choose_table
-from .passes import Dumper, run_pipeline
-from .kernels.table import table_key
+from .passes import Dumper
 from .passes.check_numerics import enabled as numerics_enabled
-from .runtime import cache as compile_cache
-from .runtime.loader import from_parts
 from .runtime.batched import BatchedLMGenerator
-from .runtime.generator import KV_DTYPES, STEP, LMGenerator
-from .runtime.module import CompiledModule
-from .runtime.signature import Signature
+from .runtime.generator import KV_DTYPES, LMGenerator
+from .runtime.step_abi import StepABI
 from .trace import api as _t
 from .trace import spec, trace
 
@@ -71,7 +64,7 @@ class _Step(nn.Module):
     """One step of the LM over the KV cache: (ids [T], start, rows [L], caches) ->
     (logits [L, vocab] of the positions `rows` of this call, caches). `caches` is [k_0,
     v_0, k_1, v_1, ...], each [max_seq, KV, D]. The network is the model's own forward
-    (`lm.hidden_states` with a models.StaticKVCache over the caches); `rows` lets a
+    (`lm.hidden_states` with a models.KVCache over the caches); `rows` lets a
     prompt ask for the last position's logits only (what generation needs), so the
     output layer, the largest matmul of a step, runs on one row instead of T. The output
     layer (and, tied, the token embedding: one copy) reads a table stored as
@@ -82,7 +75,7 @@ class _Step(nn.Module):
         self._kv_dtype = kv_dtype
 
     def forward(self, ids, start, rows, caches):
-        cache = StaticKVCache(caches, start, self._kv_dtype)
+        cache = KVCache(caches, self._kv_dtype, start=start)
         h = self.lm.hidden_states(ids.reshape(1, -1), cache=cache)          # [1, T, hidden]
         last = _t.take(h.reshape(-1, h.shape[-1]), rows, axis=0)             # [L, hidden]
         return self.lm.logits(last), cache.updated
@@ -91,11 +84,11 @@ class _Step(nn.Module):
 class _BatchStep(_Step):
     """One step of the batched generator: (ids [T], slots [T], positions [T], rows [L],
     caches) -> (logits [L, vocab], caches), token t at position positions[t] of the
-    sequence in cache slot slots[t]; caches [N, max_seq, KV, D] (models.SlotKVCache).
+    sequence in cache slot slots[t]; caches [N, max_seq, KV, D] (models.KVCache over slots).
     The same network as _Step: the model's own forward."""
 
     def forward(self, ids, slots, positions, rows, caches):
-        cache = SlotKVCache(caches, slots, positions, self._kv_dtype)
+        cache = KVCache(caches, self._kv_dtype, slots=slots, positions=positions)
         h = self.lm.hidden_states(ids.reshape(1, -1), cache=cache)
         last = _t.take(h.reshape(-1, h.shape[-1]), rows, axis=0)
         return self.lm.logits(last), cache.updated
@@ -199,21 +192,7 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
     lm_meta = LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm),
                                    chat=_chat_template(lm), max_batch=max_batch)
     wrap = LMGenerator if max_batch == 1 else BatchedLMGenerator
-    key = None
-    if cache:
-        # Keyed on the model and the options, not on the traced IR: a hit skips tracing,
-        # the passes and the lowering, which cost more than IREE for a large model.
-        key = compile_cache.key("compile_lm", _source_digest(), _model_digest(lm), max_seq, kv, max_batch,
-                                ternary, output_dtype, opts.cache_parts(), STEP, numerics,
-                                table_key(opts.names),
-                                __version__, IREE_VERSION)
-        hit = compile_cache.lookup(key)
-        if hit is not None:
-            cached, vmfb, irpa = hit
-            exe = from_parts(cached, vmfb, irpa, device=opts.device, threads=opts.threads,
-                             cache_key=key, cache_hit=True, lm=lm_meta)
-            return wrap(exe)
-    rows = (max_seq, c.num_key_value_heads, c.head_dim)
+    abi = StepABI.of(max_batch)
     table = None
     if output_dtype == "auto":
         w = lm.lm_head.weight if lm.lm_head is not None else lm.embed_tokens.weight
@@ -221,16 +200,42 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
         lm_meta["output"] = {"dtype": output_dtype, "why": why}
     else:
         lm_meta["output"] = {"dtype": output_dtype, "why": "asked for"}
-    if max_batch == 1:
-        step = _Step(lm, kv, output_dtype, table)
-        inputs = [spec(("T",), "int32"), spec((), "int32")]
-        cache_type = TensorType(rows, kv)
-    else:
-        step, inputs = _BatchStep(lm, kv, output_dtype, table), [spec(("T",), "int32")] * 3
-        cache_type = TensorType((max_batch,) + rows, kv)
-    exe = _build(step, inputs, c, cache_type, ternary, opts, dump_dir, meta={"lm": lm_meta},
-                 numerics=numerics, cache_key=key)
+    step = (_BatchStep if abi.batched else _Step)(lm, kv, output_dtype, table)
+    cache_type = TensorType(abi.cache_shape(max_batch, max_seq, c.num_key_value_heads,
+                                            c.head_dim), kv)
+    n = 2 * c.num_hidden_layers
+    dumper = Dumper(os.path.join(dump_dir, abi.function) if dump_dir else None)
+    # The compile cache is keyed on this trace (build.Pipeline.key): the model's own
+    # forward, whatever code it runs, and every weight it reads.
+    graph = trace(step, *[spec(s, "int32") for s in abi.input_shapes],
+                  [spec(cache_type.shape, kv)] * n, name=f"{abi.function}_body")
+    exe = build(_pipeline(abi, n, cache_type, ternary, opts, numerics), graph, opts,
+                dumper=dumper, cache=cache, meta={"lm": lm_meta}, hit_meta={"lm": lm_meta},
+                stage=f"the IREE compile of the LM for {', '.join(opts.names)}")
     return wrap(exe)
+
+
+def _pipeline(abi: StepABI, n_caches: int, cache_type, ternary, opts: BuildOptions,
+              numerics: bool) -> Pipeline:
+    """compile_lm's Pipeline: the ternary pass (unless "off"), the kernels pass, simplify
+    (and check_numerics); the step lowered as the exported function of `abi` over one
+    mutable global per cache, bound as the ABI says. A cache hit skips the passes."""
+    names = opts.names
+    passes = ([] if ternary == "off" else [("ternary", {"strategy": ternary, "targets": names})]) \
+        + [("kernels", {"targets": names}), "simplify"]
+    if numerics:
+        passes.append("check_numerics")     # an extra output after the logits and caches
+    state = [StateVar(name, cache_type) for name in abi.cache_names(n_caches)]
+    bind_in, bind_out = abi.bind_inputs(n_caches), abi.bind_outputs(n_caches)
+
+    def lower(g, ctx, params):
+        return to_stateful_mlir([Entry(abi.function, g, bind_in, bind_out)], state, ctx,
+                                params=params, targets=names)
+    return Pipeline("compile_lm", tuple(passes), lower,
+                    lower_key=repr((abi, cache_type, sorted(bind_in.items()),
+                                    sorted(bind_out.items()))),
+                    weights="irpa", function=abi.function, stages_on_hit=False,
+                    stage_prefix=f"{abi.function}.")
 
 
 def _check_batch(max_batch) -> int:
@@ -245,74 +250,6 @@ def _check_batch(max_batch) -> int:
 
 #: the most slots a batched generator's cache has
 MAX_BATCH = 256
-
-
-def _build(step, inputs, config, cache_type, ternary, opts: BuildOptions, dump_dir, meta,
-           numerics=False, cache_key=None) -> CompiledModule:
-    """Trace the step over `inputs` (the specs before rows and the caches), run the
-    passes, lower the entry point over its cache globals and build the module
-    (tercomp/build.py)."""
-    names = opts.names
-    n = 2 * config.num_hidden_layers
-    caches = [spec(cache_type.shape, cache_type.dtype)] * n
-    pipeline = ([] if ternary == "off" else [("ternary", {"strategy": ternary, "targets": names})]) \
-        + [("kernels", {"targets": names}), "simplify"]
-    if numerics:
-        pipeline.append("check_numerics")     # an extra output after the logits and caches
-    dumper = Dumper(os.path.join(dump_dir, STEP) if dump_dir else None)
-    g = trace(step, *inputs, spec(("L",), "int32"), caches, name=f"{STEP}_body")
-    g = run_pipeline(g, pipeline, dumper)
-    stages = {f"{STEP}.{k}": v for k, v in dumper.stages.items()}
-    state = [StateVar(f"kv{i}", cache_type) for i in range(n)]
-    bind_in = {len(inputs) + 1 + i: f"kv{i}" for i in range(n)}
-    bind_out = {1 + i: f"kv{i}" for i in range(n)}
-    entries = [Entry(STEP, g, bind_in, bind_out)]
-    sig = dataclasses.replace(Signature.from_graph(g), function=STEP)
-    return build(lambda ctx, params: to_stateful_mlir(entries, state, ctx, params=params,
-                                                     targets=names),
-                 [g], opts, signature=sig, dumper=dumper, stages=stages, weights="irpa",
-                 meta={**meta, "numerics": g.meta.get("numerics")},
-                 cache=cache_key is not None, cache_key=cache_key,
-                 stage=f"the IREE compile of the LM for {', '.join(names)}")
-
-
-@functools.lru_cache(maxsize=1)
-def _source_digest() -> str:
-    """sha256 of tercomp's own source files (its kernel templates too): a compile-cache
-    key part that changes with any change to the compiler, since the key is taken before
-    tracing."""
-    root = os.path.dirname(os.path.abspath(__file__))
-    h = hashlib.sha256()
-    for d, _, files in sorted(os.walk(root)):
-        for f in sorted(files):
-            if f.endswith((".py", ".mlir")):
-                with open(os.path.join(d, f), "rb") as fh:
-                    h.update(f.encode() + b"\0" + fh.read())
-    return h.hexdigest()
-
-
-def _model_digest(lm) -> str:
-    """sha256 of everything in the module tree of `lm` that can change the compiled
-    module: every array (frozen 2-bit weights and scales in private attributes too),
-    number and string, by attribute path."""
-    h = hashlib.sha256()
-
-    def visit(obj, path):
-        if isinstance(obj, nn.Module):
-            for k in sorted(vars(obj)):
-                visit(vars(obj)[k], f"{path}.{k}")
-        elif isinstance(obj, (list, tuple)):
-            for i, v in enumerate(obj):
-                visit(v, f"{path}.{i}")
-        elif isinstance(obj, np.ndarray):
-            h.update(f"{path}:{obj.dtype.str}:{obj.shape}".encode())
-            h.update(np.ascontiguousarray(obj).data)
-        elif isinstance(obj, (bool, int, float, str, np.generic)) or obj is None:
-            h.update(f"{path}={obj!r}".encode())
-        elif dataclasses.is_dataclass(obj):
-            h.update(f"{path}={obj!r}".encode())
-    visit(lm, "lm")
-    return h.hexdigest()
 
 
 def _chat_template(lm):

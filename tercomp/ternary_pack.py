@@ -63,6 +63,21 @@ KI_BASE = 64
 ACT_MAX = 127
 ACT_EPS = 1e-5
 SCALE_EPS = 1e-5
+#: the largest weight scale a stored ternary layer may have: float16's largest number, the
+#: range of TQ2_0's own block scale. A scale this size times a few thousand inputs already
+#: nears float32's range in the RMS norm that follows (its squares overflow past ~1.8e19),
+#: so a larger one (a corrupt file) would give NaN logits, not a model
+MAX_WEIGHT_SCALE = 65504.0
+#: the smallest: float32's smallest normal number (a smaller one has lost its precision,
+#: or is 0, and the layer's output vanishes)
+MIN_WEIGHT_SCALE = float(np.finfo(np.float32).tiny)
+
+
+def weight_scale_in_range(s) -> bool:
+    """Whether `s` (a Python or NumPy number) may be a stored ternary layer's scale: a
+    float32 from MIN_WEIGHT_SCALE to MAX_WEIGHT_SCALE (what the loaders accept)."""
+    s = float(s)
+    return MIN_WEIGHT_SCALE <= s <= MAX_WEIGHT_SCALE and np.float32(s) >= MIN_WEIGHT_SCALE
 
 _CODE_POS = 0b01
 _CODE_NEG = 0b10
@@ -377,6 +392,13 @@ def from_tq2_0(qs: np.ndarray, n: int, k: int) -> np.ndarray | None:
     """
     if k % 256 or padded_k(k) != k:
         raise TercompError(f"from_tq2_0: K = {k} is not a multiple of 256 without padding")
+    return _from_offset_groups(qs, n, k)
+
+
+def _from_offset_groups(qs: np.ndarray, n: int, k: int) -> np.ndarray | None:
+    """`from_tq2_0` for any K that is a multiple of 128 and needs no padding: `qs` holds,
+    for each group of 128 columns, 32 bytes whose field l (bits 2l..2l+1) of byte m is
+    the offset code of column 32*l + m of the group."""
     w = np.ascontiguousarray(qs, dtype=np.uint8).reshape(n, k // 128, 32).view(np.uint64)
     lo, hi = w & _W55, (w >> np.uint64(1)) & _W55
     if (lo & hi).any():
@@ -390,6 +412,60 @@ def from_tq2_0(qs: np.ndarray, n: int, k: int) -> np.ndarray | None:
     out |= codes[:, 1] << np.uint64(2)
     out |= codes[:, 0]
     return out.view(np.uint8)
+
+
+_W0F = np.uint64(0x0F0F0F0F0F0F0F0F)   # the low nibble of every byte
+_W33 = np.uint64(0x3333333333333333)   # the low field of every nibble
+
+
+def _reverse_fields(codes: np.ndarray) -> np.ndarray:
+    """The bytes of `codes` (uint8, a multiple of 8 of them) with their four 2-bit fields
+    in reverse order, 8 bytes at a time: swap the nibbles, then the fields in each."""
+    w = np.ascontiguousarray(codes, dtype=np.uint8).view(np.uint64)
+    w = ((w & _W0F) << np.uint64(4)) | ((w >> np.uint64(4)) & _W0F)
+    w = ((w & _W33) << np.uint64(2)) | ((w >> np.uint64(2)) & _W33)
+    return w.view(np.uint8)
+
+
+#: weights in one block of bitnet.cpp's I2_S (x86 layout)
+I2S_BLOCK = 128
+
+
+def from_i2_s(codes: np.ndarray, n: int, k: int) -> np.ndarray | None:
+    """The signed-code planar matrix [N, K // 4] of bitnet.cpp's I2_S codes (x86 layout,
+    the packed bytes only: the tensor scale that follows them is the caller's), without
+    going through int8 values; None if a code is 3 (invalid).
+
+    I2_S cuts the row-major weights into blocks of 128 and stores each in 32 bytes:
+    weight ``j`` of a block is in byte ``j % 32`` at bits ``6 - 2 * (j // 32)``, as the
+    code ``w + 1`` (0, 1, 2 = -1, 0, +1). That is TQ2_0's grouping with the four fields
+    of each byte in reverse order: reversing them gives TQ2_0's bytes.
+    ``K % 128 == 0`` and ``padded_k(K) == K``.
+
+    >>> t = np.array([[1, -1, 0, 1] * 32], dtype=np.int8)
+    >>> bool((from_i2_s(to_i2_s(t), 1, 128) == pack_ternary(t)).all())
+    True
+    """
+    if k % I2S_BLOCK or padded_k(k) != k:
+        raise TercompError(f"from_i2_s: K = {k} is not a multiple of {I2S_BLOCK} without "
+                           f"padding")
+    return _from_offset_groups(_reverse_fields(codes), n, k)
+
+
+def to_i2_s(t: np.ndarray) -> np.ndarray:
+    """The I2_S code bytes (uint8, ``N * K / 4``) of a ternary matrix T[N, K] with
+    ``N * K % 128 == 0`` (`from_i2_s` describes the layout); the tensor scale is not
+    included."""
+    t = np.asarray(t)
+    if t.ndim != 2 or t.size % I2S_BLOCK or not np.isin(t, (-1, 0, 1)).all():
+        raise TercompError(f"to_i2_s expects a ternary matrix of whole {I2S_BLOCK}-weight "
+                           f"blocks, got shape {t.shape}")
+    c = (t.astype(np.int8) + np.int8(1)).view(np.uint8).reshape(-1, 4, 32)
+    out = c[:, 0] << 6
+    out |= c[:, 1] << 4
+    out |= c[:, 2] << 2
+    out |= c[:, 3]
+    return out.reshape(-1)
 
 
 def _check_packed(packed) -> np.ndarray:

@@ -270,24 +270,41 @@ def test_running_an_artifact_does_not_load_the_compiler(saved, x, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+#: the modules below tercomp's layers that any part may import
+LEAVES = ("tercomp", "tercomp._version", "tercomp.errors", "tercomp.dtypes", "tercomp.pytree",
+          "tercomp.dimexpr")
+
+
+def _tercomp_modules_without_the_compiler(imports: str) -> list:
+    """The tercomp modules loaded by the statements `imports` in a fresh process where
+    iree.compiler and sympy cannot be imported (an ImportError fails the test)."""
+    script = ("import json, sys\n"
+              "sys.modules['iree.compiler'] = None\n"
+              "sys.modules['sympy'] = None\n"
+              f"{imports}\n"
+              "print(json.dumps(sorted(m for m in sys.modules if m.startswith('tercomp'))))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 def test_the_runtime_imports_only_the_runtime_and_leaf_modules():
     """Every module of tercomp.runtime imports with iree.compiler and sympy blocked, and
     loads nothing of tercomp beyond the runtime and the leaf modules (DESIGN.md)."""
-    script = (
-        "import importlib, pkgutil, sys\n"
-        "sys.modules['iree.compiler'] = None\n"
-        "sys.modules['sympy'] = None\n"
-        "import tercomp.runtime\n"
-        "names = [m.name for m in pkgutil.iter_modules(tercomp.runtime.__path__, 'tercomp.runtime.')]\n"
-        "assert {'tercomp.runtime.devices', 'tercomp.runtime.loader'} <= set(names), names\n"
-        "for name in names:\n"
-        "    importlib.import_module(name)\n"
-        "leaves = {'tercomp', 'tercomp.errors', 'tercomp.dtypes', 'tercomp.pytree', 'tercomp.dimexpr'}\n"
-        "bad = [m for m in sys.modules if m.startswith('tercomp') and m not in leaves\n"
-        "       and not m.startswith('tercomp.runtime')]\n"
-        "assert not bad, bad\n")
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    loaded = _tercomp_modules_without_the_compiler(
+        "import importlib, pkgutil, tercomp.runtime\n"
+        "for m in pkgutil.iter_modules(tercomp.runtime.__path__, 'tercomp.runtime.'):\n"
+        "    importlib.import_module(m.name)")
+    assert {"tercomp.runtime.devices", "tercomp.runtime.loader"} <= set(loaded)
+    assert [m for m in loaded if m not in LEAVES and not m.startswith("tercomp.runtime")] == []
+
+
+def test_the_server_imports_only_the_runtime():
+    """The OpenAI-compatible app (what a server of a saved .tcm runs) imports with
+    iree.compiler and sympy blocked: the runtime, the chat templates, the HTTP stack."""
+    loaded = _tercomp_modules_without_the_compiler("import tercomp.serve.app")
+    assert [m for m in loaded if m not in LEAVES
+            and not m.startswith(("tercomp.runtime", "tercomp.serve"))] == []
 
 
 @pytest.mark.parametrize("module", ["tercomp.kernels.ternary.strategies", "tercomp.ir",
@@ -338,3 +355,46 @@ def test_repr_names_function_inputs_targets_and_kernels(tmp_path):
     assert repr(exe).startswith(want), repr(exe)
     exe.save(str(tmp_path / "b.tcm"))
     assert repr(tc.load(str(tmp_path / "b.tcm"))).startswith(want)
+
+
+class _Wide(nn.Module):
+    """Two BitLinear layers of 4096 x 8192: 16 MiB of 2-bit weights, inline in the .vmfb."""
+    def __init__(self):
+        self.up, self.down = nn.BitLinear(4096, 8192), nn.BitLinear(8192, 4096)
+
+    def forward(self, x):
+        return self.down(self.up(x))
+
+
+def test_a_loaded_artifact_holds_its_weights_once(tmp_path):
+    """tc.load runs the module over the mapped file: after calls at batch 1 and 128 the
+    process has grown by the packed weights (file pages, shared) and the runtime's own
+    buffers, not by a copy of the weights in anonymous memory (before: one copy at load
+    and another at the first call)."""
+    exe = tc.compile(_Wide(), tc.spec(("B", 4096), "float32"), cache=False)
+    assert exe.meta["weights"] == "inline"
+    path = str(tmp_path / "wide.tcm")
+    exe.save(path)
+    packed = 2 * 4096 * 8192 / 4 / 2**20                     # MiB of 2-bit codes
+    script = (
+        "import json, sys, numpy as np\n"
+        "def mib(key):\n"
+        "    return next(int(l.split()[1]) for l in open('/proc/self/status')\n"
+        "                if l.startswith(key)) / 1024\n"
+        "import tercomp as tc\n"
+        "x = np.ones((128, 4096), np.float32)\n"
+        "rss, anon = mib('VmRSS'), mib('RssAnon')\n"
+        f"exe = tc.load({path!r})\n"
+        "out = {'load': mib('RssAnon') - anon}\n"
+        "for b in (1, 128):\n"
+        "    y = exe(x[:b])\n"
+        "    out[b] = (mib('VmRSS') - rss, mib('RssAnon') - anon)\n"
+        "print(json.dumps(out))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["load"] < 1.0, out                          # a copy would be 16 MiB
+    assert out["1"][1] < 0.6 * packed, out                  # no copy of the weights
+    for b in ("1", "128"):          # the file's pages once, beside the runtime's buffers
+        grown, anon = out[b]        # (at batch 128: activations of 128 x 8192 floats)
+        assert grown < 1.1 * packed + anon, (b, out)

@@ -12,7 +12,7 @@ import pytest
 
 import tercomp as tc
 from tercomp import models
-from tercomp.models.chat import ChatTemplate, ChatTemplateError
+from tercomp.runtime.chat import ChatTemplate, ChatTemplateError
 
 import bitnet_ref as R
 from test_models_formats import CFG, hf_config, write_hf

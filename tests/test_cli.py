@@ -100,7 +100,7 @@ def mlp_ref(m, x):
 def test_help_of_every_command(capsys):
     r = tercomp("--help")
     assert "usage: tercomp" in r.stdout
-    for command in ("compile", "run", "info", "opt", "bench"):
+    for command in ("compile", "run", "info", "opt", "bench", "perplexity"):
         assert command in r.stdout
         with pytest.raises(SystemExit) as e:
             main([command, "--help"])

@@ -70,6 +70,8 @@ def one_error(capsys) -> str:
     (["--prompt-ids", "  "], "--prompt-ids is empty"),
     (["--prompt-ids", "3," + "9" * 20], "--prompt-ids: " + "9" * 20 + " is too large for a token id"),
     (["--prompt-ids", str(2 ** 31)], "is too large for a token id (at most 2147483647)"),
+    (["--prompt-ids", "9" * 5000], "--prompt-ids: 999999999999...(5000 digits) is too large"),
+    (["--prompt-ids", "1", "--eos", "1" * 5000], "--eos: 111111111111...(5000 digits) is too large"),
     (["--prompt-ids", "1", "--eos", ""], "--eos is empty"),
     (["--prompt-ids", "1", "--eos", "2;3"], "--eos must be comma-separated token ids"),
     (["--prompt-ids", "1", "--save", ""], "--save needs a file path"),

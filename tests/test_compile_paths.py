@@ -108,7 +108,7 @@ def _bytecode_of_a_gradient() -> bytes:
     """A module that crashes iree-compile (SIGSEGV in MatmulTransposeAOp): a gradient's
     matmul, written as bytecode, as the subprocess path used to."""
     import io
-    from tercomp.codegen.lower import to_mlir
+    from tercomp.lowering import to_mlir
     from tercomp.codegen.iree_session import new_session
     graph = tc.trace(tc.grad(lambda w, x: tc.mean(x @ w)), W, X)
     _, ctx = new_session()

@@ -10,6 +10,7 @@ from tercomp import models
 from tercomp.nn.stored import AUTO_INT8_MIN, choose_table
 from tercomp.runtime.generator import LMGenerator
 from tercomp.runtime.sampling import probabilities, sample
+from tercomp.runtime.scoring import perplexity
 
 import bitnet_ref as R
 
@@ -120,6 +121,7 @@ def _check_unchanged(gen, full, pos):
     (lambda g: g.prefill(np.array([1.0, 2.0])), "must be integers"),
     (lambda g: g.prefill([]), "cache holds"),
     (lambda g: g.prefill(np.array([[1, 2]], np.int32)), "1-D"),
+    (lambda g: g.prefill([[1, 2], [3]]), "must be a 1-D sequence of integers, got list"),
     (lambda g: g.prefill([5, 300]), "out of range"),
     (lambda g: g.prefill(IDS[:5], logits_to_keep=0), "logits_to_keep"),
     (lambda g: g.prefill(IDS[:5], logits_to_keep=6), "logits_to_keep"),
@@ -135,6 +137,49 @@ def test_bad_input_leaves_the_cache_unchanged(gen, full, call, match):
     with pytest.raises(tc.TercompError, match=match):
         call(gen)
     _check_unchanged(gen, full, 7)
+
+
+def _log_softmax64(logits):
+    x = np.asarray(logits, np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def test_score_is_the_log_softmax_of_the_prefill_logits(gen, full):
+    """score(ids)[t - 1] = log_softmax(prefill logits at t - 1)[ids[t]], in float64."""
+    lp = gen.score(IDS)
+    want = _log_softmax64(full)[np.arange(len(IDS) - 1), IDS[1:]]
+    assert lp.shape == (len(IDS) - 1,) and lp.dtype == np.float64
+    np.testing.assert_allclose(lp, want, rtol=0, atol=1e-9)
+    assert (lp <= 0).all()
+    with pytest.raises(tc.InputError, match="score: needs at least 2 tokens"):
+        gen.score([5])
+    with pytest.raises(tc.InputError, match="score: token id 300 is out of range"):
+        gen.score([5, 300])
+
+
+def test_perplexity_is_llama_perplexity_s_rule(gen):
+    """Chunks of n_ctx from an empty cache, the BOS in place of each chunk's first token,
+    the logits at n_ctx/2 .. n_ctx-2 scored against the tokens after them: the figure a
+    float64 computation over full prefill logits gives."""
+    tokens = np.random.default_rng(9).integers(0, 300, 100)
+    r = perplexity(gen, tokens, n_ctx=16, bos=7)
+    nll = []
+    for i in range(100 // 16):
+        chunk = tokens[16 * i:16 * (i + 1)].astype(np.int32)
+        chunk[0] = 7
+        lp = _log_softmax64(gen.prefill(chunk))
+        nll += [-lp[p, chunk[p + 1]] for p in range(8, 15)]
+    assert (r["chunks"], r["count"]) == (6, 42)
+    np.testing.assert_allclose(r["ppl"], np.exp(np.mean(nll)), rtol=1e-6)
+    se = np.sqrt((np.mean(np.square(nll)) - np.mean(nll) ** 2) / (len(nll) - 1))
+    np.testing.assert_allclose(r["ppl_error"], se * r["ppl"], rtol=1e-5)
+    assert r["ppl"] > 1
+    with pytest.raises(tc.InputError, match="the text is 31 tokens; a context of 16 needs at "
+                                            "least 32"):
+        perplexity(gen, tokens[:31], n_ctx=16)
+    with pytest.raises(tc.InputError, match="n_ctx must be an int from 2 to the cache length 48"):
+        perplexity(gen, tokens, n_ctx=64)
 
 
 def test_prefill_keeps_the_last_logits_only(gen, full):
@@ -318,18 +363,17 @@ def test_cli_generate(gen, tmp_path, capsys):
 
 
 def test_compile_cache_is_keyed_on_the_model(lm_file, gen, full):
-    from tercomp.generate import _model_digest
+    """The same model is a hit; a changed weight (a norm, a frozen layer's scale) is
+    compiled anew (tests/test_compile_cache.py: changed code)."""
     again = tc.compile_lm(models.load(lm_file), max_seq=MAX_SEQ)
     assert again.exe.meta["cache_hit"] and not gen.exe.meta["cache_hit"]
     np.testing.assert_array_equal(again.prefill(IDS), full)
     lm = models.load(lm_file)
-    before = _model_digest(lm)
-    norm = lm.layers[1].mlp.ffn_sub_norm
-    norm.weight = norm.weight + np.eye(1, norm.weight.size, 3, dtype=norm.weight.dtype)[0]
-    assert _model_digest(lm) != before
-    lm = models.load(lm_file)
     lm.layers[0].attn.k_proj._scale = lm.layers[0].attn.k_proj._scale * 2    # a frozen layer
-    assert _model_digest(lm) != before
+    other = tc.compile_lm(lm, max_seq=MAX_SEQ)
+    assert not other.exe.meta["cache_hit"]
+    assert other.exe.meta["cache_key"] != gen.exe.meta["cache_key"]
+    assert np.abs(other.prefill(IDS) - full).max() > 1e-3
 
 
 def test_greedy_tokens_match_llama_cpp(tmp_path):

@@ -1,4 +1,4 @@
-"""Stateful modules (tercomp/codegen/state.py) with the KV-cache ops: a one-layer
+"""Stateful modules (tercomp/lowering/state.py) with the KV-cache ops: a one-layer
 attention toy with its cache in two mutable globals, prefill and decode entry points in
 one module, checked against an independent NumPy attention."""
 import dataclasses
@@ -8,7 +8,7 @@ import pytest
 
 import tercomp as tc
 from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session
-from tercomp.codegen.state import Entry, StateVar, to_stateful_mlir
+from tercomp.lowering import Entry, StateVar, to_stateful_mlir
 from tercomp.errors import CompileError
 from tercomp.ir import TensorType
 from tercomp.runtime.module import CompiledModule

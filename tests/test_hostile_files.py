@@ -10,7 +10,7 @@ import pytest
 
 import tercomp as tc
 from tercomp import nn
-from tercomp.runtime import cache as compile_cache
+from tercomp.runtime import compile_cache
 
 
 @pytest.fixture(scope="module")

@@ -173,15 +173,15 @@ def test_a_string_where_an_id_belongs_and_an_atomic_save(tmp_path, weights):
 
 
 def test_a_save_that_fails_half_way_leaves_the_file(tmp_path, weights, monkeypatch):
-    from tercomp.models import gguf_io
+    from tercomp.models import gguf_write
     path = R.write_gguf(tmp_path / "keep.gguf", CFG, weights)
     before = path.read_bytes()
     lm = models.load(path)
 
-    def broken(w, model, cfg):
+    def broken(w, model, cfg, arch, ternary_type):
         w.add_name("half")
         raise tc.TercompError("disk full (simulated)")
-    monkeypatch.setattr(gguf_io, "_write", broken)
+    monkeypatch.setattr(gguf_write, "_write", broken)
     with pytest.raises(tc.TercompError, match="disk full"):
         models.save_gguf(lm, path)
     assert path.read_bytes() == before

@@ -1,17 +1,30 @@
 """The one kernel table (tercomp/kernels/table.py): every kernel an op can take is
-a row of it, the `kernels` pass settles each op from it, and the compile cache key of
-tc.compile_lm follows it."""
+a row of it, with where it fits and how it is emitted; the `kernels` pass settles each
+op from it, the lowering emits what the op's kernel attribute names and checks nothing
+again, and the compile cache key of tc.compile_lm follows it."""
+import dataclasses
+import inspect
+import pathlib
+import re
+
 import numpy as np
 import pytest
 
 import tercomp as tc
 from conftest import run_filecheck
+from tercomp.codegen.iree_session import new_session
+from tercomp.lowering import to_mlir
+from tercomp.errors import TraceError
 from tercomp.kernels import table as kt
 from tercomp.kernels.ternary import strategies as ternary_strategies
 from tercomp.ir import TensorType
 from tercomp.ops import get
+from tercomp.ops.registry import REGISTRY
 from tercomp.passes import run_pipeline
+from tercomp.ternary_pack import pack_ternary
 from tercomp.trace.tracer import apply
+
+F32 = "float32"
 
 
 def test_every_row_is_a_kernel_of_a_registered_op():
@@ -19,6 +32,7 @@ def test_every_row_is_a_kernel_of_a_registered_op():
         attr = kt.attr_name(r.op)
         assert get(r.op).attrs[attr] == kt.UNSETTLED.get(r.op, kt.GENERIC), r
         assert r.kernel in kt.kernel_names(r.op) and r.targets and r.why
+        assert callable(r.fits) and callable(r.emit) and r.fits.__doc__
         assert r.describe().startswith(f"{r.op} kernel {r.kernel!r}")
     assert kt.ops() == ("ternary_matmul", "widening_matmul", "rms_norm", "rope",
                         "cached_attention", "slot_attention")
@@ -28,13 +42,21 @@ def test_every_row_is_a_kernel_of_a_registered_op():
 
 @pytest.mark.parametrize("targets", [["vulkan"], ["llvm-cpu-generic"], ["llvm-cpu", "cuda"]])
 def test_host_only_rows_are_never_chosen_for_other_targets(targets):
-    x = TensorType((1, 64), "f32")
+    types = {"ternary_matmul": kt.ternary_types(1, 4096, 4096),
+             "widening_matmul": [TensorType((1, 64), "f32"), TensorType((8, 64), "f16")],
+             "rms_norm": [TensorType((1, 64), "f32"), TensorType((64,), "f32")],
+             "rope": [TensorType((1, 2, 64), "f32")] + [TensorType((1, 32), "f32")] * 2,
+             "cached_attention": [TensorType((1, 2, 64), "f32"), TensorType((8, 2, 64), "f32")],
+             "slot_attention": [TensorType((1, 2, 64), "f32"), TensorType((2, 8, 2, 64), "f32")]}
+    attrs = {"k": 4096, "n": 4096, "style": "neox"}
     for op in kt.ops():
-        found = kt.choose(op, [x], {"k": 4096, "n": 4096}, targets, features=("avx2",))
+        found = kt.choose(op, types[op], attrs, targets, features=("avx2",))
         assert found is None or found.compiles_for(targets)
-    assert kt.choose("rms_norm", [x], {}, ["llvm-cpu"], features=()).kernel == "cpu"
-    assert kt.choose("widening_matmul", [x], {}, ["llvm-cpu"], features=()) is None
-    assert kt.choose("widening_matmul", [x], {}, ["llvm-cpu"], features=("avx2",)).kernel == "avx2"
+    for op in kt.ops()[2:]:
+        assert kt.choose(op, types[op], attrs, ["llvm-cpu"], features=()).kernel == "cpu"
+    wm = types["widening_matmul"]
+    assert kt.choose("widening_matmul", wm, {}, ["llvm-cpu"], features=()) is None
+    assert kt.choose("widening_matmul", wm, {}, ["llvm-cpu"], features=("avx2",)).kernel == "avx2"
 
 
 def test_the_kernels_pass_settles_ternary_matmuls_from_the_table():
@@ -53,7 +75,152 @@ CHECK: "tern.ternary_matmul"{{.*}}strategy = "addsub"
 
 def test_the_compile_cache_key_follows_the_table(monkeypatch):
     before = kt.table_key(["llvm-cpu"])
-    extra = kt.KernelRow("rms_norm", "cpu2", kt.HOST, None, lambda types, attrs: True, "why")
+    extra = kt.KernelRow("rms_norm", "cpu2", kt.HOST, None, lambda types, attrs: True,
+                         lambda ctx, op, xs: None, "why")
     monkeypatch.setattr(kt, "TABLE", kt.TABLE + (extra,))
     assert kt.table_key(["llvm-cpu"]) != before
     assert kt.table_key(["vulkan"]) == kt.table_key(["vulkan"])
+
+
+# ------------------------------------------------------------------ the table decides alone
+def _packed(k, n):
+    return pack_ternary(np.zeros((n, k), np.int8)).view(np.int8)
+
+
+def _ternary(m, k, n, act_quant=True):
+    p = _packed(k, n)
+    return (lambda x, kernel: apply("ternary_matmul", x, p, k=k, n=n, scale=0.5,
+                                    act_quant=act_quant, strategy=kernel),
+            [tc.spec((m, k))])
+
+
+def _widening(w_dtype, k, scaled):
+    w = np.ones((12, k), w_dtype)
+    s = (np.ones(12, np.float32),) if scaled else ()
+    return (lambda x, kernel: apply("widening_matmul", x, w, *s, kernel=kernel),
+            [tc.spec(("B", k))])
+
+
+def _rms_norm(shape, dtype=F32):
+    w = np.ones(shape[-1], dtype)
+    return lambda x, kernel: apply("rms_norm", x, w, kernel=kernel), [tc.spec(shape, dtype)]
+
+
+def _rope(lead, d, style="neox", dtype=F32):
+    return (lambda x, c, s, kernel: apply("rope", x, c, s, style=style, kernel=kernel),
+            [tc.spec((*lead, "T", 3, d), dtype), tc.spec(("T", d // 2), dtype),
+             tc.spec(("T", d // 2), dtype)])
+
+
+def _attention(d, cache_dtype):
+    return (lambda q, k, v, start, kernel: apply("cached_attention", q, k, v, start, scale=0.5,
+                                                 kernel=kernel),
+            [tc.spec(("T", 4, d)), tc.spec((32, 2, d), cache_dtype),
+             tc.spec((32, 2, d), cache_dtype), tc.spec((), "int32")])
+
+
+def _slots(d, cache_dtype):
+    return (lambda q, k, v, slots, pos, kernel: apply("slot_attention", q, k, v, slots, pos,
+                                                      scale=0.5, kernel=kernel),
+            [tc.spec(("T", 4, d)), tc.spec((3, 32, 2, d), cache_dtype),
+             tc.spec((3, 32, 2, d), cache_dtype), tc.spec(("T",), "int32"),
+             tc.spec(("T",), "int32")])
+
+
+#: op -> ops of it whose shapes and attributes each row of the op fits, or not
+SAMPLES = {
+    "ternary_matmul": [_ternary(m, k, n, aq) for m in ("B", 1, 6) for k, n in
+                       ((256, 8), (128, 8), (100, 8), (256, 7)) for aq in (True, False)],
+    "widening_matmul": [_widening(np.float16, 48, False), _widening(np.int8, 48, True),
+                        _widening(np.int8, 48, False), _widening(np.float16, 40, False),
+                        _widening(np.float32, 48, False)],
+    "rms_norm": [_rms_norm(("R", 64)), _rms_norm((2, "T", 64)), _rms_norm(("R", 60)),
+                 _rms_norm(("R", 64), "float16")],
+    "rope": [_rope((), 32), _rope((1,), 32), _rope((2,), 32), _rope((), 24),
+             _rope((), 32, "interleaved"), _rope((), 32, dtype="float16")],
+    "cached_attention": [_attention(16, "float16"), _attention(16, F32), _attention(12, F32),
+                         _attention(520, "float16")],
+    "slot_attention": [_slots(16, "float16"), _slots(12, F32)],
+}
+
+
+def _emitted(monkeypatch, graph) -> list:
+    """The (op, kernel) of every row whose emit lowering `graph` called, in order."""
+    called = []
+
+    def spy(r):
+        def emit(ctx, op, xs):
+            called.append((r.op, r.kernel))
+            return r.emit(ctx, op, xs)
+        return dataclasses.replace(r, emit=emit)
+    monkeypatch.setattr(kt, "TABLE", tuple(spy(r) for r in kt.TABLE))
+    _, ctx = new_session()
+    to_mlir(graph, ctx)
+    monkeypatch.undo()
+    return called
+
+
+def _the_op(graph, opname):
+    (op,) = [o for o in graph.ops if o.opname == opname]
+    return [v.type for v in op.operands], op.attrs
+
+
+@pytest.mark.parametrize("opname", list(SAMPLES))
+def test_a_row_emits_an_op_exactly_where_its_fits_says(opname, monkeypatch):
+    """For sampled shapes and attributes of every op of the table: asked for by name, a
+    row either fits (the op is traced, and lowered with the row's emit and nothing else)
+    or is refused when the op is made (never a silent fallback); left to the `kernels`
+    pass (every CPU feature present), the op gets the first row that fits and that "auto"
+    picks, and is lowered with that row's emit, or with its own lowering when none does."""
+    unsettled = kt.UNSETTLED.get(opname, kt.GENERIC)
+    for fn, specs in SAMPLES[opname]:
+        auto = tc.trace(lambda *xs: fn(*xs, unsettled), *specs)
+        types, attrs = _the_op(auto, opname)
+        for r in kt.rows(opname):
+            if not r.fits(types, attrs):
+                with pytest.raises(TraceError, match=f"{r.kernel!r} cannot emit {opname}"):
+                    tc.trace(lambda *xs: fn(*xs, r.kernel), *specs)
+                continue
+            named = tc.trace(lambda *xs: fn(*xs, r.kernel), *specs)
+            assert _emitted(monkeypatch, named) == [(opname, r.kernel)], (r.kernel, types)
+        monkeypatch.setattr(kt, "target_features", lambda targets: frozenset({kt.AVX2, kt.VNNI}))
+        settled = run_pipeline(auto, [("kernels", {"targets": ["llvm-cpu"]})])
+        monkeypatch.undo()
+        want = next((r for r in kt.rows(opname) if r.auto(types, attrs)), None)
+        assert _the_op(settled, opname)[1][kt.attr_name(opname)] == (want.kernel if want
+                                                                     else unsettled)
+        assert _emitted(monkeypatch, settled) == ([(opname, want.kernel)] if want else [])
+
+
+def test_no_lowering_but_the_tables_reads_a_kernel_attribute():
+    """An op's own `lower` is its generic lowering: the lowering driver emits the row its
+    kernel attribute names (kernel_table.row_of), and no op looks at it again."""
+    for name, opdef in REGISTRY.items():
+        if opdef.lower is None:
+            continue
+        source = inspect.getsource(opdef.lower)
+        for attr in ("kernel", "strategy"):
+            assert f'"{attr}"' not in source and f"'{attr}'" not in source, (name, attr)
+
+
+def test_only_the_table_and_the_pass_that_chooses_read_kernel_attributes():
+    root = pathlib.Path(tc.__file__).parent
+    allowed = {root / "kernels" / "table.py", root / "passes" / "kernels.py"}
+    reads = re.compile(r"""\[["'](kernel|strategy)["']\]|\.get\(["'](kernel|strategy)["']""")
+    found = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if p not in allowed and reads.search(p.read_text())]
+    assert not found, f"kernel attributes read outside the kernel table: {found}"
+
+
+@pytest.mark.skipif(kt.AVX2 not in kt.host_cpu_features(), reason="host CPU lacks AVX2")
+def test_a_named_kernel_that_does_not_fit_is_refused_at_the_users_line():
+    class Odd(tc.nn.Module):
+        def __init__(self):
+            tc.nn.manual_seed(0)
+            self.fc = tc.nn.BitLinear(256, 7)
+
+        def forward(self, x):
+            return self.fc(x)
+    with pytest.raises(tc.TercompError, match="ternary strategy 'avx2' cannot emit") as e:
+        tc.compile(Odd(), tc.spec(("B", 256)), ternary="avx2", cache=False)
+    assert "test_kernel_table.py" in str(e.value.loc) and "addsub" in e.value.hint

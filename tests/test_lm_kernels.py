@@ -71,7 +71,7 @@ def test_rms_norm_kernel_matches_reference(kernel):
 
 
 @pytest.mark.parametrize("style,kernel", [("neox", "cpu"), ("neox", "generic"),
-                                          ("interleaved", "cpu"), ("interleaved", "generic")])
+                                          ("interleaved", "generic")])
 def test_rope_matches_reference(style, kernel):
     h, d = 3, 32
     r = np.random.default_rng(6)
@@ -109,3 +109,12 @@ def test_row_kernels_are_checked():
         tc.trace(lambda x, c: apply("rope", x, c, c, style="half"), tc.spec((2, 1, 8)), tc.spec((2, 4)))
     with pytest.raises(tc.TercompError, match=r"rope: expects x \[\.\.\., T, H, D\]"):
         tc.trace(lambda x, c: apply("rope", x, c, c), tc.spec((2, 1, 8)), tc.spec((3, 4)))
+    # a kernel asked for where it does not fit is refused where the op is made, not
+    # swapped for the generic lowering
+    with pytest.raises(tc.TercompError, match="rope kernel 'cpu' cannot emit rope") as e:
+        tc.trace(lambda x, c: apply("rope", x, c, c, style="interleaved", kernel="cpu"),
+                 tc.spec(("T", 3, 32)), tc.spec(("T", 16)))
+    assert "test_lm_kernels.py" in str(e.value) and "generic" in e.value.hint
+    with pytest.raises(tc.TercompError, match="rms_norm kernel 'cpu' cannot emit rms_norm"):
+        tc.trace(lambda x: apply("rms_norm", x, np.ones(60, np.float32), kernel="cpu"),
+                 tc.spec(("R", 60)))

@@ -6,7 +6,7 @@ import pytest
 
 import tercomp as tc
 from tercomp import models, nn
-from tercomp.models.kv_cache import StaticKVCache
+from tercomp.models.kv_cache import KVCache
 from tercomp.passes import run_pipeline
 from tercomp.trace.tracer import apply
 
@@ -69,14 +69,14 @@ def test_a_weight_changed_after_loading_reaches_generation():
 
 
 def test_the_forward_with_a_cache_is_the_forward():
-    """Traced with a StaticKVCache over empty caches at position 0, the model's forward
+    """Traced with a KVCache over empty caches at position 0, the model's forward
     gives the logits of its forward without one (in the reference interpreter)."""
     from tercomp.ops import interpret
     lm = models.BitNetLM(CFG)
     n = 2 * CFG.num_hidden_layers
 
     def with_cache(ids, start, caches):
-        cache = StaticKVCache(caches, start, "f32")
+        cache = KVCache(caches, "f32", start=start)
         return lm(ids, cache=cache), cache.updated
     caches = [np.zeros((16, 2, 32), np.float32)] * n
     g = tc.trace(with_cache, IDS[None, :6], np.int32(0), caches)

@@ -531,7 +531,7 @@ def _compile_id(case, sym):
 def compiled():
     from iree import runtime as rt
     from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session
-    from tercomp.codegen.lower import to_mlir
+    from tercomp.lowering import to_mlir
     graphs = [graph_of(c.op, types_of(c.inputs, sym), c.attrs, name=_compile_id(c, sym))
               for c, sym in COMPILED]
     session, ctx = new_session()

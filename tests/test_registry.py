@@ -5,8 +5,9 @@ import pytest
 
 import iree.runtime as rt
 from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session
-from tercomp.codegen.lower import to_mlir
+from tercomp.lowering import to_mlir
 from tercomp.ir import Graph, TensorType
+from tercomp.kernels import table as kernel_table
 from tercomp.ops import REGISTRY, GraphBuilder, interpret
 
 rng = np.random.default_rng(0)
@@ -109,8 +110,13 @@ def test_every_op_has_an_example():
 
 
 def test_every_op_can_be_lowered():
+    """Every op has a lowering or a decomposition, or (the ternary matmul, which has no
+    generic form) kernels of the kernel table for every target, one of which the passes
+    settle it to."""
+    emitted = [n for n in kernel_table.UNSETTLED
+               if any(r.compiles_for(kernel_table.ALL_TARGETS) for r in kernel_table.rows(n))]
     bad = [n for n, d in REGISTRY.items() if d.lower is None and d.decompose is None
-           and n not in SKIP_COMPILE]
+           and n not in SKIP_COMPILE and n not in emitted]
     assert not bad, f"ops with neither a lowering nor a decomposition: {bad}"
 
 

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 import tercomp as tc  # noqa: E402
 from tercomp import models, nn  # noqa: E402
-from tercomp.models.chat import ChatTemplate  # noqa: E402
+from tercomp.runtime.chat import ChatTemplate  # noqa: E402
 from tercomp.models.tokenizer import Tokenizer  # noqa: E402
 
 # bench/serve.py: the load test and the server launcher
@@ -803,7 +803,7 @@ def check_text_is_text(tok, content, control):
     """`content` encodes to no control or byte token and decodes back (parse_special
     makes its control tokens tokens; byte tokens never come from text, as in
     llama.cpp); the template's control tokens are still tokens (as many as it writes)."""
-    from tercomp.models.tokenizer import TextEncoder
+    from tercomp.runtime.chat import TextEncoder
     enc = TextEncoder(tok.inner)
     ids = enc.encode(content, add_special_tokens=False)
     assert not set(ids) & set(control), (content, ids)

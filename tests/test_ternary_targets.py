@@ -96,7 +96,7 @@ def test_the_lowering_reports_the_flags_of_its_kernels():
     kernel's flags, in the strategy table's order (not the ops'), each kernel checked
     against the targets before IREE runs."""
     from tercomp.codegen.iree_session import new_session
-    from tercomp.codegen.lower import to_mlir
+    from tercomp.lowering import to_mlir
     from tercomp.kernels.ternary.strategies import flags_for, strategy_flags
     from tercomp.passes import run_pipeline
 

@@ -5,8 +5,8 @@ turns tern types into MLIR types, materializes symbolic dims as `index` values (
 `tensor.dim` of the function arguments that carry them), builds the common
 `linalg.generic` / `tensor.empty` / `linalg.fill` shapes, holds the ParamTable
 that large constants are read from as parameters (`ctx.params`, see codegen.params),
-and collects the ternary kernels a lowering emits (`ctx.kernels`), whose IREE flags
-the module needs.
+and collects the kernel table's rows the lowering emits (`ctx.kernels`), whose IREE
+flags the module needs.
 """
 from __future__ import annotations
 
@@ -53,6 +53,20 @@ def const(value, type_: ir.Type) -> ir.Value:
 
 def index_const(v: int) -> ir.Value:
     return arith.ConstantOp(ir.IndexType.get(), v).result
+
+
+def value_dim(x: ir.Value, axis: int) -> ir.Value:
+    """The size of `x`'s dim `axis` as an `index` value (`tensor.dim` when dynamic)."""
+    t = ir.RankedTensorType(x.type)
+    if not t.is_dynamic_dim(axis):
+        return index_const(t.get_dim_size(axis))
+    return tensor.DimOp(x, index_const(axis)).result
+
+
+def scalar_index(t: ir.Value) -> ir.Value:
+    """The integer rank-0 tensor `t` (an i32 position) as an `index` value."""
+    v = tensor.ExtractOp(t, []).result
+    return arith.IndexCastOp(ir.IndexType.get(), v).result
 
 
 def iterator_attr(kinds: Sequence[str]) -> ir.ArrayAttr:
@@ -143,25 +157,20 @@ class LowerCtx:
         # form does not fit a target's limits picks another form by them
         self.targets = tuple(targets)
         self._dim_cache: dict = {}
-        self.lower_op: Callable | None = None   # (ctx, tern op) -> None; set by codegen.lower
-        # The ternary strategies the lowered ops emitted (names of kernels.ternary.strategies.TABLE,
-        # shared with op bodies): codegen.lower reports their IREE flags with the module.
+        # The kernel table's rows the lowered ops were emitted with (shared with op
+        # bodies): the lowering driver reports their IREE flags with the module.
         self.kernels: set = set()
 
     def child(self) -> "LowerCtx":
         """A context for an op body (a loop's): the body's values and the dims it
         materializes stay inside it (a dim made inside a loop does not dominate the code
-        after the loop)."""
+        after the loop). An op's lowering does not lower its body's ops itself: it yields
+        (child context, ops) to the lowering driver, which lowers them at the current
+        insertion point and resumes it (tercomp/lowering/driver.py)."""
         sub = LowerCtx(self.symbol_sources, self.params, self.targets)
         sub._dim_cache = dict(self._dim_cache)
-        sub.lower_op = self.lower_op
         sub.kernels = self.kernels
         return sub
-
-    def lower_ops(self, ops) -> None:
-        """Lower tern ops (an op body) at the current insertion point."""
-        for op in ops:
-            self.lower_op(self, op)
 
     # -- dims ------------------------------------------------------------------------
     def dim(self, d) -> ir.Value:

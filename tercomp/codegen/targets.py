@@ -64,7 +64,7 @@ _RESERVED_FLAGS = ("--iree-hal-target-device", "--iree-hal-target-backends",
 # IREE compiles their f16 tensors as if they were f32 in memory, so every f16 buffer
 # (an input, a parameter, a global such as a KV cache) reads and writes wrong values:
 # on lavapipe a plain f16 -> f32 cast is off by up to 50. tercomp refuses f16 there
-# (codegen.lower.check_storage); 8-bit integers are emulated correctly.
+# (lowering.check_storage); 8-bit integers are emulated correctly.
 NO_16BIT_STORAGE = ("vp_android_baseline_2022",)
 #: Vulkan targets that store f16, for the error's hint
 WITH_16BIT_STORAGE = ("valhall", "adreno", "ampere", "rdna3")

@@ -78,14 +78,14 @@ def fmt_loc(loc) -> str:
     return f'loc("{loc.file}":{loc.line}:{loc.col})'
 
 
-def print_region(body: Graph, elide: bool, indent: str) -> str:
+def print_region(body: Graph, elide: bool, indent: str, locations: bool = True) -> str:
     """A body as an MLIR region: one block whose arguments are the body's inputs, ended
     by `"tern.yield"` of its outputs. Block arguments carry no attributes in MLIR, so
     symbolic dims print as `?` and the parser takes them from the op's operands."""
     args = ", ".join(f"%{v.name}: {v.type.mlir()}" for v in body.inputs)
     lines = ["{", f"{indent}^bb0({args}):" if args else f"{indent}^bb0:"]
     for op in body.ops:
-        lines.append(indent + "  " + print_op(op, elide, indent + "  "))
+        lines.append(indent + "  " + print_op(op, elide, indent + "  ", locations))
     vals = ", ".join("%" + v.name for v in body.outputs)
     types = ", ".join(v.type.mlir() for v in body.outputs)
     lines.append(f'{indent}  "tern.yield"({vals}) : ({types}) -> ()')
@@ -93,7 +93,7 @@ def print_region(body: Graph, elide: bool, indent: str) -> str:
     return "\n".join(lines)
 
 
-def print_op(op: Op, elide: bool = True, indent: str = "  ") -> str:
+def print_op(op: Op, elide: bool = True, indent: str = "  ", locations: bool = True) -> str:
     outs = ", ".join("%" + r.name for r in op.results)
     ins = ", ".join("%" + v.name for v in op.operands)
     attrs = []
@@ -115,11 +115,14 @@ def print_op(op: Op, elide: bool = True, indent: str = "  ") -> str:
     lhs = f"{outs} = " if op.results else ""
     regions = ""
     if bodies:
-        regions = " (" + ", ".join(print_region(op.attrs[k], elide, indent) for k in bodies) + ")"
-    return f'{lhs}"tern.{op.opname}"({ins}){regions}{attr_s} : ({in_t}) -> {out_t} {fmt_loc(op.loc)}'
+        regions = " (" + ", ".join(print_region(op.attrs[k], elide, indent, locations)
+                                   for k in bodies) + ")"
+    loc = f" {fmt_loc(op.loc)}" if locations else ""
+    return f'{lhs}"tern.{op.opname}"({ins}){regions}{attr_s} : ({in_t}) -> {out_t}{loc}'
 
 
-def print_graph(g: Graph, elide: bool = True) -> str:
+def print_graph(g: Graph, elide: bool = True, locations: bool = True) -> str:
+    """The text of `g`; `locations=False` leaves out the source locations (`loc(...)`)."""
     args = []
     for v in g.inputs:
         a = f"%{v.name}: {v.type.mlir()}"
@@ -131,7 +134,7 @@ def print_graph(g: Graph, elide: bool = True) -> str:
     names = ", ".join(f'"{n}"' for n in g.output_names)
     lines = [f"func.func @{g.name}({', '.join(args)}) -> ({res_t}) attributes {{tern.output_names = [{names}]}} {{"]
     for op in g.ops:
-        lines.append("  " + print_op(op, elide, "  "))
+        lines.append("  " + print_op(op, elide, "  ", locations))
     rets = ", ".join("%" + v.name for v in g.outputs)
     lines.append(f'  "func.return"({rets}) : ({res_t}) -> ()')
     lines.append("}")

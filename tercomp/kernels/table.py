@@ -2,36 +2,50 @@
 (`kernels`, passes/kernels.py; the `ternary` pass settles the ternary matmuls it
 creates through the same `choose`). This is where a new kernel is registered.
 
-A row: the op, the kernel (the value of the op's kernel attribute: `strategy` for
-ternary_matmul, `kernel` for the others), the targets it compiles for, the CPU feature
-it needs, the shape rule under which the pass picks it, and why. For a compile, the
-pass gives each op the first row, in table order, that compiles for every target of
-the compile (CPU features: the host's, for llvm-cpu alone; none for any other target
-set, so the traced IR is the same on every host), whose feature is present, and whose
-shape rule accepts the op's operand types and attributes. An op no row takes keeps its
-generic lowering (every target compiles it); the ternary matmul has no generic form,
-and its last rows ("addsub" first) compile everywhere.
+A row says everything about its kernel: the op, the kernel (the value of the op's kernel
+attribute: `strategy` for ternary_matmul, `kernel` for the others), the targets it
+compiles for, the CPU feature it needs, where it applies (`fits(types, attrs)`: the
+whole condition under which it can emit an op with these operand types and attributes),
+how it is emitted (`emit(ctx, op, operands)`, called by the lowering driver for an op
+whose kernel attribute names the row), where "auto" prefers it (`picks`, for the
+ternary matmul's measured choices; the other rows are picked wherever they fit), the
+IREE flags it needs and why it exists.
 
-    op                kernel         targets    feature      picked for
-    ternary_matmul    avx512         llvm-cpu   avx512_vnni  every M where K/4 % 64 == 0, N % 4 == 0
-    ternary_matmul    avx2           llvm-cpu   avx2         every M where K/4 % 32 == 0, N % 4 == 0
-    ternary_matmul    dispatch-vnni  CPU        avx512_vnni  M symbolic
-    ternary_matmul    dispatch       CPU        -            M symbolic
-    ternary_matmul    vnni           CPU        avx512_vnni  M <= 4
-    ternary_matmul    blocked        CPU        -            M > 4
-    ternary_matmul    addsub         all        -            every shape
-    ternary_matmul    int8, f32      all        -            never (asked for by name only)
-    widening_matmul   avx2           llvm-cpu   avx2         every shape (the lowering checks K % 16)
-    rms_norm          cpu            llvm-cpu   -            every shape (the lowering checks N % 8, f32)
-    rope              cpu            llvm-cpu   -            every shape (the lowering checks "neox", D % 16)
-    cached_attention  cpu            llvm-cpu   -            every shape (the lowering checks D, the cache type)
-    slot_attention    cpu            llvm-cpu   -            every shape (the lowering checks D, the cache type)
+For a compile, the pass gives each op the first row, in table order, that compiles for
+every target of the compile (CPU features: the host's, for llvm-cpu alone; none for any
+other target set, so the traced IR is the same on every host), whose feature is
+present, which fits the op and which "auto" picks for it. An op no row takes keeps its
+generic kernel (its op's own lowering, which every target compiles); the ternary matmul
+has no generic form, and its "addsub" row fits and compiles everywhere. A kernel asked
+for by name (in the IR, or `ternary=` of a compile) that does not fit the op is a
+TercompError when the op is made, never a silent fallback; the lowering never checks a
+row again.
 
-("CPU" is llvm-cpu and llvm-cpu-generic.) The kernels of the rows after the ternary
-matmul's fall back to the op's generic lowering where their shape does not fit, so the
-rules of those rows accept every shape and the kernel's own `fits` decides at lowering.
+    op               kernel        targets   feature      fits; where "auto" picks it
+    ternary_matmul   avx512        llvm-cpu  avx512_vnni  KB % 64 == 0, N % 4 == 0, 4 KB <= 16384;
+                                                          every M where K/4 % 64 == 0
+    ternary_matmul   avx2          llvm-cpu  avx2         KB % 32 == 0, N % 4 == 0, 4 KB <= 8192;
+                                                          every M where K/4 % 32 == 0
+    ternary_matmul   dispatch-vnni CPU       avx512_vnni  every shape; M symbolic
+    ternary_matmul   dispatch      CPU       -            every shape; M symbolic
+    ternary_matmul   vnni          CPU       avx512_vnni  every shape; M <= 4
+    ternary_matmul   blocked       CPU       -            every shape; M > 4
+    ternary_matmul   addsub        all       -            every shape; every shape
+    ternary_matmul   int8, f32     all       -            every shape; never (by name only)
+    widening_matmul  avx2          llvm-cpu  avx2         K % 16 == 0, f16 weights or i8 ones
+                                                          with a row scale; where it fits
+    rms_norm         cpu           llvm-cpu  -            f32 x [..., N], N % 8 == 0; where it fits
+    rope             cpu           llvm-cpu  -            "neox", f32 x [T, H, D] or [1, T, H, D],
+                                                          D % 16 == 0; where it fits
+    cached_attention cpu           llvm-cpu  -            D % 8 == 0, D <= 512, an f16 or f32
+                                                          cache; where it fits
+    slot_attention   cpu           llvm-cpu  -            as cached_attention; where it fits
 
->>> choose("ternary_matmul", [TensorType((1, 4096), "f32")], {"k": 4096, "n": 4096},
+("CPU" is llvm-cpu and llvm-cpu-generic; KB is the packed weights' bytes a row, 4 KB the
+padded K.) Without activation quantization the integer ternary kernels emit the exact
+f32 kernel (kernels/ternary/emitters.py).
+
+>>> choose("ternary_matmul", ternary_types(1, 4096, 4096), {"k": 4096, "n": 4096},
 ...        ["vulkan"]).kernel
 'addsub'
 >>> [r.kernel for r in rows("rms_norm")]
@@ -39,21 +53,25 @@ rules of those rows accept every shape and the kernel's own `fits` decides at lo
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..errors import TercompError
+from ..errors import TercompError, TraceError
 from ..ir import TensorType, is_static
+from ..ternary_pack import padded_k
+from .attention import attention_cpu
+from .dense import widening_avx2
+from .host import host_cpu_features
+from .rows import rows_cpu
 from .ternary import avx2, avx512
+from .ternary import emitters as te
+from .ternary.emitters import GEMV_MAX_M, TernaryEmit
 
 CPU_TARGETS = ("llvm-cpu", "llvm-cpu-generic")
 ALL_TARGETS = CPU_TARGETS + ("vulkan", "cuda")
 HOST = ("llvm-cpu",)
 VNNI = "avx512_vnni"
 AVX2 = "avx2"
-#: The largest M the ternary dispatch strategies send to their decode kernel.
-GEMV_MAX_M = 4
 
 _DATA_TILING = ("--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all")
 # Hoist the weight unpack (a constant expression that grows 4x or 16x) to module load:
@@ -62,25 +80,43 @@ _DATA_TILING = ("--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=a
 _HOIST_TO_LOAD = ("--iree-opt-const-expr-max-size-increase-threshold=4294967296",
                   "--iree-opt-const-eval=false")
 
+Rule = Callable[[Sequence[TensorType], dict], bool]
+
 
 @dataclass(frozen=True)
 class KernelRow:
-    """One kernel of one op. `rule(types, attrs)`: does the pass pick it for an op with
-    these operand types and attributes? `flags`: the IREE flags a module that uses it
-    compiles with on top of the target's. `needs_feature`: it does not compile at all
-    without `feature` (else the feature only makes it the fast choice), so asking for it
-    by name on a host without it is refused."""
+    """One kernel of one op. `fits(types, attrs)`: can it emit an op with these operand
+    types and attributes (the whole condition: the pass gives an op this row only where
+    it holds, and the lowering does not check again). `emit(ctx, op, operands) ->
+    results`: the kernel, emitted at the current insertion point in place of the op's
+    own lowering. `picks(types, attrs)`: where "auto" prefers it among the rows that fit
+    (None: wherever it fits). `flags`: the IREE flags a module that uses it compiles
+    with on top of the target's. `needs_feature`: it does not compile at all without
+    `feature` (else the feature only makes it the fast choice), so asking for it by name
+    on a host without it is refused. `codes`: the 2-bit code format (ternary_pack.CODES)
+    a ternary matmul kernel reads fastest, which the pass stores its weights in."""
     op: str
     kernel: str
     targets: tuple[str, ...]
     feature: str | None
-    rule: Callable[[Sequence[TensorType], dict], bool]
+    fits: Rule
+    emit: Callable
     why: str
     flags: tuple[str, ...] = ()
     needs_feature: bool = False
+    picks: Rule | None = None
+    codes: str = "signed"
 
     def compiles_for(self, targets: Sequence[str]) -> bool:
         return all(t in self.targets for t in targets)
+
+    def available(self, targets: Sequence[str], features) -> bool:
+        """Does it compile for every target, with its feature among `features`?"""
+        return self.compiles_for(targets) and (self.feature is None or self.feature in features)
+
+    def auto(self, types, attrs) -> bool:
+        """Does "auto" give it an op with these operand types and attributes?"""
+        return self.fits(types, attrs) and (self.picks is None or self.picks(types, attrs))
 
     def describe(self) -> str:
         """Why the pass gives an op this kernel, in one line (the main job prints it
@@ -92,14 +128,26 @@ class KernelRow:
         where = ", ".join(self.targets) if self.targets != ALL_TARGETS else "all targets"
         feature = f" with {self.feature}" if self.feature else ""
         return (f"{self.op} kernel {self.kernel!r} ({where}{feature}), picked for "
-                f"{self.rule.__doc__}: {self.why}")
+                f"{(self.picks or self.fits).__doc__}: {self.why}")
 
 
-# ------------------------------------------------------------------ shape rules
+# ------------------------------------------------------------------ ternary_matmul
+def ternary_types(m: int | None, k: int, n: int) -> list[TensorType]:
+    """The operand types of a ternary matmul of x [m, k] (m None: a symbolic batch) and
+    [n, k] weights packed by ternary_pack.pack_ternary."""
+    return [TensorType((m if m is not None else "M", k), "f32"),
+            TensorType((n, padded_k(k) // 4), "i8")]
+
+
 def ternary_shape(types, attrs) -> tuple[int | None, int, int]:
     """(M or None for a symbolic batch, K, N) of a ternary matmul's x [M, K] and attrs."""
     m = types[0].shape[0]
     return (int(m) if is_static(m) else None), int(attrs["k"]), int(attrs["n"])
+
+
+def _packed_bytes(types) -> int:
+    """KB, the bytes a row of a ternary matmul's packed weights [N, KB]."""
+    return int(types[1].shape[1])
 
 
 def _symbolic(types, attrs):
@@ -120,8 +168,13 @@ def _prefill(types, attrs):
 
 
 def avx2_fits(k: int, n: int) -> bool:
-    """Whether the avx2 ternary kernel takes a [N, K] weight (avx2.fits)."""
+    """Whether "auto" gives the avx2 ternary kernel a [N, K] weight (avx2.fits of K/4)."""
     return avx2.fits(-(-k // 4), n)
+
+
+def _avx2_fits(types, attrs):
+    """packed weights [N, KB] with KB a multiple of 32 (4 KB <= 8192) and N of 4"""
+    return avx2.fits(_packed_bytes(types), int(attrs["n"]))
 
 
 def _avx2_rule(types, attrs):
@@ -131,8 +184,13 @@ def _avx2_rule(types, attrs):
 
 
 def avx512_fits(k: int, n: int) -> bool:
-    """Whether the avx512 ternary kernel takes a [N, K] weight (avx512.fits)."""
+    """Whether "auto" gives the avx512 ternary kernel a [N, K] weight (avx512.fits of K/4)."""
     return avx512.fits(-(-k // 4), n)
+
+
+def _avx512_fits(types, attrs):
+    """packed weights [N, KB] with KB a multiple of 64 (4 KB <= 16384) and N of 4"""
+    return avx512.fits(_packed_bytes(types), int(attrs["n"]))
 
 
 def _avx512_rule(types, attrs):
@@ -151,57 +209,85 @@ def _never(types, attrs):
     return False
 
 
+# ------------------------------------------------------------------ the other ops
+def _widening_avx2_fits(types, attrs):
+    """K % 16 == 0, and f16 weights, or i8 weights with a row scale"""
+    w = types[1]
+    scaled = len(types) == 3
+    return is_static(w.shape[1]) and widening_avx2.fits(int(w.shape[1])) and (
+        w.dtype == "f16" and not scaled or w.dtype == "i8" and scaled)
+
+
+def _rms_norm_cpu_fits(types, attrs):
+    """f32 x [..., N] with N % 8 == 0"""
+    x = types[0]
+    return x.rank >= 2 and x.dtype == "f32" and is_static(x.shape[-1]) \
+        and rows_cpu.norm_fits(int(x.shape[-1]))
+
+
+def _rope_cpu_fits(types, attrs):
+    """"neox" pairs of one sequence, f32 x [(1,) T, H, D] with D % 16 == 0"""
+    x = types[0]
+    return attrs["style"] == "neox" and x.dtype == "f32" and is_static(x.shape[-1]) \
+        and rows_cpu.rope_fits(int(x.shape[-1])) and all(d == 1 for d in x.shape[:-3])
+
+
+def _attention_cpu_fits(types, attrs):
+    """head dim D % 8 == 0, D <= 512, an f16 or f32 cache"""
+    q, k = types[0], types[1]
+    return is_static(q.shape[-1]) and attention_cpu.fits(int(q.shape[-1]), k.dtype)
+
+
 _T = "ternary_matmul"
-_ATTENTION_FITS = "falls back to linalg unless D % 8 == 0, D <= 512 and the cache is f16 or f32"
 #: THE table. Order matters within an op: the pass takes the first row that fits.
 TABLE = (
-    KernelRow(_T, "avx512", HOST, VNNI, _avx512_rule,
+    KernelRow(_T, "avx512", HOST, VNNI, _avx512_fits, TernaryEmit(te.AVX512),
               "the avx2 kernel on 512-bit vectors, products reduced with vpdpbusd (no i16 "
               "stage); on an AVX-512 VNNI host faster than avx2 at every M measured",
-              needs_feature=True),
-    KernelRow(_T, "avx2", HOST, AVX2, _avx2_rule,
+              needs_feature=True, picks=_avx512_rule, codes="offset"),
+    KernelRow(_T, "avx2", HOST, AVX2, _avx2_fits, TernaryEmit(te.AVX2),
               "hand-scheduled vpmaddubsw kernel on the 2-bit codes for every M (a GEMV for "
               "single rows, 1 weight row x 4 x rows a step above); the fastest measured at "
               "every M on an AVX2 host, with no data tiling (no scf.if on M, no per-call "
               "re-layout)",
               (f"--iree-llvmcpu-stack-allocation-limit={avx2.STACK_LIMIT}",),
-              needs_feature=True),
-    KernelRow(_T, "dispatch-vnni", CPU_TARGETS, VNNI, _symbolic,
+              needs_feature=True, picks=_avx2_rule, codes="offset"),
+    KernelRow(_T, "dispatch-vnni", CPU_TARGETS, VNNI, _always, TernaryEmit(te.DISPATCH_VNNI),
               f"symbolic batch: scf.if on M, vnni for M <= {GEMV_MAX_M}, blocked above",
-              _DATA_TILING),
-    KernelRow(_T, "dispatch", CPU_TARGETS, None, _symbolic,
+              _DATA_TILING, picks=_symbolic),
+    KernelRow(_T, "dispatch", CPU_TARGETS, None, _always, TernaryEmit(te.DISPATCH),
               f"symbolic batch: scf.if on M, addsub for M <= {GEMV_MAX_M}, blocked above",
-              _DATA_TILING),
-    KernelRow(_T, "vnni", CPU_TARGETS, VNNI, _decode,
+              _DATA_TILING, picks=_symbolic),
+    KernelRow(_T, "vnni", CPU_TARGETS, VNNI, _always, TernaryEmit(te.VNNI),
               "decode: u8 codes x s8 activations reduced with vpdpbusd (slower than addsub "
-              "without VNNI: LLVM widens the products to vpmaddwd)"),
-    KernelRow(_T, "blocked", CPU_TARGETS, None, _prefill,
+              "without VNNI: LLVM widens the products to vpmaddwd)", picks=_decode),
+    KernelRow(_T, "blocked", CPU_TARGETS, None, _always, TernaryEmit(te.BLOCKED),
               "prefill: NT weight rows unpacked at a time, i8 matmul ukernel per block",
-              _DATA_TILING),
-    KernelRow(_T, "addsub", ALL_TARGETS, None, _always,
+              _DATA_TILING, picks=_prefill),
+    KernelRow(_T, "addsub", ALL_TARGETS, None, _always, TernaryEmit(te.addsub),
               "int8 activations, masked add/sub over the 2-bit codes, i16 partial sums: "
               "compiles for every target"),
-    KernelRow(_T, "int8", ALL_TARGETS, None, _never,
+    KernelRow(_T, "int8", ALL_TARGETS, None, _always, TernaryEmit(te.int8),
               "weights unpacked to int8 at load (an unpacked copy in RAM), i8 matmul; "
               "never picked by auto (1 B a weight resident, 4 B without act_quant)",
-              _DATA_TILING + _HOIST_TO_LOAD),
-    KernelRow(_T, "f32", ALL_TARGETS, None, _never,
-              "exact f32 masked add/sub, the reference kernel; never picked by auto"),
-    KernelRow("widening_matmul", "avx2", HOST, AVX2, _always,
+              _DATA_TILING + _HOIST_TO_LOAD, picks=_never),
+    KernelRow(_T, "f32", ALL_TARGETS, None, _always, TernaryEmit(te.f32),
+              "exact f32 masked add/sub, the reference kernel; never picked by auto",
+              picks=_never),
+    KernelRow("widening_matmul", "avx2", HOST, AVX2, _widening_avx2_fits, widening_avx2.emit_op,
               "f16 (or int8 with a row scale) weights widened in registers by a hand-written "
-              "GEMV: IREE's data tiling re-lays the weights out on every call; falls back "
-              "to the generic contraction unless K % 16 == 0"),
-    KernelRow("rms_norm", "cpu", HOST, None, _always,
+              "GEMV: IREE's data tiling re-lays the weights out on every call"),
+    KernelRow("rms_norm", "cpu", HOST, None, _rms_norm_cpu_fits, rows_cpu.emit_rms_norm,
               "one row a workgroup step without masked loads (IREE masks a dynamic row "
-              "count's tile of 8); falls back to the decomposition unless f32 and N % 8 == 0"),
-    KernelRow("rope", "cpu", HOST, None, _always,
-              "neox pairs rotated 8 lanes at a time without masking; falls back to the "
-              "decomposition for interleaved pairs, D % 16 != 0 or a batch of sequences"),
-    KernelRow("cached_attention", "cpu", HOST, None, _always,
+              "count's tile of 8)"),
+    KernelRow("rope", "cpu", HOST, None, _rope_cpu_fits, rows_cpu.emit_rope,
+              "neox pairs rotated 8 lanes at a time without masking"),
+    KernelRow("cached_attention", "cpu", HOST, None, _attention_cpu_fits,
+              attention_cpu.emit_cached,
               "one dispatch per step with an online softmax over chunks of the cache, for "
-              f"every T (no scf.if on T); {_ATTENTION_FITS}"),
-    KernelRow("slot_attention", "cpu", HOST, None, _always,
-              f"the cached_attention kernel over a cache of slots; {_ATTENTION_FITS}"),
+              "every T (no scf.if on T)"),
+    KernelRow("slot_attention", "cpu", HOST, None, _attention_cpu_fits, attention_cpu.emit_slot,
+              "the cached_attention kernel over a cache of slots"),
 )
 
 #: The value of an op's kernel attribute that asks the pass to choose: "auto" for the
@@ -237,18 +323,13 @@ def kernel_names(op: str) -> tuple[str, ...]:
     return own if op in UNSETTLED else (GENERIC, *own)
 
 
-@functools.lru_cache(maxsize=1)
-def host_cpu_features() -> frozenset:
-    """The host CPU's feature flags as Linux names them (/proc/cpuinfo), empty elsewhere:
-    what `--iree-llvmcpu-target-cpu=host` compiles for."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+def row_of(opname: str, attrs: dict) -> KernelRow | None:
+    """The row an op's kernel attribute names; None for an op of no row and for one that
+    asks for its generic kernel (or, a ternary matmul, for "auto"). What the lowering
+    driver emits the op with."""
+    if not any(r.op == opname for r in TABLE):
+        return None
+    return row(opname, attrs.get(attr_name(opname)))
 
 
 def target_features(targets: Sequence[str]) -> frozenset:
@@ -260,14 +341,17 @@ def choose(op: str, types, attrs: dict, targets: Sequence[str] = HOST,
            features: Sequence[str] | None = None) -> KernelRow | None:
     """The row the pass gives `op` (operand `types`, `attrs`) compiled for `targets`: the
     first of its rows that compiles for every target, whose feature is in `features`
-    (default: `target_features(targets)`), and whose shape rule accepts the op; None
-    when no row does (the op keeps its generic lowering)."""
+    (default: `target_features(targets)`), which fits the op and which "auto" picks for
+    it; None when no row does (the op keeps its generic lowering)."""
     features = target_features(targets) if features is None else frozenset(features)
     for r in rows(op):
-        if r.compiles_for(targets) and (r.feature is None or r.feature in features) \
-                and r.rule(types, attrs):
+        if r.available(targets, features) and r.auto(types, attrs):
             return r
     return None
+
+
+def _what(op: str) -> str:
+    return "ternary strategy" if op == _T else op + " kernel"
 
 
 def check(op: str, kernel: str, targets: Sequence[str] = HOST) -> KernelRow:
@@ -280,16 +364,74 @@ def check(op: str, kernel: str, targets: Sequence[str] = HOST) -> KernelRow:
     missing = [t for t in targets if t not in r.targets]
     if missing:
         fits = [s.kernel for s in rows(op) if s.compiles_for(targets)]
-        raise TercompError(f"{'ternary strategy' if op == _T else op + ' kernel'} {kernel!r} "
-                           f"does not compile for {', '.join(missing)} (it supports "
-                           f"{', '.join(r.targets)})",
+        raise TercompError(f"{_what(op)} {kernel!r} does not compile for {', '.join(missing)} "
+                           f"(it supports {', '.join(r.targets)})",
                            hint=f"use ternary='auto' or one of {', '.join(fits)}" if op == _T
                            else f"use one of {', '.join(fits) or GENERIC}")
     if r.needs_feature and targets and r.feature not in target_features(targets):
-        raise TercompError(f"{'ternary strategy' if op == _T else op + ' kernel'} {kernel!r} "
-                           f"needs a CPU with {r.feature}, which this host lacks",
-                           hint="use ternary='auto' (it picks what the host has)")
+        raise TercompError(f"{_what(op)} {kernel!r} needs a CPU with {r.feature}, which this "
+                           f"host lacks", hint="use ternary='auto' (it picks what the host has)")
     return r
+
+
+def _operands(types) -> str:
+    return ", ".join(f"[{', '.join(str(d) for d in t.shape)}] {t.dtype}" for t in types)
+
+
+def check_fits(op: str, kernel: str, types, attrs: dict, error=TercompError,
+               loc=None) -> KernelRow:
+    """The row of `op`'s `kernel` if it fits an op with these operand types and
+    attributes, else an `error` (at the user's line `loc`) saying where it applies and
+    which kernels fit."""
+    r = row(op, kernel)
+    if r is None:
+        if op == _T:
+            raise error(f"unknown ternary matmul strategy {kernel!r}; expected one of "
+                        f"{', '.join(map(repr, ('auto', *kernel_names(op))))}", loc=loc)
+        raise error(f"{op}: kernel must be one of {', '.join(kernel_names(op))}, got {kernel!r}",
+                    loc=loc)
+    if not r.fits(types, attrs):
+        fit = [s.kernel for s in rows(op) if s.fits(types, attrs)]
+        raise error(f"{_what(op)} {kernel!r} cannot emit {op} of operands {_operands(types)}: "
+                    f"it takes {r.fits.__doc__}",
+                    hint=f"use ternary='auto' or one of {', '.join(fit)}" if op == _T
+                    else f"use one of {', '.join(fit + [GENERIC])}", loc=loc)
+    return r
+
+
+def check_attr(op: str, types, attrs: dict) -> None:
+    """A TraceError unless `op`'s kernel attribute is "generic" ("auto"), or a kernel of
+    the table that fits the op's operand `types` and `attrs` (each op's shape rule calls
+    it, so no IR holds a kernel that cannot emit its op), and reads the 2-bit `codes`
+    the op's weights are in."""
+    kernel = attrs.get(attr_name(op))
+    codes = attrs.get("codes") or "signed"
+    if kernel == UNSETTLED.get(op, GENERIC) and codes == "signed":
+        return
+    r = check_fits(op, kernel, types, attrs, TraceError)
+    if codes != "signed" and (codes != r.codes or not attrs.get("act_quant")):
+        raise TraceError(f"the {kernel!r} {_what(op)} does not read {codes!r} 2-bit codes",
+                         hint="pass the weights in the signed codes of pack_ternary")
+
+
+def take(op: str, kernel: str, types, attrs: dict, targets: Sequence[str] = HOST,
+         loc=None) -> KernelRow:
+    """The row of `op`'s `kernel` asked for by name: it must compile for `targets` (`check`)
+    and fit the op (`check_fits`), else a TercompError (at the user's line `loc`)."""
+    check(op, kernel, targets)
+    return check_fits(op, kernel, types, attrs, loc=loc)
+
+
+def flags(used: Sequence[KernelRow], targets: Sequence[str]) -> list[str]:
+    """The IREE flags of the rows a module's ops were emitted with (table order, no
+    repeats), each checked to compile for `targets`: a module that uses a CPU-only kernel
+    fails here, by name, instead of inside IREE's GPU pipeline."""
+    out = []
+    for r in TABLE:
+        if r in used:
+            check(r.op, r.kernel, targets)
+            out += [f for f in r.flags if f not in out]
+    return out
 
 
 def table_key(targets: Sequence[str]) -> str:
@@ -297,5 +439,6 @@ def table_key(targets: Sequence[str]) -> str:
     cache key taken before tracing: the rows available to it (feature present), each with
     its flags. Any edit to a rule changes tercomp's source digest as well."""
     features = target_features(targets)
-    return repr([(r.op, r.kernel, r.feature, r.flags, r.rule.__name__) for r in TABLE
-                 if r.compiles_for(targets) and (r.feature is None or r.feature in features)])
+    return repr([(r.op, r.kernel, r.feature, r.flags, r.fits.__name__,
+                  r.picks.__name__ if r.picks else None) for r in TABLE
+                 if r.available(targets, features)])

@@ -9,7 +9,7 @@
 
 `BitNetConfig` (Hugging Face field names) and `BitNetLM` (an nn.Module, the one
 decoder) are in `bitnet.py`/`config.py`; the families it loads (BitNet, llama-architecture
-1.58-bit models) in `families/`; its KV-cache protocol in `kv_cache.py`; GGUF reading and writing in `gguf_io.py`, Hugging Face
+1.58-bit models) in `families/`; its KV-cache protocol in `kv_cache.py`; GGUF reading in `gguf_io.py` and writing in `gguf_write.py`, Hugging Face
 directories (`load_hf`, `save_hf`) in `hf_io.py`, tokenizers in `tokenizer.py`.
 """
 import os as _os
@@ -18,7 +18,8 @@ from ..errors import TercompError as _TercompError
 from ..runtime.files import check_regular
 from .config import BitNetConfig, ConfigError
 from .bitnet import BitNetLM, rope_tables, apply_rope
-from .gguf_io import GGUFError, load_gguf, save_gguf
+from .gguf_io import GGUFError, load_gguf
+from .gguf_write import save_gguf
 from .hf_io import CheckpointError, load_hf, save_hf
 
 
@@ -48,6 +49,11 @@ def load(path, trainable: bool = False, freeze=None) -> BitNetLM:
 
 
 def _load(path) -> BitNetLM:
+    if not isinstance(path, (str, _os.PathLike)) or isinstance(_os.fspath(path), bytes):
+        raise _TercompError(f"models.load expects a path (str or os.PathLike) of a .gguf file "
+                            f"or a Hugging Face directory, got {type(path).__name__} {path!r:.80}",
+                            hint="e.g. models.load('model.gguf'); decode a bytes path with "
+                                 "os.fsdecode")
     path = _os.fspath(path)
     if _os.path.isdir(path):
         if not _os.path.isfile(_os.path.join(path, "config.json")):

@@ -1,6 +1,6 @@
-"""GGUF files of llama.cpp's `bitnet` and `llama` (1.58-bit) architectures: read into a
-BitNetLM (models/families picks the options by `general.architecture`), and write
-either back (`bitnet` for a model with sub-norms, `llama` without).
+"""GGUF files of llama.cpp's `bitnet` and `llama` (1.58-bit) architectures, and
+bitnet.cpp's: read into a BitNetLM (models/families picks the options by
+`general.architecture`); gguf_write.py writes them back with the same tables.
 
 Reading and writing go through the `gguf` package (gguf-py, llama.cpp's own Python
 library); this module maps its tensors onto the BitNetLM module tree:
@@ -29,10 +29,26 @@ weight is ``block_scale * T * scale``: tercomp needs one scale per tensor, so ev
 holding a non-zero code must carry the same block scale (an error names the tensor
 otherwise). Float (F32/F16/BF16) projections whose non-zero values share one magnitude
 are stored ternary weights too; any other float projection becomes an ordinary
-BitLinear (ternarized by absmean when compiled).
+BitLinear (ternarized by absmean when compiled). A layer's scale must be a positive
+float32 of at most ternary_pack.MAX_WEIGHT_SCALE.
+
+bitnet.cpp's I2_S (type 36 of its llama.cpp fork, which gguf-py does not know) stores the
+codes 2 bits each in blocks of 128 weights and one f32 scale for the whole tensor after
+them (`ternary_pack.from_i2_s`; gguf_scan checks its size); its `bitnet-b1.58` /
+`bitnet-25` architectures are the `bitnet` family (models/families/bitnet.py).
+
+I2_S's byte layout depends on the machine that quantized it, and the file does not say
+which (src/ggml-bitnet-mad.cpp `quantize_i2_s`): until November 2025 every build, and
+since then x86 builds with ACT_PARALLEL (include/gemm-config.h defines it), write the
+128-weight blocks read here, as does utils/convert-hf-to-gguf-bitnet.py on any machine;
+since November 2025 ARM builds write blocks of 64 weights in 16 bytes (weight j in byte
+j % 16 at bits 6 - 2 * (j // 16)), and x86 builds without ACT_PARALLEL four rows a byte
+(row 4g + r at bits 6 - 2r). Neither can be told from the header or the bytes; a row
+that is not whole 128-weight blocks is refused naming the ARM layout.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import re
 
@@ -41,16 +57,14 @@ import numpy as np
 from .. import nn
 from .. import ternary_pack as tp
 from ..errors import TercompError
-from .bitnet import BitNetLM, rope_frequencies
+from .bitnet import BitNetLM
 from . import families
 from .config import BitNetConfig, ConfigError
-from .gguf_scan import GGUFError, scan
-from ..runtime.files import atomic_target
-from .tokenizer import gguf_vocab_from_tokenizer, tokenizer_from_gguf
+from .gguf_scan import EXTRA_TYPES, GGUFError, scan
+from .tokenizer import tokenizer_from_gguf
 
 try:
     import gguf
-    from gguf import GGMLQuantizationType as QT
 except ImportError:  # pragma: no cover - gguf is a dependency
     gguf = None
 
@@ -76,6 +90,34 @@ def _get(obj, path):
 
 
 # ----------------------------------------------------------------------------- reading
+class _ExtraType:
+    """Stands in for the GGMLQuantizationType member gguf-py lacks (I2_S)."""
+
+    def __init__(self, value):
+        self.value, self.name = value, EXTRA_TYPES[value][0]
+
+
+class _GGUFReader(gguf.GGUFReader if gguf is not None else object):
+    """gguf-py's reader, which raises on a tensor type outside its enum: the tensors of
+    the types in gguf_scan.EXTRA_TYPES (whose sizes scan() has checked) are built here,
+    the rest by gguf-py."""
+
+    def _build_tensors(self, start_offs, fields):
+        extra = [f for f in fields if int(f.parts[4][0]) in EXTRA_TYPES]
+        super()._build_tensors(start_offs, [f for f in fields
+                                            if int(f.parts[4][0]) not in EXTRA_TYPES])
+        for f in extra:
+            _, name, _, dims, raw_type, offset = f.parts
+            ttype = _ExtraType(int(raw_type[0]))
+            n = int(np.prod(dims.astype(np.uint64)))
+            nbytes = EXTRA_TYPES[ttype.value][2](n)
+            start = int(start_offs + offset[0])
+            self.tensors.append(gguf.ReaderTensor(
+                name=str(bytes(name), encoding="utf-8"), tensor_type=ttype, shape=dims,
+                n_elements=n, n_bytes=nbytes, data_offset=start,
+                data=self._get(start, np.uint8, nbytes), field=f))
+
+
 class _File:
     """A GGUFReader with errors that name the file and the key or tensor."""
 
@@ -83,7 +125,7 @@ class _File:
         self.path = str(path)
         scan(self.path)         # bounded: gguf-py's reader believes the file's counts
         try:
-            self.reader = gguf.GGUFReader(self.path)
+            self.reader = _GGUFReader(self.path)
         except Exception as e:  # gguf raises ValueError/KeyError/IndexError/OSError alike
             raise GGUFError(f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e})",
                             hint="the file may be truncated or not GGUF at all") from None
@@ -175,12 +217,14 @@ class _File:
         """A BitLinear from tensor `name` (+ `.scale`): stored ternary when it is one."""
         qname, t = self.tensor(name + ".weight", shape)
         extra = self.scale_tensor(name + ".scale")
-        if qname in _TERNARY_TYPES:
-            data, block = self._ternary_blocks(name + ".weight", t, shape)
+        if qname in _TERNARY_TYPES or qname == "I2_S":
+            read = self._i2_s if qname == "I2_S" else self._ternary_blocks
+            data, block = read(name + ".weight", t, shape)
             self.release(t)
+            scale = self._weight_scale(name, qname, block, extra)
             if data.dtype == np.uint8:      # already in tercomp's packed layout
-                return nn.StoredBitLinear.from_packed(data, shape[1], np.float32(block * extra))
-            return nn.BitLinear.from_ternary(data, np.float32(block * extra))
+                return nn.StoredBitLinear.from_packed(data, shape[1], scale)
+            return nn.BitLinear.from_ternary(data, scale)
         if qname not in _FLOAT_TYPES:
             raise self.error(f"tensor {name + '.weight'!r}",
                              f"quantization type {qname} is not supported (tercomp reads "
@@ -193,6 +237,45 @@ class _File:
         layer = nn.BitLinear(shape[1], shape[0])
         layer.weight = (w * np.float32(extra)).astype(np.float32)
         return layer
+
+    def _weight_scale(self, name, qname, block, extra) -> np.float32:
+        """The layer's scale, the stored scale times the `.scale` tensor's, as float32:
+        an error unless tp.weight_scale_in_range (a product that overflows, underflows,
+        or would overflow the norms that follow)."""
+        s = float(block) * float(extra)
+        if not tp.weight_scale_in_range(s):
+            raise self.error(f"tensor {name + '.weight'!r}",
+                             f"its {qname} scale {block:g} times its '.scale' {extra:g} is "
+                             f"{s:g}, not a float32 from {tp.MIN_WEIGHT_SCALE:.3g} to "
+                             f"{tp.MAX_WEIGHT_SCALE:g} (the logits would be NaN or vanish)")
+        return np.float32(s)
+
+    def _i2_s(self, name, t, shape):
+        """(data, tensor scale) of an I2_S tensor: data is the packed uint8 matrix
+        (K needs no padding) or the int8 values T."""
+        n, k = shape
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+        codes = raw[:n * k // 4]
+        scale = float(raw[n * k // 4:n * k // 4 + 4].view("<f4")[0])
+        if scale == 0 and (codes == 0x55).all():     # bitnet.cpp's all-zero tensor
+            scale = 1.0
+        if not (math.isfinite(scale) and scale > 0):
+            raise self.error(f"tensor {name!r}", f"its I2_S tensor scale (the float32 after "
+                                                 f"its {n * k // 4} code bytes) is {scale}, not "
+                                                 f"a finite positive number")
+        if k % tp.I2S_BLOCK:
+            raise self.error(f"tensor {name!r}", f"rows of {k} weights are not whole I2_S "
+                                                 f"blocks of {tp.I2S_BLOCK}")
+        if tp.padded_k(k) == k:
+            packed = tp.from_i2_s(codes, n, k)
+            if packed is None:
+                raise self.error(f"tensor {name!r}", "holds the invalid I2_S code 3")
+            return packed, scale
+        j = np.arange(tp.I2S_BLOCK)
+        vals = (codes.reshape(-1, 32)[:, j % 32] >> (6 - 2 * (j // 32)).astype(np.uint8)) & 3
+        if (vals == 3).any():
+            raise self.error(f"tensor {name!r}", "holds the invalid I2_S code 3")
+        return (vals.view(np.int8) - np.int8(1)).reshape(shape), scale
 
     def _ternary_blocks(self, name, t, shape):
         """(data, block scale) of a TQ2_0 / TQ1_0 tensor: data is the packed uint8 matrix
@@ -263,11 +346,12 @@ def _config(f: _File) -> BitNetConfig:
     arch = f.field("general.architecture", required=True, kind=str)
     family = families.by_gguf_arch(arch)
     if family is None:
-        hint = (" (bitnet.cpp's own I2_S files are not supported yet)"
-                if arch.startswith("bitnet") else "")
         known = ", ".join(repr(fam.gguf_arch) for fam in families.FAMILIES)
+        aliases = ", ".join(repr(a) for fam in families.FAMILIES
+                            for a in dict(fam.gguf_arch_aliases))
         raise f.error("key 'general.architecture'",
-                      f"architecture {arch!r}; tercomp reads {known}{hint}", GGUFError)
+                      f"architecture {arch!r}; tercomp reads {known} (and bitnet.cpp's "
+                      f"{aliases})", GGUFError)
     a = arch
     emb = f.tensors.get("token_embd.weight")
     if emb is None:
@@ -277,7 +361,7 @@ def _config(f: _File) -> BitNetConfig:
                                                     f"is [vocab, hidden]")
     act = f.field(f"{a}.hidden_activation", None, kind=str)
     if act is None:         # no converter writes it: the family knows its files apart
-        act = family.gguf_activation(f.field("tokenizer.ggml.pre", None, kind=str))
+        act = family.gguf_activation(f.field("tokenizer.ggml.pre", None, kind=str), arch)
     if act not in ACTS_IN:
         raise f.error(f"key '{a}.hidden_activation'",
                       f"activation {act!r} is not supported (silu or relu2)", ConfigError)
@@ -393,169 +477,3 @@ def load_gguf(path) -> BitNetLM:
             setattr(getattr(layer, block), proj, f.projection(name, shapes[name + ".weight"]))
     lm.tokenizer, lm.gguf_vocab = tokenizer_from_gguf(f.reader, f.path)
     return lm
-
-
-# ----------------------------------------------------------------------------- writing
-def save_gguf(model: BitNetLM, path) -> None:
-    """Write `model` as a GGUF file that llama.cpp loads and `models.load` reads back
-    with the same logits.
-
-    A model with sub-norms is written as llama.cpp's `bitnet` architecture: projections
-    TQ2_0 with block scale 1.0 plus an f32 `*.scale` tensor holding the layer's scale,
-    embedding and norms f32; llama.cpp's `bitnet` graph always uses the token embedding
-    as output layer, so an untied one is refused. A llama-architecture 1.58-bit model
-    (no sub-norms, silu) is written as llama.cpp's converter writes one: arch `llama`,
-    TQ2_0 projections whose block scale is the layer's scale (rounded to f16, as the
-    block stores it), q/k rows permuted for llama.cpp's interleaved RoPE, f16
-    `token_embd` and `output.weight` (when untied), Llama 3's RoPE scaling as
-    `rope_freqs.weight`. A projection whose input size is not a multiple of 256 (TQ2_0's
-    block) is written as float ternary values instead.
-
-    The vocabulary is the loaded GGUF's, or the tokenizer's (BPE -> "gpt2", Unigram ->
-    "llama"), or "no_vocab" (which llama.cpp refuses to load).
-
-    >>> models.save_gguf(lm, "tiny.gguf"); lm2 = models.load("tiny.gguf")
-    """
-    if not isinstance(model, BitNetLM):
-        raise TercompError(f"save_gguf expects a models.BitNetLM, got {type(model).__name__}")
-    cfg = model.config
-    family = _written_family(cfg)
-    _check_writable(model, cfg, family)
-    _check_vocab(getattr(model, "gguf_vocab", None) or {}, path)
-    # written beside the target and moved over it whole: a failure leaves any existing
-    # file as it was
-    with atomic_target(path, "GGUF file", GGUFError) as tmp:
-        w = gguf.GGUFWriter(tmp, family.gguf_arch)
-        try:
-            _write(w, model, cfg)
-        finally:
-            w.close()
-
-
-def _written_family(cfg):
-    """The family whose llama.cpp architecture computes this model: `bitnet` with the
-    sub-norms, `llama` without."""
-    return families.by_gguf_arch("bitnet" if cfg.sub_norms else "llama")
-
-
-def _check_writable(model, cfg, family):
-    """Refuse, before anything is written, a model the family's llama.cpp graph would
-    compute differently."""
-    arch = family.gguf_arch
-    scaled = cfg.rope_scaling is not None or cfg.rope_freq_factors is not None
-    if arch == "bitnet" and (cfg.q_dim != cfg.hidden_size or scaled):
-        raise TercompError(f"save_gguf writes a model with sub-norms as llama.cpp's 'bitnet' "
-                           f"architecture; this {cfg.family!r} model (head_dim {cfg.head_dim}, "
-                           f"RoPE scaling {scaled}) is not one",
-                           hint="keep the file it was loaded from")
-    if arch == "bitnet" and (model.lm_head is not None or not cfg.tie_word_embeddings):
-        raise TercompError("save_gguf: the model has a separate output layer (lm_head); "
-                           "llama.cpp's 'bitnet' graph always uses the token embedding as "
-                           "output, so the file would compute different logits",
-                           hint="tie the output layer (tie_word_embeddings=True)")
-    if cfg.rope_style != family.gguf_rope_style and cfg.rope_style != "neox":
-        raise TercompError(f"save_gguf: llama.cpp's {arch!r} graph uses "
-                           f"{family.gguf_rope_style} RoPE; this model uses {cfg.rope_style} "
-                           f"pairs")
-    if arch == "llama" and cfg.hidden_act != "silu":
-        raise TercompError(f"save_gguf: llama.cpp's 'llama' architecture computes silu; this "
-                           f"model without sub-norms uses {cfg.hidden_act!r}")
-    for i, layer in enumerate(model.layers):
-        for g, (block, proj) in PROJECTIONS.items():
-            if getattr(getattr(getattr(layer, block), proj), "bias", None) is not None:
-                raise TercompError(f"save_gguf: layers.{i}.{block}.{proj} has a bias, which "
-                                   f"the {arch!r} architecture does not have")
-
-
-def _check_vocab(vocab: dict, path):
-    """Every kept tokenizer key has the kind its writer method takes."""
-    kinds = {"string": str, "uint32": (int, np.integer), "array": (list, tuple)}
-    for key, (kind, value) in vocab.items():
-        ok = isinstance(value, kinds.get(kind, ())) and not isinstance(value, bool)
-        if kind == "uint32" and ok:
-            ok = 0 <= int(value) < 2 ** 32
-        if not ok:
-            raise GGUFError(f"save_gguf {path}: key {key!r} should be a {kind}, got "
-                            f"{type(value).__name__} {value!r:.60}")
-
-
-def _permute_for_interleaved(rows: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's converter order of q/k rows: within each head, the rotate-half pairs
-    (i, i + d/2) become adjacent rows (2i, 2i + 1), so its interleaved RoPE rotates
-    what Hugging Face's rotate_half does."""
-    return rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, *rows.shape[1:]) \
-        .swapaxes(1, 2).reshape(rows.shape)
-
-
-def _write(w, model, cfg):
-    family = _written_family(cfg)
-    a = family.gguf_arch
-    w.add_name(f"tercomp BitNetLM ({cfg.family})")
-    w.add_uint32(f"{a}.vocab_size", cfg.vocab_size)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
-    w.add_rope_freq_base(float(cfg.rope_theta))
-    w.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
-        w.add_key_length(cfg.head_dim)
-        w.add_value_length(cfg.head_dim)
-    w.add_string(f"{a}.hidden_activation", cfg.hidden_act)
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_TQ2_0))
-    _write_vocab(w, model, cfg)
-    f32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731
-    table = f32 if a == "bitnet" else (lambda x: f32(x).astype(np.float16))
-    w.add_tensor("token_embd.weight", table(model.embed_tokens.weight))
-    w.add_tensor("output_norm.weight", f32(model.norm.weight))
-    if model.lm_head is not None:
-        w.add_tensor("output.weight", table(model.lm_head.weight))
-    if a == "llama" and (cfg.rope_scaling is not None or cfg.rope_freq_factors is not None):
-        base = float(cfg.rope_theta) ** (-np.arange(0, cfg.head_dim, 2, dtype=np.float64)
-                                         / cfg.head_dim)
-        w.add_tensor("rope_freqs.weight", f32(base / rope_frequencies(cfg)))
-    # the stored q/k rows follow the file's RoPE pairs; a model that rotates halves
-    # (loaded from Hugging Face) has them permuted as llama.cpp's converter does
-    permute = {}
-    if cfg.rope_style != family.gguf_rope_style:
-        permute = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
-    for i, layer in enumerate(model.layers):
-        for g, path_ in _norms(cfg).items():
-            w.add_tensor(f"blk.{i}.{g}.weight", f32(_get(layer, path_).weight))
-        for g, (block, proj) in PROJECTIONS.items():
-            t, s = getattr(getattr(layer, block), proj).ternary()
-            if g in permute:
-                t = _permute_for_interleaved(t, permute[g])
-            _write_projection(w, f"blk.{i}.{g}", t, float(s), family.gguf_scale)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-
-
-def _write_vocab(w, model, cfg):
-    vocab = getattr(model, "gguf_vocab", None)
-    if not vocab and model.tokenizer is not None:
-        vocab = gguf_vocab_from_tokenizer(model.tokenizer, cfg.vocab_size)
-    template = getattr(model.tokenizer, "chat_template", None)
-    if vocab and template is not None and "tokenizer.chat_template" not in vocab:
-        vocab = {**vocab, "tokenizer.chat_template": ("string", template.source)}
-    if vocab:
-        for key, (kind, value) in vocab.items():
-            getattr(w, f"add_{kind}")(key, value)
-    else:
-        w.add_tokenizer_model("no_vocab")
-
-
-def _write_projection(w, name, t, s, where):
-    """Ternary codes `t` times scale `s`: TQ2_0 with block scale 1 and a `.scale` tensor
-    ("tensor"), or with the scale in every block ("block")."""
-    vals = t.astype(np.float32) * np.float32(1.0 if where == "tensor" else s)
-    if t.shape[1] % 256 == 0:
-        w.add_tensor(name + ".weight", gguf.quants.quantize(vals, QT.TQ2_0), raw_dtype=QT.TQ2_0)
-    else:       # not whole TQ2_0 blocks: float values (f16, as llama.cpp's converter falls back)
-        w.add_tensor(name + ".weight", vals if where == "tensor" else vals.astype(np.float16))
-    if where == "tensor":
-        w.add_tensor(name + ".scale", np.array([s], dtype=np.float32))

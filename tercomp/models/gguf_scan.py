@@ -12,6 +12,7 @@ or tensor; a file that passes is handed to gguf-py.
 """
 from __future__ import annotations
 
+import bisect
 import mmap
 import struct
 
@@ -31,6 +32,13 @@ DEFAULT_ALIGNMENT = 32
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
             12: "d"}
 _STRING, _ARRAY = 8, 9
+
+#: bitnet.cpp's I2_S (its llama.cpp fork's GGML_TYPE_I2_S = 36; not in gguf-py's enum)
+I2_S = 36
+#: the types gguf-py does not know: id -> (name, weights per block of a row, bytes of n
+#: weights). I2_S (the fork's ggml_nbytes): the packed codes, n / 4 bytes, then 32 bytes
+#: whose first 4 are the float32 tensor scale; the x86 layout's blocks are 128 weights
+EXTRA_TYPES = {I2_S: ("I2_S", 128, lambda n: n // 4 + 32)}
 
 
 class GGUFError(TercompError):
@@ -148,26 +156,30 @@ def _scan(r: _Reader) -> dict:
 
 def _check_tensors(r: _Reader, infos, align, data_start):
     spans, names = [], set()
+    starts = sorted(data_start + off for *_, off in infos)
     for name, dims, ttype, offset in infos:
         where = f"tensor {name!r}"
         if name in names:
             raise r.fail(where, "defined twice")
         names.add(name)
-        try:
-            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
-        except (ValueError, KeyError):
-            raise r.fail(where, f"type {ttype} is not a GGML type") from None
+        block, size_of = _type_size(r, where, ttype)
         if any(d == 0 for d in dims) or dims[0] % block:
-            raise r.fail(where, f"dims {dims} are not whole blocks of {block}")
+            extra = ""
+            if ttype == I2_S and dims[0] % 64 == 0:
+                extra = (" (bitnet.cpp's ARM builds quantize I2_S in blocks of 64, a layout "
+                         "tercomp does not read; re-quantize the model on x86)")
+            raise r.fail(where, f"dims {dims} are not whole blocks of {block}{extra}")
         n = 1
         for d in dims:
             n *= d
             if n > len(r.buf) * 8:
                 raise r.fail(where, f"dims {dims} hold more values than the file has bits")
-        nbytes = n // block * size
+        nbytes = size_of(n)
         if offset % align:
             raise r.fail(where, f"data offset {offset} is not aligned to {align}")
         start = data_start + offset
+        if ttype == I2_S:
+            _check_i2_s(r, where, starts, start, n)
         if start + nbytes > len(r.buf):
             raise r.fail(where, f"data [{start}, {start + nbytes}) lies past the end of the "
                                 f"file ({len(r.buf)} bytes)")
@@ -181,3 +193,28 @@ def _check_tensors(r: _Reader, infos, align, data_start):
         if s1 > -(-e0 // align) * align:
             raise r.fail(f"tensor {a!r}", f"its type and dims cover {e0 - s0} bytes, but "
                                           f"{s1 - s0} lie before the next tensor {b!r}")
+
+
+def _type_size(r: _Reader, where, ttype):
+    """(weights per block, bytes of n weights) of GGML type id `ttype`."""
+    if ttype in EXTRA_TYPES:
+        return EXTRA_TYPES[ttype][1:]
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+    except (ValueError, KeyError):
+        raise r.fail(where, f"type {ttype} is not a GGML type") from None
+    return block, lambda n: n // block * size
+
+
+def _check_i2_s(r: _Reader, where, starts, start, n):
+    """An I2_S tensor's bytes reach to the next tensor (`starts`: every tensor's start,
+    sorted) or the end of the file: at least its n / 4 code bytes and the float32 scale
+    after them, named apart from the generic overlap / past-the-end errors because a
+    writer that leaves the scale out is the likely cause."""
+    i = bisect.bisect_right(starts, start)
+    room = (starts[i] if i < len(starts) else len(r.buf)) - start
+    if room < n // 4 + 4:
+        raise r.fail(where, f"I2_S data of {n} weights is {n // 4} code bytes, then the "
+                            f"float32 tensor scale (padded to 32 bytes); only {room} bytes "
+                            f"are there, so its tensor scale is missing or its size does "
+                            f"not match its shape")

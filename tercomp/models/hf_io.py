@@ -31,9 +31,10 @@ import safetensors
 from safetensors.numpy import save as safetensors_save
 
 from .. import nn
+from .. import ternary_pack as tp
 from . import families
 from ..errors import TercompError
-from ..runtime.files import read_regular, write_atomic
+from ..runtime.files import check_regular, read_regular, write_atomic
 from .bitnet import BitNetLM
 from .config import BitNetConfig, ConfigError
 from .tokenizer import tokenizer_from_hf
@@ -49,7 +50,48 @@ class CheckpointError(TercompError):
     """A Hugging Face checkpoint tercomp cannot read; names the tensor or field and file."""
 
 
+#: the largest safetensors header read (the format's own limit, safetensors' MAX_HEADER_SIZE)
+_MAX_HEADER = 100_000_000
+
+
+def _check_header(path) -> None:
+    """Read and check a shard's header before its data: an 8-byte little-endian length,
+    that many bytes of a JSON object of {name: {dtype, shape, data_offsets}}, whose
+    offsets cover the rest of the file exactly. A file that is not one is refused after
+    reading at most _MAX_HEADER bytes, however large it is."""
+    size = check_regular(path, "safetensors", CheckpointError)   # no FIFO, device, /dev/zero
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 2 <= n <= min(size - 8, _MAX_HEADER):
+                raise CheckpointError(f"{path}: not a safetensors file (a header of {n} bytes "
+                                      f"in a file of {size}; at most {_MAX_HEADER} are read)")
+            header = json.loads(f.read(n).decode("utf-8"))
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{path}: its safetensors header is not a JSON object "
+                              f"({type(e).__name__})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: its safetensors header is not a JSON object")
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offs = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offs, list) and len(offs) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+                and 0 <= offs[0] <= offs[1]):
+            raise CheckpointError(f"{path}: tensor {name!r} has no valid data_offsets")
+        end = max(end, offs[1])
+    if end != size - 8 - n:
+        raise CheckpointError(f"{path}: its header describes {end} bytes of tensor data, but "
+                              f"{size - 8 - n} follow it (truncated, or not a safetensors file)")
+
+
 def _read_tensors(path) -> dict:
+    _check_header(path)
     data = read_regular(path, "safetensors", CheckpointError)   # no FIFO, device, /dev/zero
     try:
         items = safetensors.deserialize(data)
@@ -162,7 +204,7 @@ class _Tensors:
                 raise CheckpointError(f"{path}: packed tensor {prefix + '.weight'!r} has no "
                                       f"'{prefix}.weight_scale'")
             t = unpack_hf_ternary(w, out_f, f"{path}: tensor {prefix + '.weight'!r}")
-            return nn.BitLinear.from_ternary(t, np.float32(1.0 / ws[0]))
+            return nn.BitLinear.from_ternary(t, _layer_scale(path, prefix, 1.0 / ws[0]))
         w = self.float(prefix + ".weight", (out_f, in_f))
         if ws is not None:          # offline AutoBitLinear: y = (x @ W^T) * weight_scale
             mags = np.unique(np.abs(w[w != 0]))
@@ -171,10 +213,20 @@ class _Tensors:
                                       f"weight_scale but its values are not ternary")
             mag = float(mags[0]) if mags.size else 1.0
             return nn.BitLinear.from_ternary(np.sign(w).astype(np.int8),
-                                             np.float32(mag * ws[0]))
+                                             _layer_scale(path, prefix, mag * ws[0]))
         layer = nn.BitLinear(in_f, out_f)
         layer.weight = w
         return layer
+
+
+def _layer_scale(path, prefix, s) -> np.float32:
+    """A stored layer's scale `s` as float32, or a CheckpointError naming the tensor when
+    it is out of ternary_pack.weight_scale_in_range (as GGUF's loader)."""
+    if not tp.weight_scale_in_range(s):
+        raise CheckpointError(f"{path}: tensor {prefix + '.weight_scale'!r} gives the layer "
+                              f"the scale {s:g}, not a float32 from {tp.MIN_WEIGHT_SCALE:.3g} "
+                              f"to {tp.MAX_WEIGHT_SCALE:g} (the logits would be NaN or vanish)")
+    return np.float32(s)
 
 
 def _check_shapes(cfg, tensors):

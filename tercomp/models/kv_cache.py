@@ -1,101 +1,96 @@
-"""The decoder's cache protocol: what a model's forward asks of a KV cache.
+"""The decoder's KV cache: the protocol a model's forward asks of one, and tc.compile_lm's
+implementation.
 
 A decoder (models/bitnet.py) takes `cache=None` for the training / `tc.compile` forward
-(causal attention over the call's own tokens, positions 0..T-1), or a cache object with
-these two methods (the role of Hugging Face's `past_key_values`):
+(causal attention over the call's own tokens, positions 0..T-1), or an object of the
+`KVCacheProtocol` (the role of Hugging Face's `past_key_values`):
 
+    cache.max_seq                 rows of the cache per sequence (the rotary tables' length)
     cache.positions(ids)          absolute positions of the call's tokens, int32 [T]
                                   (ids [1, T]); the rotary tables are read at them
     cache.layer(i).attend(q, k, v, scale)
                                   writes this call's k, v [1, T, KV, D] of layer i into
                                   the cache and returns the causal attention of q
                                   [1, T, H, D] over every row filled so far [1, T, H, D]
+    cache.updated                 the written cache tensors, [k_0, v_0, k_1, v_1, ...],
+                                  which the compiled step stores back (runtime/step_abi.py)
 
-`StaticKVCache` is tc.compile_lm's: one [max_seq, KV, D] tensor per layer for K and
-for V (the traced values of the device globals that keep them between calls), written
-at `start` with `tern.cache_write` and read with `tern.cached_attention` (rows
-0..start+T-1 only). The written tensors are `cache.updated`, in the order given, for
-the compiled step to store back.
-
-`SlotKVCache` is the batched generator's (tc.compile_lm with max_batch > 1): one
-[max_batch, max_seq, KV, D] tensor per layer for K and for V, one sequence per slot,
-and a call whose T tokens each name their slot and position (several sequences'
-decode steps and prompt chunks in one call): `tern.kv_scatter` writes them,
-`tern.slot_attention` reads each token's slot up to its position (ops/kv_slots.py).
+`KVCache` is tc.compile_lm's: one tensor per layer for K and for V (the traced values of
+the device globals that keep them between calls). For one sequence (`start=`) each is
+[max_seq, KV, D], written at `start` with `tern.cache_write` and read with
+`tern.cached_attention` (rows 0..start+T-1 only). For the batched generator (`slots=`,
+`positions=`) each is [N, max_seq, KV, D], one sequence per slot, and a call's T tokens
+each name their slot and position (several sequences' decode steps and prompt chunks in
+one call): `tern.kv_scatter` writes them, `tern.slot_attention` reads each token's slot
+up to its position (ops/kv_slots.py).
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 from ..trace.tracer import apply
 
 
-class StaticKVCache:
-    """caches: [k_0, v_0, k_1, v_1, ...] traced [max_seq, KV, D] values of `dtype`;
-    start: the traced int32 position of the call's first token (one sequence)."""
+class LayerCacheProtocol(Protocol):
+    def attend(self, q, k, v, scale: float): ...
 
-    def __init__(self, caches, start, dtype: str):
+
+class KVCacheProtocol(Protocol):
+    """What a decoder's forward and tc.compile_lm's step read of a KV cache."""
+    max_seq: int
+    updated: list
+
+    def positions(self, ids): ...
+
+    def layer(self, i: int) -> LayerCacheProtocol: ...
+
+
+class KVCache:
+    """caches: [k_0, v_0, k_1, v_1, ...] traced values of `dtype`; either `start` (one
+    sequence: the traced int32 position of the call's first token; caches [max_seq, KV,
+    D]) or `slots` and `positions` (traced int32 [T]: the slot and position of each token
+    of the call, which the model sees as one row of ids [1, T]; caches [N, max_seq, KV,
+    D])."""
+
+    def __init__(self, caches, dtype: str, *, start=None, slots=None, positions=None):
+        if (start is None) == (slots is None) or (slots is None) != (positions is None):
+            raise TypeError("KVCache takes start= (one sequence) or slots= and positions=")
         self.caches = list(caches)
-        self.start = start
         self.dtype = dtype
+        self.start, self.slots, self.pos = start, slots, positions
         self.updated = list(self.caches)
 
     @property
     def max_seq(self) -> int:
-        return int(self.caches[0].shape[0])
+        return int(self.caches[0].shape[-3])
 
     def positions(self, ids):
-        return apply("arange", ids.reshape(-1), self.start)
+        if self.slots is None:
+            return apply("arange", ids.reshape(-1), self.start)
+        return self.pos
 
     def layer(self, i: int) -> "_LayerCache":
         return _LayerCache(self, i)
 
 
 class _LayerCache:
-    def __init__(self, cache: StaticKVCache, index: int):
+    def __init__(self, cache: KVCache, index: int):
         self.cache, self.index = cache, index
 
     def attend(self, q, k, v, scale: float):
         c, i = self.cache, 2 * self.index
         kv, d = k.shape[-2], k.shape[-1]
-        kc = apply("cache_write", c.caches[i], k.reshape(-1, kv, d).astype(c.dtype), c.start)
-        vc = apply("cache_write", c.caches[i + 1], v.reshape(-1, kv, d).astype(c.dtype), c.start)
+
+        def write(j, x):
+            x = x.reshape(-1, kv, d).astype(c.dtype)
+            if c.slots is None:
+                return apply("cache_write", c.caches[i + j], x, c.start)
+            return apply("kv_scatter", c.caches[i + j], x, c.slots, c.pos)
+        kc, vc = write(0, k), write(1, v)
         c.updated[i], c.updated[i + 1] = kc, vc
-        out = apply("cached_attention", q.reshape(-1, q.shape[-2], d), kc, vc, c.start,
-                    scale=float(scale))
-        return out.reshape(*q.shape)
-
-
-class SlotKVCache:
-    """caches: [k_0, v_0, ...] traced [N, max_seq, KV, D] values of `dtype`; slots and
-    positions: traced int32 [T], the slot and position of each token of the call (the
-    model sees the T tokens as one row of ids [1, T])."""
-
-    def __init__(self, caches, slots, positions, dtype: str):
-        self.caches = list(caches)
-        self.slots, self.pos = slots, positions
-        self.dtype = dtype
-        self.updated = list(self.caches)
-
-    @property
-    def max_seq(self) -> int:
-        return int(self.caches[0].shape[1])
-
-    def positions(self, ids):
-        return self.pos
-
-    def layer(self, i: int) -> "_SlotLayerCache":
-        return _SlotLayerCache(self, i)
-
-
-class _SlotLayerCache:
-    def __init__(self, cache: SlotKVCache, index: int):
-        self.cache, self.index = cache, index
-
-    def attend(self, q, k, v, scale: float):
-        c, i = self.cache, 2 * self.index
-        kv, d = k.shape[-2], k.shape[-1]
-        kc, vc = (apply("kv_scatter", c.caches[j], x.reshape(-1, kv, d).astype(c.dtype), c.slots, c.pos)
-                  for j, x in ((i, k), (i + 1, v)))
-        c.updated[i], c.updated[i + 1] = kc, vc
-        out = apply("slot_attention", q.reshape(-1, q.shape[-2], d), kc, vc, c.slots, c.pos,
-                    scale=float(scale))
+        rows = q.reshape(-1, q.shape[-2], d)
+        if c.slots is None:
+            out = apply("cached_attention", rows, kc, vc, c.start, scale=float(scale))
+        else:
+            out = apply("slot_attention", rows, kc, vc, c.slots, c.pos, scale=float(scale))
         return out.reshape(*q.shape)

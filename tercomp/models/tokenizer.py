@@ -16,7 +16,7 @@ a `tokenizers` BPE or Unigram tokenizer (from tokenizer.json) is written as a "g
 it) with the model's chat template, from `tokenizer_config.json` (`chat_template`,
 `bos_token`, `eos_token`) or the GGUF's `tokenizer.chat_template` and bos/eos ids:
 `apply_chat_template(messages, add_generation_prompt=True, tokenize=False)` as
-transformers has it (models/chat.py renders it in jinja2's sandbox).
+transformers has it (runtime/chat.py renders it in jinja2's sandbox).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from .chat import ChatTemplate, ChatTemplateError
+from ..runtime.chat import ChatTemplate, ChatTemplateError, TextEncoder
 from .gguf_scan import GGUFError
 
 try:
@@ -54,7 +54,7 @@ MAX_TOKENIZER_CONFIG = 4 << 20
 
 class Tokenizer:
     """A `tokenizers.Tokenizer` (`inner`; its methods are this object's) with the model's
-    chat template (a models.chat.ChatTemplate, or None)."""
+    chat template (a runtime.chat.ChatTemplate, or None)."""
 
     def __init__(self, inner, chat_template=None):
         self.inner, self.chat_template = inner, chat_template
@@ -84,56 +84,6 @@ class Tokenizer:
     def __repr__(self):
         chat = "with" if self.chat_template is not None else "without"
         return f"Tokenizer({self.inner.get_vocab_size()} tokens, {chat} a chat template)"
-
-
-class TextEncoder:
-    """Text to token ids where text is text: a user's `</s>`, `<|eot_id|>` or `<0x41>`
-    is encoded as those characters, never as the control or byte token, unless
-    `parse_special` asks for it (llama-server's flag); a chat template's own special
-    tokens still are tokens (`encode_parts`). `add_special_tokens` is the tokenizer's
-    post-processor (a BOS, as vLLM's flag). Byte tokens are never matched from text by
-    the vocabularies tercomp builds (tokenizer_from_gguf); special tokens are kept apart
-    by a second copy of the tokenizer with `encode_special_tokens` set (the flag is the
-    tokenizer's state, so one copy per mode keeps threads apart).
-
-        enc = TextEncoder(tok)          # a tokenizers.Tokenizer
-        enc.encode("hi</s>")            # the pieces of '<', '/', 's', '>', not eos
-    """
-
-    def __init__(self, tokenizer):
-        self.special = tokenizer
-        self.plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-        self.plain.encode_special_tokens = True
-        self.special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items()
-                            if t.special}
-
-    def encode(self, text: str, parse_special: bool = False,
-               add_special_tokens: bool = True) -> list:
-        tok = self.special if parse_special else self.plain
-        return tok.encode(text, add_special_tokens=add_special_tokens).ids
-
-    def encode_parts(self, parts, parse_special: bool = False) -> list:
-        """Ids of [(text, is_content)] (models.chat.ChatTemplate.render_parts): special
-        tokens parsed in the template's text, and in the contents only with
-        `parse_special`. The whole text is encoded at once (its tokens may span a
-        boundary, as a tokenizer of the rendered prompt gives them) unless a special
-        token comes out of a content; then each part is encoded on its own."""
-        text = "".join(p for p, _ in parts)
-        enc = self.special.encode(text, add_special_tokens=False)
-        if parse_special or not any(c for _, c in parts):
-            return enc.ids
-        spans, at = [], 0
-        for p, content in parts:
-            if content:
-                spans.append((at, at + len(p)))
-            at += len(p)
-        leaked = any(i in self.special_ids and any(s < e and a < e and s < b for a, b in spans)
-                     for i, (s, e) in zip(enc.ids, enc.offsets))
-        if not leaked:
-            return enc.ids
-        return [i for p, content in parts
-                for i in (self.plain if content else self.special).encode(
-                    p, add_special_tokens=False).ids]
 
 
 def _special(value) -> str:
@@ -306,3 +256,26 @@ def gguf_vocab_from_tokenizer(tok, vocab_size: int):
     if scores is not None:
         out["tokenizer.ggml.scores"] = ("array", scores + [-1e9] * (vocab_size - len(scores)))
     return out
+
+
+#: `tokenizer.ggml.pre` values for which llama.cpp adds a BOS to a BPE ("gpt2") text
+#: (src/llama-vocab.cpp, the LLAMA3 pre-tokenizer group and two others)
+_BPE_PRE_WITH_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                     "midm-2.0", "lfm2", "jina-v5-nano", "tekken", "chameleon")
+
+
+def gguf_bos(keys: dict, path="") -> int | None:
+    """The BOS id llama.cpp puts before a GGUF model's text, or None when it adds none:
+    `tokenizer.ggml.add_bos_token` when the file has it, else yes for a SentencePiece
+    ("llama") vocabulary and for the BPE ("gpt2") ones of Llama 3's pre-tokenizer group
+    (llama-vocab.cpp's defaults). `keys` are the file's scalar keys (gguf_scan.scan)."""
+    add = keys.get("tokenizer.ggml.add_bos_token")
+    if add is None:
+        model, pre = keys.get("tokenizer.ggml.model"), keys.get("tokenizer.ggml.pre")
+        add = model == "llama" or (model == "gpt2" and pre in _BPE_PRE_WITH_BOS)
+    if not add:
+        return None
+    bos = keys.get("tokenizer.ggml.bos_token_id")
+    if isinstance(bos, bool) or not isinstance(bos, int):
+        raise GGUFError(f"{path}: adds a BOS token but has no 'tokenizer.ggml.bos_token_id'")
+    return bos

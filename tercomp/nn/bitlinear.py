@@ -128,11 +128,16 @@ class StoredBitLinear(BitLinear):
             raise TercompError(f"StoredBitLinear.from_packed: packed {packed.dtype} "
                                f"{packed.shape} is not [out, {tp.padded_k(k) // 4}] uint8 for "
                                f"{k} input features")
+        with np.errstate(over="ignore"):        # an overflow is the inf refused below
+            s = np.float32(scale)
+        if np.ndim(scale) != 0 or not (np.isfinite(s) and s > 0):
+            raise TercompError(f"StoredBitLinear.from_packed: the scale must be one finite "
+                               f"positive float32 number, got {scale!r}")
         layer = cls.__new__(cls)
         layer.out_features, layer.in_features = int(packed.shape[0]), k
         layer.act_quant = bool(act_quant)
         layer._packed = packed
-        layer._set_scale_bias(np.float32(scale), None)
+        layer._set_scale_bias(s, None)
         return layer
 
     def _set_scale_bias(self, s, bias):

@@ -26,13 +26,24 @@ def quantize_rows(w) -> tuple[np.ndarray, np.ndarray]:
     """(q int8 [N, K], scale f32 [N]) with w ~= q * scale[:, None]: each row scaled by its
     largest magnitude / 127, rounded to nearest (llama.cpp's Q8_0 does the same per 32
     weights; one scale a row keeps the kernel's inner loop free of scales)."""
-    w = np.asarray(w, np.float32)
-    top = np.maximum(w.max(axis=1), -w.min(axis=1))        # no |w| temporary
-    scale = np.where(top > 0, top / 127.0, 1.0).astype(np.float32)
-    q = w / scale[:, None]
-    np.rint(q, out=q)
-    np.clip(q, -127, 127, out=q)
-    return q.astype(np.int8), scale
+    w = np.asarray(w)
+    q = np.empty(w.shape, np.int8)
+    scale = np.empty(w.shape[0], np.float32)
+    # _ROWS rows at a time: the float32 temporaries stay in cache (~2.5x faster on a
+    # 32000 x 1536 table than whole-table passes)
+    for lo in range(0, w.shape[0], _ROWS):
+        blk = np.asarray(w[lo:lo + _ROWS], np.float32)
+        top = np.maximum(blk.max(axis=1), -blk.min(axis=1))        # no |w| temporary
+        s = np.where(top > 0, top / 127.0, 1.0).astype(np.float32)
+        blk = blk / s[:, None]
+        np.rint(blk, out=blk)
+        np.clip(blk, -127, 127, out=blk)
+        q[lo:lo + _ROWS] = blk
+        scale[lo:lo + _ROWS] = s
+    return q, scale
+
+
+_ROWS = 64
 
 
 class StoredTable:
@@ -44,7 +55,8 @@ class StoredTable:
     @classmethod
     def from_weight(cls, w, dtype: str = "float16") -> "StoredTable":
         if dtype == "float16":
-            return cls(np.asarray(w, np.float32).astype(np.float16))
+            w = np.asarray(w)
+            return cls(w if w.dtype == np.float16 else w.astype(np.float32).astype(np.float16))
         if dtype == "int8":
             return cls(*quantize_rows(w))
         raise ValueError(f"a stored table is one of {TABLE_DTYPES}, got {dtype!r}")
@@ -67,7 +79,7 @@ def choose_table(w, norm_weight=None, *, probes: int = AUTO_PROBES, seed: int = 
 
     >>> dtype, table, why = choose_table(lm.embed_tokens.weight, lm.norm.weight)
     """
-    w = np.asarray(w, np.float32)
+    w = np.asarray(w)           # float16 from a GGUF: widened a slice at a time below
     if w.size < AUTO_INT8_MIN:
         return "float16", StoredTable.from_weight(w, "float16"), \
             f"a table of {w.size} < {AUTO_INT8_MIN} elements stays float16"
@@ -79,7 +91,7 @@ def choose_table(w, norm_weight=None, *, probes: int = AUTO_PROBES, seed: int = 
     arg = {"ref": np.zeros(probes, np.int64), "int8": np.zeros(probes, np.int64)}
     for lo in range(0, w.shape[0], 4096):        # a slice of rows at a time: bounded memory
         hi = min(lo + 4096, w.shape[0])
-        for name, logits in (("ref", h @ w[lo:hi].T),
+        for name, logits in (("ref", h @ w[lo:hi].astype(np.float32).T),
                              ("int8", (h @ i8.values[lo:hi].astype(np.float32).T) * i8.scale[lo:hi])):
             m = logits.max(axis=1)
             better = m > top[name]

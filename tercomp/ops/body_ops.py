@@ -172,7 +172,8 @@ CHUNK = 32
 
 
 def _step(ctx, op, xs, carries, t):
-    """Lower the body for step index `t` (an index value): (new carries, per-step ys)."""
+    """Lower the body for step index `t` (an index value), yielding it to the lowering
+    driver: returns (its context, new carries, per-step ys)."""
     body = _body(op.attrs)
     nc, nx = op.attrs["n_carry"], op.attrs["n_xs"]
     sub = ctx.child()
@@ -182,18 +183,17 @@ def _step(ctx, op, xs, carries, t):
         sub.values[v] = tensor.ExtractSliceOp(tensor_type(v.type), s, *_slice_args(sub, st.type, t)).result
     for v, c in zip(body.inputs[nc + nx:], xs[nc + nx:]):
         sub.values[v] = c
-    sub.lower_ops(body.ops)
+    yield sub, body.ops             # the lowering driver lowers the body here
     new = [_cast(sub.values[v], r.type) for v, r in zip(body.outputs[:nc], op.results[:nc])]
     return sub, new, [_cast(sub.values[v], v.type) for v in body.outputs[nc:]]
 
 
 def _scan_lower(ctx, op, xs):
-    nc = op.attrs["n_carry"]
     xs = [_fence(ctx, v, o.type) if not o.type.is_static else v for v, o in zip(xs, op.operands)]
     length = scan_length(op.attrs)
     if is_static(length) and length <= CHUNK:
-        return _flat_loop(ctx, op, xs, ctx.dim(length))
-    return _chunked_loop(ctx, op, xs, ctx.dim(length))
+        return (yield from _flat_loop(ctx, op, xs, ctx.dim(length)))
+    return (yield from _chunked_loop(ctx, op, xs, ctx.dim(length)))
 
 
 def _flat_loop(ctx, op, xs, n):
@@ -203,7 +203,7 @@ def _flat_loop(ctx, op, xs, n):
     with ir.InsertionPoint(loop.body):
         t = _step_index(ctx, loop.induction_variable, n, op.attrs.get("reverse", False))
         carried = list(loop.inner_iter_args)
-        sub, new, ys = _step(ctx, op, xs, carried[:nc], t)
+        sub, new, ys = yield from _step(ctx, op, xs, carried[:nc], t)
         for y, acc, st in zip(ys, carried[nc:], stacked_types):
             new.append(tensor.InsertSliceOp(y, acc, *_slice_args(sub, st, t)).result)
         scf.YieldOp(new)
@@ -252,7 +252,7 @@ def _chunked_loop(ctx, op, xs, n):
             row = arith.SubIOp(arith.SubIOp(valid, index_const(1)).result, j).result if reverse else j
             inner_args = _tie(octx, list(inner.inner_iter_args), carry_types + chunk_types)
             chunks = inner_args[nc:]
-            sub, new, ys = _step(octx, op, xs, inner_args[:nc], t)
+            sub, new, ys = yield from _step(octx, op, xs, inner_args[:nc], t)
             for y, buf, ct in zip(ys, chunks, chunk_types):
                 new.append(tensor.InsertSliceOp(y, buf, *_slice_args(sub, ct, row)).result)
             scf.YieldOp(new)
@@ -297,7 +297,7 @@ def _checkpoint_lower(ctx, op, xs):
     sub = ctx.child()
     for v, x in zip(body.inputs, xs):
         sub.values[v] = x
-    sub.lower_ops(body.ops)
+    yield sub, body.ops             # the lowering driver lowers the body here
     return [_cast(sub.values[v], r.type) for v, r in zip(body.outputs, op.results)]
 
 

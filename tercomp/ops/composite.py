@@ -9,13 +9,8 @@ that max, so their gradients are exact rather than cancelling to ~1e-8.
 from __future__ import annotations
 
 import numpy as np
-import sympy
-from iree.compiler import ir
-from iree.compiler.dialects import tensor
 
-from ..kernels.rows import rows_cpu
-from ..kernels.table import kernel_names
-from ..codegen.builders import tensor_type
+from ..kernels.table import check_attr
 from ..errors import TraceError
 from ..ir import TensorType, is_static, numpy_dtype
 from ..ir.types import is_float
@@ -210,36 +205,15 @@ def _rms_norm_vjp(b, op, cts):
     return [dx, unbroadcast(b, b.mul(g, n), w.type)]
 
 
-def _rms_norm_lower(ctx, op, xs):
-    """kernel "cpu": the hand-written row kernel (kernels/rows/rows_cpu.py) for x [..., N] f32,
-    its leading dims taken as rows; None (the decomposition) otherwise."""
-    x_t = op.operands[0].type
-    if op.attrs["kernel"] != "cpu" or x_t.rank < 2 or x_t.dtype != "f32" \
-            or not rows_cpu.norm_fits(x_t.shape[-1]):
-        return None
-    r = x_t.rank
-    rows = sympy.Mul(*x_t.shape[:-1])
-    if r == 2:
-        return [rows_cpu.rms_norm(xs[0], xs[1], op.attrs["eps"], ctx.dim(rows))]
-    groups = [list(range(r - 1)), [r - 1]]
-    flat = TensorType((rows, x_t.shape[-1]), "f32")
-    x = tensor.CollapseShapeOp(tensor_type(flat), xs[0], groups).result
-    y = rows_cpu.rms_norm(x, xs[1], op.attrs["eps"], ctx.dim(rows))
-    dyn = ir.ShapedType.get_dynamic_size()
-    return [tensor.ExpandShapeOp(tensor_type(x_t), y, groups, ctx.dyn_sizes(x_t),
-                                 [d if is_static(d) else dyn for d in x_t.shape]).result]
-
-
 def _rms_norm_infer(types, a):
-    if a["kernel"] not in kernel_names("rms_norm"):
-        raise TraceError(f"rms_norm: kernel must be one of {', '.join(kernel_names('rms_norm'))}, "
-                         f"got {a['kernel']!r}")
-    return _norm_infer("rms_norm", 1)(types, a)
+    out = _norm_infer("rms_norm", 1)(types, a)
+    check_attr("rms_norm", types, a)
+    return out
 
 
 register(OpDef("rms_norm", "composite", _rms_norm_infer, _rms_norm_ref,
                num_operands=2, attrs={"eps": 1e-6, "kernel": "generic"},
-               decompose=_rms_norm_decompose, lower=_rms_norm_lower, vjp=_rms_norm_vjp,
+               decompose=_rms_norm_decompose, vjp=_rms_norm_vjp,
                doc="x / sqrt(mean(x^2) + eps) * weight over the last dim"))
 
 

@@ -3,7 +3,7 @@ decode steps share (see tercomp/generate.py).
 
 The ops are pure: a cache is an ordinary tensor operand and `cache_write` returns the
 updated cache. The generation driver binds a step's cache inputs and outputs to mutable
-`util.global`s (tercomp/codegen/state.py), and IREE then updates the global in place.
+`util.global`s (tercomp/lowering/state.py), and IREE then updates the global in place.
 
 - `arange(like, start)`: `start + [0, 1, ..., n-1]` as i32, n = like.shape[0] (a
   symbolic n is fine): the positions of a run of tokens.
@@ -14,13 +14,19 @@ updated cache. The generation driver binds a step's cache inputs and outputs to 
   cache rows 0..start+T-1 (query t sees rows 0..start+t). H must be a multiple of KV
   (grouped-query attention: query head h reads kv head h // (H / KV)). Only those
   start+T rows are read, so a decode step costs O(position), not O(S). `kernel` "cpu"
-  (a module for llvm-cpu only) is the hand-written dispatch of kernels/attention/attention_cpu.py
-  for every T; "generic" (default) is linalg (its decode form for T <= DECODE_MAX_T).
+  (a module for llvm-cpu only; where it fits: D % 8 == 0, D <= 512, an f16 or f32
+  cache) is the hand-written dispatch of kernels/attention/attention_cpu.py for every T;
+  "generic" (default) is linalg (its decode form for T <= DECODE_MAX_T).
 
 - `rope(x [T, H, D], cos [T, D/2], sin [T, D/2]) {style, kernel}`: the rotary position
   embedding of T rows by their angles' tables; "neox" rotates the pairs (i, i + D/2),
   "interleaved" the pairs (2i, 2i + 1). A composite (slices, products, a concatenate);
-  `kernel` "cpu" takes the row kernel of kernels/rows/rows_cpu.py for "neox".
+  `kernel` "cpu" is the row kernel of kernels/rows/rows_cpu.py (where it fits: "neox"
+  pairs of one sequence, f32, D % 16 == 0).
+
+The lowerings here are the generic ones: a `kernel` other than "generic" names a row of
+the kernel table (kernels/table.py), which the op's shape rule checks it fits and which
+emits the op instead.
 
 `start` is an i32 scalar (rank 0). Writing or reading past row S is undefined in the
 compiled code (the NumPy reference raises): callers check bounds before the call.
@@ -33,11 +39,9 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, scf, tensor
 
-from ..kernels.attention import attention_cpu
-from ..kernels.rows import rows_cpu
-from ..kernels.table import kernel_names
+from ..kernels.table import check_attr
 from ..codegen.builders import (PARALLEL, REDUCTION, affine_map, elem_type, index_const,
-                                scalar_const, tensor_type)
+                                scalar_const, scalar_index, value_dim)
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
@@ -53,19 +57,6 @@ def _check_start(t: TensorType, opname: str):
     if t.rank != 0 or t.dtype != "i32":
         raise TraceError(f"{opname}: start must be an i32 scalar (rank 0), got {_fmt(t)}",
                          hint="pass the position as np.int32 / tc.spec((), 'int32')")
-
-
-def _start_index(start):
-    """The i32 rank-0 tensor `start` as an MLIR `index` value."""
-    v = tensor.ExtractOp(start, []).result
-    return arith.IndexCastOp(ir.IndexType.get(), v).result
-
-
-def _dim(x, axis: int):
-    t = ir.RankedTensorType(x.type)
-    if not t.is_dynamic_dim(axis):
-        return index_const(t.get_dim_size(axis))
-    return tensor.DimOp(x, index_const(axis)).result
 
 
 def _slice_args(offsets, sizes):
@@ -109,7 +100,7 @@ def _arange_lower(ctx, op, xs):
 def _empty_like_dim(ctx, like, out_t):
     if is_static(out_t.shape[0]):
         return tensor.EmptyOp([out_t.shape[0]], elem_type(out_t.dtype)).result
-    return tensor.EmptyOp([_dim(like, 0)], elem_type(out_t.dtype)).result
+    return tensor.EmptyOp([value_dim(like, 0)], elem_type(out_t.dtype)).result
 
 
 register(OpDef("arange", "cache", _arange_infer, _arange_ref, num_operands=2,
@@ -145,8 +136,8 @@ def _cache_write_ref(xs, a):
 def _cache_write_lower(ctx, op, xs):
     cache, rows, start = xs
     rank = op.operands[0].type.rank
-    offsets = [_start_index(start)] + [0] * (rank - 1)
-    sizes = [d if is_static(d) else _dim(rows, i) for i, d in enumerate(op.operands[1].type.shape)]
+    offsets = [scalar_index(start)] + [0] * (rank - 1)
+    sizes = [d if is_static(d) else value_dim(rows, i) for i, d in enumerate(op.operands[1].type.shape)]
     return [tensor.InsertSliceOp(rows, cache, *_slice_args(offsets, sizes)).result]
 
 
@@ -168,9 +159,7 @@ def _attn_infer(types, a):
     if not (is_static(h) and is_static(kv) and h % kv == 0 and q.shape[2] == k.shape[2]):
         raise TraceError(f"cached_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
                          "static multiple of the kv heads KV, and the head dims D equal")
-    if a["kernel"] not in kernel_names("cached_attention"):
-        raise TraceError(f"cached_attention: kernel must be one of "
-                         f"{', '.join(kernel_names('cached_attention'))}, got {a['kernel']!r}")
+    check_attr("cached_attention", types, a)
     return [q]
 
 
@@ -256,9 +245,9 @@ def _attn_lower(ctx, op, xs):
     group = heads // kvh
     f32 = ir.F32Type.get()
     kel = elem_type(kt.dtype)
-    t = qt.shape[0] if is_static(qt.shape[0]) else _dim(q, 0)
+    t = qt.shape[0] if is_static(qt.shape[0]) else value_dim(q, 0)
     tq = t if isinstance(t, int) else ir.ShapedType.get_dynamic_size()     # T in a type
-    p = _start_index(start)
+    p = scalar_index(start)
     n = arith.AddIOp(p, index_const(t) if isinstance(t, int) else t).result
     # read only the rows 0..start+T-1 of the cache
     rows = ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size(), kvh, hd], kel)
@@ -315,11 +304,6 @@ def _attn_lower(ctx, op, xs):
                       lambda e, y, acc: madd(e, widen(y), acc))
         return _normalized(acc, den, tkgd, tq, heads)
 
-    if op.attrs["kernel"] == "cpu" and attention_cpu.fits(hd, kt.dtype):
-        # every T: an scf.if on T splits the step's command buffer at every layer (~0.17
-        # ms a layer of a decode step), and the kernel is also the faster prefill at 128
-        return [attention_cpu.emit(q, k, v, p, index_const(t) if isinstance(t, int) else t,
-                                   float(op.attrs["scale"]))]
     if isinstance(t, int):
         return [attend(decode=t <= DECODE_MAX_T)]
     few = arith.CmpIOp(arith.CmpIPredicate.ule, t, index_const(DECODE_MAX_T)).result
@@ -344,15 +328,15 @@ ROPE_STYLES = ("neox", "interleaved")
 
 def _rope_infer(types, a):
     x, cos, sin = types
-    if a["style"] not in ROPE_STYLES or a["kernel"] not in kernel_names("rope"):
-        raise TraceError(f"rope: style must be one of {', '.join(ROPE_STYLES)} and kernel one of "
-                         f"{', '.join(kernel_names('rope'))}, got {a['style']!r}, {a['kernel']!r}")
+    if a["style"] not in ROPE_STYLES:
+        raise TraceError(f"rope: style must be one of {', '.join(ROPE_STYLES)}, got {a['style']!r}")
     if x.rank < 3 or not is_float(x.dtype) or not is_static(x.shape[-1]) or x.shape[-1] % 2 \
             or cos.shape != sin.shape or cos.dtype != x.dtype or sin.dtype != x.dtype \
             or cos.rank != 2 or not same_dim(cos.shape[0], x.shape[-3]) \
             or cos.shape[1] != x.shape[-1] // 2:
         raise TraceError(f"rope: expects x [..., T, H, D] with an even static D and cos, "
                          f"sin [T, D/2] of x's float type, got x {_fmt(x)}, cos {_fmt(cos)}, sin {_fmt(sin)}")
+    check_attr("rope", types, a)
     return [x]
 
 
@@ -417,25 +401,6 @@ def _shape_attr(shape) -> list:
 
 
 def _rope_lower(ctx, op, xs):
-    """kernel "cpu": the row kernel (kernels/rows/rows_cpu.py) for "neox" on x [T, H, D] or
-    [1, T, H, D] (one sequence); one linalg.generic (_rope_generic) otherwise."""
-    x_t = op.operands[0].type
-    lead = list(x_t.shape[:-3])
-    if op.attrs["kernel"] != "cpu" or op.attrs["style"] != "neox" or x_t.dtype != "f32" \
-            or not rows_cpu.rope_fits(x_t.shape[-1]) or any(n != 1 for n in lead):
-        return [_rope_generic(ctx, op, xs)]
-    if not lead:
-        return [rows_cpu.rope(xs[0], xs[1], xs[2], ctx.dim(x_t.shape[0]))]
-    groups = [list(range(len(lead) + 1)), [len(lead) + 1], [len(lead) + 2]]
-    rows = TensorType(x_t.shape[-3:], x_t.dtype)
-    x = tensor.CollapseShapeOp(tensor_type(rows), xs[0], groups).result
-    y = rows_cpu.rope(x, xs[1], xs[2], ctx.dim(x_t.shape[-3]))
-    dyn = ir.ShapedType.get_dynamic_size()
-    return [tensor.ExpandShapeOp(tensor_type(x_t), y, groups, ctx.dyn_sizes(x_t),
-                                 [d if is_static(d) else dyn for d in x_t.shape]).result]
-
-
-def _rope_generic(ctx, op, xs):
     """The rotation as one elementwise linalg.generic over x viewed with its pairs on an
     axis of 2 ([..., 2, D/2] for "neox", [..., D/2, 2] for "interleaved"): element j of a
     pair reads both, computes the decomposition's x1 c - x2 s (j = 0) and x2 c + x1 s
@@ -465,7 +430,7 @@ def _rope_generic(ctx, op, xs):
     xp = reshape_value(ctx, xs[0], x_t, pairs)
     out = ctx.generic([xp, xp, xs[1], xs[2]], [x_at(0), x_at(1), table, table], pairs,
                       ir.AffineMap.get_identity(n), [PARALLEL] * n, body)
-    return reshape_value(ctx, out, pairs, x_t)
+    return [reshape_value(ctx, out, pairs, x_t)]
 
 
 register(OpDef("rope", "cache", _rope_infer, _rope_ref, num_operands=3,

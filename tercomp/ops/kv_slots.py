@@ -10,9 +10,10 @@ prompt; the "ragged batch" of vLLM's attention backends).
 - `slot_attention(q [T, H, D], k [N, S, KV, D], v, slots [T], positions [T]) {scale,
   kernel}`: causal softmax attention of query t over the rows 0..positions[t] of its
   slot slots[t] (which this call's kv_scatter has written up to positions[t]).
-  Grouped-query as cached_attention (ops/kv_cache_ops.py). `kernel` "cpu" is the hand-written
-  dispatch of kernels/attention/attention_cpu.py (rows past a query's position are never read);
-  "generic" is linalg over all S rows, masked (for the GPU targets).
+  Grouped-query as cached_attention (ops/kv_cache_ops.py). `kernel` "cpu" (the kernel
+  table's row, where it fits as cached_attention's) is the hand-written dispatch of
+  kernels/attention/attention_cpu.py (rows past a query's position are never read);
+  "generic", the lowering here, is linalg over all S rows, masked (for the GPU targets).
 
 slots and positions are i32 [T]; out-of-range values are undefined in the compiled code
 (the NumPy references raise): the generator checks them on the host.
@@ -24,13 +25,12 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, tensor
 
-from ..kernels.attention import attention_cpu
-from ..kernels.table import kernel_names
-from ..codegen.builders import PARALLEL, REDUCTION, elem_type, index_const, scalar_const
+from ..kernels.table import check_attr
+from ..codegen.builders import PARALLEL, REDUCTION, elem_type, index_const, scalar_const, value_dim
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
-from .kv_cache_ops import _dim, _empty, _filled, _fmt, _generic, _normalized, _softmax_parts
+from .kv_cache_ops import _empty, _filled, _fmt, _generic, _normalized, _softmax_parts
 from .registry import OpDef, REQUIRED, register
 from .shape_util import same_dim
 
@@ -79,7 +79,7 @@ def _scatter_ref(xs, a):
 def _scatter_lower(ctx, op, xs):
     cache, rows, slots, positions = xs
     i32 = ir.IntegerType.get_signless(32)
-    t = _dim(rows, 0)
+    t = value_dim(rows, 0)
     tq = op.operands[1].type.shape[0]
     # indices [T, 2] = (slot, position) of each row
     pair = _generic([slots, positions], ["(t, j) -> (t)", "(t, j) -> (t)", "(t, j) -> (t, j)"],
@@ -116,10 +116,8 @@ def _attn_infer(types, a):
     if not (is_static(h) and h % kv == 0 and q.shape[2] == k.shape[3]):
         raise TraceError(f"slot_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
                          "static multiple of the kv heads KV, and the head dims D equal")
-    if a["kernel"] not in kernel_names("slot_attention"):
-        raise TraceError(f"slot_attention: kernel must be one of "
-                         f"{', '.join(kernel_names('slot_attention'))}, got {a['kernel']!r}")
     _check_index([slots, positions], "slot_attention", q.shape[0])
+    check_attr("slot_attention", types, a)
     return [q]
 
 
@@ -141,10 +139,7 @@ def _attn_ref(xs, a):
 def _attn_lower(ctx, op, xs):
     q, k, v, slots, positions = xs
     qt, kt = op.operands[0].type, op.operands[1].type
-    hd = int(qt.shape[2])
-    t = _dim(q, 0)
-    if op.attrs["kernel"] == "cpu" and attention_cpu.fits(hd, kt.dtype):
-        return [attention_cpu.emit_slots(q, k, v, slots, positions, t, float(op.attrs["scale"]))]
+    t = value_dim(q, 0)
     return [_generic_attention(q, k, v, slots, positions, t, qt, kt, float(op.attrs["scale"]))]
 
 

@@ -17,8 +17,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math
 
-from ..kernels.dense import widening_avx2
-from ..kernels.table import kernel_names
+from ..kernels.table import check_attr
 from ..codegen.builders import PARALLEL, REDUCTION, affine_map
 from ..errors import TraceError
 from ..ir import TensorType, is_static
@@ -153,9 +152,7 @@ def _wm_infer(types, attrs):
                             or not same_dim(types[2].shape[0], w.shape[0])):
         raise TraceError(f"widening_matmul: the scale must be [N] f32 for weights {w.mlir()}, "
                          f"got {types[2].mlir()}")
-    if attrs["kernel"] not in kernel_names("widening_matmul"):
-        raise TraceError(f"widening_matmul: kernel must be one of "
-                         f"{', '.join(kernel_names('widening_matmul'))}, got {attrs['kernel']!r}")
+    check_attr("widening_matmul", types, attrs)
     return [TensorType((x.shape[0], w.shape[0]), "f32")]
 
 
@@ -169,10 +166,6 @@ def _wm_lower(ctx, op, xs):
     x_t, w_t = (v.type for v in op.operands[:2])
     n, k = w_t.shape
     scaled = len(xs) == 3
-    if op.attrs["kernel"] == "avx2" and widening_avx2.fits(k) and \
-            (w_t.dtype == "f16" and not scaled or w_t.dtype == "i8" and scaled):
-        return [widening_avx2.emit(xs[0], xs[1], ctx.dim(x_t.shape[0]), n, k,
-                                xs[2] if scaled else None)]
     f32 = ir.F32Type.get()
 
     def widen(v):

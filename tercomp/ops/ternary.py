@@ -13,8 +13,9 @@
 * ``ternary_matmul(x, packed) {k, n, scale, strategy, act_quant, codes}``:
   ``y[M, N] = scale * x @ T^T`` with T ternary, packed 2-bit planar as an i8 tensor
   [N, KB] (see ternary_pack) in the "signed" codes, or, with ``codes = "offset"``, the
-  codes w + 1 that the ternary pass stores for a kernel that reads them; emitted by
-  kernels.ternary.builder. Produced by the `ternary` pass; inference only.
+  codes w + 1 that the ternary pass stores for a kernel that reads them. No lowering of
+  its own: the row of the kernel table its strategy names emits it (kernels/ternary/),
+  so the `ternary` or `kernels` pass must settle "auto" first. Inference only.
 """
 from __future__ import annotations
 
@@ -26,8 +27,7 @@ from ..errors import TraceError
 from ..ir import TensorType
 from ..ir.types import is_float
 from ..kernels.ternary.builder import unpack_codes
-from ..kernels.table import kernel_names
-from ..kernels.ternary.strategies import emit_ternary_matmul
+from ..kernels.table import check_attr
 from .. import ternary_pack as tp
 from .registry import OpDef, REQUIRED, register
 
@@ -151,7 +151,6 @@ register(OpDef("ternary_weight", "ternary", _tw_infer, _tw_reference, num_operan
 
 
 # -- ternary_matmul ------------------------------------------------------------------------
-STRATEGIES = ("auto", *kernel_names("ternary_matmul"))
 
 
 def _tm_infer(types, a):
@@ -165,9 +164,7 @@ def _tm_infer(types, a):
     if a.get("codes", "signed") not in tp.CODES:
         raise TraceError(f"unknown ternary code format {a['codes']!r}; expected one of "
                          f"{', '.join(map(repr, tp.CODES))}")
-    if a["strategy"] not in STRATEGIES:
-        raise TraceError(f"unknown ternary matmul strategy {a['strategy']!r}; expected one of "
-                         f"{', '.join(map(repr, STRATEGIES))}")
+    check_attr("ternary_matmul", types, a)
     return [TensorType((x.shape[0], n), "f32")]
 
 
@@ -178,20 +175,8 @@ def _tm_reference(xs, a):
                                         a.get("codes", "signed"))]
 
 
-def _tm_lower(ctx, op, operands):
-    ctx.kernels.add(op.attrs["strategy"])       # the module needs its IREE flags
-    # The packed weights arrive as an MLIR value: an arith.constant when they were frozen
-    # at compile time, a util.global.load when they are .irpa parameters, or a function
-    # argument. The kernels read any of them.
-    x, p = operands
-    a = op.attrs
-    return [emit_ternary_matmul(x, p, int(a["k"]), int(a["n"]), float(a["scale"]),
-                                strategy=a["strategy"], act_quant=bool(a["act_quant"]),
-                                codes=a.get("codes", "signed"))]
-
-
 register(OpDef("ternary_matmul", "ternary", _tm_infer, _tm_reference, num_operands=2,
                attrs={"k": REQUIRED, "n": REQUIRED, "scale": REQUIRED, "strategy": "auto",
                       "act_quant": True, "codes": None},
-               lower=_tm_lower, vjp=None, differentiable=False, nondiff_operands=(0, 1),
+               vjp=None, differentiable=False, nondiff_operands=(0, 1),
                doc="y = scale * x @ T^T with T ternary, packed 2-bit planar"))

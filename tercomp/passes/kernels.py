@@ -6,8 +6,9 @@ A model traces its ops with their generic kernel (`kernel="generic"`: the op's o
 lowering, which every target compiles) and a ternary matmul with `strategy="auto"`;
 this pass gives each the kernel of the table's first row that fits the targets, the
 host's CPU features (for llvm-cpu alone) and the op's shape. An explicit choice in the
-IR is kept. A ternary matmul that reads its weights fastest in other 2-bit codes
-(`weight_codes`: the avx2 kernel's w + 1) gets its constant re-coded here.
+IR is kept (it fits its op: the op's shape rule checks it against the table). A ternary
+matmul whose kernel reads its weights fastest in other 2-bit codes (the row's `codes`:
+the avx2 kernel's w + 1) gets its constant re-coded here.
 
 `ops` limits the pass to some ops (tc.compile settles only the ternary matmuls: its
 modules keep the generic norm, RoPE and attention); `strategy` is the ternary matmul's
@@ -19,17 +20,32 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ternary_pack as tp
+from ..errors import TercompError
 from ..kernels import table as kt
-from ..kernels.ternary.strategies import check_strategy, choose_row, weight_codes
+from ..kernels.ternary.strategies import check_strategy
 from ..ir import Graph
 from .manager import register_pass
 from .rewrite import dce, rewrite
 from .simplify import const_value
 
+_T = "ternary_matmul"
+
+
+def settle_ternary(strategy: str, types, attrs: dict, targets, loc=None) -> kt.KernelRow:
+    """The row of a ternary matmul (operand `types`: x [M, K] and the packed [N, KB],
+    `attrs`: k, n, act_quant) for `strategy`: the table's choice for "auto", else the named
+    row, which must compile for `targets` and fit the op (a TercompError at `loc`)."""
+    if strategy != "auto":
+        return kt.take(_T, strategy, types, attrs, targets, loc=loc)
+    found = kt.choose(_T, types, attrs, targets)
+    if found is None:
+        raise TercompError(f"no ternary strategy compiles for {', '.join(targets)}", loc=loc)
+    return found
+
 
 def recode(b, packed, codes: str, recoded: dict):
     """(packed i8 Value, attrs) in the 2-bit `codes` (ternary_pack.CODES) that the kernel
-    reads fastest (`weight_codes`), with the `codes` attribute when not "signed".
+    reads fastest (the row's `codes`), with the `codes` attribute when not "signed".
     `packed` is a signed-code array (packed here) or Value; a constant Value is re-coded
     once into a new constant (`recoded`: id of the signed Value -> (new Value, the name
     it should take over)), shared by every kernel that reads it; any other Value stays as
@@ -70,14 +86,12 @@ def _settle_ternary(strategy, targets, recoded):
         if op.attrs.get("strategy") != "auto":
             return None
         x, p = xs
-        k, n = int(op.attrs["k"]), int(op.attrs["n"])
-        m = x.type.shape[0]
-        chosen = choose_row(m if isinstance(m, int) else None, k, n, targets).kernel \
-            if strategy == "auto" else strategy
+        chosen = settle_ternary(strategy, [v.type for v in op.operands], op.attrs, targets,
+                                op.loc)
         coded = {}
         if op.attrs["act_quant"] and op.attrs.get("codes", "signed") == "signed":
-            p, coded = recode(b, p, weight_codes(chosen, k, n), recoded)
-        return b.ternary_matmul(x, p, **{**op.attrs, "strategy": chosen, **coded},
+            p, coded = recode(b, p, chosen.codes, recoded)
+        return b.ternary_matmul(x, p, **{**op.attrs, "strategy": chosen.kernel, **coded},
                                 name=op.results[0].name)
     return pat
 

@@ -7,23 +7,24 @@
 W [N, K] is ternarized (absmean, or the ternarize op's `scale`) and packed 2-bit planar
 at compile time, so no f32 copy of the weights remains; a stored ternary weight
 (`nn.BitLinear.from_ternary`, `ternary_weight`) is already packed and is used as it is,
-except that a kernel that reads other 2-bit codes (`weight_codes`: the avx2 kernel's w + 1)
+except that a kernel that reads other 2-bit codes (the row's `codes`: the avx2 kernel's w + 1)
 gets its constant re-coded, under the same name. `strategy` is "auto", a ternary_matmul
 kernel of the kernel table (`tercomp.kernels.table`), or "off" (the pass does
 nothing). `targets` are the compile's target names: "auto" is settled per target and per
-shape by the table's rule (`choose_strategy`, the rule the `kernels` pass applies; a
+shape by the table (`settle_ternary`, the choice the `kernels` pass makes; a
 symbolic batch gets a kernel that dispatches on the batch size at run time), when the
 op is created, because its weight constant's codes follow the kernel; ternary matmuls
 already in the IR are settled by the kernels pass's own patterns. An explicit strategy
-that does not compile for a target is refused here, by name.
+that does not compile for a target, or does not fit a layer's shape, is refused here, by
+name (at the layer's line).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Graph
-from ..kernels.ternary.strategies import check_strategy, choose_strategy, weight_codes
-from .kernels import recode, settle_patterns, take_names
+from ..ir import Graph, TensorType
+from ..kernels.ternary.strategies import check_strategy
+from .kernels import recode, settle_patterns, settle_ternary, take_names
 from .. import ternary_pack as tp
 from ..ops.shape_util import same_dim
 from .manager import register_pass
@@ -73,14 +74,14 @@ def _pattern(strategy, targets, recoded):
             x, aq = x.producer.operands[0], True
         lead = list(x.type.shape[:-1])
         x2 = x if x.type.rank == 2 else b.reshape(x, shape=[-1, k])
-        m = x2.type.shape[0]
+        kb = packed.shape[1] if isinstance(packed, np.ndarray) else packed.type.shape[1]
         # "auto" is settled here, per shape, so the module only gets the flags it uses
-        chosen = choose_strategy(m if isinstance(m, int) else None, int(k), int(n), targets) \
-            if strategy == "auto" else strategy
-        codes = weight_codes(chosen, int(k), int(n)) if aq else "signed"
-        packed, coded = recode(b, packed, codes, recoded)
+        chosen = settle_ternary(strategy, [x2.type, TensorType((int(n), int(kb)), "i8")],
+                                {"k": int(k), "n": int(n), "act_quant": aq}, targets, op.loc)
+        packed, coded = recode(b, packed, chosen.codes if aq else "signed", recoded)
         y = b.ternary_matmul(x2, packed, k=int(k), n=int(n), scale=float(scale),
-                             strategy=chosen, act_quant=aq, name=op.results[0].name, **coded)
+                             strategy=chosen.kernel, act_quant=aq, name=op.results[0].name,
+                             **coded)
         if x.type.rank != 2:
             y = b.reshape(y, shape=[_dim(d) for d in lead] + [int(n)])
         return y

@@ -26,7 +26,10 @@ uncompressed, each once, and no others:
   stored last and starting at a multiple of ALIGN bytes in the file (its local header
   is padded with an extra field, as Android's zipalign pads), so that tc.load maps the
   file and IREE binds the parameters in place from the page cache: no copy in RAM,
-  shared between processes, loaded in the time of a page-table walk.
+  shared between processes, loaded in the time of a page-table walk. `module.vmfb` starts
+  at a multiple of ALIGN too: IREE runs the module over the mapped file (its code and
+  inline constants are in RAM once); an artifact written before without the padding is
+  copied, as before.
 
 Reading maps the file and checks the zip (no duplicated or unknown member, and no member that inflates
 past `MAX_INFLATION` times its stored size or the file size limit: a zip bomb is an
@@ -55,7 +58,7 @@ import zlib
 
 from iree.runtime.version import VERSION as RUNTIME_VERSION
 
-from .. import __version__     # set by tercomp/__init__ before it imports the runtime
+from .._version import __version__
 from ..errors import ArtifactError, InputError
 from .files import atomic_target, cache_dir, check_regular, max_bytes, write_atomic
 from .signature import Signature
@@ -127,7 +130,7 @@ def seal(meta: dict) -> dict:
 def _members_and_meta(exe) -> tuple[dict, bytes]:
     """({member: bytes or memoryview} for module.vmfb and weights.irpa, the
     signature.json bytes) of CompiledModule `exe`."""
-    members = {VMFB: memoryview(exe.vmfb)}
+    members = {VMFB: exe.vmfb_view}
     if exe.weights_view is not None:
         members[WEIGHTS] = exe.weights_view
     digests = {name: _digest(data) for name, data in members.items()}
@@ -165,7 +168,7 @@ def write_to(exe, f) -> None:
             data = members[name].cast("B")
             info = zipfile.ZipInfo(name, date_time=_FIXED_DATE)
             info.file_size = data.nbytes
-            if name == WEIGHTS:
+            if name in (VMFB, WEIGHTS):      # mapped at load time (CompiledModule)
                 info.extra = _padding(f.tell(), name, data.nbytes)
             with zf.open(info, "w", force_zip64=data.nbytes * 1.05 > zipfile.ZIP64_LIMIT) as out:
                 for chunk in _chunks(data):
@@ -223,6 +226,9 @@ def read_bytes(data, name: str = "<artifact>", verified=None) -> tuple:
             raise ValueError("not an object")
     except (UnicodeDecodeError, ValueError) as e:
         raise ArtifactError(f"{name}: {SIGNATURE} is not valid JSON ({e})") from None
+    except RecursionError:      # json's parser recurses once per nested array / object
+        raise ArtifactError(f"{name}: {SIGNATURE} is nested too deeply to be a signature",
+                            hint="the artifact is damaged or not written by tercomp") from None
     if meta.get("format") != FORMAT:
         raise ArtifactError(f"{name} is not a tercomp artifact ({SIGNATURE} has format "
                             f"{meta.get('format')!r})")
@@ -277,7 +283,7 @@ def _read_members(zf: zipfile.ZipFile, name: str, mapped=None) -> dict:
     """The members of an open artifact zip by name, each read at most to its declared
     size after checking the declarations: known names, each once, no member inflating
     more than MAX_INFLATION times or past the file size limit. With `mapped` (an mmap of
-    the file), stored weights starting at a multiple of ALIGN are a view of it."""
+    the file), a stored module or weights starting at a multiple of ALIGN are a view of it."""
     infos = zf.infolist()
     seen = set()
     for info in infos:
@@ -308,7 +314,7 @@ def _read_members(zf: zipfile.ZipFile, name: str, mapped=None) -> dict:
     members = {}
     try:
         for info in infos:
-            view = _aligned_view(mapped, info) if info.filename == WEIGHTS else None
+            view = _aligned_view(mapped, info) if info.filename in (VMFB, WEIGHTS) else None
             if view is not None:
                 members[info.filename] = view
                 continue

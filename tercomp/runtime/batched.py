@@ -26,7 +26,8 @@ import numbers
 import numpy as np
 
 from ..errors import InputError
-from .generator import BATCH_STEP_INPUTS, STEP, LMGenerator, _ids
+from .generator import LMGenerator, _ids
+from .step_abi import STEP, StepABI
 
 
 class BatchedLMGenerator(LMGenerator):
@@ -36,7 +37,7 @@ class BatchedLMGenerator(LMGenerator):
     LMGenerator's); runtime.Engine is the one owner a server needs. `generate` (the
     inherited single-sequence loop) runs in slot 0."""
 
-    STEP_INPUTS = BATCH_STEP_INPUTS
+    ABI = StepABI(batched=True)
 
     def __init__(self, exe):
         super().__init__(exe)

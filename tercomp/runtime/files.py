@@ -22,7 +22,7 @@ from ..errors import TercompError
 
 def cache_dir() -> str:
     """tercomp's cache directory: $TERCOMP_CACHE_DIR, or ~/.cache/tercomp (the compile
-    cache, runtime.cache, and the artifacts' verified-once stamps, runtime.artifact)."""
+    cache, runtime.compile_cache, and the artifacts' verified-once stamps, runtime.artifact)."""
     return os.environ.get("TERCOMP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tercomp")
 
 # The largest file tercomp reads whole (an artifact of a 2B-parameter model with f16

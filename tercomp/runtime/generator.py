@@ -32,16 +32,11 @@ from ..errors import InputError, TercompError
 from .module import _to_host
 from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
+from .scoring import token_log_probs
 from .signature import declared_types, parse_types
+from .step_abi import STEP, StepABI
 
 KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
-#: The compiled step's inputs before the caches (tercomp/generate.py); an artifact whose
-#: metadata names others was compiled by an older tercomp.
-STEP_INPUTS = ("ids", "start", "rows")
-#: The batched step's inputs before the caches (compile_lm with max_batch > 1)
-BATCH_STEP_INPUTS = ("ids", "slots", "positions", "rows")
-#: The one exported function of a compiled LM (tercomp/generate.py builds it).
-STEP = "step"
 _FIRST_ROW = np.zeros(1, np.int32)
 
 
@@ -49,7 +44,12 @@ def _ids(ids, vocab: int, what: str) -> np.ndarray:
     """`ids` as a contiguous int32 vector, or an InputError (integers only, in range)."""
     if isinstance(ids, (bool, np.bool_)):
         raise InputError(f"{what}: token ids must be integers, got a bool")
-    arr = np.asarray(ids)
+    try:
+        arr = np.asarray(ids)
+    except (ValueError, TypeError) as e:    # ragged [[1, 2], [3]], or objects NumPy refuses
+        raise InputError(f"{what}: token ids must be a 1-D sequence of integers, got "
+                         f"{type(ids).__name__} that is not one ({e})",
+                         hint="pass one sequence, e.g. [1, 2, 3]") from None
     if arr.size == 0 and isinstance(ids, (list, tuple)):
         arr = arr.astype(np.int32)          # [] is float64 to NumPy
     if arr.dtype.kind not in "iu":
@@ -72,14 +72,16 @@ class LMGenerator:
     `position` (cache rows filled), `tokenizer` (a `tokenizers.Tokenizer` or None),
     `stats` (token counts and seconds of the last `generate`)."""
 
-    STEP_INPUTS = STEP_INPUTS
+    #: the step this generator calls (an artifact whose metadata names other inputs was
+    #: compiled by an older tercomp)
+    ABI = StepABI(batched=False)
 
     def __init__(self, exe):
         info = exe.meta.get("lm")
         if not isinstance(info, dict) or not {"config", "max_seq", "kv_dtype"} <= set(info):
             raise TercompError("this module is not a compiled language model (no 'lm' metadata)",
                                hint="compile one with tc.compile_lm(lm)")
-        if info.get("step_inputs") != list(self.STEP_INPUTS):
+        if info.get("step_inputs") != list(self.ABI.inputs):
             raise TercompError("this language model artifact was compiled by an older tercomp "
                                "(its step function takes no `rows` input)",
                                hint="compile it again with tc.compile_lm or `tercomp generate`")
@@ -90,7 +92,7 @@ class LMGenerator:
         self.vocab_size = int(self.config["vocab_size"])
         self.position = 0
         self.tokenizer = _load_tokenizer(info.get("tokenizer"))
-        # the model's chat template as data (rendered by models.chat, which needs jinja2)
+        # the model's chat template as data (rendered by runtime.chat, which needs jinja2)
         self.chat_template = info.get("chat") if isinstance(info.get("chat"), dict) else None
         self.stats: dict = {}
         self._step = None
@@ -104,17 +106,17 @@ class LMGenerator:
         """The JSON metadata a compiled LM carries (artifact `signature.json` key "lm"):
         `chat` is the model's chat template ({"template", "bos_token", "eos_token"});
         `max_batch` > 1 for a batched generator (runtime.batched), whose step takes
-        BATCH_STEP_INPUTS."""
+        StepABI(batched=True)'s inputs."""
         return {"config": dict(config), "max_seq": int(max_seq), "kv_dtype": kv_dtype,
                 "entries": [STEP], "max_batch": int(max_batch),
-                "step_inputs": list(STEP_INPUTS if max_batch == 1 else BATCH_STEP_INPUTS),
+                "step_inputs": list(StepABI.of(max_batch).inputs),
                 "tokenizer": tokenizer, "chat": chat}
 
     @staticmethod
     def module_mismatch(info, reflection: dict) -> str | None:
         """How LM metadata `info` (describe()'s dict, from an artifact) disagrees with the
         compiled module, whose `step` function reflects `reflection` (its declaration and
-        the KV cache globals, codegen/state.py), or None. A max_seq or vocabulary larger
+        the KV cache globals, lowering/state.py), or None. A max_seq or vocabulary larger
         than the module's would run past the cache or the output table unnoticed."""
         config = info.get("config") if isinstance(info, dict) else None
         if not isinstance(config, dict):
@@ -137,19 +139,17 @@ class LMGenerator:
         batch = info.get("max_batch", 1)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             return f"its max_batch is {batch!r}, not a positive int"
-        names = STEP_INPUTS if batch == 1 else BATCH_STEP_INPUTS
-        ranks = [(1, "i32"), (0, "i32"), (1, "i32")] if batch == 1 else [(1, "i32")] * 4
-        if [t and (len(t[0]), t[1]) for t in inputs] != ranks:
-            return f"the module's {STEP} takes {inputs}, not ({', '.join(names)})"
+        abi = StepABI.of(batch)
+        if [t and (len(t[0]), t[1]) for t in inputs] != abi.input_ranks:
+            return f"the module's {STEP} takes {inputs}, not ({', '.join(abi.inputs)})"
         if not outputs or outputs[0] is None or len(outputs[0][0]) != 2:
             return f"the module's {STEP} returns {outputs}, not logits [rows, vocab]"
         if outputs[0][0][1] != sizes["vocab_size"]:
             return (f"its vocab_size is {sizes['vocab_size']}, the module's logits have "
                     f"{outputs[0][0][1]} columns")
         caches = parse_types(reflection["tercomp.state"])
-        want = ([max_seq, sizes["num_key_value_heads"], sizes["head_dim"]], kv)
-        if batch > 1:
-            want = ([batch] + want[0], kv)
+        want = (list(abi.cache_shape(batch, max_seq, sizes["num_key_value_heads"],
+                                     sizes["head_dim"])), kv)
         if len(caches) != 2 * sizes["num_hidden_layers"]:
             return (f"its {sizes['num_hidden_layers']} layers need {2 * sizes['num_hidden_layers']} "
                     f"KV caches, the module has {len(caches)}")
@@ -224,6 +224,21 @@ class LMGenerator:
             raise InputError(f"prefill: logits_to_keep must be an int from 1 to the prompt "
                              f"length {arr.size}, got {logits_to_keep!r}")
         return arr, np.arange(arr.size - keep, arr.size, dtype=np.int32)
+
+    def score(self, ids) -> np.ndarray:
+        """The log-probability of each token of `ids` (int [T], 2 <= T <= max_seq) given
+        the ones before it: float64 [T - 1], entry t - 1 the log_softmax of prefill's
+        logits at position t - 1, at token ids[t]. Runs a prefill (the cache then holds
+        `ids`). Its negative mean is the sequence's cross-entropy; exp of that is its
+        perplexity (`tercomp perplexity` does llama-perplexity's chunking).
+
+        >>> lp = gen.score([1, 2, 3, 4])          # log p(2|1), log p(3|1 2), log p(4|1 2 3)
+        """
+        arr = _ids(ids, self.vocab_size, "score")
+        if arr.size < 2:
+            raise InputError(f"score: needs at least 2 tokens (the first is only context), "
+                             f"got {arr.size}")
+        return token_log_probs(self.prefill(arr)[:-1], arr[1:])
 
     def decode(self, token) -> np.ndarray:
         """Append one token at the current position; returns the next-token logits [vocab]."""

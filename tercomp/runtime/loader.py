@@ -14,8 +14,9 @@ import iree.runtime as rt
 from ..errors import ArtifactError
 from . import artifact
 from .batched import open_generator
-from .generator import STEP, LMGenerator
-from .module import CompiledModule
+from .generator import LMGenerator
+from .step_abi import STEP
+from .module import CompiledModule, vm_module
 from .signature import Signature, declared_types
 
 
@@ -28,10 +29,10 @@ def check_module(meta: dict, vmfb: bytes, name: str) -> None:
     """ArtifactError unless what `signature.json` says (`meta`) is what the compiled
     module declares: the function and its argument and result types, and for a
     language model the vocabulary, max_seq and KV cache layout (LMGenerator.module_mismatch).
-    The module's own reflection is read from the vmfb (a copy of the code, not of the
-    weights), without a device."""
+    The module's own reflection is read from the vmfb (over the mapped file where it
+    lies there, else a copy), without a device."""
     try:
-        module = rt.VmModule.copy_buffer(_vm_instance(), vmfb)
+        module = vm_module(_vm_instance(), vmfb)
     except Exception as e:
         raise ArtifactError(f"{name}: {artifact.VMFB} is not an IREE module this iree.runtime "
                             f"reads: {e}", hint="compile the model again") from None

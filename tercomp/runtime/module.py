@@ -38,13 +38,32 @@ def _plain_arrays_key(args) -> tuple | None:
     return tuple(key)
 
 
+def _is_page_aligned(data) -> bool:
+    """Is `data` an mmap or a view of page-aligned memory (an artifact's mapped file)?"""
+    if isinstance(data, mmap.mmap):
+        return True
+    return isinstance(data, memoryview) and len(data) > 0 and \
+        np.frombuffer(data, np.uint8).ctypes.data % mmap.PAGESIZE == 0
+
+
+def vm_module(instance, vmfb):
+    """The VmModule of `vmfb`: over its own memory where that is page-aligned (a mapped
+    artifact: the module's code and inline constants then exist once in RAM, the file's
+    pages, and IREE imports the constants in place), else a copy."""
+    if _is_page_aligned(vmfb):
+        return rt.VmModule.wrap_buffer(instance, vmfb)
+    return rt.VmModule.copy_buffer(instance, vmfb)
+
+
+def _as_bytes(data):
+    """`data` as bytes where it is a view or a map (None and bytes as they are)."""
+    return bytes(data) if isinstance(data, (mmap.mmap, memoryview)) else data
+
+
 def _page_aligned(data):
     """`data` (bytes-like) in page-aligned memory: as it is if it is there already (an
     mmap, or a view of an artifact's mapped file), else copied into anonymous memory."""
-    if isinstance(data, mmap.mmap):
-        return data
-    if isinstance(data, memoryview) and len(data) and \
-            np.frombuffer(data, np.uint8).ctypes.data % mmap.PAGESIZE == 0:
+    if _is_page_aligned(data):
         return data
     mem = mmap.mmap(-1, len(data))
     mem[:] = data
@@ -126,7 +145,9 @@ class CompiledModule:
 
     `device` is picked from `targets` when None (llvm-cpu: local-task, vulkan: vulkan,
     cuda: cuda; the first present). `weights` are the bytes of an .irpa archive whose
-    parameters (scope `weights_scope`) the module reads.
+    parameters (scope `weights_scope`) the module reads. `vmfb` and `weights` may be
+    views of a mapped artifact file (tc.load): IREE then runs over the file's pages, and
+    the module's weights, inline or parameters, are in RAM once.
     """
 
     def __init__(self, vmfb: bytes, signature: Signature, stages: dict | None = None,
@@ -169,7 +190,7 @@ class CompiledModule:
                     index.load_from_file_handle(rt.FileHandle.wrap_memory(self._weights), "irpa")
                     provider = index.create_provider(scope=self.weights_scope)
                     ctx.add_vm_module(rt.create_io_parameters_module(ctx.instance, provider))
-                ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, self.vmfb))
+                ctx.add_vm_module(vm_module(ctx.instance, self._vmfb))
                 fn = ctx.modules.module[self.signature.function]
             except Exception as e:
                 raise DeviceUnavailable(f"the module does not load on {self.device}: {e}",
@@ -188,15 +209,20 @@ class CompiledModule:
             extra.append(f"weights={len(self._weights) / 2**20:.1f} MiB")
         return f"<CompiledModule {sig.function}({ins}) -> ({outs}); {'; '.join(extra)}>"
 
-    @property
-    def weights(self) -> bytes | None:
-        """The .irpa archive of the module's parameters (None without parameters)."""
-        w = self._weights
-        return bytes(w) if isinstance(w, (mmap.mmap, memoryview)) else w
+    # vmfb and weights may be views of a mapped artifact (tc.load): the properties give
+    # bytes, the *_view ones the memory where it lies
+    vmfb = property(lambda self: _as_bytes(self._vmfb),
+                    lambda self, value: setattr(self, "_vmfb", value),
+                    doc="The IREE module (.vmfb) as bytes.")
+    weights = property(lambda self: _as_bytes(self._weights),
+                       lambda self, value: setattr(self, "_weights", value),
+                       doc="The .irpa archive of the module's parameters (None without "
+                           "parameters), as bytes.")
 
-    @weights.setter
-    def weights(self, value):
-        self._weights = value
+    @property
+    def vmfb_view(self) -> memoryview:
+        """`vmfb` without a copy: a view of the module where it lies (a mapped file)."""
+        return memoryview(self._vmfb)
 
     @property
     def weights_view(self) -> memoryview | None:
@@ -295,4 +321,4 @@ class CompiledModule:
 
     @property
     def vmfb_size(self) -> int:
-        return len(self.vmfb)
+        return len(self._vmfb)

@@ -10,7 +10,7 @@
 
 Sampling (n, best_of, penalties, logit_bias, min_p), log-probabilities and structured
 output (serve.structured) are per request in the engine; text is text
-(models.tokenizer.TextEncoder: special tokens only from the chat template, or where
+(runtime.chat.TextEncoder: special tokens only from the chat template, or where
 `parse_special` asks).
 
 `stream: true` answers with server-sent events (`data: {chunk}\\n\\n` ..., `data:

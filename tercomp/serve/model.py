@@ -1,12 +1,11 @@
 """The served model's text side: what the API needs of the generator (its tokenizer,
-chat template, eos and vocabulary), text to ids (text is text: models.tokenizer's
+chat template, eos and vocabulary), text to ids (text is text: runtime.chat's
 TextEncoder), the bound on text before it is tokenized, and OpenAI's log-probability
 entries.
 """
 from __future__ import annotations
 
-from ..models.chat import ChatTemplate, ChatTemplateError
-from ..models.tokenizer import TextEncoder
+from ..runtime.chat import ChatTemplate, ChatTemplateError, TextEncoder
 from .guard import APIError
 from .structured import Grammars
 from .text import TokenPieces

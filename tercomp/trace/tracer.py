@@ -7,6 +7,8 @@ a Tracer, evaluates the op's NumPy reference eagerly.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import sys
 import threading
@@ -29,25 +31,34 @@ def _trace_stack() -> list:
 
 
 def _in_package(f) -> bool:
-    fn = f.f_code.co_filename
+    return _file_in_package(f.f_code.co_filename)
+
+
+@functools.lru_cache(maxsize=4096)
+def _file_in_package(fn: str) -> bool:
     return os.path.abspath(fn).startswith(_PKG_DIR) or fn.startswith("<frozen")
+
+
+@functools.lru_cache(maxsize=4096)
+def _display_path(path: str, cwd: str) -> str:
+    """`path` relative to the working directory `cwd` where it lies below it."""
+    try:
+        rel = os.path.relpath(path, cwd)
+        if not rel.startswith(".."):
+            return rel
+    except ValueError:
+        pass
+    return path
 
 
 def _frame_location(f) -> SourceLoc:
     col = 0
     try:
-        pos = list(f.f_code.co_positions())[f.f_lasti // 2]
+        pos = next(itertools.islice(f.f_code.co_positions(), f.f_lasti // 2, None))
         col = (pos[2] or 0) + 1
-    except (AttributeError, IndexError):
+    except (AttributeError, StopIteration):
         pass
-    path = f.f_code.co_filename
-    try:
-        rel = os.path.relpath(path)
-        if not rel.startswith(".."):
-            path = rel
-    except ValueError:
-        pass
-    return SourceLoc(path, f.f_lineno, col)
+    return SourceLoc(_display_path(f.f_code.co_filename, os.getcwd()), f.f_lineno, col)
 
 
 def user_location(tb=None) -> SourceLoc:

@@ -79,7 +79,7 @@ def load_checkpoint(path: str, model):
             treedef = json.loads(meta["opt_state_tree"])
             n = pytree.num_leaves(treedef)
             opt_state = pytree.unflatten(treedef, [tensors[f"opt_state/{i}"] for i in range(n)])
-    except (KeyError, ValueError, TypeError) as e:
+    except (KeyError, ValueError, TypeError, RecursionError) as e:
         raise TercompError(f"load_checkpoint: {path} is damaged ({type(e).__name__}: {e})") from None
     if isinstance(model, TrainStep):
         model.set_state(params, opt_state)

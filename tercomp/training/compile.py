@@ -14,11 +14,14 @@ import numbers
 import numpy as np
 
 from .. import optim, pytree
-from ..compiler import compile as tc_compile
+from ..build import BuildOptions, build
+from ..compiler import pipeline
 from ..errors import TercompError, check_number
 from ..nn.module import Module
+from ..passes import Dumper
 from ..pytree import tree_map
 from ..trace import api as _t
+from ..trace import trace
 from ..trace.tracer import Tracer
 from ..autodiff import value_and_grad
 from .data_parallel import check_options as check_data_parallel, compile_data_parallel
@@ -26,6 +29,11 @@ from .packing import Packing
 from .step import TrainStep
 
 ON_NAN = ("raise", "stop")
+
+
+def _keep(cond, new, old):
+    """`new` where the traced boolean `cond` holds, else `old` (pytrees of one structure)."""
+    return tree_map(lambda n, o: _t.where(cond, n, o), new, old)
 
 
 def _host_leaf(x):
@@ -156,18 +164,22 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
             model._load_params(saved)
         return loss, aux, grads
 
-    def update(params, opt_state, loss, grads):
-        """(new_params, new_state, norm): clip, then the optimizer's update; a NaN or Inf
-        anywhere in loss or grads keeps the old values (the host checks loss and norm)."""
+    def optimizer_step(grads, opt_state, params, loss):
+        """(new_params, new_state, norm, ok): clip, then the optimizer's update, whose state
+        must keep init's structure (the compiled step feeds it back in); `ok`: the loss and
+        the gradients are finite (the host checks loss and norm too)."""
         grads, norm = _clipped(grads)
         new_params, new_state = optimizer.update(grads, opt_state, params)
         if pytree.jsonable(pytree.flatten(new_state)[2]) != state_treedef:
             raise TercompError(f"{type(optimizer).__name__}.update returned a state whose structure "
                                "differs from init(params)'s; the compiled step feeds it back in")
-        ok = _t.abs(loss + norm) <= optim.F32_MAX
-        new_params = tree_map(lambda n, o: _t.where(ok, n, o), new_params, params)
-        new_state = tree_map(lambda n, o: _t.where(ok, n, o), new_state, opt_state)
-        return new_params, new_state, norm
+        return new_params, new_state, norm, _t.abs(loss + norm) <= optim.F32_MAX
+
+    def update(params, opt_state, loss, grads):
+        """(new_params, new_state, norm): the optimizer's step, or the old values where a
+        NaN or Inf is anywhere in loss or grads."""
+        new_params, new_state, norm, ok = optimizer_step(grads, opt_state, params, loss)
+        return _keep(ok, new_params, params), _keep(ok, new_state, opt_state), norm
 
     def train_step(params, opt_state, *batch):
         if packing is None:
@@ -193,12 +205,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         summed = tree_map(lambda a, g: a + g, acc["grads"], grads)
         calls = acc["calls"] + 1.0
         mean = tree_map(lambda g: g * (1.0 / accumulate_calls), summed)
-        mean, norm = _clipped(mean)
-        new_params, new_opt = optimizer.update(mean, state["opt"], params)
-        if pytree.jsonable(pytree.flatten(new_opt)[2]) != state_treedef:
-            raise TercompError(f"{type(optimizer).__name__}.update returned a state whose structure "
-                               "differs from init(params)'s; the compiled step feeds it back in")
-        ok = _t.abs(loss + norm) <= optim.F32_MAX
+        new_params, new_opt, norm, ok = optimizer_step(mean, state["opt"], params, loss)
         reset = calls >= accumulate_calls - 0.5          # the k-th call: update, then reset
         new_params = tree_map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_params, params)
         new_opt = tree_map(lambda n, o: _t.where(ok, _t.where(reset, n, o), o), new_opt, state["opt"])
@@ -218,8 +225,14 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         step.has_aux = detected.get("has_aux", False)      # known once traced
         step._name_batch(loss_fn)
         return step
-    exe = tc_compile(train_step, run_params, run_state, *example_batch, name="train_step",
-                     **compile_opts)
+    # the one compiled function: tc.compile's pipeline without the ternary pass (the
+    # latent float weights train; ternarize's straight-through estimator is in the graph)
+    opts = BuildOptions.resolve(target, device=device, threads=threads, ternary="off",
+                                isolate=isolate)
+    dumper = Dumper(dump_dir)
+    graph = trace(train_step, run_params, run_state, *example_batch, name="train_step")
+    exe = build(pipeline(opts, ternary="off", check_numerics=check_numerics,
+                         driver="compile_train_step"), graph, opts, dumper=dumper, cache=cache)
     step = TrainStep(exe, model, optimizer, run_params, run_state, len(example_batch),
                      detected.get("has_aux", False), on_nan, accumulate, clip_norm,
                      packing=packing)

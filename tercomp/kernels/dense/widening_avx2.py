@@ -20,7 +20,7 @@ from __future__ import annotations
 from iree.compiler import ir
 
 from ...codegen.executables import dispatch, ensure_executable, split_rows
-from ..table import host_cpu_features
+from ..host import host_cpu_features
 from ..template import render
 
 ROWS = 4
@@ -74,3 +74,11 @@ def emit(x: ir.Value, w: ir.Value, m_dim: ir.Value, n: int, k: int,
                                      else ir.ShapedType.get_dynamic_size(), n], ir.F32Type.get())
     args = [x, w] + ([scale] if scale is not None else []) + [m_dim]
     return dispatch(name, name, [m_dim], args, dims, out_t, dims)
+
+
+def emit_op(ctx, op, xs) -> list:
+    """The kernel table's widening_matmul "avx2" row: `emit` on the op's x, w (f16, or i8
+    with its row scale)."""
+    x_t, w_t = (v.type for v in op.operands[:2])
+    n, k = w_t.shape
+    return [emit(xs[0], xs[1], ctx.dim(x_t.shape[0]), n, k, xs[2] if len(xs) == 3 else None)]

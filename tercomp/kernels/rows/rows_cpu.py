@@ -11,10 +11,13 @@ at a time, with no masking: N (and D/2) must be multiples of 8.
 """
 from __future__ import annotations
 
+import sympy
 from iree.compiler import ir
-from iree.compiler.dialects import arith
+from iree.compiler.dialects import arith, tensor
 
+from ...codegen.builders import tensor_type
 from ...codegen.executables import dispatch, ensure_executable
+from ...ir import TensorType, is_static
 from ..template import render
 
 ROWS = 8
@@ -63,3 +66,37 @@ def rope(x: ir.Value, cos: ir.Value, sin: ir.Value, rows: ir.Value) -> ir.Value:
     ensure_executable(name, lambda: rope_text(name, heads, d))
     return dispatch(name, name, [rows], [x, cos, sin, rows], _dims(rows, x, cos, sin), x.type,
                     _dims(rows, x))
+
+
+def _expanded(ctx, y: ir.Value, x_t: TensorType, groups) -> ir.Value:
+    """y, the rows of x collapsed by `groups`, expanded back to x's type."""
+    dyn = ir.ShapedType.get_dynamic_size()
+    return tensor.ExpandShapeOp(tensor_type(x_t), y, groups, ctx.dyn_sizes(x_t),
+                                [d if is_static(d) else dyn for d in x_t.shape]).result
+
+
+def emit_rms_norm(ctx, op, xs) -> list:
+    """The kernel table's rms_norm "cpu" row: x [..., N] f32 (N % 8 == 0), its leading dims
+    taken as rows."""
+    x_t = op.operands[0].type
+    r = x_t.rank
+    rows = sympy.Mul(*x_t.shape[:-1])
+    if r == 2:
+        return [rms_norm(xs[0], xs[1], op.attrs["eps"], ctx.dim(rows))]
+    groups = [list(range(r - 1)), [r - 1]]
+    flat = TensorType((rows, x_t.shape[-1]), "f32")
+    x = tensor.CollapseShapeOp(tensor_type(flat), xs[0], groups).result
+    return [_expanded(ctx, rms_norm(x, xs[1], op.attrs["eps"], ctx.dim(rows)), x_t, groups)]
+
+
+def emit_rope(ctx, op, xs) -> list:
+    """The kernel table's rope "cpu" row: "neox" on f32 x [T, H, D] or [1, T, H, D] (one
+    sequence), D % 16 == 0."""
+    x_t = op.operands[0].type
+    lead = list(x_t.shape[:-3])
+    if not lead:
+        return [rope(xs[0], xs[1], xs[2], ctx.dim(x_t.shape[0]))]
+    groups = [list(range(len(lead) + 1)), [len(lead) + 1], [len(lead) + 2]]
+    rows = TensorType(x_t.shape[-3:], x_t.dtype)
+    x = tensor.CollapseShapeOp(tensor_type(rows), xs[0], groups).result
+    return [_expanded(ctx, rope(x, xs[1], xs[2], ctx.dim(x_t.shape[-3])), x_t, groups)]

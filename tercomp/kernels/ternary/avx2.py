@@ -26,8 +26,8 @@ several chunks before one `vpmaddwd`. No horizontal add inside the K loop; the r
 split into workgroups that IREE's task system spreads over the cores; each workgroup
 quantizes x itself.
 
-Needs: llvm-cpu with AVX2, K/4 a multiple of 32 and N a multiple of 4 (the strategy
-table's rule checks it; other shapes take `addsub`).
+Needs: llvm-cpu with AVX2, K/4 a multiple of 32 and N a multiple of 4 (`fits`, the
+kernel table row's condition: the table gives other shapes another kernel).
 """
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ on zmm issues as often as on ymm here (twice the products an instruction), and a
 GEMV loop measured alike with the zmm one, so the kernel uses zmm throughout.
 
 Needs: llvm-cpu on a host with AVX-512 VNNI (avx512bw comes with it), K/4 a multiple
-of 64 and N a multiple of 4 (the table's rule; other shapes take the avx2 kernel).
+of 64 and N a multiple of 4 (`fits`, the kernel table row's condition: the table gives
+other shapes another kernel, the avx2 one where it fits).
 """
 from __future__ import annotations
 

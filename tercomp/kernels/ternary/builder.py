@@ -3,7 +3,7 @@
 the state one kernel shares (`TernaryBuilder`: x, its static or dynamic M, the weights, the
 activation quantizer and the final scaling) and the portable kernels, the formulations
 measured in `shared/kernels/` (README there). The CPU "vnni" family is in
-`vnni`; which kernel a module gets is the table in `strategies`.
+`vnni`; which kernel a module gets is the kernel table (kernels/table.py).
 
 ``addsub``  (ref_d) int8 activations (per-row absmax, held in i16 lanes) and a fused
             masked add/sub over the 2-bit constant: no multiplies, no widened weights.
@@ -100,10 +100,10 @@ class TernaryBuilder:
     value, in `codes`), K, N and the scale, with the pieces kernels share: `weights()` /
     `pin_weights()`, the activation quantizer (`row_absmax`, `quantize`, `pad_k`,
     `planes`), `unpack` and `dequant`, and the portable kernels `addsub` and
-    `int8_matmul`. A new kernel is a function `(TernaryBuilder) -> y` registered as a
-    ternary_matmul row of tercomp/kernels/table.py with its emitter in
-    `strategies.EMIT`; `emit_ternary_matmul` builds one and calls it, at the current
-    insertion point.
+    `int8_matmul`. A new kernel is a function `(TernaryBuilder, act_quant) -> y`
+    (kernels/ternary/emitters.py) registered as a ternary_matmul row of
+    tercomp/kernels/table.py, with where it fits; the row's emit (and
+    `emit_ternary_matmul`) builds one and calls it, at the current insertion point.
     """
 
     def __init__(self, x: ir.Value, m: int | None, k: int, n: int,

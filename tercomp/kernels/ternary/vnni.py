@@ -8,7 +8,7 @@ It computes `sum_k c_k x_k - sum_k x_k = sum_k w_k x_k` with the u8 codes c = w 
 the only copy of the weights: recoding it ahead would make IREE hoist a second, recoded
 copy to module load when the weights are .irpa parameters), and the int8-quantized x.
 The tiling is fixed by a CPU-only `#iree_codegen.compilation_info`: GPU targets never
-get this kernel (the strategy table in `strategies`).
+get this kernel (the kernel table, kernels/table.py).
 """
 from __future__ import annotations
 

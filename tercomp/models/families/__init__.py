@@ -3,7 +3,8 @@ file's keys and tensor names onto the one decoder (models/bitnet.py's `BitNetLM`
 the options of its `BitNetConfig`).
 
     family        Hugging Face                                  GGUF general.architecture
-    bitnet        BitNetForCausalLM (model_type "bitnet")       "bitnet"
+    bitnet        BitNetForCausalLM (model_type "bitnet")       "bitnet"; bitnet.cpp's
+                                                                "bitnet-b1.58", "bitnet-25"
     llama_bitnet  LlamaForCausalLM whose quantization_config    "llama" (TQ2_0 / TQ1_0
                   has quant_method "bitnet" (Falcon3-1.58bit,   projections, f16 output)
                   Llama3-8B-1.58)
@@ -20,7 +21,7 @@ FAMILIES = (bitnet.FAMILY, llama_bitnet.FAMILY)
 
 def by_gguf_arch(arch: str):
     """The family of a GGUF `general.architecture`, or None."""
-    return next((f for f in FAMILIES if f.gguf_arch == arch), None)
+    return next((f for f in FAMILIES if f.reads_gguf_arch(arch)), None)
 
 
 def by_name(name: str):

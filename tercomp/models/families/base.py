@@ -20,7 +20,10 @@ class Family:
     multiplies in) or "block" (the TQ2_0 block scale itself: llama.cpp's `llama` graph
     reads no `*.scale`). `gguf_act_by_tokenizer`: the FFN activation of a GGUF that does
     not say (`{arch}.hidden_activation` absent), as (`tokenizer.ggml.pre`, activation)
-    pairs; any other file is "silu"."""
+    pairs; any other file is "silu". `gguf_arch_aliases`: other `general.architecture`
+    strings read as this family, as (arch, activation) pairs: the activation their
+    llama.cpp graph computes whatever the file's keys say (bitnet.cpp's `bitnet-b1.58`
+    and `bitnet-25` run relu2)."""
     name: str
     gguf_arch: str
     hf_architectures: tuple
@@ -30,7 +33,14 @@ class Family:
     hf_needs_bitnet_quant: bool = False
     gguf_scale: str = "tensor"
     gguf_act_by_tokenizer: tuple = ()
+    gguf_arch_aliases: tuple = ()
 
-    def gguf_activation(self, tokenizer_pre) -> str:
-        """The activation of a GGUF of this family without an activation key."""
-        return dict(self.gguf_act_by_tokenizer).get(tokenizer_pre, "silu")
+    def gguf_activation(self, tokenizer_pre, arch=None) -> str:
+        """The activation of a GGUF of this family (architecture `arch`) without an
+        activation key."""
+        fixed = dict(self.gguf_arch_aliases).get(arch)
+        return fixed or dict(self.gguf_act_by_tokenizer).get(tokenizer_pre, "silu")
+
+    def reads_gguf_arch(self, arch: str) -> bool:
+        """Whether a GGUF of `general.architecture` `arch` is this family."""
+        return arch == self.gguf_arch or arch in dict(self.gguf_arch_aliases)

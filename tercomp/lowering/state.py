@@ -36,8 +36,8 @@ from iree.compiler.dialects import func, util
 
 from ..errors import CompileError
 from ..ir import Graph, TensorType, is_static
-from .builders import tensor_type
-from .lower import Lowered, check_legal, lower_graph, lowered
+from ..codegen.builders import tensor_type
+from .driver import Lowered, check_legal, lower_graph, lowered
 
 
 @dataclass
@@ -89,7 +89,7 @@ def to_stateful_mlir(entries, state, ctx: ir.Context, params=None,
                      targets=("llvm-cpu",)) -> Lowered:
     """One MLIR module with a mutable global per StateVar of `state` and a public
     function per Entry of `entries` (see the module doc), compiled for `targets`, with
-    the IREE flags its kernels need (codegen.lower.Lowered). `params`: the ParamTable of
+    the IREE flags its kernels need (lowering.Lowered). `params`: the ParamTable of
     the weights (codegen.params), shared by every entry."""
     state = {s.name: s for s in state}
     for e in entries:

@@ -1,8 +1,9 @@
 """Lower a tern Graph to an MLIR module (linalg on tensors, tensor, arith, math, util).
 
-Each op is lowered by its registry entry: `lower` emits MLIR directly; a composite's
-`decompose` is expanded into other tern ops first, which are then lowered (also when
-its `lower`, a kernel for some cases only, returns None). Symbolic
+An op whose kernel attribute names a row of the kernel table (kernels/table.py, set by
+the `kernels` and `ternary` passes, which alone choose) is emitted by that row's `emit`;
+any other op by its registry entry: `lower` emits MLIR directly; a composite's
+`decompose` is expanded into other tern ops first, which are then lowered. Symbolic
 dims become dynamic dims whose sizes are read with `tensor.dim` from the function
 argument that introduced each symbol. After lowering, a legality check makes sure no
 op outside the dialects IREE accepts is left (an unknown op reaching IREE in-process
@@ -10,14 +11,15 @@ can crash the interpreter). With a `ParamTable` (codegen.params), constants whos
 value is a `Parameter` become `util.global`s of `#flow.parameter.named` values.
 
 The lowering reports, with the module, the IREE flags its kernels need on top of the
-target's (the ternary strategies' flags, kernels.ternary.strategies.TABLE): the drivers
-(tc.compile, tc.compile_lm) pass them on to IREE.
+target's (the flags of the table's rows it emitted): the drivers (tc.compile,
+tc.compile_lm) pass them on to IREE.
 
     >>> lowered = to_mlir(graph, ctx, targets=["llvm-cpu"])
     >>> lowered.module, lowered.flags            # e.g. ['--iree-opt-data-tiling=true', ...]
 """
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 from iree.compiler import ir
@@ -27,9 +29,9 @@ from ..errors import CompileError, TercompError
 from ..ir import Graph, Op
 from ..ir.graph import regions
 from ..ops import GraphBuilder, get
-from .builders import LowerCtx, tensor_type
-from .targets import WITH_16BIT_STORAGE
-from ..kernels.ternary.strategies import flags_for
+from ..codegen.builders import LowerCtx, tensor_type
+from ..codegen.targets import WITH_16BIT_STORAGE
+from ..kernels import table as kernel_table
 
 LEGAL_DIALECTS = ("builtin", "func", "arith", "math", "linalg", "tensor", "scf", "flow", "util", "hal",
                   "iree_linalg_ext")
@@ -51,17 +53,46 @@ def _location(op: Op) -> ir.Location:
 
 def lower_op(ctx: LowerCtx, op: Op):
     opdef = get(op.opname)
+    row = kernel_table.row_of(op.opname, op.attrs)
     with _location(op):
         results = None
-        if opdef.lower is not None:
-            results = opdef.lower(ctx, op, [ctx.values[v] for v in op.operands])
+        if row is not None:
+            ctx.kernels.add(row)         # the module needs its IREE flags
+            results = row.emit(ctx, op, [ctx.values[v] for v in op.operands])
+        elif opdef.lower is not None:
+            results = _run(opdef.lower(ctx, op, [ctx.values[v] for v in op.operands]))
         if results is None and opdef.decompose is not None:
             results = _lower_decomposition(ctx, op, opdef)
         if results is None:
             raise CompileError(f"tern.{op.opname} has no lowering to MLIR", loc=op.loc,
-                               hint="run the pass that rewrites it first (e.g. the ternary pass)")
+                               hint="run the pass that rewrites it first (e.g. the ternary "
+                                    "pass), or that settles its kernel (the kernels pass)")
     for r, m in zip(op.results, results):
         ctx.values[r] = m
+
+
+def _run(results):
+    """The results of an op's lowering. The lowering of an op with a body (tern.scan,
+    tern.checkpoint) is a generator: it builds the region, yields (child context, the
+    body's ops) for this driver to lower at the insertion point it set, and goes on with
+    the body's values; its return value is the op's results. An error in the body ends
+    it through its own `with` blocks (insertion points, locations) before it propagates."""
+    if not inspect.isgenerator(results):
+        return results
+    gen = results
+    try:
+        request = next(gen)
+        while True:
+            sub, ops = request
+            try:
+                for op in ops:
+                    lower_op(sub, op)
+            except BaseException as e:
+                request = gen.throw(e)
+            else:
+                request = gen.send(None)
+    except StopIteration as done:
+        return done.value
 
 
 def _lower_decomposition(ctx: LowerCtx, op: Op, opdef) -> list:
@@ -76,7 +107,7 @@ def _lower_decomposition(ctx: LowerCtx, op: Op, opdef) -> list:
 
 def lower_graph(graph: Graph, module: ir.Module, params=None, targets=("llvm-cpu",)) -> set:
     """Append `func.func @<graph.name>` to `module` (inside an active context); returns
-    the ternary strategies its ops emitted (see `lowered`). `params`: the ParamTable
+    the kernel table's rows its ops were emitted with (see `lowered`). `params`: the ParamTable
     that parameter constants are declared in; `targets`: the target names the module
     is compiled for (LowerCtx.targets)."""
     arg_types = [tensor_type(v.type) for v in graph.inputs]
@@ -90,7 +121,6 @@ def lower_graph(graph: Graph, module: ir.Module, params=None, targets=("llvm-cpu
             if not isinstance(d, int) and d.is_Symbol and d not in sources:
                 sources[d] = (a, axis)
     ctx = LowerCtx(sources, params=params, targets=targets)
-    ctx.lower_op = lower_op          # op bodies (tern.scan) lower their ops through it
     if params is not None:
         params.anchor = fop          # globals go before the function that first reads them
     for v, a in zip(graph.inputs, entry.arguments):
@@ -112,10 +142,11 @@ def lower_graph(graph: Graph, module: ir.Module, params=None, targets=("llvm-cpu
 
 
 def lowered(module: ir.Module, kernels: set, targets=("llvm-cpu",)) -> Lowered:
-    """`module` with the IREE flags of the ternary `kernels` it uses, each checked to
-    compile for `targets` (a CPU-only kernel for a GPU fails here, by name, instead of
-    inside IREE's GPU pipeline)."""
-    return Lowered(module, flags_for(kernels, targets), sorted(kernels))
+    """`module` with the IREE flags of the kernel table's rows (`kernels`) it was emitted
+    with, each checked to compile for `targets` (a CPU-only kernel for a GPU fails here,
+    by name, instead of inside IREE's GPU pipeline), and its ternary strategies."""
+    return Lowered(module, kernel_table.flags(kernels, targets),
+                   sorted(r.kernel for r in kernels if r.op == "ternary_matmul"))
 
 
 def check_legal(module: ir.Module) -> None:

@@ -1,0 +1,72 @@
+"""The compiled language-model step's calling convention: ONE definition that the compile
+side (tc.compile_lm, tercomp/generate.py) and the runtime side (runtime/generator.py,
+runtime/batched.py, the checks of a loaded artifact) both read.
+
+    step(ids i32[T], start i32[], rows i32[L])                  one sequence
+    step(ids i32[T], slots i32[T], positions i32[T], rows i32[L])   max_batch > 1
+        -> logits f32[L, vocab]
+
+Token t of the call is at position start + t (one sequence), or at positions[t] of the
+sequence in cache slot slots[t]; `rows` picks the positions of the call whose logits
+are computed. The KV caches kv0, kv1, ... (K and V of each layer: [max_seq, KV, D], or
+[max_batch, max_seq, KV, D]) are mutable globals of the module: the traced step takes
+them after its named inputs and returns their new values after the logits, and the
+exported function binds both to the globals (lowering/state.py), so a caller passes the
+named inputs only.
+
+    >>> abi = StepABI.of(max_batch=1)
+    >>> abi.inputs, abi.bind_inputs(4)
+    (('ids', 'start', 'rows'), {3: 'kv0', 4: 'kv1', 5: 'kv2', 6: 'kv3'})
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: the one exported function of a compiled LM
+STEP = "step"
+
+_SINGLE = (("ids", ("T",)), ("start", ()), ("rows", ("L",)))
+_BATCHED = (("ids", ("T",)), ("slots", ("T",)), ("positions", ("T",)), ("rows", ("L",)))
+
+
+@dataclass(frozen=True)
+class StepABI:
+    """The step of a single-sequence (`batched=False`) or a batched generator."""
+    batched: bool
+    function: str = STEP
+
+    @classmethod
+    def of(cls, max_batch: int) -> "StepABI":
+        return cls(batched=max_batch > 1)
+
+    @property
+    def inputs(self) -> tuple:
+        """The named inputs, in order (int32 each)."""
+        return tuple(n for n, _ in (_BATCHED if self.batched else _SINGLE))
+
+    @property
+    def input_shapes(self) -> tuple:
+        """Each named input's shape, with the symbolic dims "T" (tokens) and "L" (rows)."""
+        return tuple(s for _, s in (_BATCHED if self.batched else _SINGLE))
+
+    @property
+    def input_ranks(self) -> list:
+        """(rank, "i32") of each named input, as a module's declaration shows them."""
+        return [(len(s), "i32") for s in self.input_shapes]
+
+    @staticmethod
+    def cache_names(n_caches: int) -> list:
+        return [f"kv{i}" for i in range(n_caches)]
+
+    def bind_inputs(self, n_caches: int) -> dict:
+        """{traced input index: cache global}: the caches follow the named inputs."""
+        return {len(self.inputs) + i: name for i, name in enumerate(self.cache_names(n_caches))}
+
+    @staticmethod
+    def bind_outputs(n_caches: int) -> dict:
+        """{traced output index: cache global}: the caches follow the logits."""
+        return {1 + i: name for i, name in enumerate(StepABI.cache_names(n_caches))}
+
+    def cache_shape(self, max_batch: int, max_seq: int, kv_heads: int, head_dim: int) -> tuple:
+        rows = (max_seq, kv_heads, head_dim)
+        return (max_batch,) + rows if self.batched else rows
