@@ -997,6 +997,19 @@ def test_slow_heads_and_bodies_and_idle_connections_are_cut(base):
     assert stats(base)["status"] == "ok"
 
 
+def test_malformed_http_is_a_json_400(base):
+    for raw in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nNo colon here\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port_of(base))) as sock:
+            sock.settimeout(10)
+            sock.sendall(raw)
+            data = b""
+            while chunk := sock.recv(4096):
+                data += chunk
+        assert data.startswith(b"HTTP/1.1 400"), data[:200]
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "invalid_http"
+    assert stats(base)["status"] == "ok"
+
+
 def test_open_connections_are_capped(ref, base, client):
     socks = []
     try:

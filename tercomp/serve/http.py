@@ -5,6 +5,8 @@ needs and uvicorn does not give.
 - A request head must arrive within `read_timeout` seconds (uvicorn has no header
   timeout: a client sending one byte a second holds its connection for as long as it
   likes). The body's timeout is the app's (guard.Guard), which answers 408.
+- A request h11 cannot parse is answered a 400 with OpenAI's JSON error body, as every
+  other error (uvicorn's is plain text).
 - At most `max_connections` open connections: the next one is answered a 503 with
   OpenAI's JSON error body and closed (uvicorn's `limit_concurrency` answers plain
   text, and counts requests, not idle connections).
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -79,6 +82,20 @@ def protocol(read_timeout: float = READ_TIMEOUT, max_connections: int = MAX_CONN
                 self._arm()             # a head has begun (or the keep-alive wait ended)
             else:
                 self._disarm()
+
+        def send_400_response(self, msg: str) -> None:
+            # a request h11 cannot parse: OpenAI's JSON error body, not uvicorn's text
+            data = json.dumps(error_body(msg, code="invalid_http")).encode()
+            headers = [(b"content-type", b"application/json"),
+                       (b"content-length", str(len(data)).encode()), (b"connection", b"close")]
+            try:
+                for event in (h11.Response(status_code=400, headers=headers,
+                                           reason=b"Bad Request"),
+                              h11.Data(data=data), h11.EndOfMessage()):
+                    self.transport.write(self.conn.send(event))
+            except h11.LocalProtocolError:
+                pass                    # nothing more can be sent on this connection
+            self.transport.close()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
