@@ -21,7 +21,7 @@ import pytest
 import tercomp as tc
 from tercomp.ops import REGISTRY
 from tercomp.runtime.devices import driver_present
-from tercomp.trace import apply
+from tercomp.tracing import apply
 
 # no operands to vary / tested in test_autodiff.py / ops with a body, tested in test_scan.py
 SKIP = {"constant", "custom_vjp", "scan", "checkpoint"}

@@ -16,7 +16,7 @@ from tercomp.ops import get
 from tercomp.runtime.batched import BatchedLMGenerator
 from tercomp.runtime.devices import driver_present
 from tercomp.runtime.scheduler import Engine, QueueFull
-from tercomp.trace.tracer import apply
+from tercomp.tracing.tracer import apply
 
 from conftest import run_filecheck
 

@@ -266,7 +266,7 @@ def test_a_ternary_cnn_builds_forward_gradient_and_training_step_for_gpus(target
 
 
 def test_im2col_lowers_to_one_parallel_generic_over_the_padded_input():
-    from tercomp.trace.tracer import apply
+    from tercomp.tracing.tracer import apply
     x = f32(2, 3, 5, 5)
     attrs = dict(kernel=[3, 3], stride=[2, 2], padding=[[1, 1], [1, 1]], dilation=[1, 1])
     exe = tc.compile(lambda x: apply("im2col", x, **attrs), tc.spec(("B", 3, 5, 5)))

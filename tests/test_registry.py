@@ -178,7 +178,7 @@ def test_elementwise_ops_have_their_tc_function():
     # generated from the registry (trace/api.py): a new elementwise op needs no API edit
     import tercomp as tc
     from tercomp.ops.registry import REQUIRED
-    from tercomp.trace.api import NUMPY_NAMES
+    from tercomp.tracing.api import NUMPY_NAMES
     for name, d in REGISTRY.items():
         if d.family == "elementwise" and d.num_operands in (1, 2) and \
                 not any(v is REQUIRED for v in d.attrs.values()):
@@ -193,7 +193,7 @@ def test_elementwise_ops_have_their_tc_function():
 def test_registry_ops_with_a_method_form_have_their_method():
     # generated from OpDef.method (trace/api.py): an op's method needs no API edit
     import tercomp as tc
-    from tercomp.trace.tracer import METHODS
+    from tercomp.tracing.tracer import METHODS
     methods = {d.method: name for name, d in REGISTRY.items() if d.method is not None}
     assert {"sum", "mean", "reshape", "transpose", "astype", "exp"} <= set(methods)
     args = {"reshape": (6,), "astype": ("int32",)}

@@ -21,9 +21,9 @@ import numpy as np
 
 from .. import ternary_pack as tp
 from ..errors import TercompError
-from ..trace import api as _t
-from ..trace.conv_api import PADDING_HINT, resolve_padding
-from ..trace.tracer import apply
+from ..tracing import api as _t
+from ..tracing.conv_api import PADDING_HINT, resolve_padding
+from ..tracing.tracer import apply
 from .bitlinear import _traced
 from .conv import _check_channels, _check_rank, _shape, _tuple
 from .layers import _uniform

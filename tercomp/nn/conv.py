@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TercompError
-from ..trace import api as _t
-from ..trace.conv_api import PADDING_HINT
-from ..trace.tracer import apply
+from ..tracing import api as _t
+from ..tracing.conv_api import PADDING_HINT
+from ..tracing.tracer import apply
 from .layers import _uniform
 from .module import Module
 

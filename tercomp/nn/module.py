@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import pytree
 from ..errors import TercompError
-from ..trace.tracer import Tracer
+from ..tracing.tracer import Tracer
 
 
 def _is_param(v):

@@ -26,8 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TercompError
-from ..trace import api as _t
-from ..trace.control_flow import associative_scan, scan
+from ..tracing import api as _t
+from ..tracing.control_flow import associative_scan, scan
 from .bitlinear import BitLinear
 from .conv import Conv1d
 from .layers import Linear, RMSNorm, _rng

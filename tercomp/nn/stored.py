@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import api as _t
-from ..trace.tracer import apply
+from ..tracing import api as _t
+from ..tracing.tracer import apply
 from .module import Module
 
 #: how a stored table may keep its weights

@@ -21,9 +21,9 @@ from ..errors import TercompError, check_number
 from ..nn.module import Module, buffer_updates
 from ..passes import Dumper
 from ..pytree import tree_map
-from ..trace import api as _t
-from ..trace import trace
-from ..trace.tracer import Tracer
+from ..tracing import api as _t
+from ..tracing import trace
+from ..tracing.tracer import Tracer
 from ..autodiff import value_and_grad
 from .data_parallel import check_options as check_data_parallel, compile_data_parallel
 from .packing import Packing
