@@ -35,6 +35,16 @@ irdl.dialect @tern {
     %3 = irdl.any
     irdl.results(r0: %3)
   }
+  irdl.operation @avg_pool {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    %2 = irdl.any
+    %3 = irdl.any
+    irdl.attributes {"window" = %1, "stride" = %2, "padding" = %3}
+    %4 = irdl.any
+    irdl.results(r0: %4)
+  }
   irdl.operation @broadcast_to {
     %0 = irdl.any
     irdl.operands(x0: %0)
@@ -93,6 +103,44 @@ irdl.dialect @tern {
     irdl.attributes {"value" = %0}
     %1 = irdl.any
     irdl.results(r0: %1)
+  }
+  irdl.operation @conv {
+    %0 = irdl.any
+    %1 = irdl.any
+    irdl.operands(x0: %0, x1: %1)
+    %2 = irdl.any
+    %3 = irdl.any
+    %4 = irdl.any
+    %5 = irdl.any
+    irdl.attributes {"stride" = %2, "padding" = %3, "dilation" = %4, "groups" = %5}
+    %6 = irdl.any
+    irdl.results(r0: %6)
+  }
+  irdl.operation @conv_transpose {
+    %0 = irdl.any
+    %1 = irdl.any
+    irdl.operands(x0: %0, x1: %1)
+    %2 = irdl.any
+    %3 = irdl.any
+    %4 = irdl.any
+    %5 = irdl.any
+    %6 = irdl.any
+    irdl.attributes {"stride" = %2, "padding" = %3, "dilation" = %4, "groups" = %5, "output_padding" = %6}
+    %7 = irdl.any
+    irdl.results(r0: %7)
+  }
+  irdl.operation @conv_weight_grad {
+    %0 = irdl.any
+    %1 = irdl.any
+    irdl.operands(x0: %0, x1: %1)
+    %2 = irdl.any
+    %3 = irdl.any
+    %4 = irdl.any
+    %5 = irdl.any
+    %6 = irdl.any
+    irdl.attributes {"stride" = %2, "padding" = %3, "dilation" = %4, "groups" = %5, "kernel" = %6}
+    %7 = irdl.any
+    irdl.results(r0: %7)
   }
   irdl.operation @cos {
     %0 = irdl.any
@@ -172,6 +220,17 @@ irdl.dialect @tern {
     %2 = irdl.any
     irdl.results(r0: %2)
   }
+  irdl.operation @im2col {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    %2 = irdl.any
+    %3 = irdl.any
+    %4 = irdl.any
+    irdl.attributes {"kernel" = %1, "stride" = %2, "padding" = %3, "dilation" = %4}
+    %5 = irdl.any
+    irdl.results(r0: %5)
+  }
   irdl.operation @kv_scatter {
     %0 = irdl.any
     %1 = irdl.any
@@ -249,6 +308,16 @@ irdl.dialect @tern {
     irdl.attributes {"keepdims" = %1}
     %2 = irdl.any
     irdl.results(r0: %2)
+  }
+  irdl.operation @max_pool {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    %2 = irdl.any
+    %3 = irdl.any
+    irdl.attributes {"window" = %1, "stride" = %2, "padding" = %3}
+    %4 = irdl.any
+    irdl.results(r0: %4)
   }
   irdl.operation @maximum {
     %0 = irdl.any

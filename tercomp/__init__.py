@@ -15,8 +15,6 @@ from ._version import __version__  # noqa: F401
 
 import importlib
 import importlib.util
-import sys
-import types
 
 from .errors import (TercompError, TraceError, ParseError, VerifyError, CompileError,
                      InputError, ArtifactError, DeviceUnavailable, NumericsError)
@@ -35,19 +33,18 @@ def _load_compiler_side() -> None:
     memory) into this module. Done on first use of a compiler-side name, so a process
     that only loads and runs artifacts (tc.load) never pays for it."""
     from . import ir, ops, passes  # noqa: F401
-    from .trace import trace, spec, Tracer  # noqa: F401
-    from .trace import api as _api
-    from .trace.api import sum, max, min, abs  # noqa: F401,A004  (shadow builtins, as numpy does)
+    from .tracing import trace, spec, Tracer  # noqa: F401
+    from .tracing import api as _api
+    from .tracing.api import sum, max, min, abs  # noqa: F401,A004  (shadow builtins, as numpy does)
     from . import nn  # noqa: F401
     from .compiler import compile  # noqa: F401
     from .autodiff import grad, value_and_grad, vjp, jvp, custom_vjp  # noqa: F401
-    from .trace.control_flow import scan, checkpoint, associative_scan  # noqa: F401
+    from .tracing.control_flow import scan, checkpoint, associative_scan  # noqa: F401
     from . import optim  # noqa: F401
     from .training import compile_train_step, TrainStep, save_checkpoint, load_checkpoint  # noqa: F401
     from .generate import compile_lm  # noqa: F401
     from .embed import compile_embed  # noqa: F401
-    names = {k: v for k, v in locals().items() if not k.startswith("_") and k != "trace"}
-    names["_trace_function"] = trace
+    names = {k: v for k, v in locals().items() if not k.startswith("_")}
     names.update({k: getattr(_api, k) for k in getattr(_api, "__all__", dir(_api))
                   if not k.startswith("_")})
     globals().update(names)
@@ -82,23 +79,3 @@ def __getattr__(name):
     if name in globals():
         return globals()[name]
     raise AttributeError(f"module 'tercomp' has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """tercomp itself. `tc.trace` is the function, though `tercomp.trace` is also a
-    package: importing that package makes Python set the attribute `trace` here, which
-    the setter ignores, so the name keeps meaning the function whatever was imported
-    first (eagerly, the import order used to settle it)."""
-
-    @property
-    def trace(self):
-        if "_trace_function" not in globals():
-            _require_compiler_side("trace")
-        return globals()["_trace_function"]
-
-    @trace.setter
-    def trace(self, value):
-        pass
-
-
-sys.modules[__name__].__class__ = _Package

@@ -2,6 +2,8 @@
 
     tercomp serve MODEL [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-seq N]
                   [--api-key KEY] [--threads N] [--max-queue N] [--max-body BYTES]
+                  [--read-timeout S] [--keep-alive S] [--max-connections N] [--drain S]
+                  [--max-request-tokens N]
 
 MODEL is a .gguf file, a Hugging Face directory (compiled with max_batch slots), or an
 LM artifact (.tcm, served as it was compiled: `tercomp generate ... --save` or
@@ -26,7 +28,7 @@ def add_parser(sub, positive_int, run):
     s = sub.add_parser("serve", help="serve a language model over OpenAI's HTTP API",
                        description="Serve MODEL (.gguf, Hugging Face directory, or an LM "
                                    "artifact .tcm) at /v1/completions, /v1/chat/completions, "
-                                   "/v1/models, /health and /metrics.")
+                                   "/v1/models, /tokenize, /detokenize, /health and /metrics.")
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
@@ -41,6 +43,18 @@ def add_parser(sub, positive_int, run):
                    help="requests waiting for a slot beyond which new ones get 429 (default 256)")
     s.add_argument("--max-body", type=positive_int, default=1 << 20, metavar="BYTES",
                    help="largest request body accepted (default 1 MiB)")
+    s.add_argument("--read-timeout", type=_seconds, default=10.0, metavar="S",
+                   help="seconds a request's head, and then its body, may take to arrive "
+                        "(default 10)")
+    s.add_argument("--keep-alive", type=positive_int, default=5, metavar="S",
+                   help="seconds an idle keep-alive connection stays open (default 5)")
+    s.add_argument("--max-connections", type=positive_int, default=512, metavar="N",
+                   help="open connections beyond which new ones get a 503 (default 512)")
+    s.add_argument("--drain", type=_seconds, default=10.0, metavar="S",
+                   help="on SIGTERM, seconds the running requests have to finish (default 10)")
+    s.add_argument("--max-request-tokens", type=positive_int, default=1 << 15, metavar="N",
+                   help="tokens one request may generate over its prompts and choices "
+                        "(default 32768)")
     s.add_argument("--name", help="the model name clients pass (default: MODEL's file name "
                                   "without its extension)")
     s.add_argument("--kv-dtype", choices=["float16", "float32"],
@@ -49,6 +63,16 @@ def add_parser(sub, positive_int, run):
     s.add_argument("--no-cache", action="store_true", help="do not use the compile cache")
     s.set_defaults(run=run, target=None, vulkan_target=None, cuda_target=None)
     return s
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 < v < 1e6:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return v
 
 
 def _port(text: str) -> int:
@@ -68,8 +92,8 @@ def run(args, spinner, usage_error) -> int:
     if args.api_key is not None and not args.api_key.strip():
         raise usage_error("--api-key is empty")
     try:    # the serve extra, imported here: the other commands run without it
-        import uvicorn
         from .serve.app import create_app
+        from .serve.http import serve
     except ImportError as e:
         raise TercompError(f"tercomp serve needs {e.name or e}, which is not installed",
                            hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
@@ -92,12 +116,14 @@ def run(args, spinner, usage_error) -> int:
               f"with max_batch, e.g. tercomp serve MODEL.gguf --max-batch 8)", file=sys.stderr)
     engine = Engine(gen, max_queue=args.max_queue)
     name = args.name or model_name(args.model)
-    app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body)
+    app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body,
+                     read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens)
     print(f"serving {name} ({batch} slots of {gen.max_seq} tokens) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=5)
+        serve(app, engine, host=args.host, port=args.port, read_timeout=args.read_timeout,
+              max_connections=args.max_connections, keep_alive=args.keep_alive,
+              drain=args.drain)
     finally:
         engine.close()
     return 0

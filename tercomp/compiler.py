@@ -13,7 +13,7 @@ from .ir import Graph
 from .passes import Dumper
 from .passes.check_numerics import enabled as numerics_enabled
 from .runtime.module import CompiledModule
-from .trace import trace
+from .tracing import trace
 from .autodiff import GradFn
 
 DEFAULT_PASSES = ["simplify"]

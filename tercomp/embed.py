@@ -28,8 +28,8 @@ from .compiler import compile as _compile
 from .errors import TercompError
 from .models.bitnet import BitNetLM
 from .models.config import POOLINGS
-from .trace import api as _t
-from .trace import spec
+from .tracing import api as _t
+from .tracing import spec
 
 __all__ = ["compile_embed", "Embedder"]
 

@@ -52,8 +52,8 @@ from .passes.check_numerics import enabled as numerics_enabled
 from .runtime.batched import BatchedLMGenerator
 from .runtime.generator import KV_DTYPES, LMGenerator
 from .runtime.step_abi import StepABI
-from .trace import api as _t
-from .trace import spec, trace
+from .tracing import api as _t
+from .tracing import spec, trace
 
 __all__ = ["compile_lm"]
 

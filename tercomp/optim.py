@@ -22,10 +22,10 @@ import numbers
 import numpy as np
 
 from .errors import TercompError, check_number
-from .trace import api as _t
+from .tracing import api as _t
 from . import pytree
 from .pytree import tree_map
-from .trace.tracer import Tracer
+from .tracing.tracer import Tracer
 
 __all__ = ["SGD", "AdamW", "Optimizer", "constant", "cosine", "Schedule",
            "global_norm", "clip_by_global_norm", "accumulate_gradients"]

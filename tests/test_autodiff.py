@@ -260,7 +260,7 @@ def test_error_op_without_gradient_rule():
     assert name not in REGISTRY
     REGISTRY[name] = OpDef(name, "test", lambda ts, a: [ts[0]], lambda xs, a: [xs[0] * xs[0]])
     try:
-        from tercomp.trace import apply
+        from tercomp.tracing import apply
         x = rand(3)
         assert np.allclose(apply(name, x), x * x)
         with pytest.raises(tc.TercompError, match=rf"tern\.{name} has no gradient rule") as e:
@@ -321,7 +321,7 @@ def test_layers_below_autodiff_never_import_it():
                 bad = [n for n in names if n.split(".")[-1] in ("autodiff", "transforms")
                        or n.startswith("tercomp.autodiff")]
                 assert not bad, f"{path.relative_to(pkg)}:{node.lineno} imports {bad}"
-    code = ("import sys, tercomp.ops, tercomp.trace, tercomp.passes\n"
+    code = ("import sys, tercomp.ops, tercomp.tracing, tercomp.passes\n"
             "print(sorted(m for m in sys.modules if m.startswith('tercomp.autodiff')))\n"
             "import tercomp.autodiff\n"
             "from tercomp.ops import get\n"

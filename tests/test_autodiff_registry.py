@@ -21,7 +21,7 @@ import pytest
 import tercomp as tc
 from tercomp.ops import REGISTRY
 from tercomp.runtime.devices import driver_present
-from tercomp.trace import apply
+from tercomp.tracing import apply
 
 # no operands to vary / tested in test_autodiff.py / ops with a body, tested in test_scan.py
 SKIP = {"constant", "custom_vjp", "scan", "checkpoint"}
@@ -148,6 +148,23 @@ CASES: dict[str, list] = {
              Case([A((2, 3, 2, 4)), A((3, 2)), A((3, 2))], {"style": "interleaved"})],
     "pad": [Case([A((3, 4))], {"widths": [[1, 0], [2, 1]]})],
     "cross_entropy": [Case([A((4, 5)), A((4,), "int", hi=5)])],
+    # conv
+    "conv": [Case([A((2, 4, 5)), A((6, 2, 3))], {"stride": [2], "padding": [[1, 0]], "dilation": [1],
+                                                 "groups": 2}),
+             Case([A((1, 2, 4, 4)), A((3, 2, 2, 2))], {"stride": [1, 2], "padding": [[1, 1], [0, 1]],
+                                                       "dilation": [2, 1], "groups": 1})],
+    "conv_transpose": [Case([A((2, 4, 3)), A((4, 3, 3))],
+                            {"stride": [2], "padding": [[1, 0]], "dilation": [1], "groups": 2,
+                             "output_padding": [1]})],
+    "conv_weight_grad": [Case([A((2, 4, 5)), A((2, 6, 2))],
+                              {"stride": [2], "padding": [[1, 0]], "dilation": [1], "groups": 2,
+                               "kernel": [3]})],
+    "im2col": [Case([A((2, 2, 5, 4))], {"kernel": [3, 2], "stride": [2, 1], "padding": [[1, 0], [0, 1]],
+                                         "dilation": [1, 2]})],
+    "max_pool": [Case([A((2, 2, 5, 4), "distinct")], {"window": [2, 2], "stride": [2, 1],
+                                                      "padding": [[1, 0], [0, 1]]}),
+                 Case([A((1, 2, 6), "distinct")], {"window": [3], "stride": [2], "padding": [[0, 0]]})],
+    "avg_pool": [Case([A((2, 3, 7))], {"window": [3], "stride": [2], "padding": [[1, 1]]})],
     # ternary (fake quantization; straight-through gradients, so FD does not apply)
     "ternarize": [Case([A((3, 4))], straight_through=True)],
     "act_quant": [Case([A((3, 4))], straight_through=True)],

@@ -16,7 +16,7 @@ from tercomp.ops import get
 from tercomp.runtime.batched import BatchedLMGenerator
 from tercomp.runtime.devices import driver_present
 from tercomp.runtime.scheduler import Engine, QueueFull
-from tercomp.trace.tracer import apply
+from tercomp.tracing.tracer import apply
 
 from conftest import run_filecheck
 
@@ -292,6 +292,44 @@ def test_the_queue_is_bounded(batched, single):
         engine.close()
 
 
+def test_a_cancelled_waiting_request_leaves_the_queue_at_once(batched, single):
+    batched.reset()
+    p = _prompts(1, seed=9)[0]
+    engine = Engine(batched, max_queue=2, start=False)      # nothing admitted yet
+    try:
+        gone = [engine.submit(p, max_tokens=2) for _ in range(2)]
+        for r in gone:
+            r.cancel()
+            assert r.done and r.finish_reason == "cancelled" and r.result(0).size == 0
+        assert engine.stats()["waiting"] == 0
+        kept = [engine.submit(p, max_tokens=2) for _ in range(2)]    # no QueueFull
+        engine.start()
+        for r in kept:
+            np.testing.assert_array_equal(r.result(60), single.generate(p, max_new_tokens=2))
+    finally:
+        engine.close()
+
+
+def test_slots_are_shared_fairly_between_groups(batched):
+    # 8 sequences of one request, then 1 of another: the second is admitted with the
+    # first wave, not after all 8 (first come, first served)
+    batched.reset()
+    p = _prompts(1, seed=3)[0]
+    engine = Engine(batched, start=False)
+    try:
+        big = [engine.submit(p, max_tokens=20, group="big") for _ in range(8)]
+        small = engine.submit(p, max_tokens=2, group="small")
+        engine.start()
+        small.result(60)
+        for r in big:
+            r.result(60)
+        firsts = sorted(r.first_token for r in big)
+        assert small.first_token <= firsts[3] < firsts[4]
+        assert small.finished < firsts[4]
+    finally:
+        engine.close()
+
+
 def test_cancel_frees_the_slot(batched, single):
     batched.reset()
     p = _prompts(1, seed=9)[0]
@@ -309,7 +347,7 @@ def test_cancel_frees_the_slot(batched, single):
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"),
+    ({"max_tokens": -1}, "max_tokens"), ({"logprobs": 21}, "logprobs"), ({"temperature": -1.0}, "temperature"),
     ({"top_p": 0.0}, "top_p"), ({"seed": "x"}, "seed"), ({"stop": "eos"}, "eos"),
 ])
 def test_engine_rejects_bad_requests_before_queueing(batched, kw, match):

@@ -10,7 +10,7 @@ import tercomp as tc
 from tercomp import nn
 from tercomp.ops import parse
 from tercomp.passes import run_pipeline
-from tercomp.trace import trace
+from tercomp.tracing import trace
 from tests.conftest import ROOT, run_filecheck
 
 sys.path.insert(0, os.path.join(ROOT, "samples"))
@@ -277,7 +277,7 @@ def test_ir_layer_takes_the_op_rules_explicitly():
 def test_trace_does_not_import_nn():
     """nn sits above trace (its layers call the traced API); tc.trace recognises modules
     through the pytree registration, so tracing loads no nn module."""
-    code = ("import sys, numpy; from tercomp.trace import trace; trace(lambda x: x * 2, numpy.ones(2)); "
+    code = ("import sys, numpy; from tercomp.tracing import trace; trace(lambda x: x * 2, numpy.ones(2)); "
             "print(sorted(m for m in sys.modules if m.startswith('tercomp.nn')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -13,7 +13,7 @@ from tercomp.errors import CompileError
 from tercomp.ir import TensorType
 from tercomp.runtime.module import CompiledModule
 from tercomp.runtime.signature import Signature
-from tercomp.trace.tracer import apply
+from tercomp.tracing.tracer import apply
 
 S, H, KV, D, E = 16, 4, 2, 8, 32
 rng = np.random.default_rng(0)

@@ -11,7 +11,7 @@ import tercomp as tc
 from tercomp import models
 from tercomp.ops import get
 from tercomp.runtime.devices import driver_present
-from tercomp.trace.tracer import apply
+from tercomp.tracing.tracer import apply
 
 import bitnet_ref as R
 from conftest import run_filecheck

@@ -22,7 +22,7 @@ from tercomp.ops import get
 from tercomp.ops.registry import REGISTRY
 from tercomp.passes import run_pipeline
 from tercomp.ternary_pack import pack_ternary
-from tercomp.trace.tracer import apply
+from tercomp.tracing.tracer import apply
 
 F32 = "float32"
 

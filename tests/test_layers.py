@@ -17,7 +17,7 @@ LAYERS = [
     {"codegen"},                # the MLIR-building library: builders, executables, params
     {"kernels"},                # the kernel table and the hand-written kernels
     {"ops"},                    # the op registry: rules, references, VJPs, generic lowerings
-    {"trace", "passes", "lowering"},    # tracing; the passes; the one lowering driver
+    {"tracing", "passes", "lowering"},  # tracing; the passes; the one lowering driver
     {"autodiff", "nn", "optim"},
     {"models", "serve"},        # the LM families and formats; the server of a saved model
     {"build"},                  # a traced program -> a CompiledModule (Pipeline)

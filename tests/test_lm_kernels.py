@@ -7,7 +7,7 @@ import pytest
 
 import tercomp as tc
 from conftest import run_filecheck
-from tercomp.trace.tracer import apply
+from tercomp.tracing.tracer import apply
 
 
 @pytest.mark.parametrize("kv_dtype", ["float16", "float32"])

@@ -8,7 +8,7 @@ import tercomp as tc
 from tercomp import models, nn
 from tercomp.models.kv_cache import KVCache
 from tercomp.passes import run_pipeline
-from tercomp.trace.tracer import apply
+from tercomp.tracing.tracer import apply
 
 from conftest import run_filecheck
 

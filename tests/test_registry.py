@@ -79,6 +79,18 @@ EXAMPLES = {
     "pad": ([f32(3, 4)], {"widths": [[1, 2], [0, 1]]}),
     "one_hot": ([ints(4, 5)], {"num_classes": 4}),
     "cross_entropy": ([f32(3, 4), ints(4, 3)], {}),
+    "conv": ([f32(2, 4, 6, 5), f32(6, 2, 3, 2)], {"stride": [2, 1], "padding": [[1, 0], [1, 1]],
+                                                "dilation": [1, 2], "groups": 2}),
+    "conv_transpose": ([f32(2, 4, 3, 5), f32(4, 3, 3, 2)],
+                       {"stride": [2, 1], "padding": [[1, 0], [1, 1]], "dilation": [1, 2],
+                        "groups": 2, "output_padding": [1, 0]}),
+    "conv_weight_grad": ([f32(2, 4, 6, 5), f32(2, 6, 3, 5)],
+                         {"stride": [2, 1], "padding": [[1, 0], [1, 1]], "dilation": [1, 2],
+                          "groups": 2, "kernel": [3, 2]}),
+    "im2col": ([f32(2, 3, 6, 5)], {"kernel": [3, 2], "stride": [2, 1], "padding": [[1, 0], [1, 1]],
+                                   "dilation": [1, 2]}),
+    "max_pool": ([f32(2, 3, 5, 4)], {"window": [2, 2], "stride": [2, 1], "padding": [[1, 0], [0, 1]]}),
+    "avg_pool": ([f32(2, 3, 7)], {"window": [3], "stride": [2], "padding": [[1, 1]]}),
     "round": ([f32(3, 4) * 3], {}),
     "ternarize": ([f32(5, 6)], {}),
     "act_quant": ([f32(3, 7)], {}),
@@ -166,7 +178,7 @@ def test_elementwise_ops_have_their_tc_function():
     # generated from the registry (trace/api.py): a new elementwise op needs no API edit
     import tercomp as tc
     from tercomp.ops.registry import REQUIRED
-    from tercomp.trace.api import NUMPY_NAMES
+    from tercomp.tracing.api import NUMPY_NAMES
     for name, d in REGISTRY.items():
         if d.family == "elementwise" and d.num_operands in (1, 2) and \
                 not any(v is REQUIRED for v in d.attrs.values()):
@@ -181,7 +193,7 @@ def test_elementwise_ops_have_their_tc_function():
 def test_registry_ops_with_a_method_form_have_their_method():
     # generated from OpDef.method (trace/api.py): an op's method needs no API edit
     import tercomp as tc
-    from tercomp.trace.tracer import METHODS
+    from tercomp.tracing.tracer import METHODS
     methods = {d.method: name for name, d in REGISTRY.items() if d.method is not None}
     assert {"sum", "mean", "reshape", "transpose", "astype", "exp"} <= set(methods)
     args = {"reshape": (6,), "astype": ("int32",)}

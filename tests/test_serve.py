@@ -2,13 +2,21 @@
 client and raw httpx: the answers equal a single-stream generator's, streamed equals
 non-streamed, chat equals the template + generate, every bad request gets its status
 and an OpenAI error body while the server keeps answering the next one correctly, a
-client that goes away frees its slot, and a bounded load loses no request."""
+client that goes away frees its slot, and a bounded load loses no request; log-probabilities
+equal log_softmax of the generator's logits (as lm-evaluation-harness reads them), n /
+best_of and the penalties match NumPy written out, user text never becomes a special
+token, hostile clients (lone surrogates, slow heads and bodies, too many connections,
+SIGTERM) get JSON errors in bounded time, and structured output always validates."""
 import concurrent.futures as cf
+import http.client
 import importlib.util
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -33,6 +41,7 @@ _spec.loader.exec_module(bench)
 
 KEY = "test-key"
 MAX_SEQ, SLOTS, MAX_QUEUE, MAX_BODY = 256, 4, 8, 64 << 10
+READ_TIMEOUT, MAX_CONNECTIONS = 1.5, 48
 TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
@@ -56,15 +65,24 @@ def tiny_lm():
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(the single-stream reference generator, the server's base URL)."""
+def tcm(tmp_path_factory):
+    """(the tiny LM, the path of its batched .tcm)."""
     lm = tiny_lm()
     path = str(tmp_path_factory.mktemp("serve") / "tiny.tcm")
     tc.compile_lm(lm, max_seq=MAX_SEQ, max_batch=SLOTS).save(path)
+    return lm, path
+
+
+@pytest.fixture(scope="module")
+def served(tcm):
+    """(the single-stream reference generator, the server's base URL)."""
+    lm, path = tcm
     ref = tc.compile_lm(lm, max_seq=MAX_SEQ)
     port = bench.free_port()
     proc = bench.start_server(path, port, ["--api-key", KEY, "--max-queue", str(MAX_QUEUE),
-                                           "--max-body", str(MAX_BODY)])
+                                           "--max-body", str(MAX_BODY), "--read-timeout",
+                                           str(READ_TIMEOUT), "--max-connections",
+                                           str(MAX_CONNECTIONS)])
     try:
         yield ref, f"http://127.0.0.1:{port}"
     finally:
@@ -228,6 +246,224 @@ def test_models_health_and_metrics(base, client):
     assert metric(base, "tercomp_generation_tokens_total") > 0
 
 
+# -- log-probabilities ------------------------------------------------------------------------
+
+def log_softmax(logits):
+    z = np.asarray(logits, np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("max_tokens", [0, 1])
+def test_echo_scores_the_prompt_as_log_softmax_of_prefill(ref, base, max_tokens):
+    # what lm-evaluation-harness's local-completions sends for a log-likelihood task
+    prompt = "the quick brown fox hello world"
+    ids = ref.encode(prompt).tolist()
+    r = post(base, "/v1/completions", {"model": "tiny", "prompt": prompt, "echo": True,
+                                       "logprobs": 3, "max_tokens": max_tokens,
+                                       "temperature": 0, "seed": 1234})
+    assert r.status_code == 200, r.text
+    c = r.json()["choices"][0]
+    lp = c["logprobs"]
+    want = log_softmax(ref.prefill(np.array(ids, np.int32)))       # [T, vocab]
+    n = len(ids) + max_tokens
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == n
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    got = np.array(lp["token_logprobs"][1:len(ids)])
+    np.testing.assert_allclose(got, want[np.arange(len(ids) - 1), ids[1:]], atol=2e-3)
+    for i in range(1, len(ids)):
+        top = lp["top_logprobs"][i]
+        assert 3 <= len(top) <= 4
+        assert max(top.values()) == pytest.approx(want[i - 1].max(), abs=2e-3)
+    assert c["text"].startswith(prompt) and lp["text_offset"][0] == 0
+    assert lp["text_offset"] == list(np.cumsum([0] + [len(t) for t in lp["tokens"][:-1]]))
+    assert "".join(lp["tokens"][:len(ids)]) == prompt
+    if max_tokens:      # the greedy token, scored from the last prompt position
+        tok = int(want[-1].argmax())
+        assert c["token_ids"] == [tok]
+        assert lp["token_logprobs"][-1] == pytest.approx(want[-1, tok], abs=2e-3)
+        assert lp["token_logprobs"][-1] == max(lp["top_logprobs"][-1].values())
+    else:
+        assert c["token_ids"] == [] and c["text"] == prompt and c["finish_reason"] == "length"
+        assert r.json()["usage"]["completion_tokens"] == 0
+
+
+def test_what_lm_eval_local_completions_does(ref, base):
+    # lm-evaluation-harness's local-completions with its remote tokenizer (vLLM's
+    # /tokenizer_info, /tokenize, /detokenize), scoring a continuation as it does
+    auth = {"Authorization": f"Bearer {KEY}"}
+    info = httpx.get(f"{base}/tokenizer_info", headers=auth, timeout=30).json()
+    assert info["eos_token"] == "<|end|>" and info["chat_template"] == TEMPLATE
+    context, continuation = "the quick brown", " fox hello"
+
+    def encode(text):
+        r = post(base, "/tokenize", {"prompt": text, "add_special_tokens": False})
+        return r.json()["tokens"]
+    ctxlen = len(encode(context))
+    assert post(base, "/detokenize", {"tokens": encode(context)}).json()["prompt"] == context
+    r = post(base, "/v1/completions", {"model": "tiny", "prompt": [context + continuation],
+                                       "temperature": 0, "max_tokens": 1, "logprobs": 1,
+                                       "seed": 1234, "echo": True})
+    assert r.status_code == 200, r.text
+    choice = sorted(r.json()["choices"], key=lambda c: c["index"])[0]
+    got = sum(choice["logprobs"]["token_logprobs"][ctxlen:-1])
+    lp = choice["logprobs"]
+    greedy = all(t == max(top.values()) for t, top in zip(lp["token_logprobs"][ctxlen:-1],
+                                                          lp["top_logprobs"][ctxlen:-1]))
+    ids = ref.encode(context + continuation).tolist()
+    want = log_softmax(ref.prefill(np.array(ids, np.int32)))
+    assert got == pytest.approx(sum(want[i - 1, ids[i]] for i in range(ctxlen, len(ids))), abs=1e-2)
+    assert greedy == all(want[i - 1].argmax() == ids[i] for i in range(ctxlen, len(ids)))
+
+
+def test_generated_token_logprobs_streamed_and_not(ref, client):
+    ids = ref.encode("hello").tolist()
+    want_ids, _ = expected(ref, ids, 8)
+    whole = client.completions.create(model="tiny", prompt="hello", max_tokens=8,
+                                      temperature=0, logprobs=2)
+    lp = whole.choices[0].logprobs
+    scores = log_softmax(ref.prefill(np.array(ids + want_ids[:-1], np.int32)))[len(ids) - 1:]
+    np.testing.assert_allclose(lp.token_logprobs, scores[np.arange(len(want_ids)), want_ids],
+                               atol=2e-3)
+    chunks = list(client.completions.create(model="tiny", prompt="hello", max_tokens=8,
+                                            temperature=0, logprobs=2, stream=True))
+    streamed = [x for c in chunks if c.choices and c.choices[0].logprobs
+                for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+
+
+def test_chat_logprobs(ref, client):
+    messages = [{"role": "user", "content": "hello"}]
+    text = ChatTemplate.from_dict(ref.chat_template).render(messages, add_generation_prompt=True)
+    ids = ref.tokenizer.encode(text, add_special_tokens=False).ids
+    want_ids, want = expected(ref, ids, 10)
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
+                                       temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == len(want_ids)
+    scores = log_softmax(ref.prefill(np.array(ids + want_ids[:-1], np.int32)))[len(ids) - 1:]
+    for e, tok, row in zip(content, want_ids, scores):
+        assert e.logprob == pytest.approx(row[tok], abs=2e-3)
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs),
+                                                             reverse=True)
+        assert len(e.top_logprobs) == 2
+        assert e.top_logprobs[0].logprob == pytest.approx(row.max(), abs=2e-3)
+    assert bytes(b for e in content for b in e.bytes).decode().startswith(want)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=10,
+                                                 temperature=0, logprobs=True, top_logprobs=2,
+                                                 stream=True))
+    assert [e.logprob for c in chunks if c.choices[0].logprobs
+            for e in c.choices[0].logprobs.content] == [e.logprob for e in content]
+    bad = post(client.base_url.__str__().removesuffix("/v1/"), "/v1/chat/completions",
+               {"model": "tiny", "messages": messages, "top_logprobs": 2})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
+
+
+# -- sampling parameters --------------------------------------------------------------------------
+
+def penalized_greedy(ref, ids, n, presence=0.0, frequency=0.0, repetition=1.0, bias=None):
+    """Greedy tokens with vLLM's transforms, written out in NumPy: bias, then repetition
+    over prompt and output, then frequency and presence over the output."""
+    out, logits = [], ref.prefill(np.array(ids, np.int32))[-1]
+    for _ in range(n):
+        z = logits.astype(np.float64)
+        for t, v in (bias or {}).items():
+            z[int(t)] += v
+        for t in set(ids) | set(out):
+            z[t] = z[t] / repetition if z[t] > 0 else z[t] * repetition
+        counts = np.bincount(out, minlength=z.size)
+        z = z - frequency * counts - presence * (counts > 0)
+        out.append(int(z.argmax()))
+        if out[-1] == EOS:
+            break
+        logits = ref.decode(out[-1])
+    return out
+
+
+@pytest.mark.parametrize("params", [
+    {"presence_penalty": 1.5}, {"frequency_penalty": 0.7}, {"repetition_penalty": 1.3},
+    {"logit_bias": {"100": 4.0, "7": -100}},
+    {"presence_penalty": -0.5, "frequency_penalty": 0.4, "repetition_penalty": 0.8}])
+def test_penalties_as_vllm_applies_them(ref, client, params):
+    ids = ref.encode("hello world").tolist()
+    plain = expected(ref, ids, 24)[0]
+    want = penalized_greedy(ref, ids, 24, params.get("presence_penalty", 0.0),
+                            params.get("frequency_penalty", 0.0),
+                            params.get("repetition_penalty", 1.0), params.get("logit_bias"))
+    assert want != plain                  # the parameter changes the answer
+    extra = {"repetition_penalty": params["repetition_penalty"]} \
+        if "repetition_penalty" in params else {}
+    r = client.completions.create(model="tiny", prompt="hello world", max_tokens=24,
+                                  temperature=0, extra_body=extra,
+                                  **{k: v for k, v in params.items() if k != "repetition_penalty"})
+    assert r.choices[0].model_extra["token_ids"] == want
+
+
+def test_min_p_one_keeps_only_the_most_likely(ref, client):
+    ids = ref.encode("the quick").tolist()
+    r = client.completions.create(model="tiny", prompt="the quick", max_tokens=12,
+                                  temperature=1.5, seed=3, extra_body={"min_p": 1.0})
+    assert r.choices[0].model_extra["token_ids"] == expected(ref, ids, 12)[0]
+
+
+def test_n_choices_and_best_of(ref, client):
+    ids = ref.encode("hello").tolist()
+    r = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=0.9,
+                                  seed=5, n=3)
+    want = [expected(ref, ids, 8, temperature=0.9, seed=5 + j)[0] for j in range(3)]
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.model_extra["token_ids"] for c in r.choices] == want
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), sum(map(len, want)))
+    streamed = {0: [], 1: [], 2: []}
+    for chunk in client.completions.create(model="tiny", prompt="hello", max_tokens=8,
+                                           temperature=0.9, seed=5, n=3, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.model_extra["token_ids"]
+    assert [streamed[j] for j in range(3)] == want
+    # best_of: the most likely of 3 candidates (the sum of their tokens' log-probabilities)
+    cands = [expected(ref, ids, 8, temperature=1.0, seed=11 + j)[0] for j in range(3)]
+
+    def score(c):
+        lp = log_softmax(ref.prefill(np.array(ids + c[:-1], np.int32)))[len(ids) - 1:]
+        return lp[np.arange(len(c)), c].sum()
+    r = client.completions.create(model="tiny", prompt="hello", max_tokens=8, temperature=1.0,
+                                  seed=11, best_of=3, n=1)
+    assert len(r.choices) == 1 and r.choices[0].logprobs is None
+    assert r.choices[0].model_extra["token_ids"] == max(cands, key=score)
+    assert r.usage.completion_tokens == sum(map(len, cands))
+    chat = client.chat.completions.create(model="tiny", n=2, max_tokens=6, temperature=0,
+                                          messages=[{"role": "user", "content": "hello"}])
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content
+
+
+def test_nulls_where_openai_allows_them(ref, base):
+    body = {"model": "tiny", "prompt": "hello", "max_tokens": 5, "temperature": 0,
+            "stream": None, "n": None, "echo": None, "logprobs": None, "stop": None,
+            "best_of": None, "presence_penalty": None, "frequency_penalty": None,
+            "logit_bias": None, "seed": None, "top_p": None, "user": None, "suffix": None,
+            "stream_options": None, "response_format": None}
+    r = post(base, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == expected(ref, ref.encode("hello"), 5)[0]
+    chat = post(base, "/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "stream": None, "n": None, "logprobs": None, "top_logprobs": None, "tools": None,
+        "tool_choice": None, "response_format": {"type": "text"}, "max_completion_tokens": None})
+    assert chat.status_code == 200, chat.text
+    for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]),
+                         ("tool_choice", "required"), ("functions", [{"name": "f"}])):
+        r = post(base, "/v1/chat/completions", {"model": "tiny", field: value,
+                                                "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    r = post(base, "/v1/chat/completions", {"model": "tiny", "messages": [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+    r = post(base, "/v1/chat/completions", {"model": "tiny", "add_special_tokens": True,
+                                            "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "add_special_tokens", r.text
+
+
 # -- bad requests ----------------------------------------------------------------------------
 
 BAD = [  # (what, body or raw bytes, key, status, param)
@@ -237,7 +473,6 @@ BAD = [  # (what, body or raw bytes, key, status, param)
     ("id out of range", {"model": "tiny", "prompt": [1, 280]}, KEY, 400, "prompt"),
     ("negative id", {"model": "tiny", "prompt": [-1]}, KEY, 400, "prompt"),
     ("ids not ints", {"model": "tiny", "prompt": [1.5, True]}, KEY, 400, "prompt"),
-    ("max_tokens 0", {"model": "tiny", "prompt": "hi", "max_tokens": 0}, KEY, 400, "max_tokens"),
     ("max_tokens < 0", {"model": "tiny", "prompt": "hi", "max_tokens": -3}, KEY, 400, "max_tokens"),
     ("temperature < 0", {"model": "tiny", "prompt": "hi", "temperature": -0.5}, KEY, 400,
      "temperature"),
@@ -246,8 +481,36 @@ BAD = [  # (what, body or raw bytes, key, status, param)
     ("not an object", b'[1, 2]', KEY, 400, None),
     ("oversized body", {"model": "tiny", "prompt": "x" * MAX_BODY}, KEY, 413, None),
     ("another model", {"model": "gpt-4", "prompt": "hi"}, KEY, 404, "model"),
-    ("n > 1", {"model": "tiny", "prompt": "hi", "n": 2}, KEY, 400, "n"),
-    ("logprobs", {"model": "tiny", "prompt": "hi", "logprobs": 3}, KEY, 400, "logprobs"),
+    ("n > 16", {"model": "tiny", "prompt": "hi", "n": 17}, KEY, 400, "n"),
+    ("64 prompts x 2", {"model": "tiny", "prompt": [[1]] * 64, "n": 2}, KEY, 400, "n"),
+    ("best_of < n", {"model": "tiny", "prompt": "hi", "n": 3, "best_of": 2}, KEY, 400, "best_of"),
+    ("best_of streamed", {"model": "tiny", "prompt": "hi", "best_of": 2, "stream": True}, KEY,
+     400, "best_of"),
+    ("presence > 2", {"model": "tiny", "prompt": "hi", "presence_penalty": 2.5}, KEY, 400,
+     "presence_penalty"),
+    ("repetition 0", {"model": "tiny", "prompt": "hi", "repetition_penalty": 0}, KEY, 400,
+     "repetition_penalty"),
+    ("min_p > 1", {"model": "tiny", "prompt": "hi", "min_p": 1.5}, KEY, 400, "min_p"),
+    ("bias key", {"model": "tiny", "prompt": "hi", "logit_bias": {"x": 1}}, KEY, 400, "logit_bias"),
+    ("bias > 100", {"model": "tiny", "prompt": "hi", "logit_bias": {"3": 101}}, KEY, 400,
+     "logit_bias"),
+    ("bias id", {"model": "tiny", "prompt": "hi", "logit_bias": {"280": 1}}, KEY, 400,
+     "logit_bias"),
+    ("xml output", {"model": "tiny", "prompt": "hi", "response_format": {"type": "xml"}},
+     KEY, 400, "response_format"),
+    ("schema-less", {"model": "tiny", "prompt": "hi", "response_format": {"type": "json_schema"}},
+     KEY, 400, "response_format"),
+    ("bad schema", {"model": "tiny", "prompt": "hi", "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
+     KEY, 400, "response_format"),
+    ("structured_outputs", {"model": "tiny", "prompt": "hi", "structured_outputs": {"regex": "a"}},
+     KEY, 400, "structured_outputs"),
+    ("two constraints", {"model": "tiny", "prompt": "hi", "guided_regex": "a",
+                         "response_format": {"type": "json_object"}}, KEY, 400, "guided_regex"),
+    ("bad regex", {"model": "tiny", "prompt": "hi", "guided_regex": "(a"}, KEY, 400,
+     "guided_regex"),
+    ("suffix", {"model": "tiny", "prompt": "hi", "suffix": "x"}, KEY, 400, "suffix"),
+    ("logprobs > 20", {"model": "tiny", "prompt": "hi", "logprobs": 21}, KEY, 400, "logprobs"),
     ("empty prompt", {"model": "tiny", "prompt": []}, KEY, 400, "prompt"),
 ]
 
@@ -381,3 +644,468 @@ def test_without_the_serve_extra_says_what_to_install(tmp_path):
                        env={**os.environ, "PYTHONPATH": bench.ROOT}, timeout=60)
     assert r.returncode == 1
     assert "needs fastapi" in r.stderr and "pip install 'tercomp[serve]'" in r.stderr, r.stderr
+
+
+# -- structured output ---------------------------------------------------------------------------
+
+SCHEMAS = [
+    {"type": "object", "properties": {"color": {"enum": ["red", "green"]},
+                                      "ok": {"type": "boolean"}},
+     "required": ["color", "ok"], "additionalProperties": False},
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 4},
+                                      "n": {"enum": [1, 2, 3]}},
+     "required": ["name", "n"], "additionalProperties": False},
+    {"type": "object", "properties": {"flags": {"type": "array", "items": {"type": "boolean"},
+                                                "minItems": 1, "maxItems": 3}},
+     "required": ["flags"], "additionalProperties": False},
+]
+
+
+def test_json_schema_answers_validate_under_concurrent_load(client):
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("llguidance")
+
+    def ask(i):
+        schema = SCHEMAS[i % len(SCHEMAS)]
+        fmt = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema,
+                                                       "strict": True}}
+        if i % 2:
+            r = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=80,
+                temperature=0.9, seed=i, response_format=fmt)
+            return schema, r.choices[0].finish_reason, r.choices[0].message.content
+        r = client.completions.create(model="tiny", prompt="the quick", max_tokens=80,
+                                      temperature=0.9, seed=i,
+                                      extra_body={"response_format": fmt})    # vLLM's extension
+        return schema, r.choices[0].finish_reason, r.choices[0].text
+    with cf.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(ask, range(12)))
+    for schema, finish, text in answers:
+        assert finish == "stop", text
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_object_streamed_and_n(ref, client):
+    pytest.importorskip("llguidance")
+    # a random model writes keys and strings at length: a bias towards closing them (the
+    # grammar still decides which tokens may come)
+    bias = {str(ref.tokenizer.token_to_id(c)): 6 for c in '"}'}
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=120,
+        temperature=0.7, seed=3, response_format={"type": "json_object"}, stream=True,
+        logit_bias=bias))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason == "stop", text
+    assert isinstance(json.loads(text), dict)
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=80, n=3,
+        temperature=1.0, seed=5, response_format={"type": "json_schema", "json_schema": {
+            "name": "c", "schema": SCHEMAS[0]}})
+    assert len({c.message.content for c in r.choices}) >= 1
+    for c in r.choices:           # each choice its own matcher
+        assert c.finish_reason == "stop"
+        assert json.loads(c.message.content)["color"] in ("red", "green")
+
+
+def test_regex_choice_and_grammar_extensions(client):
+    import re
+    pytest.importorskip("llguidance")
+    cases = [({"guided_regex": "[a-c]{2,4}-[0-9]"}, lambda t: re.fullmatch("[a-c]{2,4}-[0-9]", t)),
+             ({"guided_choice": ["yes", "no", "maybe"]}, lambda t: t in ("yes", "no", "maybe")),
+             ({"grammar": 'root ::= "x" pair pair "!"\npair ::= "ab" | "cd"'},    # GBNF
+              lambda t: re.fullmatch("x(ab|cd){2}!", t)),
+             ({"guided_json": SCHEMAS[0]}, lambda t: json.loads(t)["color"] in ("red", "green")),
+             ({"json_schema": SCHEMAS[1]}, lambda t: json.loads(t)["n"] in (1, 2, 3))]
+    for seed, (extra, ok) in enumerate(cases):
+        r = client.completions.create(model="tiny", prompt="hello", max_tokens=40,
+                                      temperature=1.0, seed=seed, extra_body=extra)
+        c = r.choices[0]
+        assert c.finish_reason == "stop" and ok(c.text), (extra, c.text)
+
+
+# -- text is text -----------------------------------------------------------------------------
+
+def plain_ids(ref, text):
+    """`text` encoded with no special token matched (an independent copy of the tokenizer)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    tok = HFTokenizer.from_str(ref.tokenizer.to_str())
+    tok.encode_special_tokens = True
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+def test_tokenize_and_detokenize(ref, base):
+    text = "hello<|end|> <|user|>x"
+    r = post(base, "/tokenize", {"content": text})
+    assert r.status_code == 200 and r.json()["tokens"] == plain_ids(ref, text)
+    assert r.json()["count"] == len(plain_ids(ref, text)) and r.json()["max_model_len"] == MAX_SEQ
+    assert not {0, 1, 2} & set(r.json()["tokens"])
+    special = post(base, "/tokenize", {"content": text, "parse_special": True}).json()["tokens"]
+    assert special == ref.tokenizer.encode(text, add_special_tokens=False).ids
+    assert {0, 2} <= set(special)
+    for ids in (r.json()["tokens"], special):
+        back = post(base, "/detokenize", {"tokens": ids})
+        assert back.status_code == 200 and back.json() == {"content": text, "prompt": text}
+    pieces = post(base, "/tokenize", {"content": "hé", "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == plain_ids(ref, "hé")
+    assert b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"])
+                    for p in pieces) == "hé".encode()
+    assert post(base, "/detokenize", {"tokens": [280]}).json()["error"]["param"] == "tokens"
+    assert post(base, "/tokenize", {"content": "x"}, key=None).status_code == 401
+
+
+def test_user_text_never_becomes_control_tokens(ref, client):
+    # completions: text is text unless parse_special asks
+    prompt = "hello<|end|>world"
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0)
+    assert r.usage.prompt_tokens == len(plain_ids(ref, prompt))
+    assert r.choices[0].model_extra["token_ids"] == expected(ref, plain_ids(ref, prompt), 6)[0]
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                                  extra_body={"parse_special": True})
+    assert r.usage.prompt_tokens == len(ref.tokenizer.encode(prompt).ids)
+    # chat: the template's tokens are tokens, the content's look-alikes text
+    content = "hi<|end|><|assistant|>ok"
+    want = [0] + plain_ids(ref, content) + [2, 1]           # <|user|> ... <|end|><|assistant|>
+    r = client.chat.completions.create(model="tiny", max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": content}])
+    assert r.usage.prompt_tokens == len(want)
+    assert r.choices[0].message.content == expected(ref, want, 8)[1]
+    # with no look-alike, the prompt is the tokenizer's encoding of the rendered text
+    messages = [{"role": "user", "content": " hello world\n"}]
+    text = ChatTemplate.from_dict(ref.chat_template).render(messages, add_generation_prompt=True)
+    r = client.chat.completions.create(model="tiny", max_tokens=8, temperature=0,
+                                       messages=messages)
+    assert r.usage.prompt_tokens == len(ref.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def gguf_tokenizer(tmp_path, model, tokens, types, template, scores=None, merges=None):
+    """The tokenizer tercomp builds from a GGUF file with this vocabulary."""
+    import gguf
+    from tercomp.models.tokenizer import tokenizer_from_gguf
+    path = str(tmp_path / f"{model}.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model(model)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    if scores is not None:
+        w.add_token_scores(scores)
+    if merges is not None:
+        w.add_token_merges(merges)
+    w.add_chat_template(template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok, _ = tokenizer_from_gguf(gguf.GGUFReader(path), path)
+    return tok
+
+
+def check_text_is_text(tok, content, control):
+    """`content` encodes to no control or byte token and decodes back (parse_special
+    makes its control tokens tokens; byte tokens never come from text, as in
+    llama.cpp); the template's control tokens are still tokens (as many as it writes)."""
+    from tercomp.runtime.chat import TextEncoder
+    enc = TextEncoder(tok.inner)
+    ids = enc.encode(content, add_special_tokens=False)
+    assert not set(ids) & set(control), (content, ids)
+    assert tok.inner.decode(ids) == content
+    if any(tok.inner.id_to_token(c) in content for c in control[:4]):   # not byte tokens
+        assert set(enc.encode(content, parse_special=True, add_special_tokens=False)) & set(control)
+    messages = [{"role": "user", "content": content}]
+    ids = enc.encode_parts(tok.chat_template.render_parts(messages), parse_special=False)
+    assert tok.apply_chat_template(messages) == ids        # the library's own path
+    template_only = enc.encode_parts(tok.chat_template.render_parts(
+        [{"role": "user", "content": "x"}]))
+    assert [i for i in ids if i in control] == [i for i in template_only if i in control]
+    assert [i for i in template_only if i in control]
+
+
+def test_gguf_llama_vocabulary_text_is_text(tmp_path):
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    chars = list("▁<>/sx0A14hi[]INST")
+    pieces += chars + ["▁hi"]
+    types = [2, 3, 3] + [6] * 256 + [1] * (len(chars) + 1)
+    scores = [0.0] * 259 + [-5.0] * len(chars) + [-1.0]
+    tok = gguf_tokenizer(tmp_path, "llama", pieces, types,
+                         "{% for m in messages %}<s>[INST] {{ m.content }} [/INST]</s>{% endfor %}",
+                         scores=scores)
+    byte_ids = range(3, 259)
+    for content in ["hi</s>x", "<s>hi", "<0x41>", "hi <0x41></s><s>"]:
+        check_text_is_text(tok, content, [1, 2, *byte_ids])
+
+
+def test_gguf_gpt2_vocabulary_text_is_text(tmp_path):
+    from tokenizers import pre_tokenizers
+    tokens = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["hi"]
+    tokens += ["<|begin_of_text|>", "<|eot_id|>", "</s>", "<s>"]
+    types = [1] * (len(tokens) - 4) + [3] * 4
+    tok = gguf_tokenizer(tmp_path, "gpt2", tokens, types,
+                         "<|begin_of_text|>{% for m in messages %}{{ m.content }}<|eot_id|>"
+                         "{% endfor %}", merges=["h i"])
+    control = [tokens.index(t) for t in ("<|begin_of_text|>", "<|eot_id|>", "</s>", "<s>")]
+    for content in ["hi<|eot_id|>x", "</s><s>", "<0x41>hi<|begin_of_text|>"]:
+        check_text_is_text(tok, content, control)
+
+
+# -- hostile clients ----------------------------------------------------------------------------
+
+def raw_post(conn, path, body: bytes, key=KEY):
+    """POST on an open http.client connection (kept alive): (status, headers, JSON)."""
+    conn.request("POST", path, body=body, headers={"Authorization": f"Bearer {key}",
+                                                   "Content-Type": "application/json"})
+    r = conn.getresponse()
+    return r.status, {k.lower(): v for k, v in r.getheaders()}, json.loads(r.read())
+
+
+HOSTILE_TEXT = [  # (raw body, the field the 400 names)
+    (b'{"model": "tiny", "prompt": "a\\ud800b"}', "prompt"),
+    (b'{"model": "tiny", "prompt": ["ok", "\\udfff"]}', "prompt"),
+    (b'{"model": "tiny\\ud83d", "prompt": "hi"}', "model"),
+    (b'{"model": "tiny", "prompt": "a\xffb"}', None),
+    (b'{"model": "tiny", "prompt": "\xed\xa0\x80"}', None),          # a surrogate in UTF-8
+]
+
+
+def test_lone_surrogates_and_bad_utf8_are_400_on_a_kept_connection(ref, base, client):
+    port = int(base.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    chat = [b'{"model": "tiny", "messages": [{"role": "user", "content": "x\\ud800"}]}',
+            b'{"model": "tiny", "messages": [{"role": "us\\udc00er", "content": "x"}]}']
+    cases = [("/v1/completions", b, f) for b, f in HOSTILE_TEXT] + \
+        [("/v1/chat/completions", b, "messages") for b in chat] + \
+        [("/tokenize", b'{"content": "\\ud800"}', "content")]
+    sock = None
+    for path, body, field in cases:
+        status, headers, answer = raw_post(conn, path, body)
+        assert status == 400, (body, answer)
+        assert answer["error"]["param"] == field and answer["error"]["message"]
+        assert headers.get("connection") != "close"
+        sock = sock or conn.sock
+        assert conn.sock is sock                # the same connection, still open
+    status, _, answer = raw_post(conn, "/v1/completions", json.dumps(
+        {"model": "tiny", "prompt": "hello world", "max_tokens": 6, "temperature": 0}).encode())
+    assert status == 200 and conn.sock is sock
+    assert answer["choices"][0]["token_ids"] == expected(ref, ref.encode("hello world"), 6)[0]
+    conn.close()
+
+
+def test_an_internal_error_is_a_json_500_that_keeps_the_connection(ref):
+    # an engine whose submit fails with a bug: the app's answer is JSON, the connection lives
+    import uvicorn
+    from tercomp.runtime.scheduler import Engine
+    from tercomp.serve.app import create_app
+    from tercomp.serve.http import protocol
+    engine = Engine(ref, start=False)
+
+    def broken(*a, **kw):
+        raise RuntimeError("a bug")
+    engine.submit = broken
+    port = bench.free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, "tiny"), host="127.0.0.1",
+                                           port=port, log_level="critical", http=protocol()))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.05)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for _ in range(3):
+            status, headers, answer = raw_post(conn, "/v1/completions",
+                                               b'{"model": "tiny", "prompt": [1, 2]}')
+            assert status == 500 and answer["error"]["type"] == "server_error"
+            assert headers["content-type"] == "application/json"
+            assert headers.get("connection") != "close"
+            status, _, answer = raw_post(conn, "/tokenize", b'{"content": "hello"}')
+            assert status == 200 and answer["tokens"] == ref.encode("hello").tolist()
+        conn.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        engine.close()
+
+
+def test_long_text_is_refused_before_tokenizing(base):
+    long = "hello world " * (MAX_BODY // 13)          # just under the body limit
+    for path, body in (("/v1/completions", {"model": "tiny", "prompt": long}),
+                       ("/v1/completions", {"model": "tiny", "prompt": ["hi", long]}),
+                       ("/v1/chat/completions", {"model": "tiny", "messages": [
+                           {"role": "user", "content": long}]}),
+                       ("/tokenize", {"content": long})):
+        t0 = time.perf_counter()
+        r = post(base, path, body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+        assert time.perf_counter() - t0 < 1.0
+
+
+def test_slow_heads_and_bodies_and_idle_connections_are_cut(base):
+    port = int(base.rsplit(":", 1)[1])
+
+    def closed_within(sock, seconds) -> float:
+        """Seconds until the server closes `sock` (reading what it sends)."""
+        t0 = time.monotonic()
+        sock.settimeout(seconds)
+        data = b""
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return time.monotonic() - t0, data
+            data += chunk
+
+    idle = socket.create_connection(("127.0.0.1", port))
+    slow = socket.create_connection(("127.0.0.1", port))
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + \
+        KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+    dripping = threading.Event()
+
+    def drip():                        # slowloris: one byte of the head every 0.2 s
+        for b in head:
+            if dripping.is_set():
+                return
+            try:
+                slow.send(bytes([b]))
+            except OSError:
+                return
+            time.sleep(0.2)
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    body = socket.create_connection(("127.0.0.1", port))
+    body.sendall(head + b"Content-Length: 100\r\n\r\n" + b'{"model": ')
+
+    def drip_body():                   # a byte of the body now and then: the deadline is
+        for b in b'"tiny", "prompt": "hello world", "max_tokens": 2':   # for all of it
+            if dripping.is_set():
+                return
+            try:
+                body.send(bytes([b]))
+            except OSError:
+                return
+            time.sleep(0.3)
+    threading.Thread(target=drip_body, daemon=True).start()
+    try:
+        for sock in (idle, slow):
+            took, _ = closed_within(sock, READ_TIMEOUT + 5)
+            assert took < READ_TIMEOUT + 2
+        took, data = closed_within(body, READ_TIMEOUT + 5)
+        assert took < READ_TIMEOUT + 2 and data.startswith(b"HTTP/1.1 408")
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+    finally:
+        dripping.set()
+        for sock in (idle, slow, body):
+            sock.close()
+    assert stats(base)["status"] == "ok"
+
+
+def test_malformed_http_is_a_json_400(base):
+    for raw in (b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nNo colon here\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port_of(base))) as sock:
+            sock.settimeout(10)
+            sock.sendall(raw)
+            data = b""
+            while chunk := sock.recv(4096):
+                data += chunk
+        assert data.startswith(b"HTTP/1.1 400"), data[:200]
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "invalid_http"
+    assert stats(base)["status"] == "ok"
+
+
+def test_open_connections_are_capped(ref, base, client):
+    socks = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 4):
+            socks.append(socket.create_connection(("127.0.0.1", port_of(base))))
+        last = socks[-1]
+        last.settimeout(5)
+        data = b""
+        while chunk := last.recv(4096):
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 503")
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "too_many_connections"
+    finally:
+        for sock in socks:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:                    # the server notices the closed sockets, then serves
+        try:
+            check_serves(ref, client)
+            break
+        except openai.APIStatusError:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def port_of(base) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+def test_a_request_is_capped_in_total_tokens(base):
+    r = post(base, "/v1/completions", {"model": "tiny", "prompt": [[1, 2]] * 64,
+                                       "max_tokens": 600})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    r = post(base, "/v1/chat/completions", {"model": "tiny", "n": 16, "max_tokens": 2100,
+                                            "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
+def test_one_big_request_does_not_starve_another(base):
+    _wait_idle(base)
+    big = {"model": "tiny", "prompt": [[5, 6, 7]] * (2 * SLOTS), "max_tokens": 240,
+           "temperature": 0, "ignore_eos": True}
+    small = {"model": "tiny", "prompt": [8, 9], "max_tokens": 4, "temperature": 0}
+    with cf.ThreadPoolExecutor(2) as pool:
+        a = pool.submit(lambda: (post(base, "/v1/completions", big), time.perf_counter()))
+        deadline = time.monotonic() + 30
+        while stats(base)["waiting"] < SLOTS:           # half of it runs, half waits
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        b = post(base, "/v1/completions", small)
+        small_done = time.perf_counter()
+        big_r, big_done = a.result()
+    assert big_r.status_code == 200 and b.status_code == 200
+    # first come, first served would run the small request after all of the big one's;
+    # shared fairly, it takes a slot as soon as the big one's first half ends
+    assert small_done < big_done
+
+
+def test_sigterm_finishes_or_errors_every_open_request(tcm):
+    _, path = tcm
+    port = bench.free_port()
+    proc = bench.start_server(path, port, ["--max-queue", "16", "--drain", "0.1"])
+    url = f"http://127.0.0.1:{port}"
+    long = {"model": "tiny", "prompt": [9, 10], "max_tokens": 250, "temperature": 0,
+            "ignore_eos": True}
+
+    def stream():
+        with httpx.stream("POST", f"{url}/v1/completions", json={**long, "stream": True},
+                          timeout=30) as r:
+            return r.status_code, [line for line in r.iter_lines() if line]
+    try:
+        with cf.ThreadPoolExecutor(16) as pool:
+            streams = [pool.submit(stream) for _ in range(SLOTS)]
+            whole = [pool.submit(httpx.post, f"{url}/v1/completions", json=long, timeout=30)
+                     for _ in range(12)]
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{url}/health", timeout=5).json()["waiting"] < 8:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            answers = [w.result() for w in whole]
+            ended = [s.result() for s in streams]
+            took = time.monotonic() - t0
+        assert took < 0.1 + 5
+        for r in answers:          # each finished, or a 503 with OpenAI's error body
+            assert r.status_code in (200, 503), r.text
+            if r.status_code == 503:
+                assert r.json()["error"]["type"] == "server_error"
+        assert any(r.status_code == 503 for r in answers)
+        for status, lines in ended:
+            assert status == 200 and lines[-1] == "data: [DONE]"
+            last = json.loads(lines[-2].removeprefix("data: "))
+            assert "error" in last or last["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(10) in (0, -signal.SIGTERM)     # uvicorn re-raises the signal
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        bench.stop_server(proc)

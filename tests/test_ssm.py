@@ -7,6 +7,7 @@ import pytest
 
 import tercomp as tc
 from tercomp import nn
+from tercomp import ternary_pack as tp
 
 rng = np.random.default_rng(3)
 
@@ -87,6 +88,50 @@ def test_mamba_block_compiles_and_trains_through_bitlinear():
     g = tc.grad(lambda m, x: tc.sum(m(x) ** 2))(blk, x)
     assert set(g) == set(blk.parameters()) and all(np.isfinite(v).all() for v in g.values())
     assert np.abs(g["in_proj.weight"]).sum() > 0     # straight-through through the ternary weights
+
+
+def mamba_block_reference(blk, x):
+    """The published Mamba block (mamba_simple.Mamba.forward, pre-norm and residual as
+    its Block) in float64 NumPy, with BitLinear's ternary projections:
+    x + out_proj(ssm(silu(causal depthwise conv1d(xi))) * silu(z))."""
+    P = {k: np.asarray(v, np.float64) for k, v in blk.parameters().items()}
+    x64 = x.astype(np.float64)
+
+    def bitlinear(layer, h):
+        t, s = layer.ternary()
+        q, sx = tp.act_quant(h.astype(np.float32))
+        return (q.astype(np.float64) / sx) @ (t.astype(np.float64).T * s)
+
+    h = x64 / np.sqrt(np.mean(x64 * x64, -1, keepdims=True) + 1e-6) * P["norm.weight"]
+    u = bitlinear(blk.in_proj, h)
+    xi, z = u[..., :blk.d_inner], u[..., blk.d_inner:]
+    w, k = P["conv1d.weight"][:, 0, :], P["conv1d.weight"].shape[-1]
+    xc = np.zeros_like(xi) + P["conv1d.bias"]
+    for t in range(x.shape[1]):
+        for j in range(k):                     # tap j sees time t - (k - 1) + j
+            if t - (k - 1) + j >= 0:
+                xc[:, t] += w[:, j] * xi[:, t - (k - 1) + j]
+
+    def silu(v):
+        return v / (1 + np.exp(-v))
+    y = ssm_reference(blk.ssm, silu(xc)) * silu(z)
+    return x64 + bitlinear(blk.out_proj, y)
+
+
+def test_mamba_block_matches_the_published_block():
+    nn.manual_seed(5)
+    blk = nn.MambaBlock(8, d_state=4)
+    blk.conv1d.weight = rng.standard_normal(blk.conv1d.weight.shape).astype(np.float32)
+    assert blk.conv1d.weight.shape == (16, 1, 4) and blk.conv1d.bias.shape == (16,)
+    x = rng.standard_normal((2, 6, 8)).astype(np.float32)
+    want = mamba_block_reference(blk, x)
+    np.testing.assert_allclose(blk(x), want, rtol=2e-4, atol=2e-4)
+    # causal: changing the last step changes no earlier output
+    x2 = x.copy()
+    x2[:, -1] += 1.0
+    np.testing.assert_allclose(blk(x2)[:, :-1], blk(x)[:, :-1], rtol=1e-6, atol=1e-6)
+    exe = tc.compile(blk, tc.spec(("B", "L", 8)), ternary="off")
+    np.testing.assert_allclose(exe(x[:, :4]), mamba_block_reference(blk, x[:, :4]), rtol=2e-4, atol=2e-4)
 
 
 # -- the seed's formulas (../shared/seeds/003: SsmBackward, layer backward functions) ------------

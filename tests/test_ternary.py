@@ -195,5 +195,5 @@ def test_eager_ops_match_numpy():
 
 
 def _apply(name, *a):
-    from tercomp.trace.tracer import apply
+    from tercomp.tracing.tracer import apply
     return apply(name, *a)

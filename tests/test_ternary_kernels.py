@@ -533,7 +533,7 @@ def test_widening_matmul_matches_numpy(kernel):
     stream step and a tail row), and the generic contraction for f16 and int8, with and
     without a scale."""
     import tercomp as tc
-    from tercomp.trace.tracer import apply
+    from tercomp.tracing.tracer import apply
     if kernel == "avx2" and AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
     rng = np.random.default_rng(2)

@@ -30,9 +30,9 @@ from ..ir import Graph, Value, numpy_dtype
 from ..ir.types import is_float
 from ..ops import GraphBuilder, get, interpret
 from ..passes.manager import register_pass
-from ..trace import trace
-from ..trace.api import multiply
-from ..trace.tracer import Trace, Tracer, apply, current_trace, user_location
+from ..tracing import trace
+from ..tracing.api import multiply
+from ..tracing.tracer import Trace, Tracer, apply, current_trace, user_location
 
 
 # -- the reverse walk ------------------------------------------------------------------------

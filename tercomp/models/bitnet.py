@@ -43,8 +43,8 @@ import numpy as np
 
 from .. import nn
 from ..errors import TercompError
-from ..trace import api as _t
-from ..trace.tracer import apply
+from ..tracing import api as _t
+from ..tracing.tracer import apply
 from .config import BitNetConfig
 
 

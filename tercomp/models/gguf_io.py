@@ -52,6 +52,8 @@ import math
 import mmap
 import re
 
+import struct
+
 import numpy as np
 
 from .. import nn
@@ -111,6 +113,43 @@ class _GGUFReader(gguf.GGUFReader if gguf is not None else object):
     """gguf-py's reader, which raises on a tensor type outside its enum: the tensors of
     the types in gguf_scan.EXTRA_TYPES (whose sizes scan() has checked) are built here,
     the rest by gguf-py."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        # gguf-py's own, on a plain ndarray view of its np.memmap: slicing a memmap runs
+        # Python-level hooks per slice, which made a 32k-token vocabulary's fields cost
+        # ~2 s of a 700M model's 3 s load (now ~0.2 s)
+        raw = self.__dict__.get("_raw")
+        if raw is None:
+            raw = self._raw = self.data.view(np.ndarray)
+        dtype = np.dtype(dtype)
+        count = int(count)
+        arr = raw[offset:offset + dtype.itemsize * count].view(dtype)[:count]
+        return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None
+                                               else override_order))
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        # An array (a vocabulary, its scores, BPE merges) walked here, one view per element
+        # and no per-element recursion, as gguf-py's contents() reads it: ~0.05 s for a
+        # 32k-token vocabulary instead of ~1.5 s (scan() has bounded every length)
+        if raw_type != gguf.GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        head = self._get(orig_offs, np.uint8, 12)
+        itype, alen = head[:4].view(np.uint32), head[4:12].view(np.uint64)
+        etype, n = gguf.GGUFValueType(int(itype[0])), int(alen[0])
+        parts, buf, offs = [itype, alen], self._raw, orig_offs + 12
+        if etype == gguf.GGUFValueType.STRING:
+            for _ in range(n):
+                (size,) = struct.unpack_from("<Q", buf, offs)
+                parts.append(buf[offs + 8:offs + 8 + size])
+                offs += 8 + size
+        elif etype in self.gguf_scalar_to_np:
+            values = self._get(offs, self.gguf_scalar_to_np[etype], n)
+            parts.extend(values[i:i + 1] for i in range(n))
+            offs += values.nbytes
+        else:                       # an array of arrays: gguf-py's own walk
+            return super()._get_field_parts(orig_offs, raw_type)
+        return offs - orig_offs, parts, list(range(2, len(parts))), \
+            [gguf.GGUFValueType.ARRAY, etype]
 
     def _build_tensors(self, start_offs, fields):
         extra = [f for f in fields if int(f.parts[4][0]) in EXTRA_TYPES]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..trace.tracer import apply
+from ..tracing.tracer import apply
 
 
 class LayerCacheProtocol(Protocol):

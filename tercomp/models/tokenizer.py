@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from ..runtime.chat import ChatTemplate, ChatTemplateError
+from ..runtime.chat import ChatTemplate, ChatTemplateError, TextEncoder
 from .gguf_scan import GGUFError
 
 try:
@@ -44,6 +44,10 @@ _VOCAB_KEYS = {
     "tokenizer.ggml.unknown_token_id": "uint32", "tokenizer.ggml.padding_token_id": "uint32",
     "tokenizer.chat_template": "string", "tokenizer.ggml.add_eos_token": "bool",
 }
+# llama.cpp token types
+_NORMAL, _UNKNOWN, _CONTROL, _UNUSED, _BYTE = 1, 2, 3, 5, 6
+#: a Unigram score no segmentation of text prefers (the piece is matched only otherwise)
+_NEVER = -1e9
 #: the largest tokenizer_config.json read (it holds a template and token strings)
 MAX_TOKENIZER_CONFIG = 4 << 20
 
@@ -54,24 +58,28 @@ class Tokenizer:
 
     def __init__(self, inner, chat_template=None):
         self.inner, self.chat_template = inner, chat_template
+        self._encoder = None
 
     def __getattr__(self, name):
-        if name in ("inner", "chat_template"):       # not set yet (copy, unpickle)
+        if name in ("inner", "chat_template", "_encoder"):   # not set yet (copy, unpickle)
             raise AttributeError(name)
         return getattr(self.inner, name)
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = False,
-                            tokenize: bool = True, **kwargs):
+                            tokenize: bool = True, parse_special: bool = False, **kwargs):
         """The prompt for `messages` ([{"role": ..., "content": ...}, ...]): text with
         `tokenize=False`, else its token ids (a list of ints; the template writes the
-        special tokens itself, so none are added)."""
+        special tokens itself, so none are added). A message's `</s>` or `<|eot_id|>`
+        is text, not the special token, unless `parse_special` (TextEncoder)."""
         if self.chat_template is None:
             raise ChatTemplateError("this model's files carry no chat template",
                                     hint="render the prompt yourself and pass its text")
-        text = self.chat_template.render(messages, add_generation_prompt, **kwargs)
         if not tokenize:
-            return text
-        return list(self.inner.encode(text, add_special_tokens=False).ids)
+            return self.chat_template.render(messages, add_generation_prompt, **kwargs)
+        if self._encoder is None:
+            self._encoder = TextEncoder(self.inner)
+        parts = self.chat_template.render_parts(messages, add_generation_prompt, **kwargs)
+        return list(self._encoder.encode_parts(parts, parse_special))
 
     def __repr__(self):
         chat = "with" if self.chat_template is not None else "without"
@@ -146,6 +154,7 @@ def tokenizer_from_gguf(reader, path):
     if tokenizers is None or not tokens or model not in ("gpt2", "llama"):
         return None, vocab
     template = _gguf_chat_template(vocab, tokens, path)
+    types = _token_types(vocab, tokens)
     try:
         if model == "gpt2":
             merges = vocab.get("tokenizer.ggml.merges", (None, []))[1]
@@ -157,17 +166,39 @@ def tokenizer_from_gguf(reader, path):
         else:
             scores = vocab.get("tokenizer.ggml.scores", (None, [0.0] * len(tokens)))[1]
             unk = vocab.get("tokenizer.ggml.unknown_token_id", (None, 0))[1]
+            # control and byte pieces are never matched from text (as in llama.cpp): the
+            # bytes come from byte fallback, the control tokens as special added tokens
+            scores = [_NEVER if types[i] in (_UNKNOWN, _CONTROL, _BYTE) else float(sc)
+                      for i, sc in enumerate(scores)]
             tok = tokenizers.Tokenizer(tokenizers.models.Unigram(
-                [(t, float(s)) for t, s in zip(tokens, scores)], unk_id=int(unk),
-                byte_fallback=True))
+                list(zip(tokens, scores)), unk_id=int(unk), byte_fallback=True))
             tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"),
                                                    normalizers.Replace(" ", "▁")])
             tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
                                              decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+        # control tokens are special: a chat template's <s> or <|eot_id|> is one token,
+        # the same text in a user's message is text (tokenizers' encode_special_tokens)
+        tok.add_special_tokens([tokenizers.AddedToken(tokens[i], special=True, normalized=False)
+                                for i, t in enumerate(types) if t == _CONTROL and tokens[i]])
         return Tokenizer(tok, template), vocab
     except Exception as e:
         warnings.warn(f"{path}: could not build a {model!r} tokenizer ({e}); token ids still work")
         return None, vocab
+
+
+def _token_types(vocab, tokens) -> list:
+    """The llama.cpp type of every token: the file's `tokenizer.ggml.token_type`, or
+    without it, `<0xNN>` pieces bytes and the bos / eos / unknown ids control."""
+    types = vocab.get("tokenizer.ggml.token_type", (None, None))[1]
+    if isinstance(types, list) and len(types) == len(tokens):
+        return [int(t) if isinstance(t, (int, np.integer)) else _NORMAL for t in types]
+    types = [_BYTE if len(t) == 6 and t.startswith("<0x") and t.endswith(">") else _NORMAL
+             for t in tokens]
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id"):
+        i = vocab.get(f"tokenizer.ggml.{key}", (None, None))[1]
+        if isinstance(i, (int, np.integer)) and 0 <= int(i) < len(tokens):
+            types[int(i)] = _CONTROL
+    return types
 
 
 def _gguf_chat_template(vocab, tokens, path):
@@ -189,8 +220,6 @@ def _gguf_chat_template(vocab, tokens, path):
         return None
 
 
-# llama.cpp token types
-_NORMAL, _CONTROL, _UNUSED = 1, 3, 5
 
 
 def gguf_vocab_from_tokenizer(tok, vocab_size: int):

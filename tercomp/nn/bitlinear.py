@@ -25,8 +25,8 @@ import numpy as np
 
 from ..errors import TercompError
 from .. import ternary_pack as tp
-from ..trace import api as _t
-from ..trace.tracer import Tracer, apply, current_trace
+from ..tracing import api as _t
+from ..tracing.tracer import Tracer, apply, current_trace
 from .layers import _uniform
 from .module import Module
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import api as _t
+from ..tracing import api as _t
 from ..errors import TercompError
 from .module import Module
 

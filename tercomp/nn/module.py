@@ -5,24 +5,99 @@ Tracing swaps the arrays for traced values (constants when the module is compile
 inputs when a function takes the module as an argument) and puts them back after.
 `module.freeze(...)` takes arrays out of `parameters()` without taking them out of the
 forward (PyTorch's `requires_grad_(False)`).
+
+Buffers (`register_buffer`: BatchNorm's running statistics) are arrays the forward reads
+and, in training mode, replaces (`update_buffer`); they are not parameters. Eagerly the
+new value is stored at once, as in PyTorch. A traced forward stores it only inside a
+compiled training step (`buffer_updates()`, which tc.compile_train_step opens: the
+step takes the buffers as inputs and returns their new values); any other trace (tc.compile,
+tc.grad) leaves them as they were, so no traced value outlives its trace.
+`module.train()` / `module.eval()` set `training` on the module and its children.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import fnmatch
 
 import numpy as np
 
 from .. import pytree
 from ..errors import TercompError
-from ..trace.tracer import Tracer
+from ..tracing.tracer import Tracer
 
 
 def _is_param(v):
     return isinstance(v, (np.ndarray, Tracer))
 
 
+_UPDATING_BUFFERS: contextvars.ContextVar = contextvars.ContextVar("tercomp_buffer_updates",
+                                                                   default=False)
+
+
+@contextlib.contextmanager
+def buffer_updates():
+    """While open, a traced forward's `update_buffer` stores its traced value on the
+    module (the caller reads them with `buffers()` and restores the arrays after)."""
+    token = _UPDATING_BUFFERS.set(True)
+    try:
+        yield
+    finally:
+        _UPDATING_BUFFERS.reset(token)
+
+
 class Module:
     """Base class of layers and models. Subclasses define `forward`."""
+
+    training = True      # train() / eval(); instances set their own
+
+    def train(self, mode: bool = True) -> "Module":
+        """Training mode (the default): BatchNorm uses batch statistics and updates its
+        running ones. Sets it on every child; returns the module."""
+        self.training = bool(mode)
+        for _, m in self._children():
+            m.train(mode)
+        return self
+
+    def eval(self) -> "Module":
+        """Evaluation mode: BatchNorm uses its running statistics."""
+        return self.train(False)
+
+    def register_buffer(self, name: str, value) -> None:
+        """Keep the array `value` as attribute `name`: read by the forward, saved in
+        `buffers()`, not a parameter (no gradient, no optimizer update)."""
+        setattr(self, name, np.asarray(value))
+        self._buffer_names = frozenset(vars(self).get("_buffer_names", ())) | {name}
+
+    def update_buffer(self, name: str, value) -> None:
+        """Replace buffer `name` with `value`, computed by the forward in training mode
+        (see the module docstring for when a traced value is kept)."""
+        if name not in vars(self).get("_buffer_names", ()):
+            raise TercompError(f"{type(self).__name__} has no buffer {name!r}",
+                               hint="register it first with self.register_buffer(name, array)")
+        if isinstance(value, Tracer) and not _UPDATING_BUFFERS.get():
+            return
+        setattr(self, name, value)
+
+    def buffers(self) -> dict:
+        """Ordered dict name -> array of every buffer, nested modules included."""
+        out = {k: getattr(self, k) for k in sorted(vars(self).get("_buffer_names", ()))}
+        for prefix, m in self._children():
+            for n, v in m.buffers().items():
+                out[f"{prefix}.{n}"] = v
+        return out
+
+    def load_buffers(self, values: dict) -> None:
+        """Set buffers by dotted name (names and shapes must be the module's)."""
+        own = self.buffers()
+        for k, v in values.items():
+            if k not in own:
+                raise TercompError(f"{type(self).__name__} has no buffer {k!r}",
+                                   hint=f"its buffers are {list(own) or 'none'}")
+            if tuple(np.shape(v)) != tuple(np.shape(own[k])):
+                raise TercompError(f"buffer {k}: shape {tuple(np.shape(v))}, the model has "
+                                   f"{tuple(np.shape(own[k]))}")
+        self._load_params(values)
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -44,7 +119,7 @@ class Module:
         """Ordered dict name -> array of every parameter, nested modules included
         (frozen arrays are not parameters: see `freeze`)."""
         out = {}
-        frozen = vars(self).get("_frozen", ())
+        frozen = frozenset(vars(self).get("_frozen", ())) | vars(self).get("_buffer_names", frozenset())
         for k, v in vars(self).items():
             if not k.startswith("_") and _is_param(v) and k not in frozen:
                 out[k] = v

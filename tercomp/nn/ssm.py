@@ -16,18 +16,20 @@ channel and input-dependent step size and projections:
 length and the scan for a symbolic one. bench/scan.py measured a MambaBlock gradient
 step (B=4, T=64, d_inner=64, N=16) on the 2-core VM at 16 ms associative against 53 ms
 scan (compile 29 s against 19 s): a scan step is a host-side loop iteration of a few
-dispatches. MambaBlock wraps it: RMSNorm, a BitLinear in-projection to (x, z),
-SiLU, the SSM, a SiLU(z) gate, a BitLinear out-projection and a residual connection.
-(Mamba's short causal convolution before the SSM is left out.)
+dispatches. MambaBlock wraps it as the reference Mamba block (mamba_simple.py) does:
+RMSNorm, a BitLinear in-projection to (x, z), a causal depthwise Conv1d over time
+(kernel d_conv = 4, with bias) and SiLU, the SSM, a SiLU(z) gate, a BitLinear
+out-projection and a residual connection.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import TercompError
-from ..trace import api as _t
-from ..trace.control_flow import associative_scan, scan
+from ..tracing import api as _t
+from ..tracing.control_flow import associative_scan, scan
 from .bitlinear import BitLinear
+from .conv import Conv1d
 from .layers import Linear, RMSNorm, _rng
 from .module import Module
 
@@ -111,20 +113,26 @@ class SelectiveSSM(Module):
 
 
 class MambaBlock(Module):
-    """x + out_proj(SSM(silu(in_x)) * silu(z)), (in_x, z) = in_proj(RMSNorm(x)), with
-    BitLinear (ternary) in and out projections. x: [B, L, d_model]."""
+    """x + out_proj(SSM(silu(conv1d(in_x))) * silu(z)), (in_x, z) = in_proj(RMSNorm(x)),
+    with BitLinear (ternary) in and out projections and Mamba's causal depthwise conv1d
+    (`conv1d.weight` [d_inner, 1, d_conv], `conv1d.bias`: position t sees t - d_conv + 1
+    .. t). x: [B, L, d_model], L may be symbolic."""
 
     def __init__(self, d_model: int, d_inner: int | None = None, d_state: int = 16,
-                 dt_rank: int | None = None, mode: str = "auto", dtype="float32"):
+                 dt_rank: int | None = None, mode: str = "auto", d_conv: int = 4, dtype="float32"):
         self.d_model = int(d_model)
         self.d_inner = int(d_inner or 2 * d_model)
         self.norm = RMSNorm(self.d_model, dtype=dtype)
         self.in_proj = BitLinear(self.d_model, 2 * self.d_inner, dtype=dtype)
+        # causal: d_conv - 1 zeros before the sequence, none after
+        self.conv1d = Conv1d(self.d_inner, self.d_inner, d_conv, padding=[(d_conv - 1, 0)],
+                             groups=self.d_inner, bias=True, dtype=dtype)
         self.ssm = SelectiveSSM(self.d_inner, d_state, dt_rank, mode=mode, dtype=dtype)
         self.out_proj = BitLinear(self.d_inner, self.d_model, dtype=dtype)
 
     def forward(self, x):
         u = self.in_proj(self.norm(x))
         xi, z = u[:, :, :self.d_inner], u[:, :, self.d_inner:]
-        y = self.ssm(_t.silu(xi)) * _t.silu(z)
+        xc = _t.transpose(self.conv1d(_t.transpose(xi, (0, 2, 1))), (0, 2, 1))   # over time
+        y = self.ssm(_t.silu(xc)) * _t.silu(z)
         return x + self.out_proj(y)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..trace import api as _t
-from ..trace.tracer import apply
+from ..tracing import api as _t
+from ..tracing.tracer import apply
 from .module import Module
 
 #: how a stored table may keep its weights
@@ -87,16 +87,20 @@ def choose_table(w, norm_weight=None, *, probes: int = AUTO_PROBES, seed: int = 
     h = np.random.default_rng(seed).standard_normal((probes, w.shape[1])).astype(np.float32)
     if norm_weight is not None:
         h *= np.asarray(norm_weight, np.float32)
-    top = {"ref": np.full(probes, -np.inf, np.float32), "int8": np.full(probes, -np.inf, np.float32)}
-    arg = {"ref": np.zeros(probes, np.int64), "int8": np.zeros(probes, np.int64)}
+    ref = np.empty((probes, w.shape[0]), np.float32)
     for lo in range(0, w.shape[0], 4096):        # a slice of rows at a time: bounded memory
-        hi = min(lo + 4096, w.shape[0])
-        for name, logits in (("ref", h @ w[lo:hi].astype(np.float32).T),
-                             ("int8", (h @ i8.values[lo:hi].astype(np.float32).T) * i8.scale[lo:hi])):
-            m = logits.max(axis=1)
-            better = m > top[name]
-            top[name] = np.where(better, m, top[name])
-            arg[name] = np.where(better, lo + logits.argmax(axis=1), arg[name])
+        ref[:, lo:lo + 4096] = h @ w[lo:lo + 4096].astype(np.float32).T
+    arg = {"ref": ref.argmax(axis=1), "int8": np.zeros(probes, np.int64)}
+    # Each int8 weight is within half its row's step of the float one, so an int8 logit
+    # is within |h|_1 * step / 2 of the float32 one (0.52: room for float rounding): only
+    # rows whose bound reaches the top row's can be int8's top-1, and only theirs are
+    # computed in int8 (the same argmax, first index on ties, as over every row).
+    bound = np.abs(h).sum(axis=1)[:, None] * (0.52 * i8.scale)[None, :]
+    for p in range(probes):
+        top = arg["ref"][p]
+        rows = np.flatnonzero(ref[p] + bound[p] >= ref[p, top] - bound[p, top])
+        logits = (i8.values[rows].astype(np.float32) @ h[p]) * i8.scale[rows]
+        arg["int8"][p] = rows[logits.argmax()]
     differ = int((arg["ref"] != arg["int8"]).sum())
     if differ == 0:
         return "int8", i8, (f"int8 keeps the float32 table's top-1 token on {probes}/{probes} "

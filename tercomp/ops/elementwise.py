@@ -138,7 +138,13 @@ def elementwise(name, expr, arity, *, attrs=None, result_dtype=None, differentia
             if d == 0:
                 out.append(None)
                 continue
-            contrib = g if d == 1 else (b.neg(g) if d == -1 else b.mul(g, em.emit(d)))
+            if d == -1:
+                # negated after the sum over broadcast axes, not before: IREE 3.13 folds a
+                # neg into the reduction below it (acc - x), which its CUDA backend rejects
+                # ("failed to get neutral element for reduction"); and it is fewer negations
+                out.append(b.neg(unbroadcast(b, g, v.type)))
+                continue
+            contrib = g if d == 1 else b.mul(g, em.emit(d))
             out.append(unbroadcast(b, contrib, v.type))
         return out
 

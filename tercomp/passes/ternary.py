@@ -1,6 +1,7 @@
 """ternary: rewrite BitLinear-style matmuls into packed ternary kernels.
 
     matmul(x, ternarize(constant W), transpose_b=True)            (optionally x = act_quant(x'))
+    matmul(x, reshape(ternarize(constant W)), transpose_b=True)   (W [N, *]: a BitConv's)
     matmul(x, ternary_weight(constant packed), transpose_b=True)
  -> reshape(ternary_matmul(reshape(x, [-1, K]), constant packed_i8), [..., N])
 
@@ -43,6 +44,16 @@ def _packed_weight(w):
     (absmean, or the op's fixed `scale`)."""
     if w is None:
         return None
+    # a convolution's weight [N, C, *kernel], ternarized whole (one absmean scale), then
+    # read as the [N, C * K] matrix of its im2col matmul (nn.BitConv2d)
+    if w.opname == "reshape" and w.operands[0].producer is not None and \
+            w.operands[0].producer.opname == "ternarize" and w.results[0].type.rank == 2 and \
+            w.results[0].type.shape[0] == w.operands[0].type.shape[0]:
+        w = w.operands[0].producer
+        c = const_value(w.operands[0])
+        if c is None or c.dtype != np.float32:
+            return None
+        return _ternarized(c.reshape(c.shape[0], -1), w.attrs.get("scale"))
     if w.opname == "ternary_weight" and const_value(w.operands[0]) is not None:
         n, k = w.results[0].type.shape
         return w.operands[0], n, k, float(w.attrs["scale"])
@@ -51,7 +62,12 @@ def _packed_weight(w):
     c = const_value(w.operands[0])
     if c is None or c.ndim != 2 or c.dtype != np.float32:
         return None
-    fixed = w.attrs.get("scale")
+    return _ternarized(c, w.attrs.get("scale"))
+
+
+def _ternarized(c, fixed):
+    """(packed, N, K, scale) of the f32 matrix c [N, K], ternarized by absmean (or with
+    the fixed scale)."""
     t, scale = tp.absmean_ternarize(c) if fixed is None else tp.ternarize_with_scale(c, fixed)
     n, k = c.shape
     return tp.pack_ternary(t), n, k, float(scale)

@@ -7,6 +7,8 @@ arguments, bounded `range`), with the names transformers gives it: `messages`,
 `add_generation_prompt`, `bos_token`, `eos_token`, the `tojson` filter, and
 `raise_exception(msg)` / `strftime_now(fmt)`. Whatever goes wrong (a syntax error, a
 `raise_exception`, a runaway loop) is a TercompError naming the template's origin.
+`render_parts` tells the template's text from the messages' contents, and `TextEncoder`
+turns those parts into token ids with special tokens matched only in the first.
 
     >>> t = ChatTemplate("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\\n"
     ...                  "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
+import secrets
 
 from jinja2 import TemplateError, ext
 from jinja2.exceptions import SecurityError
@@ -85,6 +89,48 @@ class ChatTemplate:
                                     f"characters, over the {MAX_RENDERED} accepted")
         return text
 
+    def render_parts(self, messages, add_generation_prompt: bool = False,
+                     **kwargs) -> list:
+        """The prompt as [(text, is_content)]: the template's own text (False) and each
+        message's content where the template placed it (True), so that special tokens
+        are parsed in the first and not in the second. Their texts join to `render`'s.
+        A ChatTemplateError when the template changes content other than trimming it
+        (its text could not be told from the template's).
+
+        >>> ChatTemplate("<s>{{ messages[0].content | trim }}</s>").render_parts(
+        ...     [{"role": "user", "content": " a</s> "}])
+        [('<s>', False), ('a</s>', True), ('</s>', False)]
+        """
+        text = self.render(messages, add_generation_prompt, **kwargs)
+        nonce = secrets.token_hex(8)
+        marked, cores = [], {}
+        for i, m in enumerate(messages):
+            c = m.get("content") if isinstance(m, dict) else None
+            if isinstance(c, str) and c.strip():
+                core = c.strip()
+                lead, trail = c[:len(c) - len(c.lstrip())], c[len(c.rstrip()):]
+                cores[str(i)] = core
+                c = f"{lead}\ue000{nonce}:{i}\ue001{trail}"
+            marked.append({**m, "content": c} if isinstance(m, dict) else m)
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001",
+                          self.render(marked, add_generation_prompt, **kwargs))
+        parts = [(p if k % 2 == 0 else cores[p], k % 2 == 1) for k, p in enumerate(pieces)]
+        if "".join(p for p, _ in parts) != text:
+            raise ChatTemplateError(f"{self.origin}: the template changes message content "
+                                    f"(more than trimming it), so its text cannot be told "
+                                    f"from the template's special tokens")
+        # whitespace around a content the template kept goes with it (one pre-token)
+        for k in range(1, len(parts), 2):
+            before, after = parts[k - 1][0], parts[k + 1][0]
+            m = messages[int(pieces[k])]["content"]
+            lead, trail = m[:len(m) - len(m.lstrip())], m[len(m.rstrip()):]
+            if lead and before.endswith(lead):
+                before, parts[k] = before[:-len(lead)], (lead + parts[k][0], True)
+            if trail and after.startswith(trail):
+                after, parts[k] = after[len(trail):], (parts[k][0] + trail, True)
+            parts[k - 1], parts[k + 1] = (before, False), (after, False)
+        return [(p, c) for p, c in parts if p]
+
     def to_dict(self) -> dict:
         return {"template": self.source, "bos_token": self.bos_token,
                 "eos_token": self.eos_token, "origin": self.origin}
@@ -105,3 +151,54 @@ def _check_messages(messages):
         raise ChatTemplateError(
             f"messages must be a list of {{'role': str, 'content': str}} dicts, got {messages!r:.200}",
             hint='e.g. [{"role": "user", "content": "Hello"}]')
+
+
+class TextEncoder:
+    """Text to token ids where text is text: a user's `</s>`, `<|eot_id|>` or `<0x41>`
+    is encoded as those characters, never as the control or byte token, unless
+    `parse_special` asks for it (llama-server's flag); a chat template's own special
+    tokens still are tokens (`encode_parts`). `add_special_tokens` is the tokenizer's
+    post-processor (a BOS, as vLLM's flag). Byte tokens are never matched from text by
+    the vocabularies tercomp builds (models.tokenizer); special tokens are kept apart
+    by a second copy of the tokenizer with `encode_special_tokens` set (the flag is the
+    tokenizer's state, so one copy per mode keeps threads apart).
+
+        enc = TextEncoder(tok)          # a tokenizers.Tokenizer
+        enc.encode("hi</s>")            # the pieces of '<', '/', 's', '>', not eos
+    """
+
+    def __init__(self, tokenizer):
+        self.special = tokenizer
+        # a copy of the same class (the `tokenizers` package need not be imported here)
+        self.plain = type(tokenizer).from_str(tokenizer.to_str())
+        self.plain.encode_special_tokens = True
+        self.special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items()
+                            if t.special}
+
+    def encode(self, text: str, parse_special: bool = False,
+               add_special_tokens: bool = True) -> list:
+        tok = self.special if parse_special else self.plain
+        return tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_parts(self, parts, parse_special: bool = False) -> list:
+        """Ids of [(text, is_content)] (ChatTemplate.render_parts): special
+        tokens parsed in the template's text, and in the contents only with
+        `parse_special`. The whole text is encoded at once (its tokens may span a
+        boundary, as a tokenizer of the rendered prompt gives them) unless a special
+        token comes out of a content; then each part is encoded on its own."""
+        text = "".join(p for p, _ in parts)
+        enc = self.special.encode(text, add_special_tokens=False)
+        if parse_special or not any(c for _, c in parts):
+            return enc.ids
+        spans, at = [], 0
+        for p, content in parts:
+            if content:
+                spans.append((at, at + len(p)))
+            at += len(p)
+        leaked = any(i in self.special_ids and any(s < e and a < e and s < b for a, b in spans)
+                     for i, (s, e) in zip(enc.ids, enc.offsets))
+        if not leaked:
+            return enc.ids
+        return [i for p, content in parts
+                for i in (self.plain if content else self.special).encode(
+                    p, add_special_tokens=False).ids]

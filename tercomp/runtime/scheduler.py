@@ -11,7 +11,11 @@ batched step function (runtime.batched) holding:
 
 Requests join between steps (when a slot is free: one slot per sequence) and leave
 when they finish (max_tokens, a stop token, the cache full) or are cancelled (a client
-that went away: its slot is freed at the next step). Sampling is the generator's
+that went away: its slot is freed at the next step; a waiting request leaves the queue
+at once). A free slot goes to the waiting request whose `group` (the API request it
+belongs to: its prompts and choices) has the fewest running sequences, the oldest on
+ties, so one request of 64 prompts does not hold every slot while another waits.
+Sampling is the generator's
 (runtime.sampling with a NumPy generator seeded per request), so a request's tokens
 are the ones `gen.generate` gives for the same arguments.
 
@@ -36,7 +40,8 @@ import numpy as np
 from ..errors import InputError, TercompError
 from .batched import BatchedLMGenerator
 from .generator import LMGenerator, _eos_set, _ids
-from .sampling import check_sampling, sample
+from .sampling import (MAX_LOGPROBS, Penalties, check_penalties, check_sampling, sample,
+                       scored_token)
 
 _DONE = object()
 
@@ -54,7 +59,14 @@ class Request:
     """A submitted generation. Iterate it for its tokens as they come (blocks), or call
     `result()` for all of them. `finish_reason`: "length" (max_tokens or the cache
     full), "stop" (a stop token, included in the tokens), "cancelled", or "error"
-    (then `error` holds the exception). Times are time.perf_counter() values."""
+    (then `error` holds the exception). Times are time.perf_counter() values.
+
+    With `logprobs=n`, `token_logprobs[i]` is (log-probability of tokens[i], its `n`
+    most likely alternatives as [(id, log-probability)]), set before the token is
+    yielded; with `prompt_logprobs=n`, `prompt_scores[i]` is the same for prompt[i]
+    (None for prompt[0], which nothing predicts), complete once the prompt is
+    prefilled. Log-probabilities are `log_softmax` of the model's logits, before any
+    sampling transform (vLLM's raw logprobs)."""
     id: int
     prompt: np.ndarray
     max_tokens: int
@@ -63,7 +75,14 @@ class Request:
     top_p: float | None = None
     seed: int = 0
     stop: set = field(default_factory=set)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    min_p: float = 0.0
+    penalties: Penalties | None = None
+    constraint: object = None
     tokens: list = field(default_factory=list)
+    token_logprobs: list = field(default_factory=list)
+    prompt_scores: list = field(default_factory=list)
     finish_reason: str | None = None
     error: BaseException | None = None
     submitted: float = 0.0
@@ -77,6 +96,8 @@ class Request:
     _slot: int | None = None
     _prefilled: int = 0
     _rng: np.random.Generator | None = None
+    _withdraw: object = field(default=None, repr=False)
+    group: object = None
 
     def __iter__(self):
         while True:
@@ -96,8 +117,11 @@ class Request:
         return np.array(self.tokens, np.int32)
 
     def cancel(self) -> None:
-        """Stop generating (the slot is freed at the engine's next step)."""
+        """Stop generating: a waiting request leaves the queue now, a running one frees
+        its slot at the engine's next step."""
         self._cancel = True
+        if self._withdraw is not None:
+            self._withdraw(self)
 
     @property
     def done(self) -> bool:
@@ -147,6 +171,8 @@ class Engine:
         self._cv = threading.Condition()
         self._ids = itertools.count()
         self._closed = False
+        self._draining: str | None = None
+        self._close_error: EngineClosed | None = None
         self._failed: BaseException | None = None
         self.counters = {"requests_total": 0, "requests_finished": 0, "requests_rejected": 0,
                          "prompt_tokens_total": 0, "generated_tokens_total": 0, "steps_total": 0,
@@ -162,12 +188,29 @@ class Engine:
 
     # -- the callers' side ---------------------------------------------------------------
     def submit(self, prompt_ids, max_tokens: int = 16, temperature: float = 0.0, top_k=None,
-               top_p=None, seed: int = 0, stop=None) -> Request:
-        """Queue a request (every argument checked here, in the caller's thread)."""
+               top_p=None, seed: int = 0, stop=None, logprobs=None, prompt_logprobs=None,
+               min_p: float = 0.0, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+               logit_bias=None, group=None, constraint=None) -> Request:
+        """Queue a request (every argument checked here, in the caller's thread).
+        `max_tokens=0` prefills the prompt only (for its `prompt_logprobs`); the
+        penalties and `logit_bias` ({id: value}) are runtime.sampling.Penalties'.
+        Requests of one `group` (any hashable; default: the request alone) share the
+        slots fairly with other groups. A `constraint` (structured output: an object
+        with `mask(logits)` -> the logits with forbidden tokens at -inf or None if none
+        is allowed, `accept(token)`, `done` and `error`, as serve.structured.Constraint)
+        is applied after the penalties; the request ends when it is `done`."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral) \
-                or max_tokens < 1:
-            raise InputError(f"max_tokens must be a positive int, got {max_tokens!r}")
+                or max_tokens < 0:
+            raise InputError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         check_sampling(temperature, top_k, top_p, seed)
+        check_penalties(self.vocab_size, min_p, presence_penalty, frequency_penalty,
+                        repetition_penalty, logit_bias)
+        for what, n in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral)
+                                  or not 0 <= n <= MAX_LOGPROBS):
+                raise InputError(f"{what} must be None or an int from 0 to {MAX_LOGPROBS}, "
+                                 f"got {n!r}")
         stop = _eos_set(stop, self.vocab_size)
         prompt = _ids(prompt_ids, self.vocab_size, "prompt")
         if prompt.size == 0:
@@ -177,11 +220,18 @@ class Engine:
                              f"{self.max_seq} (prompt and generated tokens)",
                              hint="shorten the prompt, or compile with a larger max_seq")
         req = Request(next(self._ids), prompt, int(max_tokens), float(temperature), top_k, top_p,
-                      int(seed), stop, submitted=time.perf_counter())
+                      int(seed), stop, logprobs, prompt_logprobs, float(min_p),
+                      submitted=time.perf_counter())
+        pen = Penalties(self.vocab_size, prompt, float(presence_penalty),
+                        float(frequency_penalty), float(repetition_penalty), logit_bias)
+        req.penalties = pen if pen.active else None
+        req.group = req.id if group is None else group
+        req.constraint = constraint
+        req._withdraw = self._withdraw
         with self._cv:
-            if self._closed or self._failed is not None:
-                raise EngineClosed("the engine is closed" if self._failed is None else
-                                   f"the engine stopped: {self._failed}")
+            if self._closed or self._failed is not None or self._draining:
+                raise EngineClosed(f"the engine stopped: {self._failed}" if self._failed else
+                                   self._draining or "the engine is closed")
             if len(self._waiting) >= self.max_queue:
                 self.counters["requests_rejected"] += 1
                 raise QueueFull(f"the queue is full ({self.max_queue} requests waiting)",
@@ -203,13 +253,22 @@ class Engine:
 
     @property
     def alive(self) -> bool:
-        """True until the engine is closed or its thread stops on an error."""
-        return self._thread.is_alive() and not self._closed and self._failed is None
+        """True until the engine drains, is closed or its thread stops on an error."""
+        return self._thread.is_alive() and not self._closed and self._failed is None \
+            and not self._draining
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the engine: running and waiting requests finish as "cancelled"."""
+    def drain(self, reason: str = "the server is shutting down") -> None:
+        """Refuse new requests (EngineClosed with `reason`); running and waiting ones go on."""
+        with self._cv:
+            self._draining = reason
+
+    def close(self, timeout: float = 10.0, reason: str | None = None) -> None:
+        """Stop the engine: running and waiting requests finish as "cancelled", or with
+        `reason` as "error" with an EngineClosed(reason) (a server shutting down)."""
         with self._cv:
             self._closed = True
+            if reason is not None:
+                self._close_error = EngineClosed(reason)
             self._cv.notify()
         if self._thread.ident is None:          # never started: finish what waits
             self._thread.start()
@@ -237,19 +296,32 @@ class Engine:
         except BaseException as e:            # a device failure: every request learns it
             self._failed = e if isinstance(e, TercompError) else \
                 EngineClosed(f"the engine stopped on {type(e).__name__}: {e}")
+        error = self._failed or self._close_error
         for r in list(self._running) + list(self._waiting):
-            self._finish(r, "error" if self._failed else "cancelled", self._failed)
+            self._finish(r, "error" if error else "cancelled", error)
         self._running.clear()
         self._waiting.clear()
 
+    def _withdraw(self, r: Request) -> None:
+        """A cancelled request leaves the queue now (its client is gone)."""
+        with self._cv:
+            try:
+                self._waiting.remove(r)
+            except ValueError:
+                return                      # running (freed at the next step) or done
+        self._finish(r, "cancelled")
+
     def _admit(self):
         while self._waiting and self._free:
-            r = self._waiting.popleft()
+            running = collections.Counter(q.group for q in self._running)
+            r = min(self._waiting, key=lambda q: running[q.group])   # the oldest on ties
+            self._waiting.remove(r)
             if r._cancel:
                 self._finish(r, "cancelled")
                 continue
             r._slot, r._prefilled = self._free.pop(0), 0
             r._rng = np.random.default_rng(r.seed)
+            r.prompt_scores = [None] if r.prompt_logprobs is not None else []
             self._running.append(r)
 
     def _drop_cancelled(self):
@@ -257,12 +329,13 @@ class Engine:
             self._finish(r, "cancelled")
 
     def _step(self):
-        """One call: every decoding sequence's next token, then prompt chunks."""
-        ids, slots, positions, rows, owners = [], [], [], [], []
+        """One call: every decoding sequence's next token, then prompt chunks. `uses`
+        pairs each row of logits with (request, the position it was computed at)."""
+        ids, slots, positions, rows, uses = [], [], [], [], []
         for r in self._running:
             if r._prefilled == r.prompt.size:            # decoding
                 rows.append(len(ids))
-                owners.append(r)
+                uses.append((r, r.prompt.size + len(r.tokens) - 1))
                 ids.append(r.tokens[-1])
                 slots.append(r._slot)
                 positions.append(r.prompt.size + len(r.tokens) - 1)
@@ -270,27 +343,56 @@ class Engine:
         for r in self._running:
             if r._prefilled < r.prompt.size and budget > 0:
                 n = min(budget, r.prompt.size - r._prefilled)
-                ids.extend(r.prompt[r._prefilled:r._prefilled + n].tolist())
+                first = r._prefilled
+                ids.extend(r.prompt[first:first + n].tolist())
                 slots.extend([r._slot] * n)
-                positions.extend(range(r._prefilled, r._prefilled + n))
+                positions.extend(range(first, first + n))
                 r._prefilled += n
                 budget -= n
                 self.counters["prompt_tokens_total"] += n
-                if r._prefilled == r.prompt.size:        # its last prompt token's logits
-                    rows.append(len(ids) - 1)
-                    owners.append(r)
+                # the logits that score the prompt's next tokens, and those of its last token
+                scored = range(first, first + n) if r.prompt_logprobs is not None else ()
+                wanted = [p for p in scored if p < r.prompt.size - 1]
+                if r._prefilled == r.prompt.size:
+                    wanted.append(r.prompt.size - 1)
+                for p in wanted:
+                    rows.append(len(ids) - n + (p - first))
+                    uses.append((r, p))
         if not rows:                                     # prompt chunks only
             rows.append(len(ids) - 1)
-            owners.append(None)
+            uses.append((None, None))
         t0 = time.perf_counter()
         logits = self.gen.forward(np.array(ids, np.int32), np.array(slots, np.int32),
                                   np.array(positions, np.int32), np.array(rows, np.int32))
         now = time.perf_counter()
         self.counters["steps_total"] += 1
         self.counters["step_seconds_total"] += now - t0
-        for r, lg in zip(owners, logits):
-            if r is not None:
-                self._emit(r, sample(lg, r.temperature, r.top_k, r.top_p, r._rng), now)
+        for (r, p), lg in zip(uses, logits):
+            if r is None or r._done.is_set():
+                continue
+            if p < r.prompt.size - 1:                    # scores prompt[p + 1]
+                r.prompt_scores.append(scored_token(lg, int(r.prompt[p + 1]), r.prompt_logprobs))
+            elif r.max_tokens == 0:                      # prefill only
+                self._finish(r, "length")
+            else:
+                pen, con = r.penalties, r.constraint
+                z = lg if pen is None else pen.apply(lg)
+                if con is not None:
+                    z = con.mask(z)
+                    if z is None:
+                        self._finish(r, "error", TercompError(f"structured output: {con.error}"))
+                        continue
+                tok = sample(z, r.temperature, r.top_k, r.top_p, r._rng, r.min_p)
+                if pen is not None:
+                    pen.add(tok)
+                if r.logprobs is not None:      # of the model's logits (vLLM's raw logprobs)
+                    r.token_logprobs.append(scored_token(lg, tok, r.logprobs))
+                if con is not None and not con.accept(tok):
+                    self._finish(r, "error", TercompError(f"structured output: {con.error}"))
+                    continue
+                self._emit(r, tok, now)
+                if con is not None and con.done:
+                    self._finish(r, "stop")
 
     def _emit(self, r: Request, tok: int, now: float):
         if not r.tokens:

@@ -3,8 +3,15 @@
     GET  /v1/models                the one model served
     POST /v1/completions           prompt: text, token ids, or a list of either
     POST /v1/chat/completions      messages rendered by the model's chat template
+    POST /tokenize, /detokenize    llama-server's and vLLM's: text to ids and back
+    GET  /tokenizer_info           vLLM's: special tokens and the chat template
     GET  /health                   200 while the engine runs, else 503
     GET  /metrics                  Prometheus text (serve.metrics)
+
+Sampling (n, best_of, penalties, logit_bias, min_p), log-probabilities and structured
+output (serve.structured) are per request in the engine; text is text
+(runtime.chat.TextEncoder: special tokens only from the chat template, or where
+`parse_special` asks).
 
 `stream: true` answers with server-sent events (`data: {chunk}\\n\\n` ..., `data:
 [DONE]\\n\\n`), as OpenAI streams them. Every error is OpenAI's JSON error body with
@@ -25,54 +32,63 @@ so the loop never waits on the engine.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import secrets
 import threading
 import time
 import uuid
+from typing import NamedTuple
 
+import anyio
+import anyio.to_thread
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import InputError, TercompError
-from ..runtime.chat import ChatTemplate, ChatTemplateError
 from ..runtime.scheduler import EngineClosed, QueueFull
+from .guard import APIError, Guard, add_error_handlers
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import ChatRequest, CompletionRequest, error_body
+from .model import ServedModel
+from .protocol import (MAX_PROMPTS, ChatRequest, CompletionRequest, DetokenizeRequest,
+                       TokenizeRequest, error_body)
+from .structured import GrammarError
 from .text import TextStream
 
 #: the largest request body accepted, in bytes (create_app's max_body)
 MAX_BODY = 1 << 20
+#: seconds a request body may take to arrive (a 408 after)
+READ_TIMEOUT = 10.0
+#: the most tokens one request may generate over all its prompts and choices
+MAX_REQUEST_TOKENS = 1 << 15
+#: prompts tokenized at once (the others wait, off the event loop)
+TOKENIZING = 4
 
 _END = object()
 
 
-class APIError(Exception):
-    """An error answered as OpenAI's JSON error body with `status`."""
-
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param=None, code=None):
-        super().__init__(message)
-        self.status, self.body = status, error_body(message, type, param, code)
-
-
 def create_app(engine, model_name: str, api_key: str | None = None,
-               max_body: int = MAX_BODY) -> FastAPI:
+               max_body: int = MAX_BODY, read_timeout: float = READ_TIMEOUT,
+               max_request_tokens: int = MAX_REQUEST_TOKENS) -> FastAPI:
     """The FastAPI app serving `engine` (a runtime.Engine) as `model_name`. With
     `api_key`, every /v1 request needs `Authorization: Bearer <api_key>` (/health and
-    /metrics stay open, for load balancers and scrapers). The caller owns the engine
-    (closes it after the server stops)."""
-    model = _Model(engine.model)
+    /metrics stay open, for load balancers and scrapers). A body must arrive within
+    `read_timeout` seconds; one request may generate `max_request_tokens` tokens over
+    all its prompts and choices. The caller owns the engine (closes it after the
+    server stops)."""
+    model = ServedModel(engine.model)
+    tokenizing = anyio.CapacityLimiter(TOKENIZING)
+
+    async def off_loop(fn, *args):
+        """Tokenization off the event loop, a few at a time (the rest wait their turn
+        without holding threads the other endpoints need)."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=tokenizing)
     metrics = Metrics(engine)
     created = int(time.time())
     app = FastAPI(title="tercomp", summary=f"OpenAI-compatible API serving {model_name}")
     app.state.engine, app.state.metrics = engine, metrics
-    app.add_middleware(_Guard, api_key=api_key, max_body=max_body, metrics=metrics)
-    _add_error_handlers(app)
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body, metrics=metrics,
+                       read_timeout=read_timeout)
+    add_error_handlers(app)
 
     def check_model(name: str):
         if name != model_name:
@@ -80,14 +96,14 @@ def create_app(engine, model_name: str, api_key: str | None = None,
                                 f"`{model_name}`", param="model", code="model_not_found")
 
     @app.get("/health")
-    def health():
+    async def health():
         s = engine.stats()
         body = {"status": "ok" if engine.alive else "stopped", "model": model_name,
                 **{k: s[k] for k in ("slots", "free_slots", "running", "waiting")}}
         return JSONResponse(body, status_code=200 if engine.alive else 503)
 
     @app.get("/metrics")
-    def prometheus():
+    async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     def model_card():
@@ -106,86 +122,131 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
-        prompts = await run_in_threadpool(lambda: [model.encode(p) for p in body.prompts()])
-        max_tokens = body.max_tokens if body.max_tokens is not None else model.max_seq
-        runs = _submit(engine, model, body, prompts, [max_tokens] * len(prompts), "prompt")
+        texts = body.prompts()
+        for t in texts:
+            model.check_length(t, "prompt")
+        prompts = await off_loop(lambda: [
+            model.encode(p, bool(body.parse_special), body.add_special_tokens is not False)
+            for p in texts])
+        max_tokens = _budget(body.max_tokens, len(texts) * body.candidates, model.max_seq,
+                             max_request_tokens)
+        echo = [(t if isinstance(t, str) else model.decode(t), p) if body.echo else None
+                for t, p in zip(texts, prompts)]
+        grammar = await _grammar(model, body, off_loop)
         rid = f"cmpl-{uuid.uuid4().hex}"
+        runs = _submit(engine, model, body, prompts, [max_tokens] * len(prompts), "prompt",
+                       logprobs=body.logprobs, echo=echo, candidates=body.candidates, group=rid,
+                       grammar=grammar)
         head = {"id": rid, "object": "text_completion", "created": int(time.time()),
                 "model": model_name}
 
-        def choice(i, text, ids, finish):
-            return {"index": i, "text": text, "logprobs": None, "finish_reason": finish,
-                    "token_ids": ids}
+        def choice(i, run, piece, finish):
+            lp = None if body.logprobs is None else \
+                model.completion_logprobs(run, piece.logged, piece.scores)
+            return {"index": i, "text": piece.text, "logprobs": lp, "finish_reason": finish,
+                    "token_ids": piece.ids}
 
         if body.stream:
             return _sse(runs, request, metrics, head, choice, _include_usage(body))
         await _collect(runs, request, metrics)
-        return {**head, "choices": [choice(i, r.text.text, r.text.tokens, r.finish_reason)
-                                    for i, r in enumerate(runs)], "usage": _usage(runs)}
+        best = _best(runs, body.choices)
+        return {**head, "choices": [choice(i, r, r.whole(), r.finish_reason)
+                                    for i, r in enumerate(best)], "usage": _usage(runs)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         check_model(body.model)
-        prompt = await run_in_threadpool(model.render_chat, body.messages)
-        limit = body.max_completion_tokens or body.max_tokens or model.max_seq
-        runs = _submit(engine, model, body, [prompt], [limit], "messages")
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+        model.check_length("".join(m.text() for m in body.messages), "messages")
+        prompt = await off_loop(model.render_chat, body.messages, bool(body.parse_special))
+        limit = _budget(body.max_completion_tokens or body.max_tokens, body.choices,
+                        model.max_seq, max_request_tokens, "max_completion_tokens"
+                        if body.max_completion_tokens else "max_tokens")
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        grammar = await _grammar(model, body, off_loop)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top,
+                       candidates=body.choices, group=rid, grammar=grammar)
+        head = {"id": rid, "object": "chat.completion",
                 "created": int(time.time()), "model": model_name}
+
+        def logprobs(piece):
+            return None if top is None else \
+                {"content": model.chat_logprobs(piece.logged, piece.scores)}
+
         if body.stream:
-            def delta(i, text, ids, finish):
-                d = {} if finish else {"content": text}
-                return {"index": i, "delta": d, "logprobs": None, "finish_reason": finish}
-            first = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                     "logprobs": None, "finish_reason": None}
+            def delta(i, run, piece, finish):
+                d = {} if finish else {"content": piece.text}
+                return {"index": i, "delta": d, "logprobs": None if finish else logprobs(piece),
+                        "finish_reason": finish}
+            first = [{"index": i, "delta": {"role": "assistant", "content": ""},
+                      "logprobs": None, "finish_reason": None} for i in range(len(runs))]
             return _sse(runs, request, metrics, {**head, "object": "chat.completion.chunk"},
                         delta, _include_usage(body), first=first)
         await _collect(runs, request, metrics)
-        r = runs[0]
-        return {**head, "choices": [{"index": 0, "logprobs": None, "finish_reason": r.finish_reason,
-                                     "message": {"role": "assistant", "content": r.text.text}}],
+
+        def message(i, r):
+            whole = r.whole()
+            return {"index": i, "logprobs": logprobs(whole), "finish_reason": r.finish_reason,
+                    "message": {"role": "assistant", "content": whole.text}}
+        return {**head, "choices": [message(i, r) for i, r in enumerate(runs)],
                 "usage": _usage(runs)}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        """llama-server's /tokenize ({"tokens": [id, ...]}, or with `with_pieces`
+        {"tokens": [{"id", "piece"}]}, a piece that is not whole UTF-8 as its bytes) and
+        vLLM's (`prompt` in; `count` and `max_model_len` out too)."""
+        try:
+            text, field, add = body.text()
+        except ValueError as e:
+            raise APIError(400, str(e), param="content") from None
+        model.check_length(text, field)
+        ids = await off_loop(model.encode, text, bool(body.parse_special), add, field)
+        if not body.with_pieces:
+            return {"tokens": ids, "count": len(ids), "max_model_len": model.max_seq}
+        out = []
+        for i in ids:
+            b = model.pieces.bytes(i)
+            try:
+                piece = b.decode()
+            except UnicodeDecodeError:
+                piece = list(b)
+            out.append({"id": i, "piece": piece})
+        return {"tokens": out}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        """{"content": text} (llama-server's key), also as "prompt" (vLLM's)."""
+        bad = [t for t in body.tokens if not 0 <= t < model.vocab_size]
+        if bad:
+            raise APIError(400, f"token id {bad[0]} is out of range for a vocabulary of "
+                                f"{model.vocab_size}", param="tokens")
+        if model.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer", param="tokens")
+        text = await off_loop(model.decode, body.tokens, False)
+        return {"content": text, "prompt": text}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """vLLM's /tokenizer_info: the special tokens and the chat template (what
+        lm-evaluation-harness's remote tokenizer reads)."""
+        t = model.template
+        return {"tokenizer_class": "tercomp", "eos_token": t.eos_token or None if t else None,
+                "bos_token": t.bos_token or None if t else None, "pad_token": None,
+                "chat_template": t.source if t else None, "model_max_length": model.max_seq,
+                "vocab_size": model.vocab_size}
 
     return app
 
 
-# -- the model's text side -------------------------------------------------------------------
-
-class _Model:
-    """What the API needs of the generator: its tokenizer, chat template and eos."""
-
-    def __init__(self, gen):
-        self.tokenizer, self.max_seq, self.vocab_size = gen.tokenizer, gen.max_seq, gen.vocab_size
-        self.template = ChatTemplate.from_dict(gen.chat_template)
-        eos = None
-        if self.template is not None and self.template.eos_token and self.tokenizer is not None:
-            eos = self.tokenizer.token_to_id(self.template.eos_token)
-        self.eos = {eos} if eos is not None else set()
-
-    def encode(self, prompt) -> list:
-        if not isinstance(prompt, str):
-            return prompt
-        if self.tokenizer is None:
-            raise APIError(400, "this model has no tokenizer: pass the prompt as token ids",
-                           param="prompt")
-        return self.tokenizer.encode(prompt).ids
-
-    def render_chat(self, messages) -> list:
-        if self.tokenizer is None or self.template is None:
-            raise APIError(400, "this model's files carry no chat template (or no tokenizer): "
-                                "use /v1/completions", param="messages")
-        try:
-            text = self.template.render([{"role": m.role, "content": m.text()} for m in messages],
-                                        add_generation_prompt=True)
-        except ChatTemplateError as e:
-            raise APIError(400, e.message, param="messages") from None
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-
 class _Run:
-    """One submitted request (one choice) and its text."""
+    """One submitted request (one choice) and its text. `echo`: (prompt text, prompt
+    ids) to send before the generated text, or None; `offset`: the text offset of the
+    next token's log-probability entry."""
 
-    def __init__(self, req, text: TextStream):
-        self.req, self.text = req, text
+    def __init__(self, req, text: TextStream, echo=None, prompt_index: int = 0):
+        self.req, self.text, self.echo, self.offset = req, text, echo, 0
+        self.prompt_index = prompt_index
 
     @property
     def finish_reason(self) -> str:
@@ -193,9 +254,54 @@ class _Run:
             return "stop"
         return self.req.finish_reason if self.req.finish_reason in ("stop", "length") else "abort"
 
+    def piece(self, text: str, start: int, end: int) -> "_Piece":
+        """The piece of generated tokens start..end with `text`."""
+        ids = self.text.tokens[start:end]
+        return _Piece(text, ids, ids, None if self.req.logprobs is None
+                      else self.req.token_logprobs[start:end])
 
-def _submit(engine, model: _Model, body, prompts, limits, param) -> list:
-    """Submit one request per prompt (all or none: a refused one cancels the others)."""
+    def echoed(self) -> "_Piece":
+        """The piece of the echoed prompt (its ids are scored, not generated)."""
+        text, ids = self.echo
+        scores = self.req.prompt_scores if self.req.prompt_logprobs is not None else None
+        return _Piece(text, [], list(map(int, ids)), scores)
+
+    def whole(self) -> "_Piece":
+        """The whole choice once it ended, the echoed prompt first."""
+        p = self.piece(self.text.text, 0, len(self.text.tokens))
+        if self.echo is None:
+            return p
+        e = self.echoed()
+        return _Piece(e.text + p.text, p.ids, e.logged + p.logged,
+                      None if p.scores is None else list(e.scores or ()) + list(p.scores))
+
+
+class _Piece(NamedTuple):
+    """What one chunk carries: `text`, generated `ids`, the ids its log-probability
+    entries are for (`logged`: the prompt's too when echoed) and those entries (None:
+    not asked for)."""
+    text: str
+    ids: list
+    logged: list
+    scores: list | None
+
+
+
+def _submit(engine, model: ServedModel, body, prompts, limits, param, logprobs=None,
+            echo=None, candidates: int = 1, group=None, grammar=None) -> list:
+    """Submit `candidates` requests per prompt (all or none: a refused one cancels the
+    others), the j-th of a prompt seeded with seed + j. `logprobs`: the alternatives per
+    generated token (None: no log-probabilities); `echo`: per prompt, (text, ids) to
+    echo (the prompt scored too when `logprobs`)."""
+    if len(prompts) * candidates > MAX_PROMPTS:
+        raise APIError(400, f"{len(prompts)} prompts times {candidates} choices each is over "
+                            f"{MAX_PROMPTS} sequences in one request", param="n")
+    bad = [t for t in (body.logit_bias or ()) if t >= model.vocab_size]
+    if bad:
+        raise APIError(400, f"logit_bias: token id {bad[0]} is out of range for a vocabulary "
+                            f"of {model.vocab_size}", param="logit_bias")
+    if candidates > (body.n or 1) and logprobs is None:
+        logprobs = 0                    # best_of ranks by the generated tokens' logprobs
     if body.stop and model.tokenizer is None:
         raise APIError(400, "stop strings need the model's tokenizer; this model has none",
                        param="stop")
@@ -203,15 +309,21 @@ def _submit(engine, model: _Model, body, prompts, limits, param) -> list:
     temperature = 1.0 if body.temperature is None else body.temperature
     seed = body.seed if body.seed is not None else secrets.randbits(63)
     runs = []
+    echo = echo or [None] * len(prompts)
     try:
-        for prompt, limit in zip(prompts, limits):
+        for (index, prompt), limit, shown in zip(enumerate(prompts), limits, echo):
             if len(prompt) >= model.max_seq:
                 raise APIError(400, f"This model's maximum context length is {model.max_seq} "
                                     f"tokens; the prompt has {len(prompt)}", param=param,
                                code="context_length_exceeded")
-            req = engine.submit(prompt, max_tokens=limit, temperature=temperature,
-                                top_k=body.k, top_p=body.top_p, seed=seed, stop=stop_ids)
-            runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids)))
+            for j in range(candidates):
+                req = engine.submit(prompt, max_tokens=limit, temperature=temperature,
+                                    seed=(seed + j) % (1 << 63), stop=stop_ids,
+                                    logprobs=logprobs, group=group, **body.sampling(),
+                                    constraint=grammar and grammar.constraint(),
+                                    prompt_logprobs=logprobs if shown is not None else None)
+                runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids),
+                                 shown, index))
     except BaseException as e:
         for r in runs:
             r.req.cancel()
@@ -227,8 +339,55 @@ def _submit(engine, model: _Model, body, prompts, limits, param) -> list:
     return runs
 
 
+async def _grammar(model: ServedModel, body, off_loop):
+    """The compiled output constraint of a request (None without one), off the event
+    loop (a large schema takes a while); a 400 naming the field when it cannot be
+    enforced."""
+    try:
+        spec = body.constraint()
+    except ValueError as e:
+        raise APIError(400, str(e), param=str(e).split(":")[0]) from None
+    if spec is None:
+        return None
+    field, kind, value = spec
+    try:
+        return await off_loop(model.grammars.compile, kind, value)
+    except GrammarError as e:
+        raise APIError(400, f"{field}: {e}", param=field) from None
+
+
+def _budget(asked, sequences: int, max_seq: int, cap: int, param: str = "max_tokens") -> int:
+    """Tokens per sequence: `asked` (None: as many as the context and the request's cap
+    allow), a 400 when `sequences` of them are over the request's cap."""
+    if asked is None:
+        return max(1, min(max_seq, cap // sequences))
+    if asked * sequences > cap:
+        raise APIError(400, f"{sequences} sequences of {param}={asked} are "
+                            f"{asked * sequences} tokens, over the {cap} one request may "
+                            f"generate", param=param)
+    return asked
+
+
+def _best(runs, n: int) -> list:
+    """Of each prompt's candidates, the `n` whose generated tokens are most likely (the
+    sum of their log-probabilities: OpenAI's best_of), most likely first; all of them,
+    in order, when there are n."""
+    by_prompt: dict = {}
+    for r in runs:
+        by_prompt.setdefault(r.prompt_index, []).append(r)
+    out = []
+    for group in by_prompt.values():
+        if len(group) > n:
+            group = sorted(group, key=lambda r: -sum(s[0] for s in r.req.token_logprobs[
+                :len(r.text.tokens)]))[:n]
+        out.extend(group)
+    return out
+
+
 def _usage(runs) -> dict:
-    prompt = sum(int(r.req.prompt.size) for r in runs)
+    """Prompt tokens once per prompt, every generated token (best_of's discarded ones
+    too)."""
+    prompt = sum(int(r.req.prompt.size) for r in {r.prompt_index: r for r in runs}.values())
     completion = sum(len(r.text.tokens) for r in runs)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
@@ -271,21 +430,29 @@ async def _tokens(req):
 
 
 async def _pieces(run: _Run, metrics: Metrics):
-    """(text, token ids) pieces of one run as they can be sent; the request is cancelled
-    when a stop string ends it, and when the reader goes away (the generator is closed
-    or its task cancelled: the finally)."""
+    """The _Pieces of one run as they can be sent, the echoed prompt first (once it is
+    prefilled: with the first token, or at the end); the request is cancelled when a stop string ends it, and when the reader
+    goes away (the generator is closed or its task cancelled: the finally)."""
     sent = 0
+    echo = run.echo is not None
     try:
         async for tok in _tokens(run.req):
+            if echo:
+                yield run.echoed()
+                echo = False
             text = run.text.push(tok)
             if text or run.text.tokenizer is None:
-                yield text, run.text.tokens[sent:]
-                sent = len(run.text.tokens)
+                end = len(run.text.tokens)
+                yield run.piece(text, sent, end)
+                sent = end
             if run.text.finished:
                 break
+        if echo:
+            yield run.echoed()
         text = run.text.flush()
-        if text or sent < len(run.text.tokens):
-            yield text, run.text.tokens[sent:]
+        end = len(run.text.tokens)
+        if text or sent < end:
+            yield run.piece(text, sent, end)
     finally:
         run.req.cancel()
     metrics.observe(run.req)
@@ -339,28 +506,28 @@ def _sse(runs, request, metrics, head, choice, include_usage, first=None) -> Str
 
         async def drain(i, run):
             try:
-                async for text, ids in _pieces(run, metrics):
-                    await queue.put((i, text, ids))
-                await queue.put((i, None, None))
+                async for piece in _pieces(run, metrics):
+                    await queue.put((i, piece))
+                await queue.put((i, None))
             except BaseException as e:
-                await queue.put((i, e, None))
+                await queue.put((i, e))
 
         tasks = [asyncio.ensure_future(drain(i, r)) for i, r in enumerate(runs)]
         try:
-            if first is not None:
-                yield event([first])
+            for f in first or ():
+                yield event([f])
             left = len(runs)
             while left:
-                i, text, ids = await queue.get()
-                if isinstance(text, BaseException):
-                    message = getattr(text, "message", None) or str(text)
+                i, piece = await queue.get()
+                if isinstance(piece, BaseException):
+                    message = getattr(piece, "message", None) or str(piece)
                     yield f"data: {json.dumps(error_body(f'generation failed: {message}', 'server_error'))}\n\n"
                     left -= 1
-                elif text is None:
-                    yield event([choice(i, "", [], runs[i].finish_reason)])
+                elif piece is None:
+                    yield event([choice(i, runs[i], _Piece("", [], [], []), runs[i].finish_reason)])
                     left -= 1
                 else:
-                    yield event([choice(i, text, ids, None)])
+                    yield event([choice(i, runs[i], piece, None)])
             if include_usage:
                 yield event([], usage=_usage(runs))
             yield "data: [DONE]\n\n"
@@ -372,104 +539,3 @@ def _sse(runs, request, metrics, head, choice, include_usage, first=None) -> Str
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-# -- errors, keys and body size ----------------------------------------------------------------
-
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(request, e: APIError):
-        return JSONResponse(e.body, status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, e: RequestValidationError):
-        err = (e.errors() or [{}])[0]
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        if err.get("type") == "json_invalid":
-            return JSONResponse(error_body("the request body is not valid JSON: "
-                                           f"{err.get('ctx', {}).get('error', '')}".rstrip(": "),
-                                           code="invalid_json"), status_code=400)
-        param = loc[0] if loc else None
-        message = err.get("msg", "invalid request").removeprefix("Value error, ")
-        if not loc and err.get("type") in ("model_attributes_type", "dict_type"):
-            message = "the request body must be a JSON object (Content-Type: application/json)"
-        elif param == "prompt" and err.get("type") != "value_error":
-            message = "prompt must be a string, a list of token ids (ints), or a list of either"
-        elif loc:
-            message = f"{'.'.join(loc)}: {message}"
-        return JSONResponse(error_body(message, param=param), status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request, e: StarletteHTTPException):
-        return JSONResponse(error_body(str(e.detail), code=str(e.status_code)),
-                            status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def internal(request, e: Exception):
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}",
-                                       type="server_error"), status_code=500)
-
-
-class _Guard:
-    """ASGI middleware in front of the app: the API key of /v1 requests (before the body
-    is read), the body size limit, and the error count of /metrics."""
-
-    def __init__(self, app, api_key, max_body, metrics):
-        self.app, self.max_body, self.metrics = app, int(max_body), metrics
-        self.key = api_key.encode() if api_key else None
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def counted(message):
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                self.metrics.errors.labels(str(message["status"])).inc()
-            await send(message)
-
-        headers = dict(scope.get("headers") or ())
-        if self.key is not None and scope["path"].startswith("/v1/") \
-                and not self._authorized(headers.get(b"authorization", b"")):
-            return await _answer(counted, 401, error_body(
-                "Incorrect or missing API key: pass `Authorization: Bearer <key>`",
-                code="invalid_api_key"))
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            return await _answer(counted, 413, self._too_large())
-        body, more = [], True
-        size = 0
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return                                 # the client went away
-            body.append(message.get("body", b""))
-            size += len(body[-1])
-            more = message.get("more_body", False)
-            if size > self.max_body:
-                return await _answer(counted, 413, self._too_large())
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": b"".join(body), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, counted)
-
-    def _authorized(self, header: bytes) -> bool:
-        scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
-
-    def _too_large(self) -> dict:
-        return error_body(f"the request body is over {self.max_body} bytes",
-                          code="request_too_large")
-
-
-async def _answer(send, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})

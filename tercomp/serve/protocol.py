@@ -3,55 +3,131 @@ models (FastAPI validates every body against them before a handler runs), and th
 OpenAI error body.
 
 Fields are OpenAI's names and defaults (temperature 1, top_p 1, completions' max_tokens
-16). Extensions that vLLM also accepts: `top_k`, `stop_token_ids`, `ignore_eos`.
-Fields OpenAI defines but this server does not implement (n > 1, logprobs, echo,
-suffix, penalties, logit_bias, tools) are refused with a 400 naming the field rather
-than silently ignored; unknown fields are ignored, as OpenAI's SDKs send new ones.
+16), each nullable where OpenAI's is (null is the default). Extensions that vLLM also
+accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`;
+llama-server's `parse_special`. Log-probabilities: completions' `logprobs=N` (and
+`echo`, which with `logprobs` scores the prompt too; `max_tokens=0` prefills only: what
+lm-evaluation-harness sends to score a continuation), chat's `logprobs` /
+`top_logprobs`. Structured output: `response_format` (json_object, json_schema), vLLM's
+`guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, llama-server's
+`json_schema` / `grammar` (GBNF). Fields
+this server does not implement (`REFUSED`: tools, vLLM's guided decoding fields, beam
+search, ...) are refused with a 400 naming the field unless they hold
+their default, rather than silently ignored; unknown fields are ignored, as OpenAI's
+SDKs send new ones.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from ..runtime.sampling import MAX_LOGPROBS
+
 #: the most stop strings / stop ids one request may give
 MAX_STOP = 16
-#: the most prompts one completions request may batch
+#: the most prompts one completions request may batch, and the most choices (prompts
+#: times n or best_of) one request may ask for
 MAX_PROMPTS = 64
+#: the largest n / best_of
+MAX_N = 16
 
 TokenIds = list[StrictInt]
 
+#: fields of OpenAI's API, vLLM's or llama-server's that this server does not implement,
+#: with the values that ask for nothing (null, false, 0, empty, and these)
+REFUSED = {
+    "suffix": (), "tools": (),
+    "tool_choice": ("none",), "functions": (), "function_call": ("none",),
+    "structured_outputs": (), "use_beam_search": (),
+    "min_tokens": (), "bad_words": (), "allowed_token_ids": (), "prompt_logprobs": (),
+    "typical_p": (1, 1.0), "mirostat": (), "suffix_prompt": (),
+}
+
 
 def _refuse(cls, value, info):
-    """A field OpenAI defines and this server does not implement: only its default."""
-    if value and not (info.field_name == "best_of" and value == 1):
-        raise ValueError(f"{info.field_name}={value!r} is not supported by this server")
-    return value
+    """A field this server does not implement: only a value that asks for nothing."""
+    if value is None or value in (False, 0, "", [], {}) or value in REFUSED[info.field_name]:
+        return value
+    raise ValueError(f"{info.field_name}={value!r:.80} is not supported by this server")
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: Optional[bool] = False
 
 
-class _Sampling(BaseModel):
-    """What both endpoints share."""
+class _Refused(BaseModel):
+    """The REFUSED fields, each a 400 naming it unless it asks for nothing."""
     model_config = ConfigDict(extra="ignore")
+
+    suffix: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    structured_outputs: Any = None
+    use_beam_search: Any = None
+    min_tokens: Any = None
+    bad_words: Any = None
+    allowed_token_ids: Any = None
+    prompt_logprobs: Any = None
+    typical_p: Any = None
+    mirostat: Any = None
+    suffix_prompt: Any = None
+
+    _refused = field_validator(*REFUSED)(classmethod(_refuse))
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, json_object, or json_schema ({"name", "schema",
+    "strict"}), enforced by serve.structured."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[dict] = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema(cls, v, info):
+        if v is not None and not isinstance(v.get("schema", {}), dict):
+            raise ValueError("json_schema.schema must be a JSON schema (an object)")
+        return v
+
+
+class _Sampling(_Refused):
+    """What both endpoints share."""
 
     model: str
     temperature: Optional[float] = Field(1.0, ge=0.0)
     top_p: Optional[float] = Field(1.0, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1, description="-1 or 0: off (vLLM's convention)")
+    min_p: Optional[float] = Field(0.0, ge=0.0, le=1.0)
     seed: Optional[StrictInt] = Field(None, ge=0, lt=1 << 63)
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[StrictInt]] = Field(None, max_length=MAX_STOP)
-    ignore_eos: bool = False
-    stream: bool = False
+    ignore_eos: Optional[bool] = False
+    stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    n: int = Field(1, ge=1, le=1, description="one choice per prompt")
-    presence_penalty: Optional[float] = 0.0
-    frequency_penalty: Optional[float] = 0.0
-    logit_bias: Optional[dict] = None
+    n: Optional[StrictInt] = Field(1, ge=1, le=MAX_N)
+    presence_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: Optional[float] = Field(1.0, gt=0.0, le=100.0)
+    logit_bias: Optional[dict[str, float]] = Field(None, max_length=1024)
+    parse_special: Optional[bool] = False
+    response_format: Optional[ResponseFormat] = None
+    # the grammar extensions of vLLM (guided_*) and llama-server (json_schema, grammar)
+    guided_json: Optional[Union[dict, str]] = None
+    guided_regex: Optional[str] = Field(None, max_length=1 << 16)
+    guided_choice: Optional[list[str]] = Field(None, max_length=1024)
+    guided_grammar: Optional[str] = Field(None, max_length=1 << 20)
+    json_schema: Optional[dict] = None
+    grammar: Optional[str] = Field(None, max_length=1 << 20)
     user: Optional[str] = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _needs_schema(cls, v):
+        if v is not None and v.type == "json_schema" and v.json_schema is None:
+            raise ValueError("type json_schema needs json_schema: {\"name\", \"schema\"}")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -61,20 +137,67 @@ class _Sampling(BaseModel):
             raise ValueError(f"at most {MAX_STOP} stop strings")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        """{"token id": bias} as {int: float}, each bias in [-100, 100] (OpenAI's range)."""
+        if v is None:
+            return v
+        out = {}
+        for key, bias in v.items():
+            if not key.isdigit() or len(key) > 9:
+                raise ValueError(f"keys must be token ids, got {key!r:.40}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {key} must be from -100 to 100, got {bias}")
+            out[int(key)] = float(bias)
+        return out
+
     @property
     def k(self) -> Optional[int]:
         return self.top_k if self.top_k and self.top_k > 0 else None
 
+    @property
+    def choices(self) -> int:
+        """Choices per prompt."""
+        return self.n or 1
+
+    def constraint(self):
+        """(field, kind, value) of the one structured-output field set ("json": a schema
+        or None for any object, "regex", "choice", "grammar": GBNF or Lark), or None;
+        ValueError naming them when several are."""
+        rf = self.response_format
+        given = [("response_format", "json", None if rf.type == "json_object"
+                  else (rf.json_schema or {}).get("schema", {}))] \
+            if rf is not None and rf.type != "text" else []
+        for name, kind in (("guided_json", "json"), ("json_schema", "json"),
+                           ("guided_regex", "regex"), ("guided_choice", "choice"),
+                           ("guided_grammar", "grammar"), ("grammar", "grammar")):
+            v = getattr(self, name)
+            if v:
+                given.append((name, kind, v))
+        if len(given) > 1:
+            raise ValueError(f"{given[1][0]}: only one of {', '.join(g[0] for g in given)} "
+                             f"may constrain the output")
+        return given[0] if given else None
+
+    def sampling(self) -> dict:
+        """The Engine.submit keywords of the sampling fields."""
+        return {"top_k": self.k, "top_p": self.top_p, "min_p": self.min_p or 0.0,
+                "presence_penalty": self.presence_penalty or 0.0,
+                "frequency_penalty": self.frequency_penalty or 0.0,
+                "repetition_penalty": 1.0 if self.repetition_penalty is None
+                else self.repetition_penalty, "logit_bias": self.logit_bias}
+
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions: `prompt` is text, a list of token ids, or a list of either
-    (one choice each)."""
+    (n choices each)."""
     prompt: Union[str, TokenIds, list[str], list[TokenIds]]
-    max_tokens: Optional[StrictInt] = Field(16, ge=1)
-    echo: bool = False
-    logprobs: Optional[int] = None
-    suffix: Optional[str] = None
-    best_of: Optional[int] = None
+    max_tokens: Optional[StrictInt] = Field(16, ge=0, description="0: score the prompt only")
+    echo: Optional[bool] = False
+    logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: Optional[StrictInt] = Field(None, ge=1, le=MAX_N)
+    add_special_tokens: Optional[bool] = True
 
     @field_validator("prompt")
     @classmethod
@@ -83,11 +206,22 @@ class CompletionRequest(_Sampling):
             raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
         return p
 
-    _unsupported = field_validator("echo", "logprobs", "suffix", "best_of", "presence_penalty",
-                                   "frequency_penalty", "logit_bias")(classmethod(_refuse))
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v, info):
+        if v is not None and v < (info.data.get("n") or 1):
+            raise ValueError(f"best_of must be at least n ({info.data.get('n')}), got {v}")
+        if v is not None and v > (info.data.get("n") or 1) and info.data.get("stream"):
+            raise ValueError("best_of > n cannot be streamed (as OpenAI's API)")
+        return v
+
+    @property
+    def candidates(self) -> int:
+        """Sequences generated per prompt (best_of, else n)."""
+        return self.best_of or self.choices
 
     def prompts(self) -> list:
-        """One prompt per choice: a str or a list of ids."""
+        """The prompts: each a str or a list of ids."""
         p = self.prompt
         if isinstance(p, str) or not p or isinstance(p[0], int):
             return [p]
@@ -103,6 +237,15 @@ class ChatMessage(BaseModel):
     role: str
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
+    tool_calls: Any = None          # refused: tools are not implemented
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _no_tool_calls(cls, v):
+        if v:
+            raise ValueError("tool_calls in the history are not supported by this server "
+                             "(tools are not implemented)")
+        return v
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -116,10 +259,68 @@ class ChatRequest(_Sampling):
     max_tokens: Optional[StrictInt] = Field(None, ge=1)
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1)
     logprobs: Optional[bool] = None
-    tools: Optional[list] = None
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
+    parallel_tool_calls: Optional[bool] = None      # a hint about tools, which are refused
+    add_special_tokens: Optional[bool] = False
 
-    _unsupported = field_validator("logprobs", "tools", "presence_penalty", "frequency_penalty",
-                                   "logit_bias")(classmethod(_refuse))
+    @field_validator("add_special_tokens")
+    @classmethod
+    def _template_writes_them(cls, v):
+        if v:
+            raise ValueError("add_special_tokens=true is not supported in chat: the chat "
+                             "template writes the special tokens")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v, info):
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs=true")
+        return v
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize, in llama-server's shape (`content`; `add_special`, default false,
+    adds the tokenizer's BOS; `with_pieces` returns each token's text) or vLLM's
+    (`prompt`; `add_special_tokens`, default true). `parse_special` matches special
+    tokens in the text (off by default here: text is text, as in the completions)."""
+    model_config = ConfigDict(extra="ignore")
+
+    content: Optional[str] = Field(None, max_length=1 << 20)
+    prompt: Optional[str] = Field(None, max_length=1 << 20)
+    add_special: Optional[bool] = False
+    add_special_tokens: Optional[bool] = True
+    parse_special: Optional[bool] = False
+    with_pieces: Optional[bool] = False
+    messages: Any = None        # vLLM's chat form: refused
+
+    @field_validator("messages")
+    @classmethod
+    def _no_chat(cls, v):
+        if v is not None:
+            raise ValueError("tokenizing messages is not supported: pass `content` (or "
+                             "`prompt`) text")
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_text(cls, v, info):
+        if v is not None and info.data.get("content") is not None:
+            raise ValueError("pass `content` (llama-server) or `prompt` (vLLM), not both")
+        return v
+
+    def text(self) -> tuple:
+        """(the text, its field, whether to add the tokenizer's special tokens)."""
+        if self.prompt is not None:
+            return self.prompt, "prompt", self.add_special_tokens is not False
+        if self.content is None:
+            raise ValueError("content: the text to tokenize is missing")
+        return self.content, "content", bool(self.add_special)
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (llama-server's and vLLM's): `tokens` as ids."""
+    tokens: list[StrictInt] = Field(max_length=1 << 20)
 
 
 def error_body(message: str, type: str = "invalid_request_error", param=None, code=None) -> dict:

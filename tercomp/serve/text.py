@@ -81,3 +81,59 @@ class TextStream:
             if any(s.startswith(tail) for s in self.stop):
                 return k
         return 0
+
+
+#: GPT-2's byte-to-character table, inverted: the bytes of a byte-level BPE piece
+_SHOWN = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+_BYTE_OF = {chr(b): b for b in _SHOWN}
+_BYTE_OF.update({chr(256 + n): b for n, b in enumerate(b for b in range(256) if b not in _SHOWN)})
+
+
+class TokenPieces:
+    """The bytes and the display string of single tokens (log-probability entries,
+    /tokenize's pieces): a byte-level BPE piece maps back through GPT-2's byte table,
+    a SentencePiece piece has its ▁ as a space and `<0xNN>` as the byte NN, an added
+    token is its own text. A string that is not whole UTF-8 is shown as vLLM shows
+    it: `bytes:\\xe2\\x80`."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._cache: dict = {}
+        self.added = {}
+        self.byte_level = False
+        if tokenizer is not None:
+            self.added = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items()}
+            decoder = tokenizer.decoder
+            state = decoder.__getstate__().decode() if decoder is not None else ""
+            self.byte_level = '"ByteLevel"' in state
+
+    def bytes(self, token: int) -> bytes:
+        b = self._cache.get(token)
+        if b is None:
+            b = self._cache[token] = self._bytes(token)
+        return b
+
+    def _bytes(self, token: int) -> bytes:
+        if self.tokenizer is None:
+            return b""
+        if token in self.added:
+            return self.added[token].encode()
+        piece = self.tokenizer.id_to_token(token) or ""
+        if self.byte_level:
+            if all(c in _BYTE_OF for c in piece):
+                return bytes(_BYTE_OF[c] for c in piece)
+            return piece.encode()
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            try:
+                return bytes([int(piece[3:5], 16)])
+            except ValueError:
+                pass
+        return piece.replace("\u2581", " ").encode()
+
+    def text(self, token: int) -> str:
+        b = self.bytes(token)
+        try:
+            return b.decode()
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{c:02x}" for c in b)
+

@@ -1,7 +1,9 @@
 """Checkpoints: a model's parameters and an optimizer state in one safetensors file.
 
-Tensors are `params/<name>` and `opt_state/<i>` (the state's pytree leaves in order);
-the metadata holds the format tag, the parameter names and the state's tree structure.
+Tensors are `params/<name>`, `buffers/<name>` (BatchNorm's running statistics, when the
+model has buffers) and `opt_state/<i>` (the state's pytree leaves in order); the
+metadata holds the format tag, the parameter and buffer names and the state's tree
+structure.
 """
 from __future__ import annotations
 
@@ -40,15 +42,21 @@ def save_checkpoint(path: str, model, opt_state=None) -> None:
                           "accumulation); save after an update to keep every call",
                           RuntimeWarning, stacklevel=2)
         params = model.params()
+        buffers = model.buffers()
         opt_state = model.opt_state() if opt_state is None else opt_state
     elif callable(getattr(model, "state_dict", None)):
         params = model.state_dict()
+        buffers = {k: np.asarray(v) for k, v in model.buffers().items()} \
+            if callable(getattr(model, "buffers", None)) else {}
     else:
         raise TercompError(f"save_checkpoint: model must be an nn.Module or a TrainStep, got "
                            f"{type(model).__name__}")
     # np.array, not np.ascontiguousarray, which turns 0-d arrays into shape (1,).
     tensors = {f"params/{k}": np.array(v, order="C") for k, v in params.items()}
     meta = {"format": _FORMAT, "params": json.dumps(list(params))}
+    if buffers:
+        tensors.update({f"buffers/{k}": np.array(v, order="C") for k, v in buffers.items()})
+        meta["buffers"] = json.dumps(list(buffers))
     if opt_state is not None:
         leaves, paths, treedef = pytree.flatten(opt_state)
         for i, x in enumerate(leaves):
@@ -74,6 +82,7 @@ def load_checkpoint(path: str, model):
     try:
         names = json.loads(meta["params"])
         params = {k: tensors[f"params/{k}"] for k in names}
+        buffers = {k: tensors[f"buffers/{k}"] for k in json.loads(meta.get("buffers", "[]"))}
         opt_state = None
         if "opt_state_tree" in meta:
             treedef = json.loads(meta["opt_state_tree"])
@@ -82,8 +91,10 @@ def load_checkpoint(path: str, model):
     except (KeyError, ValueError, TypeError, RecursionError) as e:
         raise TercompError(f"load_checkpoint: {path} is damaged ({type(e).__name__}: {e})") from None
     if isinstance(model, TrainStep):
-        model.set_state(params, opt_state)
+        model.set_state(params, opt_state, buffers=buffers or None)
         model.sync_to()
     else:
         model.load_state_dict(params)
+        if buffers:
+            model.load_buffers(buffers)
     return opt_state

@@ -1,7 +1,8 @@
 """compile_train_step: forward, backward, clipping and the optimizer update of a model,
 traced into ONE compiled function
 
-    (params, opt_state, *batch) -> (new_params, new_opt_state, loss, grad_norm, metrics)
+    (params, opt_state, buffers, *batch)
+        -> (new_params, new_opt_state, new_buffers, loss, grad_norm, metrics)
 
 that tercomp.training.step.TrainStep runs with the weights kept on the device (packed
 in one vector, with the optimizer state shaped like them, when the optimizer's update
@@ -17,12 +18,12 @@ from .. import optim, pytree
 from ..build import BuildOptions, build
 from ..compiler import pipeline
 from ..errors import TercompError, check_number
-from ..nn.module import Module
+from ..nn.module import Module, buffer_updates
 from ..passes import Dumper
 from ..pytree import tree_map
-from ..trace import api as _t
-from ..trace import trace
-from ..trace.tracer import Tracer
+from ..tracing import api as _t
+from ..tracing import trace
+from ..tracing.tracer import Tracer
 from ..autodiff import value_and_grad
 from .data_parallel import check_options as check_data_parallel, compile_data_parallel
 from .packing import Packing
@@ -113,6 +114,13 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     params = model.state_dict()
     if not params:
         raise TercompError(f"compile_train_step: {type(model).__name__} has no parameters to train")
+    # the model's buffers (BatchNorm's running statistics) are inputs of the step, and their
+    # values after the forward are outputs, kept on the device like the weights
+    buffers = {k: np.array(v) for k, v in model.buffers().items()}
+    if buffers and data_parallel:
+        raise TercompError(f"compile_train_step(data_parallel=True): {type(model).__name__} has "
+                           f"buffers ({', '.join(buffers)}), which a data-parallel step does not "
+                           f"update yet", hint="train it in one process, or without BatchNorm")
     state = optimizer.init(params) if opt_state is None else opt_state
     state = pytree.unflatten(pytree.flatten(state)[2], [_host_leaf(x) for x in pytree.flatten(state)[0]])
     # A data-parallel step accumulates on the host (DataParallelStep), its state is the optimizer's.
@@ -181,16 +189,28 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         new_params, new_state, norm, ok = optimizer_step(grads, opt_state, params, loss)
         return _keep(ok, new_params, params), _keep(ok, new_state, opt_state), norm
 
-    def train_step(params, opt_state, *batch):
-        if packing is None:
-            loss, aux, grads = loss_and_grads(params, *batch)
-        else:
-            loss, aux, grads = loss_and_grads(packing.slices(params), *batch)
-            grads = packing.concatenate(grads)
+    def train_step(params, opt_state, buffers, *batch):
+        saved = model.buffers()
+        model._load_params(buffers)          # the forward reads the step's inputs
+        try:
+            with buffer_updates():           # and a training-mode forward replaces them
+                if packing is None:
+                    loss, aux, grads = loss_and_grads(params, *batch)
+                else:
+                    loss, aux, grads = loss_and_grads(packing.slices(params), *batch)
+                    grads = packing.concatenate(grads)
+            new_buffers = model.buffers()
+        finally:
+            model._load_params(saved)
         if accumulate_on_device:
-            return _accumulating_update(params, opt_state, loss, aux, grads)
-        new_params, new_state, norm = update(params, opt_state, loss, grads)
-        return new_params, new_state, loss, norm, aux
+            new_params, new_state, loss, norm, aux = _accumulating_update(params, opt_state, loss,
+                                                                          aux, grads)
+        else:
+            new_params, new_state, norm = update(params, opt_state, loss, grads)
+        ok = _t.abs(loss + norm) <= optim.F32_MAX
+        new_buffers = {k: v if v is buffers[k] else _t.where(ok, v, buffers[k])
+                       for k, v in new_buffers.items()}
+        return new_params, new_state, new_buffers, loss, norm, aux
 
     def _clipped(grads):
         """(grads clipped to the global norm clip_norm when one is set, their norm)."""
@@ -230,12 +250,12 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     opts = BuildOptions.resolve(target, device=device, threads=threads, ternary="off",
                                 isolate=isolate)
     dumper = Dumper(dump_dir)
-    graph = trace(train_step, run_params, run_state, *example_batch, name="train_step")
+    graph = trace(train_step, run_params, run_state, buffers, *example_batch, name="train_step")
     exe = build(pipeline(opts, ternary="off", check_numerics=check_numerics,
                          driver="compile_train_step"), graph, opts, dumper=dumper, cache=cache)
     step = TrainStep(exe, model, optimizer, run_params, run_state, len(example_batch),
                      detected.get("has_aux", False), on_nan, accumulate, clip_norm,
-                     packing=packing)
+                     packing=packing, buffers=buffers)
     step.accumulate_calls = int(accumulate_calls)
     step._name_batch(loss_fn)
     return step

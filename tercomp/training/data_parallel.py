@@ -29,7 +29,7 @@ import numpy as np
 from .. import distributed, pytree
 from ..compiler import compile as tc_compile
 from ..errors import TercompError
-from ..trace import api as _t
+from ..tracing import api as _t
 from .packing import KEY
 from .step import TrainStep
 

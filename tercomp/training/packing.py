@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import pytree
-from ..trace import api as _t
-from ..trace.tracer import apply
+from ..tracing import api as _t
+from ..tracing.tracer import apply
 
 KEY = "packed"
 

@@ -27,7 +27,8 @@ class TrainStep:
     is_main = True           # the rank that writes checkpoints (see DataParallelStep)
 
     def __init__(self, exe, model, optimizer, params, opt_state, n_batch,
-                 has_aux, on_nan, accumulate, clip_norm, n_before=None, packing=None):
+                 has_aux, on_nan, accumulate, clip_norm, n_before=None, packing=None,
+                 buffers=None):
         self.exe = exe
         # params and opt_state as the compiled step takes them: packed when `packing`
         # (training.packing) is given, converted to the usual trees for the user.
@@ -45,17 +46,24 @@ class TrainStep:
         self.grad_norm = float("nan")
         self._run_s_treedef = pytree.flatten(opt_state)[2]
         self._s_treedef = pytree.flatten(self._unpacked(opt_state))[2]
-        # The batch comes after two arguments, params and state (n_before arrays).
+        # The batch comes after three arguments, params, state and the model's buffers
+        # (n_before arrays): a data-parallel step's functions take fewer (n_before given).
+        n_args = 3
         if n_before is None:
-            n_before = len(pytree.flatten(params)[0]) + len(pytree.flatten(opt_state)[0])
+            n_before = len(pytree.flatten(params)[0]) + len(pytree.flatten(opt_state)[0]) + \
+                len(pytree.flatten(buffers or {})[0])
+        else:
+            n_args = 2
         sig = exe.signature
-        batch_tree = ["tuple", sig.in_tree[1][2:]] if sig.in_tree else None
+        batch_tree = ["tuple", sig.in_tree[1][n_args:]] if sig.in_tree else None
         self._batch_sig = Signature(sig.function, sig.inputs[n_before:], [], in_tree=batch_tree)
         self._n_batch = n_batch
         # Device-resident state: host arrays before the first call, then the DeviceArrays
         # each call returns.
         self._params = params
         self._state = opt_state
+        # the model's buffers (BatchNorm's running statistics), updated by each call
+        self._buffers = dict(buffers or {})
 
     def _name_batch(self, loss_fn):
         # Errors name batch arrays after loss_fn's parameters (x, y), not the step's inputs.
@@ -90,8 +98,9 @@ class TrainStep:
             nan = float("nan")
             return (nan, {}) if self.has_aux else nan
         self._check_batch(batch)
-        params, state, loss, norm, aux = self.exe(self._params, self._state, *batch,
-                                                  keep_on_device=True)
+        params, state, buffers, loss, norm, aux = self.exe(self._params, self._state, self._buffers,
+                                                           *batch, keep_on_device=True)
+        self._buffers = buffers            # the step kept the old ones on a NaN
         metrics = {k: float(np.asarray(v)) for k, v in aux.items()}
         return self._finish(params, state, float(np.asarray(loss)), float(np.asarray(norm)),
                             metrics)
@@ -135,15 +144,30 @@ class TrainStep:
         leaves = [np.asarray(x) for x in pytree.flatten(self._state)[0]]
         return self._unpacked(pytree.unflatten(self._run_s_treedef, leaves))
 
-    def sync_to(self, model=None):
-        """Copy the trained weights into `model` (default: the model compiled from)."""
-        (model or self.model).load_state_dict(self.params())
-        return model or self.model
+    def buffers(self) -> dict:
+        """The model's buffers as the steps left them (BatchNorm's running statistics),
+        copied to the host (name -> NumPy array)."""
+        return {k: np.asarray(v) for k, v in self._buffers.items()}
 
-    def set_state(self, params=None, opt_state=None):
-        """Replace the parameters and/or optimizer state (e.g. from a checkpoint). Both are
-        checked before either is changed: on an error nothing changes."""
-        new_params = new_state = None
+    def sync_to(self, model=None):
+        """Copy the trained weights (and buffers) into `model` (default: the model
+        compiled from)."""
+        model = model or self.model
+        model.load_state_dict(self.params())
+        if self._buffers:
+            model.load_buffers(self.buffers())
+        return model
+
+    def set_state(self, params=None, opt_state=None, buffers=None):
+        """Replace the parameters, optimizer state and/or the model's buffers (e.g. from a
+        checkpoint). All are checked before any is changed: on an error nothing changes."""
+        new_params = new_state = new_buffers = None
+        if buffers is not None:
+            own = self.buffers()
+            if set(buffers) != set(own) or any(np.shape(buffers[k]) != own[k].shape for k in own):
+                raise TercompError(f"set_state: the buffers {sorted(buffers)} do not match the "
+                                   f"model's {sorted(own)} (names and shapes)")
+            new_buffers = {k: np.asarray(buffers[k], own[k].dtype) for k in own}
         if params is not None:
             own = self.params()
             if set(params) != set(own):
@@ -171,6 +195,8 @@ class TrainStep:
             self._params = self._packed(new_params)
         if new_state is not None:
             self._state = self._packed(new_state)
+        if new_buffers is not None:
+            self._buffers = new_buffers
         self.stopped = False
 
     def __repr__(self):

@@ -1,7 +1,7 @@
 """Tracing: run user Python on Tracer values and record tern ops into a Graph.
 
 A Tracer stands for a tern Value inside an active Trace. Operators, methods and the
-NumPy-named functions of `tercomp.trace.api` call `apply(opname, ...)`, which emits
+NumPy-named functions of `tercomp.tracing.api` call `apply(opname, ...)`, which emits
 into the innermost active trace (with the user's source line), or, when no argument is
 a Tracer, evaluates the op's NumPy reference eagerly.
 """

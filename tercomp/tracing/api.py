@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import TraceError, TypeSpecError
 from ..ir.types import dtype_name as _dtype_name
 from ..ops.registry import REGISTRY, REQUIRED
+from .conv_api import avg_pool, conv, conv_transpose, max_pool  # noqa: F401  (tc.conv, ...)
 from .indexing import getitem as _getitem
 from .tracer import METHODS, NUMPY_API, Tracer, apply, user_location
 from .tracer import OPERATORS as _OPERATORS

@@ -1,0 +1,124 @@
+"""BitConv1d / BitConv2d: ternary convolutions, BitLinear's quantization on im2col rows.
+
+The layer is written as a matmul over image patches (tern.im2col): the patches of x
+[N, C, *S] become rows [N * P, C * K] (P output positions, K kernel positions, in the order of
+the weight's [C // groups, *kernel] dims), and
+
+    y = act_quant(rows) @ ternarize(W)^T      with W [out, in // groups, *kernel]
+
+reshaped back to [N, out, *P]. So the numerics are BitLinear's exactly (absmean ternary
+weights with one scale per layer, int8 absmax activations per patch row, straight-
+through gradients; tercomp/nn/bitlinear.py), and the `ternary` pass packs the weights 2
+bits each and hands the matmul to the kernel table's ternary GEMM kernels (avx512 /
+avx2 / blocked / addsub, by target and shape) as it does a BitLinear's: the patch
+matmul is a BitLinear's matmul. With groups > 1 the rows are split per group and the
+matmul is batched over groups; the ternary pass leaves that (a rank-3 weight) to the
+generic lowering of its fake-quantized form.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ternary_pack as tp
+from ..errors import TercompError
+from ..tracing import api as _t
+from ..tracing.conv_api import PADDING_HINT, resolve_padding
+from ..tracing.tracer import apply
+from .bitlinear import _traced
+from .conv import _check_channels, _check_rank, _shape, _tuple
+from .layers import _uniform
+from .module import Module
+
+
+def patches(x, kernel, stride, pads, dilation):
+    """im2col: x [N, C, *S] -> (rows [N * P, C * K], P) with the rows' columns in the
+    order (c, *k), the zero padding `pads` ((lo, hi) per spatial dim) applied first: one
+    tern.im2col (tercomp/ops/im2col.py) and a reshape."""
+    nd = len(kernel)
+    cols = apply("im2col", x, kernel=list(kernel), stride=list(stride),
+                 padding=[list(p) for p in pads], dilation=list(dilation))
+    shape = _shape(cols)                                                 # [N, *P, C, *K]
+    return _t.reshape(cols, (-1, int(np.prod(shape[1 + nd:])))), list(shape[1:1 + nd])
+
+
+class _BitConvNd(Module):
+    nd = 0
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=False, act_quant=True, dtype="float32"):
+        name = type(self).__name__
+        _check_channels(name, in_channels, out_channels, groups)
+        self.kernel_size = tuple(int(k) for k in _tuple(kernel_size, self.nd, "kernel_size", name))
+        self.stride = tuple(int(s) for s in _tuple(stride, self.nd, "stride", name))
+        self.dilation = tuple(int(d) for d in _tuple(dilation, self.nd, "dilation", name))
+        for what, v in (("kernel_size", self.kernel_size), ("stride", self.stride),
+                        ("dilation", self.dilation)):
+            if min(v) < 1:
+                raise TercompError(f"{name}: {what} must be positive, got {v}")
+        if isinstance(padding, str) and padding not in ("same", "valid"):
+            raise TercompError(f"{name}: padding must be \"same\" or \"valid\" when it is a "
+                               f"string, got {padding!r}", hint=PADDING_HINT)
+        self.padding = padding
+        self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
+        self.act_quant = bool(act_quant)
+        bound = 1.0 / np.sqrt(in_channels // groups * int(np.prod(self.kernel_size)))
+        self.weight = _uniform((out_channels, in_channels // groups) + self.kernel_size, bound, dtype)
+        self.bias = _uniform((out_channels,), bound, dtype) if bias else None
+
+    def ternary(self) -> tuple[np.ndarray, np.float32]:
+        """(T int8 [out, in // groups, *kernel], scale float32): the weights as the compiled
+        model uses them (absmean of the current float weights)."""
+        w = np.asarray(self.weight)
+        t, s = tp.absmean_ternarize(w.reshape(w.shape[0], -1))
+        return t.reshape(w.shape), s
+
+    def forward(self, x):
+        name = type(self).__name__
+        shape = _check_rank(name, x, (self.nd + 2,), f"[N, C, {'L' if self.nd == 1 else 'H, W'}]")
+        if shape[1] != self.in_channels:
+            raise TercompError(f"{name}({self.in_channels}, {self.out_channels}) got an input of "
+                               f"shape {list(shape)}; its dim 1 must be {self.in_channels}")
+        pads = resolve_padding(self.padding, self.nd, name,
+                               same=(self.kernel_size, shape[2:], self.stride, self.dilation))
+        for i, (d, k, dl, (lo, hi)) in enumerate(zip(shape[2:], self.kernel_size, self.dilation, pads)):
+            if isinstance(d, (int, np.integer)) and dl * (k - 1) + 1 > d + lo + hi:
+                raise TercompError(f"{name}: the kernel spans {dl * (k - 1) + 1} on spatial dim {i}, "
+                                   f"more than the padded input ({d} + {lo + hi} padding)")
+        rows, out = patches(x, self.kernel_size, self.stride, pads, self.dilation)
+        # the 4-D (5-D) weight is ternarized, then viewed as [out, K]: the ternary pass
+        # packs it through that reshape
+        t = apply("ternarize", _traced(self.weight))
+        g, o, k = self.groups, self.out_channels, int(rows.shape[-1]) // self.groups
+        if g == 1:
+            if self.act_quant:
+                rows = apply("act_quant", rows)
+            y = _t.matmul(rows, _t.reshape(t, (o, k)), transpose_b=True)           # [N * P, out]
+        else:
+            rows = _t.transpose(_t.reshape(rows, (-1, g, k)), (1, 0, 2))           # [G, N * P, K]
+            if self.act_quant:
+                rows = apply("act_quant", rows)
+            y = _t.matmul(rows, _t.reshape(t, (g, o // g, k)), transpose_b=True)    # [G, N * P, O/G]
+            y = _t.reshape(_t.transpose(y, (1, 0, 2)), (-1, o))
+        y = _t.reshape(y, (shape[0],) + tuple(out) + (o,))
+        y = _t.transpose(y, [0, self.nd + 1] + list(range(1, self.nd + 1)))
+        if self.bias is not None:
+            y = y + _t.reshape(self.bias, (o,) + (1,) * self.nd)
+        return y
+
+
+class BitConv1d(_BitConvNd):
+    """Ternary 1-D convolution over x [N, C, L] (BitNet b1.58 quantization; see the
+    module docstring). The latent float weights are `.weight` [out, in // groups, k].
+
+    >>> conv = nn.BitConv1d(8, 16, 3, padding=1)
+    >>> conv(np.ones((2, 8, 20), np.float32)).shape
+    (2, 16, 20)
+    """
+    nd = 1
+
+
+class BitConv2d(_BitConvNd):
+    """Ternary 2-D convolution over x [N, C, H, W]; `.weight` [out, in // groups, kh, kw]
+    (PyTorch's layout). `tc.compile(model, x)` packs the weights 2 bits each and runs the
+    patch matmul on the kernel table's ternary GEMM kernels."""
+    nd = 2

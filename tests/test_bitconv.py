@@ -1,0 +1,145 @@
+"""nn.BitConv1d / BitConv2d: BitLinear's quantization on im2col rows, against NumPy
+(ternary_pack's references); the packed artifact (ternary pass -> ternary_matmul)
+against the eager layer; straight-through gradients; a compiled training step."""
+import numpy as np
+import pytest
+
+import tercomp as tc
+from conftest import run_filecheck
+from tercomp import nn
+from tercomp import ternary_pack as tp
+
+rng = np.random.default_rng(7)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def np_rows(x, kernel, stride, pad):
+    """im2col from the definition: row (n, p) = x_pad[n, :, p*s + k] for every (c, k)."""
+    nd = len(kernel)
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pad, pad)] * nd)
+    out = [(xp.shape[2 + i] - kernel[i]) // stride + 1 for i in range(nd)]
+    rows = np.zeros((x.shape[0],) + tuple(out) + (x.shape[1],) + tuple(kernel), np.float32)
+    for p in np.ndindex(*out):
+        for k in np.ndindex(*kernel):
+            at = tuple(p[i] * stride + k[i] for i in range(nd))
+            rows[(slice(None),) + p + (slice(None),) + k] = xp[(slice(None), slice(None)) + at]
+    return rows.reshape(-1, x.shape[1] * int(np.prod(kernel))), out
+
+
+def np_bitconv(layer, x, stride, pad):
+    t, s = layer.ternary()
+    rows, out = np_rows(x, layer.kernel_size, stride, pad)
+    g, o = layer.groups, layer.out_channels
+    k = rows.shape[1] // g
+    ys = []
+    for gi in range(g):
+        r = rows[:, gi * k:(gi + 1) * k]
+        if layer.act_quant:
+            q, sx = tp.act_quant(r)
+            r = q / sx
+        ys.append(r @ t[gi * (o // g):(gi + 1) * (o // g)].reshape(o // g, -1).T.astype(np.float32) * s)
+    y = np.concatenate(ys, axis=1).reshape((x.shape[0],) + tuple(out) + (o,))
+    y = np.moveaxis(y, -1, 1)
+    return y + layer.bias.reshape((o,) + (1,) * len(out)) if layer.bias is not None else y
+
+
+@pytest.mark.parametrize("cls, x_shape, kw", [
+    (nn.BitConv2d, (2, 4, 6, 5), dict(padding=1, bias=True)),
+    (nn.BitConv2d, (2, 4, 7, 6), dict(stride=2, groups=2)),
+    (nn.BitConv2d, (1, 3, 5, 5), dict(act_quant=False)),
+    (nn.BitConv1d, (2, 4, 9), dict(padding=1, stride=2, bias=True)),
+])
+def test_bitconv_is_bitlinear_on_patches(cls, x_shape, kw):
+    nn.manual_seed(2)
+    layer = cls(x_shape[1], 6, 3, **kw)
+    assert layer.weight.shape == (6, x_shape[1] // kw.get("groups", 1)) + (3,) * (len(x_shape) - 2)
+    t, s = layer.ternary()
+    assert set(np.unique(t)) <= {-1, 0, 1} and s == np.float32(max(np.abs(layer.weight).mean(), 1e-5))
+    x = f32(*x_shape)
+    want = np_bitconv(layer, x, kw.get("stride", 1), kw.get("padding", 0))
+    np.testing.assert_allclose(layer(x), want, rtol=1e-5, atol=1e-5)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        self.conv1 = nn.BitConv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.BitConv2d(8, 8, 3, stride=2, padding=1, groups=2)
+        self.fc = nn.BitLinear(8 * 2 * 2, 4)
+
+    def forward(self, x):
+        h = tc.max_pool(tc.relu(self.bn(self.conv1(x))), 2)
+        return self.fc(nn.Flatten()(tc.relu(self.conv2(h))))
+
+
+def test_the_packed_artifact_computes_the_layer():
+    nn.manual_seed(3)
+    model = Net()
+    x = f32(5, 3, 8, 8)
+    model(x)                                   # some running statistics
+    model.eval()
+    exe = tc.compile(model, tc.spec(("B", 3, 8, 8)))
+    for batch in (1, 5):
+        np.testing.assert_allclose(exe(x[:batch]), model(x[:batch]), rtol=1e-4, atol=1e-4)
+    run_filecheck(exe.ir("ternary"), """
+CHECK-LABEL: func.func @forward(%x: tensor<?x3x8x8xf32>
+CHECK:       %[[P:.*]] = "tern.constant"() {value = dense_resource<__elided__> : tensor<8x{{(8|16|32)}}xi8>}
+CHECK:       "tern.ternary_matmul"(%{{.*}}, %[[P]]) {act_quant = true, k = 27 : i64, n = 8 : i64
+CHECK-NOT:   "tern.conv"
+CHECK:       "tern.ternarize"
+CHECK:       "tern.matmul"{{.*}}tensor<2x?x36xf32>, tensor<2x4x36xf32>
+CHECK:       "tern.ternary_matmul"{{.*}}k = 32 : i64, n = 4 : i64
+""")
+
+
+def test_straight_through_gradients_and_a_training_step():
+    nn.manual_seed(4)
+    layer = nn.BitConv2d(3, 4, 3, padding=1)
+    x, g = f32(2, 3, 5, 5), f32(2, 4, 5, 5)
+
+    def loss(m, x):
+        return tc.sum(m(x) * g)
+
+    grads = tc.grad(loss)(layer, x)
+    # STE: dW = g_rows^T @ act_quant(rows), as BitLinear's
+    rows, _ = np_rows(x, (3, 3), 1, 1)
+    q, sx = tp.act_quant(rows)
+    g_rows = np.moveaxis(g, 1, -1).reshape(-1, 4)
+    np.testing.assert_allclose(grads["weight"], (g_rows.T @ (q / sx)).reshape(4, 3, 3, 3), rtol=1e-4, atol=1e-4)
+    compiled = tc.compile(tc.grad(loss), layer, x)(layer, x)
+    np.testing.assert_allclose(compiled["weight"], grads["weight"], rtol=1e-4, atol=1e-4)
+
+    model = Net()
+    xs, ys = f32(16, 3, 8, 8), np.arange(16, dtype=np.int32) % 4
+
+    def ce(m, x, y):
+        return tc.cross_entropy(m(x), y)
+
+    step = tc.compile_train_step(ce, model, tc.optim.AdamW(1e-2), tc.spec(("B", 3, 8, 8)),
+                                 tc.spec(("B",), "int32"))
+    losses = [step(xs, ys) for _ in range(15)]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert not np.allclose(step.buffers()["bn.running_mean"], 0)
+
+
+def test_bad_bitconv_arguments():
+    with pytest.raises(tc.TercompError, match=r"groups=3 must divide in_channels=4"):
+        nn.BitConv2d(4, 6, 3, groups=3)
+    with pytest.raises(tc.TercompError, match=r"padding must be \"same\" or \"valid\""):
+        nn.BitConv2d(4, 6, 3, padding="full")
+    with pytest.raises(tc.TercompError, match=r"stride must be positive"):
+        nn.BitConv1d(4, 6, 3, stride=-1)
+    with pytest.raises(tc.TercompError, match=r"kernel spans 3 on spatial dim 0"):
+        nn.BitConv2d(4, 6, 3)(f32(1, 4, 2, 2))
+    with pytest.raises(tc.TercompError, match=r"expects an input \[N, C, H, W\]"):
+        nn.BitConv2d(4, 6, 3)(f32(4, 5, 5))
+
+
+@pytest.mark.slow
+def test_cnn_digits_sample_reaches_97_percent_from_the_packed_artifact(capsys):
+    import cnn_digits        # samples/ is on sys.path (tests/conftest.py); ~2 min
+    assert cnn_digits.main([]) >= 0.97
+    assert "3 ternary matmuls in the artifact" in capsys.readouterr().out
