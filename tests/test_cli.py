@@ -9,8 +9,10 @@ import textwrap
 import numpy as np
 import pytest
 
+import bitnet_ref as R
 from conftest import run_filecheck
 import tercomp as tc
+from tercomp import models
 from tercomp.cli import main, parse_input, parse_spec
 from tercomp.runtime.devices import driver_present
 
@@ -212,6 +214,48 @@ def test_python_dash_m_works_too(mlp_artifact):
     r = subprocess.run([sys.executable, "-m", "tercomp.cli", "info", str(mlp_artifact)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "function:      forward" in r.stdout
+
+
+@pytest.fixture(scope="module")
+def lm_artifact(tmp_path_factory):
+    """A language model's artifact (.tcm): a one-layer model of random weights."""
+    cfg = {"hidden": 256, "ff": 256, "vocab": 300, "heads": 4, "kv_heads": 2, "layers": 1,
+           "eps": 1e-5, "theta": 10000.0, "ctx": 64}
+    d = tmp_path_factory.mktemp("lm")
+    gguf = R.write_gguf(d / "tiny.gguf", cfg, R.random_weights(cfg, seed=7))
+    tc.compile_lm(models.load(str(gguf)), max_seq=16).save(d / "tiny.tcm")
+    return d / "tiny.tcm"
+
+
+@pytest.mark.parametrize("blocked", [True, False], ids=["blocked", "unblocked"])
+def test_artifact_commands_do_not_load_the_compiler(blocked, mlp_artifact, lm_artifact):
+    """`tercomp info`, `tercomp run` and `tercomp serve MODEL.tcm` (up to the server
+    start) run where iree.compiler and sympy cannot be imported, and, where they can,
+    leave both unimported (~110 MiB): only `compile`, `opt` and a model to compile load
+    the compiler side, when they run."""
+    script = textwrap.dedent(f"""
+        import sys
+        if {blocked}:
+            sys.modules['iree.compiler'] = None
+            sys.modules['sympy'] = None
+        import tercomp.cli
+        import tercomp.serve.http
+        tercomp.cli.build_parser().format_help()
+        assert tercomp.cli.main(["info", {str(mlp_artifact)!r}]) == 0
+        assert tercomp.cli.main(["run", {str(mlp_artifact)!r}, "--input", "2x8xf32=1"]) == 0
+        started = []
+        tercomp.serve.http.serve = lambda app, engine, **kw: started.append(kw["port"])
+        assert tercomp.cli.main(["serve", {str(lm_artifact)!r}, "--port", "8123"]) == 0
+        assert started == [8123], started
+        loaded = sorted({{'iree.compiler', 'sympy'}} & set(sys.modules))
+        assert not loaded or {blocked}, loaded
+        heavy = [m for m in sys.modules if m.startswith(tuple(
+            f"tercomp.{{p}}" for p in ("compiler", "generate", "models", "ops", "passes", "kernels")))]
+        assert not heavy, heavy
+        """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "function:      forward" in r.stdout and "serving tiny (1 slots of 16 tokens)" in r.stderr
 
 
 # -- errors: one line, non-zero status, never a traceback ---------------------------------

@@ -15,11 +15,11 @@ import json
 
 import numpy as np
 
-from .cli_generate import _check_text, _int_list
+from .base import UsageError, check_text, int_list, positive_int, spinner
 
 
-def add_parser(sub, positive_int, run):
-    """Add the `embed` command to the subparsers `sub`; `run(args)` executes it."""
+def add_parser(sub):
+    """Add the `embed` command to the subparsers `sub`."""
     e = sub.add_parser("embed", help="embed texts or token ids with an embedding model",
                        description="Compile MODEL (.gguf, Hugging Face directory) as an encoder "
                                    "and print each input's embedding.")
@@ -43,12 +43,12 @@ def add_parser(sub, positive_int, run):
     return e
 
 
-def run(args, spinner, usage_error) -> int:
+def run(args) -> int:
     if not args.text and not args.ids:
-        raise usage_error("give at least one --text or --ids to embed")
+        raise UsageError("give at least one --text or --ids to embed")
     for t in args.text:
-        _check_text(t, "--text", usage_error)
-    inputs = list(args.text) + [_int_list(x, "--ids", usage_error) for x in args.ids]
+        check_text(t, "--text")
+    inputs = list(args.text) + [int_list(x, "--ids") for x in args.ids]
     import tercomp as tc            # the compiler side, loaded on first use
     from tercomp import models
     with spinner(f"loading {args.model}"):

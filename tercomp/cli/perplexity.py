@@ -20,17 +20,18 @@ import sys
 
 import numpy as np
 
-from . import cli_generate
-from .errors import TercompError
-from .runtime.files import read_regular
-from .runtime.scoring import perplexity
+from ..errors import TercompError
+from ..runtime.files import read_regular
+from ..runtime.scoring import perplexity
+from .base import UsageError, check_text, is_artifact, positive_int, spinner
+from .model import open_model
 
 #: llama-perplexity's usual context for published figures (wikitext-2 at -c 512)
 DEFAULT_CTX = 512
 
 
-def add_parser(sub, positive_int, run):
-    """Add the `perplexity` command to the subparsers `sub`; `run(args)` executes it."""
+def add_parser(sub):
+    """Add the `perplexity` command to the subparsers `sub`."""
     p = sub.add_parser("perplexity", help="a language model's perplexity on a text file",
                        description="Perplexity of MODEL (.gguf, Hugging Face directory, LM "
                                    ".tcm) on FILE as llama.cpp's llama-perplexity computes it: "
@@ -73,9 +74,9 @@ def _bos(args, tokenizer, text: str):
     if args.bos is not None:
         return args.bos, [args.bos] + ids
     if args.model.endswith(".gguf"):
-        # loaded on first use, as cli_generate loads models: the GGUF's scalar keys only
-        from .models.gguf_scan import scan
-        from .models.tokenizer import gguf_bos
+        # loaded on first use, as cli.model loads models: the GGUF's scalar keys only
+        from ..models.gguf_scan import scan
+        from ..models.tokenizer import gguf_bos
         bos = gguf_bos(scan(args.model), args.model)
     else:                   # the tokenizer's post-processor (tokenizer.json) adds its BOS
         head = tokenizer.encode(text[:64], add_special_tokens=True).ids
@@ -85,13 +86,13 @@ def _bos(args, tokenizer, text: str):
     return bos, ([bos] if bos is not None else []) + ids
 
 
-def run(args, spinner, usage_error) -> int:
+def run(args) -> int:
     if args.ctx is not None and args.ctx < 2:
-        raise usage_error(f"--ctx must be at least 2, got {args.ctx}")
+        raise UsageError(f"--ctx must be at least 2, got {args.ctx}")
     if args.bos is not None and args.bos < 0:
-        raise usage_error(f"--bos must be a token id (>= 0), got {args.bos}")
-    cli_generate._check_text(args.model, "MODEL", usage_error)
-    cli_generate._check_text(args.text, "--text", usage_error)
+        raise UsageError(f"--bos must be a token id (>= 0), got {args.bos}")
+    check_text(args.model, "MODEL")
+    check_text(args.text, "--text")
     text = _text(args.text)
     made = {}
 
@@ -118,8 +119,8 @@ def run(args, spinner, usage_error) -> int:
         made.update(ctx=ctx, bos=bos, tokens=tokens)
 
     # compiled with a cache of --ctx positions (the model's default cache without it)
-    args.max_seq = None if cli_generate._is_artifact(args.model) else args.ctx
-    gen = cli_generate.open_model(args, spinner, usage_error, check, max_seq_flag="--ctx")
+    args.max_seq = None if is_artifact(args.model) else args.ctx
+    gen = open_model(args, check, max_seq_flag="--ctx")
     ctx, bos, tokens = made["ctx"], made["bos"], made["tokens"]
     with spinner(f"scoring {len(tokens)} tokens in chunks of {ctx}"):
         r = perplexity(gen, np.array(tokens, np.int64), ctx, bos)

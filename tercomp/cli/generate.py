@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 
 import numpy as np
 
-from .errors import TercompError
+from ..errors import TercompError
+from .base import UsageError, check_text, int_list, is_artifact, positive_int
+from .model import open_model
 
 
-def add_parser(sub, positive_int, run):
-    """Add the `generate` command to the subparsers `sub`; `run(args)` executes it."""
+def add_parser(sub):
+    """Add the `generate` command to the subparsers `sub`."""
     g = sub.add_parser("generate", help="generate tokens with a language model",
                        description="Compile MODEL (.gguf, Hugging Face directory) or load an LM "
                                    "artifact (.tcm) and stream the generated tokens.")
@@ -66,90 +67,41 @@ def add_parser(sub, positive_int, run):
 COMPILE_FLAGS = (("max_seq", "--max-seq"), ("kv_dtype", "--kv-dtype"), ("target", "--target"),
                  ("vulkan_target", "--vulkan-target"), ("cuda_target", "--cuda-target"),
                  ("no_cache", "--no-cache"))
-_ID = re.compile(r"[0-9]+")
-_MAX_ID = 2 ** 31 - 1          # token ids travel as int32
 
 
-def _int_list(text: str, what: str, usage_error) -> list:
-    """'1,2, 3' -> [1, 2, 3]: ASCII digits separated by commas (spaces around them
-    allowed); '1 2', '1,,2', '１２', '' and ids past int32 are usage errors."""
-    items = [t.strip() for t in text.split(",")]
-    if not text.strip():
-        raise usage_error(f"{what} is empty: give comma-separated token ids like 1,2,3")
-    for t in items:
-        if not _ID.fullmatch(t):
-            shown = "an empty item" if not t else repr(t)
-            raise usage_error(f"{what} must be comma-separated token ids (ASCII digits) like 1,2,3; "
-                              f"{shown} in {text!r} is not one")
-        # by length first: int() of more than 4300 digits is a ValueError of its own
-        if len(t.lstrip("0")) > len(str(_MAX_ID)) or int(t) > _MAX_ID:
-            shown = t if len(t) <= 24 else f"{t[:12]}...({len(t)} digits)"
-            raise usage_error(f"{what}: {shown} is too large for a token id (at most {_MAX_ID})")
-    return [int(t) for t in items]
-
-
-def _check_text(value, flag: str, usage_error) -> None:
-    # a non-UTF-8 argument reaches Python as lone surrogates (PEP 383)
-    if value is not None:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise usage_error(f"{flag} is not valid UTF-8 text") from None
-
-
-def _is_artifact(model: str) -> bool:
-    return os.path.isfile(model) and not model.endswith(".gguf")
-
-
-def check_args(args, usage_error) -> tuple:
+def check_args(args) -> tuple:
     """Every flag that needs no model, before anything is loaded or compiled:
     returns (prompt ids or None, eos set or None)."""
-    eos = set(_int_list(args.eos, "--eos", usage_error)) if args.eos is not None else None
-    ids = _int_list(args.prompt_ids, "--prompt-ids", usage_error) if args.prompt_ids is not None else None
-    _check_text(args.prompt, "--prompt", usage_error)
-    _check_text(args.chat, "--chat", usage_error)
-    _check_text(args.model, "MODEL", usage_error)
+    eos = set(int_list(args.eos, "--eos")) if args.eos is not None else None
+    ids = int_list(args.prompt_ids, "--prompt-ids") if args.prompt_ids is not None else None
+    check_text(args.prompt, "--prompt")
+    check_text(args.chat, "--chat")
+    check_text(args.model, "MODEL")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise usage_error(f"--temperature must be a number >= 0 (0 is greedy), got {args.temperature}")
+        raise UsageError(f"--temperature must be a number >= 0 (0 is greedy), got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise usage_error(f"--top-p must be a number in (0, 1], got {args.top_p}")
+        raise UsageError(f"--top-p must be a number in (0, 1], got {args.top_p}")
     if args.seed < 0:
-        raise usage_error(f"--seed must be a non-negative integer, got {args.seed}")
+        raise UsageError(f"--seed must be a non-negative integer, got {args.seed}")
     if args.save is not None:
-        _check_text(args.save, "--save", usage_error)
+        check_text(args.save, "--save")
         if not args.save.strip():
-            raise usage_error("--save needs a file path, like --save model.tcm")
+            raise UsageError("--save needs a file path, like --save model.tcm")
         if os.path.isdir(args.save):
-            raise usage_error(f"--save {args.save}: that is a directory; give a file path like "
-                              f"{os.path.join(args.save, 'model.tcm')}")
+            raise UsageError(f"--save {args.save}: that is a directory; give a file path like "
+                             f"{os.path.join(args.save, 'model.tcm')}")
         parent = os.path.dirname(os.path.abspath(args.save))
         if not os.path.isdir(parent):
-            raise usage_error(f"--save {args.save}: the directory {parent} does not exist")
-    if _is_artifact(args.model):
+            raise UsageError(f"--save {args.save}: the directory {parent} does not exist")
+    if is_artifact(args.model):
         given = [flag for attr, flag in COMPILE_FLAGS if getattr(args, attr)]
         if given:
-            raise usage_error(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} when "
-                              f"compiling a model; {args.model} is a compiled artifact")
+            raise UsageError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} when "
+                             f"compiling a model; {args.model} is a compiled artifact")
     return ids, eos
 
 
-def _check_build(args, usage_error):
-    """The target, device and threads flags, and --kv-dtype against the target, before
-    a compile (compile_lm's own errors name its Python parameters)."""
-    from .build import BuildOptions
-    if args.target and len(args.target) > 1:
-        raise usage_error(f"--target given {len(args.target)} times: tercomp generate compiles "
-                          f"for one target")
-    opts = BuildOptions.resolve(args.target or "llvm-cpu", vulkan_target=args.vulkan_target,
-                                cuda_target=args.cuda_target, device=args.device, threads=args.threads)
-    narrow = [t for t in opts.targets if not t.stores_16bit]
-    if narrow and args.kv_dtype == "float16":
-        raise usage_error(f"--kv-dtype float16 needs 16-bit storage, which the {narrow[0].name} "
-                          f"target {narrow[0].arch!r} does not have: leave --kv-dtype out (float32 "
-                          f"there), or pass a --vulkan-target that stores f16")
-
-
-def _open(args, spinner, usage_error, ids, eos):
+def _open(args, ids, eos):
     """(an LMGenerator for args.model, prompt ids, chat eos or None): a .tcm is loaded,
     anything else compiled; the prompt is made and checked against the model before
     the compile."""
@@ -158,57 +110,8 @@ def _open(args, spinner, usage_error, ids, eos):
     def check(tokenizer, template, vocab, max_seq, compiled):
         made["prompt"], made["eos"] = _prompt(args, tokenizer, template, ids)
         _check_fits(args, made["prompt"], eos, vocab, max_seq, compiled=compiled)
-    gen = open_model(args, spinner, usage_error, check)
+    gen = open_model(args, check)
     return gen, made["prompt"], made["eos"]
-
-
-def open_model(args, spinner, usage_error, check=None, max_seq_flag="--max-seq"):
-    """The generator for args.model (`tercomp generate`'s and `tercomp serve`'s flags): a
-    .tcm is loaded, anything else loaded and compiled (with args.max_batch where the
-    command has one). `check(tokenizer, chat template, vocab size, max_seq, compiled)`
-    runs before the compile (after loading a .tcm). `max_seq_flag` is the flag that
-    set args.max_seq, for the error when it exceeds the model's context."""
-    from .runtime.loader import load
-    if _is_artifact(args.model):
-        gen = load(args.model, device=args.device, threads=args.threads)
-        if not hasattr(gen, "generate"):
-            raise TercompError(f"{args.model} is an artifact of a function, not a language model",
-                               hint="compile a model with `tercomp generate MODEL.gguf --save OUT.tcm`")
-        template = gen.chat_template
-        if template is not None and getattr(args, "chat", None) is not None:
-            from .runtime.chat import ChatTemplate
-            template = ChatTemplate.from_dict(template)
-        if check is not None:
-            check(gen.tokenizer, template, gen.vocab_size, gen.max_seq, True)
-        return gen
-    try:
-        import tercomp as tc
-        from . import models
-        from .generate import DEFAULT_MAX_SEQ
-        compile_lm = tc.compile_lm
-    except (AttributeError, ImportError):
-        raise TercompError("compiling a model needs iree-base-compiler",
-                           hint="pip install iree-base-compiler, or pass a saved .tcm") from None
-    _check_build(args, usage_error)
-    with spinner(f"loading {args.model}"):
-        lm = models.load(args.model)
-    tok = getattr(lm, "tokenizer", None)
-    ctx = lm.config.max_position_embeddings
-    if args.max_seq is not None and args.max_seq > ctx:
-        raise TercompError(f"{max_seq_flag} {args.max_seq} is more than {args.model}'s context of "
-                           f"{ctx} positions (max_position_embeddings)",
-                           hint=f"pass {max_seq_flag} {ctx} or less")
-    if check is not None:       # may set args.max_seq (the cache it needs), within ctx
-        check(tok, getattr(tok, "chat_template", None), lm.config.vocab_size,
-              args.max_seq or min(DEFAULT_MAX_SEQ, ctx), False)
-    with spinner(f"compiling {args.model}"):
-        gen = compile_lm(lm, max_seq=args.max_seq, kv_dtype=args.kv_dtype, device=args.device,
-                         threads=args.threads, cache=not args.no_cache,
-                         target=args.target or "llvm-cpu", vulkan_target=args.vulkan_target,
-                         cuda_target=args.cuda_target, max_batch=getattr(args, "max_batch", None))
-    if gen.exe.meta.get("cache_hit"):
-        print("(compiled module from the compile cache)", file=sys.stderr)
-    return gen
 
 
 def _prompt(args, tokenizer, template, ids):
@@ -270,9 +173,9 @@ class _Stream:
         sys.stdout.flush()
 
 
-def run(args, spinner, usage_error) -> int:
-    ids, eos = check_args(args, usage_error)
-    gen, prompt, chat_eos = _open(args, spinner, usage_error, ids, eos)
+def run(args) -> int:
+    ids, eos = check_args(args)
+    gen, prompt, chat_eos = _open(args, ids, eos)
     if args.save:
         gen.save(args.save)
         print(f"wrote {args.save}", file=sys.stderr)

@@ -17,14 +17,15 @@ import argparse
 import os
 import sys
 
-from . import cli_generate
-from .errors import TercompError
+from ..errors import TercompError
+from .base import UsageError, positive_int
+from .model import open_model
 
 DEFAULT_MAX_BATCH = 8
 
 
-def add_parser(sub, positive_int, run):
-    """Add the `serve` command to the subparsers `sub`; `run(args)` executes it."""
+def add_parser(sub):
+    """Add the `serve` command to the subparsers `sub`."""
     s = sub.add_parser("serve", help="serve a language model over OpenAI's HTTP API",
                        description="Serve MODEL (.gguf, Hugging Face directory, or an LM "
                                    "artifact .tcm) at /v1/completions, /v1/chat/completions, "
@@ -88,22 +89,22 @@ def model_name(path: str) -> str:
     return stem if ext in (".gguf", ".tcm") else base
 
 
-def run(args, spinner, usage_error) -> int:
+def run(args) -> int:
     if args.api_key is not None and not args.api_key.strip():
-        raise usage_error("--api-key is empty")
+        raise UsageError("--api-key is empty")
     try:    # the serve extra, imported here: the other commands run without it
-        from .serve.app import create_app
-        from .serve.http import serve
+        from ..serve.app import create_app
+        from ..serve.http import serve
     except ImportError as e:
         raise TercompError(f"tercomp serve needs {e.name or e}, which is not installed",
                            hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
                                 "prometheus-client)") from None
-    from .runtime.scheduler import Engine
+    from ..runtime.scheduler import Engine
 
     asked = {"max_batch": args.max_batch, "max_seq": args.max_seq}
     if args.max_batch is None:
         args.max_batch = DEFAULT_MAX_BATCH
-    gen = cli_generate.open_model(args, spinner, usage_error)
+    gen = open_model(args)
     batch = getattr(gen, "max_batch", 1)
     # a .tcm is served as it was compiled: say so when the flags asked for another shape
     for flag, have in (("max_batch", batch), ("max_seq", gen.max_seq)):
