@@ -32,7 +32,11 @@ def run(args) -> int:
     from ..passes import run_pipeline
     from .. import autodiff  # noqa: F401  registers the autodiff pass
     if args.file == "-":
-        text, filename = sys.stdin.read(), "<stdin>"
+        try:
+            text, filename = sys.stdin.read(), "<stdin>"
+        except (OSError, UnicodeDecodeError) as e:     # no standard input, or not text
+            raise UsageError(f"FILE is -, but standard input cannot be read as tern IR text "
+                             f"({e}); give the file's path") from None
     else:
         try:
             with open(args.file) as f:
