@@ -184,6 +184,7 @@ def test_2b4t_gguf_loads_as_2b4t(model_2b4t):
     check(lm(IDS)[0], reference(SHAPE, w, IDS)[0])
 
 
+@pytest.mark.slow     # tests/test_i2s.py runs a 2B4T-layout model through compile_lm, faster
 def test_2b4t_generates_as_the_reference(model_2b4t):
     """Greedy tokens of tc.compile_lm equal the float64 reference's: the reference's
     argmax after each prefix of prompt + our tokens is our next token."""

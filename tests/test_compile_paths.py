@@ -92,6 +92,7 @@ def tiny_lm():
     return models.BitNetLM(cfg)
 
 
+@pytest.mark.slow     # test_training_step_compiles_both_ways_alike checks the same, faster
 def test_generation_compiles_both_ways_alike(tiny_lm):
     ids = np.array([1, 5, 9, 3], np.int32)
 

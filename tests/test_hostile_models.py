@@ -109,10 +109,11 @@ def test_an_array_key_declaring_2_62_elements(tmp_path, weights):
     assert_refused(p, "'tokenizer.ggml.scores'", "elements")
 
 
-def test_a_well_formed_10_million_element_array(tmp_path, weights):
+def test_a_well_formed_array_past_the_limit(tmp_path, weights):
     import gguf
+    from tercomp.models.gguf_scan import MAX_ARRAY
     wr = gguf.GGUFWriter(str(tmp_path / "big.gguf"), "bitnet")
-    wr.add_array("general.junk", np.zeros(10_000_000, np.uint8).tolist())
+    wr.add_array("general.junk", np.zeros(MAX_ARRAY + 1, np.uint8).tolist())
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.close()
