@@ -85,9 +85,11 @@ def run(cmd: list[str]) -> tuple[str, str]:
 
 
 def convert(peer: Peer, bin_dir: str, source: str, out: str) -> None:
-    """The peer's file `out`, made from `source` by the peer's own llama-quantize."""
+    """The peer's file `out`, made from `source` by the peer's own llama-quantize. One
+    thread, as BitNet's setup_env.py quantizes: bitnet.cpp 4645960's I2_S written with 2
+    threads gives wrong logits (cosine ~0 against tercomp's, where 1 thread gives 0.999)."""
     run([os.path.join(bin_dir, "llama-quantize"), *QUANTIZE_OPTIONS, source, out + ".part",
-         peer.quantize_type, "2"])
+         peer.quantize_type, "1"])
     os.replace(out + ".part", out)
 
 
