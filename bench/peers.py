@@ -129,7 +129,7 @@ def embedding_logits(peer: Peer, bin_dir: str, path: str, ids, embedding: np.nda
     vocab, hidden = embedding.shape
     text = "".join(char_tokens(vocab)[i] for i in ids)
     out, _ = run([os.path.join(bin_dir, "llama-embedding"), "-m", path, "-p", text,
-                  "-t", str(threads), "-c", "64", "-b", "64", "-ub", "64",
+                  "-t", str(threads), "-c", "512",    # llama.cpp 0.3.36's asserts at -b 64
                   "--pooling", "none", "--embd-normalize", "-1",
                   "--embd-output-format", "array", *peer.tool_args])
     start = out.index("[[")
