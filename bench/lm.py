@@ -327,6 +327,7 @@ def main():
         a.dir = os.path.join(tempfile.gettempdir(), "tercomp-bench-lm")
         if not a.keep:
             cleanup = a.dir
+    a.dir = os.path.abspath(a.dir)          # the peers' tools run in it
     os.makedirs(a.dir, exist_ok=True)
     try:
         report(a, given)

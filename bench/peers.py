@@ -76,9 +76,12 @@ def float_projection(w, gguf, name, t, scale, arch):
     w.add_tensor(f"{name}.weight", t * np.float32(scale))
 
 
-def run(cmd: list[str]) -> tuple[str, str]:
-    """(stdout, stderr) of a peer's tool: results go to stdout, its log to stderr."""
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def run(cmd: list[str], beside: str) -> tuple[str, str]:
+    """(stdout, stderr) of a peer's tool: results go to stdout, its log to stderr. It runs
+    in the directory of the file `beside`: the forks' tools write a llama.log where they
+    run."""
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                       cwd=os.path.dirname(os.path.abspath(beside)))
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\nfailed ({r.returncode}):\n{r.stderr[-3000:]}")
     return r.stdout, r.stderr
@@ -89,7 +92,7 @@ def convert(peer: Peer, bin_dir: str, source: str, out: str) -> None:
     thread, as BitNet's setup_env.py quantizes: bitnet.cpp 4645960's I2_S written with 2
     threads gives wrong logits (cosine ~0 against tercomp's, where 1 thread gives 0.999)."""
     run([os.path.join(bin_dir, "llama-quantize"), *QUANTIZE_OPTIONS, source, out + ".part",
-         peer.quantize_type, "1"])
+         peer.quantize_type, "1"], beside=out)
     os.replace(out + ".part", out)
 
 
@@ -117,7 +120,7 @@ def llama_bench(peer: Peer, bin_dir: str, path: str, threads: int, prompt: int, 
                 repeat: int) -> dict:
     out, _ = run([os.path.join(bin_dir, "llama-bench"), "-m", path, "-p", str(prompt),
                   "-n", str(gen), "-r", str(repeat), "-t", str(threads), "-o", "json",
-                  *peer.bench_args])
+                  *peer.bench_args], beside=path)
     return parse_llama_bench(out)
 
 
@@ -131,7 +134,7 @@ def embedding_logits(peer: Peer, bin_dir: str, path: str, ids, embedding: np.nda
     out, _ = run([os.path.join(bin_dir, "llama-embedding"), "-m", path, "-p", text,
                   "-t", str(threads), "-c", "512",    # llama.cpp 0.3.36's asserts at -b 64
                   "--pooling", "none", "--embd-normalize", "-1",
-                  "--embd-output-format", "array", *peer.tool_args])
+                  "--embd-output-format", "array", *peer.tool_args], beside=path)
     start = out.index("[[")
     text = out[start:out.index("]]", start) + 2].replace("-nan", "NaN").replace("nan", "NaN")
     states = np.array(json.loads(text), np.float32)
