@@ -1,39 +1,47 @@
-"""Generation speed of a ternary LM: tercomp (tc.compile_lm) against llama.cpp on one file.
+"""Generation speed of a ternary LM: tercomp (tc.compile_lm) against the strongest CPU
+engines, each measured with its own tool, on the same weights.
 
-    python bench/lm.py                      # bitnet_b1_58-large shape (~700M parameters)
-    python bench/lm.py --layers 4           # a quicker, smaller run
-    python bench/lm.py --no-peer            # tercomp only
-    python bench/lm.py --bitnet-cpp BUILD   # and bitnet.cpp (bench/build_bitnet_cpp.sh)
-    python bench/lm.py --preset 8b          # Llama3-8B-1.58's shape (llama arch, ~3.9 GB)
+    python bench/lm.py --ik-llama IK_BIN --bitnet-cpp BITNET_BIN --llama-cpp LLAMA_BIN
+    python bench/lm.py --threads 1,2 --rounds 4 ...   # a thread sweep, 4 rounds in turns
+    python bench/lm.py --layers 2                     # a quick check of the plumbing
+    python bench/lm.py --preset 8b                    # Llama3-8B-1.58's shape (llama arch)
 
 Writes a random-ternary GGUF (TQ2_0 projections, tied f16 embedding) of the
 bitnet_b1_58-large shape with `gguf` (hidden 1536, FFN 4096, 24 layers, 16 heads,
-vocab 32002), then measures, each engine in its own fresh process with 2 threads:
+vocab 32002). Each peer is a build made outside this repository, given by the directory
+holding its binaries (README.md says which projects, commits and cmake flags were
+measured); bench/peers.py converts the weights into each one's best format with its
+own `llama-quantize` (ik_llama.cpp IQ2_BN, repacked to R4 at load; bitnet.cpp I2_S;
+llama.cpp the TQ2_0 file as written).
 
-- compile time: cold (load + pack + IREE compile, empty compile cache) and cached;
-- prefill: a 128-token prompt, tokens/s (best of 3), computing the last position's logits
-  as llama.cpp's `eval` and generation do; tercomp also with all 128 positions' logits;
-- decode: 64 tokens after that prompt, tokens/s (best of 3);
-- decode at position 64 with max_seq 2048 vs 128 (the cache must cost O(position)),
-  measured interleaved in one process;
-- resident memory (VmRSS) after warm-up, the cache sized n_ctx = max_seq.
+Before any timing, each peer's logits are checked against tercomp's: a 32-token prompt
+in one batch (the prefill kernels) and its first token alone (the one-row kernels
+decode runs), through the peer's `llama-embedding` (bench/peers.py): the cosine of every
+position's logits must be >= 0.99; how often the greedy (top-1) token agrees is printed
+too (random models have flat logits, so a top-1 may flip within rounding). A peer that
+fails is still timed, marked "(wrong)" and left out of the ratios.
+
+Speed, for each thread count of --threads, the engines taking turns over --rounds
+rounds, each run a fresh process:
+- a peer: its `llama-bench -p 128 -n 64 -r 3 -t THREADS -o json`, every repetition's
+  tokens/s of pp128 (a 128-token prompt) and tg64 (64 tokens generated one at a time,
+  from an empty cache);
+- tercomp: a saved generator (`tc.load`), `prefill(prompt, logits_to_keep=1)` of 128
+  tokens, then 64 `decode` calls each followed by an argmax (the greedy loop), 3
+  repetitions after a warm-up; its decode starts at position 128.
+Printed: the median and the best of all repetitions of all rounds, tercomp's ratio to
+each peer (median to median, best to best), the weights read per decoded token against
+a plain streaming read with the same threads, the CPU and the load average.
 
 tercomp runs once per output-layer storage (--output-dtype, default "float16,int8": the
-f16 table llama.cpp also reads, and an int8 table with a per-row scale at half the bytes).
-
-llama.cpp runs through llama-cpp-python when it is installed (the `peer` extra); its
-rows are skipped otherwise. bitnet.cpp (Microsoft's BitNet engine) runs from a build
-given with --bitnet-cpp: one column per ternary kernel, I2_S and TL2, on files holding the
-same weights (bench/bitnet_cpp.py makes them and checks its logits against tercomp's).
-Ratios are tercomp / llama.cpp and tercomp / bitnet.cpp's best kernel in each row (of
-those whose logits agree), from the same run; speeds are the best of the rounds, and
-their median is shown too.
+f16 table the peers also read, and an int8 table with a per-row scale at half the bytes).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -46,8 +54,10 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import bitnet_cpp  # noqa: E402  (bench/bitnet_cpp.py)
 import machine  # noqa: E402  (bench/machine.py)
+import peers  # noqa: E402  (bench/peers.py)
+
+COS_MIN = 0.99      # the logits check: every position's cosine to tercomp's
 
 
 # -------------------------------------------------------------------------- the model
@@ -60,8 +70,8 @@ def write_model(path, a, projection=None, tokens=None):
 
     The same weights in another form: `projection(writer, gguf, name, codes, scale,
     arch)` writes each projection (codes -1/0/1 as float32) instead of TQ2_0, and
-    `tokens` replaces the token strings (then no space prefix and no BOS; bitnet_cpp.py
-    uses both)."""
+    `tokens` replaces the token strings (then no space prefix and no BOS; the peers'
+    files use both, bench/peers.py)."""
     import gguf
     rng = np.random.default_rng(0)
     h, ff, v, L = a.hidden, a.ffn, a.vocab, a.layers
@@ -116,23 +126,6 @@ def tq2_projection(w, gguf, name, t, scale, arch):
         w.add_tensor(f"{name}.scale", np.array([scale], np.float32))
 
 
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def best_rate(fn, tokens: int, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return tokens / best
-
-
 # ----------------------------------------------------------------------- the workers
 def worker_tercomp_compile(a):
     """Cold and cached compile times; saves the artifact for the run worker."""
@@ -140,7 +133,6 @@ def worker_tercomp_compile(a):
     from tercomp import models
     cache_dir = tempfile.TemporaryDirectory(prefix="tercomp-bench-cache-")   # removed at exit
     os.environ["TERCOMP_CACHE_DIR"] = cache_dir.name
-    import resource
     out = {}
     for kind in ("cold", "cached"):
         t = time.perf_counter()
@@ -150,85 +142,40 @@ def worker_tercomp_compile(a):
         if kind == "cold":      # the process's peak: load, trace, passes, IREE (in process)
             out["compile_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     gen.save(a.artifact)
-    if os.path.exists(a.artifact + ".128"):      # from an earlier run
-        os.remove(a.artifact + ".128")
-    if a.scaling:       # the same model with a short cache, for the O(position) check
-        gen = tc.compile_lm(models.load(a.model), max_seq=128, threads=a.threads,
-                            output_dtype=a.output_dtype, ternary=a.ternary)
-        gen.save(a.artifact + ".128")
+    out["bytes_per_token"] = len(gen.exe._weights) if gen.exe._weights is not None else None
     return out
 
 
 def worker_tercomp_run(a):
+    """pp and tg tokens/s of every repetition: prefill(logits_to_keep=1) of the prompt,
+    then `gen` decode calls, each followed by the argmax a greedy loop takes."""
     import tercomp as tc
-    t = time.perf_counter()
     gen = tc.load(a.artifact, threads=a.threads)
-    load_s = time.perf_counter() - t
-    prompt = np.random.default_rng(1).integers(0, a.vocab, a.prompt).astype(np.int32)
-    gen.prefill(prompt)                                     # warm-up
-    # as llama.cpp's eval and generate: the logits of the last position only
-    out = {"prefill_tps": best_rate(lambda: gen.prefill(prompt, logits_to_keep=1), a.prompt,
-                                    a.repeat),
-           "prefill_all_tps": best_rate(lambda: gen.prefill(prompt), a.prompt, a.repeat)}
+    prompt = np.random.default_rng(1).integers(3, a.vocab, a.prompt).astype(np.int32)
 
-    def decode():
-        gen.prefill(prompt)
+    def once():
         t = time.perf_counter()
-        for i in range(a.gen):
-            gen.decode(int(prompt[i % a.prompt]))
-        return time.perf_counter() - t
-    out["decode_tps"] = a.gen / min(decode() for _ in range(a.repeat))
-    out["rss_mb"] = rss_mb()
-    out["load_s"] = load_s
-    # what a decode step reads: every parameter (the 2-bit projections, the output table)
-    # once; the cache rows are small next to them at this position
-    out["bytes_per_token_mb"] = len(gen.exe._weights) / 2**20 if gen.exe._weights is not None else None
-    if os.path.exists(a.artifact + ".128"):
-        short = tc.load(a.artifact + ".128", threads=a.threads)
-        out["decode_pos64_ms"], out["decode_pos64_ms_seq128"] = _decode_at_64(
-            [gen, short], prompt, a.repeat)
-    return out
-
-
-def _decode_at_64(gens, prompt, repeat):
-    """The best decode time in ms at position 64 of each generator, measured interleaved
-    (one step of each in turn), so a change in the machine's load hits both alike."""
-    for gen in gens:
-        gen.prefill(prompt[:64])
-    best = [float("inf")] * len(gens)
-    for _ in range(repeat * 10):
-        for i, gen in enumerate(gens):
-            gen.position = 64           # rewrite row 64 each time: same position, same work
-            t = time.perf_counter()
-            gen.decode(int(prompt[0]))
-            best[i] = min(best[i], time.perf_counter() - t)
-    return [b * 1e3 for b in best]
-
-
-def worker_llama(a):
-    import llama_cpp
-    t = time.perf_counter()
-    llm = llama_cpp.Llama(a.model, n_ctx=a.max_seq, n_threads=a.threads, n_batch=a.prompt,
-                          verbose=False)
-    out = {"compile_cold_s": time.perf_counter() - t, "load_s": time.perf_counter() - t,
-           "bytes_per_token_mb": os.path.getsize(a.model) / 2**20}
-    prompt = np.random.default_rng(1).integers(0, a.vocab, a.prompt).tolist()
-
-    def prefill():      # logits_all=False (the default): the last position's logits only
-        llm.reset()
-        llm.eval(prompt)
-    prefill()
-    out["prefill_tps"] = best_rate(prefill, a.prompt, a.repeat)
-
-    def decode():
-        prefill()
+        tok = int(np.argmax(gen.prefill(prompt, logits_to_keep=1)[-1]))
+        pp = time.perf_counter() - t
         t = time.perf_counter()
-        for i in range(a.gen):
-            llm.eval([prompt[i % a.prompt]])
-        return time.perf_counter() - t
-    out["decode_tps"] = a.gen / min(decode() for _ in range(a.repeat))
-    out["rss_mb"] = rss_mb()
-    return out
+        for _ in range(a.gen):
+            tok = int(np.argmax(gen.decode(tok)))
+        return a.prompt / pp, a.gen / (time.perf_counter() - t)
+    once()                                                  # warm-up, as llama-bench's
+    samples = [once() for _ in range(a.repeat)]
+    return {"pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
+
+
+def worker_check(a):
+    """tercomp's logits of a 32-token prompt (all positions) and of its first token alone,
+    from the a.artifact generator: what each peer's logits are checked against."""
+    import tercomp as tc
+    ids = np.random.default_rng(2).integers(3, a.vocab, 32).astype(np.int32)  # 0-2: unk, bos, eos
+    gen = tc.load(a.artifact, threads=a.threads)
+    batch = np.asarray(gen.prefill(ids), np.float32).reshape(len(ids), -1)
+    one = np.asarray(gen.prefill(ids[:1]), np.float32).reshape(1, -1)
+    np.savez(a.artifact + ".check.npz", ids=ids, batch=batch, one=one)
+    return {"path": a.artifact + ".check.npz"}
 
 
 def worker_stream(a):
@@ -247,23 +194,67 @@ def worker_stream(a):
 
 
 WORKERS = {"tercomp-compile": worker_tercomp_compile, "tercomp-run": worker_tercomp_run,
-           "llama": worker_llama, "stream": worker_stream,
-           "bitnet-cpp": bitnet_cpp.worker_bench, "bitnet-check": bitnet_cpp.worker_check,
-           "bitnet-tl2": lambda a: bitnet_cpp.write_tl2(a, write_model)}
+           "tercomp-check": worker_check, "stream": worker_stream}
 
 
 def run_worker(name, a, extra=()):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model", a.model,
            "--artifact", a.artifact, *a.passthrough, *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if r.returncode != 0:
         print(f"{name} failed:\n{r.stderr[-3000:]}", file=sys.stderr)
         return None
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+# --------------------------------------------------------------------- the table
+def summarize(samples) -> tuple[float, float]:
+    """(median, best) tokens/s of all repetitions of all rounds."""
+    return float(np.median(samples)), float(np.max(samples))
+
+
+def format_table(rows: dict, prompt: int, gen: int, wrong=frozenset()) -> str:
+    """The engines' pp and tg tokens/s, median / best, then tercomp's ratio to each peer
+    (median to median, best to best). `rows` maps an engine's name to {"pp": [t/s, ...],
+    "tg": [t/s, ...]} (engines named "tercomp ..." are ours); engines in `wrong` failed
+    the logits check: shown, marked, and in no ratio.
+
+    >>> print(format_table({"tercomp int8": {"pp": [400, 410], "tg": [80, 90]},
+    ...                     "ik_llama.cpp": {"pp": [380, 390], "tg": [90, 92]}}, 128, 64))
+    engine                          pp128 t/s median / best  tg64 t/s median / best
+    tercomp int8                             405.0 /  410.0           85.0 /   90.0
+    ik_llama.cpp                             385.0 /  390.0           91.0 /   92.0
+    tercomp int8 / ik_llama.cpp               1.05x / 1.05x           0.93x / 0.98x
+    """
+    pp, tg = f"pp{prompt} t/s median / best", f"tg{gen} t/s median / best"
+    ours = [n for n in rows if n.startswith("tercomp")]
+    others = [n for n in rows if not n.startswith("tercomp")]
+    width = max([30] + [len(n) + 9 for n in rows] +      # room for " (wrong)"
+                [len(f"{o} / {p}") + 1 for o in ours for p in others])
+    lines = [f"{'engine':{width}}{pp:>25}{tg:>24}"]
+    stats = {n: {k: summarize(r[k]) if r.get(k) else None for k in ("pp", "tg")}
+             for n, r in rows.items()}
+
+    def cell(s):
+        return f"{s[0]:.1f} / {s[1]:6.1f}" if s else "-"
+    for n in rows:
+        mark = " (wrong)" if n in wrong else ""
+        lines.append(f"{n + mark:{width}}{cell(stats[n]['pp']):>25}{cell(stats[n]['tg']):>24}")
+    def ratio(o, p, k):
+        a, b = stats[o][k], stats[p][k]
+        return f"{a[0] / b[0]:.2f}x / {a[1] / b[1]:.2f}x" if a and b else "-"
+    for o in ours:
+        for p in others:
+            if p not in wrong:
+                lines.append(f"{o + ' / ' + p:{width}}{ratio(o, p, 'pp'):>25}"
+                             f"{ratio(o, p, 'tg'):>24}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ the driver
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=["8b"],
                    help="8b: Llama3-8B-1.58's shape (32 layers, hidden 4096, FFN 14336, GQA "
                         "32/8, vocab 128256, llama arch, untied f16 head)")
@@ -274,202 +265,216 @@ def main():
     p.add_argument("--ffn", type=int, default=4096)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--vocab", type=int, default=32002)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", default="2", help="a comma-separated list: one table each")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--gen", type=int, default=64)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=2,
-                   help="fresh-process runs of each engine, taken in turns (best kept)")
+    p.add_argument("--repeat", type=int, default=3, help="repetitions in each run (-r)")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="fresh-process runs of each engine, taken in turns")
     p.add_argument("--max-seq", type=int, default=2048)
-    p.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
-    p.add_argument("--bitnet-cpp", metavar="BUILD", help="bitnet.cpp's build directory (from "
-                   "bench/build_bitnet_cpp.sh): adds its I2_S and TL2 rows (bitnet arch only)")
+    for name, peer in peers.PEERS.items():
+        p.add_argument(f"--{peer.flag}", metavar="BIN_DIR",
+                       help=f"{name}'s binaries (llama-quantize, llama-bench, "
+                            f"llama-embedding), built outside this repository: {peer.label}")
     p.add_argument("--output-dtype", default="float16,int8",
                    help="tercomp's output layer (compile_lm output_dtype), a comma-separated "
-                        "list of float16, int8, float32: one tercomp column each")
+                        "list of float16, int8, float32: one tercomp row each")
     p.add_argument("--ternary", default="auto",
                    help="tercomp's ternary kernels (compile_lm ternary), a comma-separated list "
-                        "of strategies (auto, avx512, avx2, ...): one tercomp column each, "
+                        "of strategies (auto, avx512, avx2, ...): one tercomp row each, "
                         "for every --output-dtype")
-    p.add_argument("--no-scaling", dest="scaling", action="store_false",
-                   help="skip the max_seq 128 compile of the O(position) check")
-    p.add_argument("--dir", default=None, help="where the GGUF and artifacts go (default: a "
+    p.add_argument("--dir", default=None, help="where the GGUFs and artifacts go (default: a "
                    "temporary directory, removed at the end unless --keep)")
     p.add_argument("--keep", action="store_true", help="keep the default directory's files "
                    "(reused by the next run with --keep)")
     p.add_argument("--worker", choices=sorted(WORKERS))
     p.add_argument("--model")
     p.add_argument("--artifact")
-    p.add_argument("--bitnet-files", help=argparse.SUPPRESS)     # the check worker's input
     a = p.parse_args()
     if a.preset == "8b":
         a.layers, a.hidden, a.ffn, a.heads, a.kv_heads, a.vocab, a.arch = \
             32, 4096, 14336, 32, 8, 128256, "llama"
+    try:
+        a.thread_list = [int(t) for t in a.threads.split(",")]
+    except ValueError:
+        p.error(f"--threads: {a.threads!r} is not a comma-separated list of integers")
+    a.threads = max(a.thread_list)
+    for d in a.output_dtype.split(","):
+        if d not in ("float16", "int8", "float32"):
+            p.error(f"--output-dtype: {d!r} is not float16, int8 or float32")
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
-                     ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab", "arch", "threads",
-                      "prompt", "gen", "repeat", "max-seq")] + ([] if a.scaling else ["--no-scaling"])
-    if a.bitnet_cpp:
-        a.bitnet_cpp = os.path.abspath(a.bitnet_cpp)
-        a.passthrough.append(f"--bitnet-cpp={a.bitnet_cpp}")
+                     ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab", "arch",
+                      "prompt", "gen", "repeat", "max-seq")]
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
+    given = {}
+    for name, peer in peers.PEERS.items():
+        bin_dir = getattr(a, peer.flag.replace("-", "_"))
+        if bin_dir is None:
+            continue
+        bin_dir = os.path.abspath(bin_dir)
+        missing = peers.missing_tools(bin_dir)
+        if missing:
+            p.error(f"--{peer.flag} {bin_dir}: no {', '.join(missing)} there (the directory "
+                    f"holding {name}'s built binaries)")
+        given[name] = bin_dir
+    if not given:
+        print("no peer given (--ik-llama, --bitnet-cpp, --llama-cpp): tercomp alone",
+              file=sys.stderr)
     cleanup = None
     if a.dir is None:
         a.dir = os.path.join(tempfile.gettempdir(), "tercomp-bench-lm")
         if not a.keep:
             cleanup = a.dir
+    a.dir = os.path.abspath(a.dir)          # the peers' tools run in it
     os.makedirs(a.dir, exist_ok=True)
     try:
-        report(p, a)
+        report(a, given)
     finally:
         if cleanup:
             shutil.rmtree(cleanup, ignore_errors=True)
 
 
-def report(p, a):
+def peer_files(a, given, tag) -> dict:
+    """{peer name: its file}, converted by each peer's own llama-quantize (once per
+    directory: reused with --keep); a peer whose conversion fails is left out, said why."""
+    files, f32 = {}, os.path.join(a.dir, f"bitnet-{tag}-f32.gguf")
+    for name, bin_dir in given.items():
+        peer = peers.PEERS[name]
+        if peer.quantize_type is None:
+            files[name] = a.model
+            continue
+        out = os.path.join(a.dir, f"bitnet-{tag}-{peer.flag}-{peer.quantize_type}.gguf")
+        if not os.path.exists(out):
+            if not os.path.exists(f32):
+                write_model(f32 + ".part", a, projection=peers.float_projection,
+                            tokens=peers.char_tokens(a.vocab))
+                os.replace(f32 + ".part", f32)
+            try:
+                peers.convert(peer, bin_dir, f32, out)
+            except RuntimeError as e:
+                print(f"{name} left out: its llama-quantize could not make "
+                      f"{peer.quantize_type}:\n{e}", file=sys.stderr)
+                continue
+        files[name] = out
+    if os.path.exists(f32):
+        os.remove(f32)              # 4 bytes a weight: not worth keeping
+    return files
+
+
+def check_peers(a, given, files, embedding) -> set:
+    """Each peer's logits against tercomp's (printed); the names of those that disagree."""
+    a.threads = a.thread_list[-1]
+    c = run_worker("tercomp-check", a, [f"--threads={a.threads}"])
+    if c is None:
+        print("tercomp's logits for the check failed: every peer counts as unchecked")
+        return set(files)
+    ref = np.load(c["path"])
+    wrong = set()
+    for name, path in files.items():
+        peer = peers.PEERS[name]
+        try:
+            batch = peers.agreement(ref["batch"], peers.embedding_logits(
+                peer, given[name], path, ref["ids"], embedding, a.threads))
+            one = peers.agreement(ref["one"], peers.embedding_logits(
+                peer, given[name], path, ref["ids"][:1], embedding, a.threads))
+        except RuntimeError as e:
+            print(f"{peer.label}: logits check failed to run:\n{e}")
+            wrong.add(peer.label)
+            continue
+        ok = min(batch["cos_min"], one["cos_min"]) >= COS_MIN
+        print(f"{peer.label} vs tercomp, logits: a {len(ref['ids'])}-token prompt in one "
+              f"batch, cosine min {batch['cos_min']:.5f} mean {batch['cos_mean']:.5f}, greedy "
+              f"token agrees at {batch['top1']:.2f}; one token alone, cosine "
+              f"{one['cos_min']:.5f}: {'ok' if ok else 'WRONG'}")
+        if not ok:
+            wrong.add(peer.label)
+    return wrong
+
+
+def report(a, given):
     tag = f"L{a.layers}-h{a.hidden}-f{a.ffn}-H{a.heads}-v{a.vocab}"
     if a.arch != "bitnet" or a.kv_heads not in (0, a.heads):
         tag = f"{a.arch}-{tag}-kv{a.kv_heads or a.heads}"
+    # one TQ2_0 file for tercomp and llama.cpp, its token strings single characters so
+    # that the peers' tools tokenize a prompt's text to its ids
     a.model = os.path.join(a.dir, f"bitnet-{tag}.gguf")
     if not os.path.exists(a.model):
         t = time.perf_counter()
-        write_model(a.model + ".part", a)
+        write_model(a.model + ".part", a, tokens=peers.char_tokens(a.vocab))
         os.replace(a.model + ".part", a.model)
         print(f"wrote {a.model} ({os.path.getsize(a.model) / 2**20:.0f} MiB) in "
               f"{time.perf_counter() - t:.0f} s", file=sys.stderr)
-    dtypes = a.output_dtype.split(",")
-    for d in dtypes:
-        if d not in ("float16", "int8", "float32"):
-            p.error(f"--output-dtype: {d!r} is not float16, int8 or float32")
-    peer = not a.no_peer
-    if peer:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            print("llama-cpp-python is not installed: llama.cpp rows skipped "
-                  "(pip install 'tercomp[peer]')", file=sys.stderr)
-            peer = False
-    rows, runs = {}, {}
-    ternaries = a.ternary.split(",")
-    for d in dtypes:
-        for t in ternaries:
-            name = f"tercomp {d}" + ("" if t == "auto" else f" {t}")
-            artifact = os.path.join(a.dir, f"bitnet-{tag}-{d}-{t}.tcm")
-            a.artifact = artifact
-            extra = [f"--output-dtype={d}", f"--ternary={t}"]
-            rows[name] = run_worker("tercomp-compile", a, extra) or {}
-            runs[name] = ("tercomp-run", artifact, extra)
-    if peer:
-        rows["llama.cpp"] = {}
-        runs["llama.cpp"] = ("llama", a.artifact, [])
-    bitnet_files = bitnet_cpp_files(a, tag)
-    for name, path in bitnet_files.items():
-        rows[name] = {}
-        runs[name] = ("bitnet-cpp", path, [])
-    # the engines take turns, each round in fresh processes, and the best of the rounds
-    # is kept: a change in the shared machine's load then hits every engine alike
-    for _ in range(a.rounds):
-        for name, (worker, artifact, extra) in runs.items():
-            a.artifact = artifact
-            for k, v in (run_worker(worker, a, extra) or {}).items():
-                old = rows[name].get(k)
-                better = max if k.endswith("_tps") or k == "rss_mb" else min   # RSS: the worst
-                rows[name][k] = v if old is None else better(old, v)
-                if k in ("decode_tps", "prefill_tps"):
-                    rows[name].setdefault(k + "_rounds", []).append(v)
-    for r in rows.values():
-        for k in ("decode_tps", "prefill_tps"):
-            if r.get(k + "_rounds"):
-                r[k + "_median"] = float(np.median(r[k + "_rounds"]))
     print(f"CPU: {machine.cpu()}; {machine.load()} before the run")
-    wrong = set()           # (row, key): figures of kernels whose logits are wrong
-    if bitnet_files:        # the same weights? bitnet.cpp's logits against tercomp's
-        a.artifact = runs[f"tercomp {dtypes[0]}"][1]
-        files = [f"--bitnet-files={json.dumps(bitnet_files)}"]
-        for name, c in (run_worker("bitnet-check", a, files) or {}).items():
-            batch, one = c["prefill"], c["step"]
-            print(f"{name} vs tercomp {dtypes[0]}, logits: a 32-token prompt in one batch, "
-                  f"cosine min {batch['cos_min']:.5f} mean {batch['cos_mean']:.5f} (top-1 "
-                  f"agrees at {batch['top1']:.2f}); one token alone, cosine {one['cos_min']:.5f}")
-            for key, check in (("prefill_tps", batch), ("decode_tps", one)):
-                if check["cos_min"] < 0.99:
-                    wrong.add((name, key))
-                    print(f"  {name}: {key} left out of bitnet.cpp's best: its logits are wrong")
-    stream = run_worker("stream", a) or {}
-    keys = [("decode_tps", "decode tokens/s", "{:.1f}"),
-            ("decode_tps_median", "decode tokens/s, median of rounds", "{:.1f}"),
-            ("prefill_tps", f"prefill pp{a.prompt} tokens/s", "{:.1f}"),
-            ("prefill_tps_median", f"prefill pp{a.prompt}, median of rounds", "{:.1f}"),
-            ("prefill_all_tps", f"prefill pp{a.prompt}, all logits", "{:.1f}"),
-            ("rss_mb", "resident memory MiB", "{:.0f}"), ("load_s", "load s (tc.load / Llama())", "{:.2f}"),
-            ("bytes_per_token_mb", "weights read per token MiB", "{:.0f}"),
-            ("gbs", "decode GB/s (weights x tokens/s)", "{:.1f}"),
-            ("compile_cold_s", "compile cold s", "{:.1f}"),
-            ("compile_cached_s", "compile cached s", "{:.1f}"),
-            ("compile_peak_mb", "compile peak memory MiB", "{:.0f}"),
-            ("decode_pos64_ms", f"decode @64, max_seq {a.max_seq} ms", "{:.2f}"),
-            ("decode_pos64_ms_seq128", "decode @64, max_seq 128 ms", "{:.2f}")]
-    print(f"model file {os.path.getsize(a.model) / 2**20:.0f} MiB; the compile peak goal is "
-          f"2x the file + 1 GiB = {2 * os.path.getsize(a.model) / 2**20 + 1024:.0f} MiB")
-    print(f"model {tag}, {a.threads} threads, prompt {a.prompt}, {a.gen} new tokens, best of "
-          f"{a.repeat} in each of {a.rounds} rounds taken in turns; tercomp's output layer "
-          f"stored as {', '.join(dtypes)}")
-    for r in rows.values():
-        if r.get("bytes_per_token_mb") and r.get("decode_tps"):
-            r["gbs"] = r["bytes_per_token_mb"] * 2**20 * r["decode_tps"] / 1e9
-    if stream:
-        print(f"a plain streaming read with {a.threads} threads: {stream['stream_gbs']:.1f} GB/s "
-              f"(the ceiling of the decode GB/s row)")
-    # each tercomp row against each peer; bitnet.cpp's best kernel in each row, of those
-    # whose logits agree with tercomp's
-    derived = {"decode_tps_median": "decode_tps", "gbs": "decode_tps",
-               "prefill_tps_median": "prefill_tps"}
-
-    def wrong_cell(n, k):
-        return (n, derived.get(k, k)) in wrong
-    groups = {"llama": ["llama.cpp"] if peer else [], "bitnet.cpp": list(bitnet_files)}
-    groups = {g: members for g, members in groups.items() if members}
-    names = list(rows)
-    ours = [n for n in names if n.startswith("tercomp ")]
-    ratios = [(n, g) for g in groups for n in ours]
-    print(f"{'':34}" + "".join(f"{n:>16}" for n in names) +
-          "".join(f"{n.replace('tercomp ', '') + ' / ' + g:>22}" for n, g in ratios))
-    for k, label, fmt in keys:
-        vals = [rows[n].get(k) for n in names]
-        if all(v is None for v in vals):
-            continue
-        line = f"{label:34}" + "".join(
-            f"{(fmt.format(v) if v is not None else '-') + (' (wrong)' if wrong_cell(n, k) else ''):>16}"
-            for n, v in zip(names, vals))
-        best = max if "_tps" in k or k == "gbs" else min
-        for n, g in ratios:
-            v = rows[n].get(k)
-            peer_vals = [rows[m][k] for m in groups[g]
-                         if rows[m].get(k) is not None and not wrong_cell(m, k)]
-            peer_v = best(peer_vals) if peer_vals else None
-            line += f"{v / peer_v:>21.2f}x" if v is not None and peer_v else f"{'-':>22}"
-        print(line)
-    if len(bitnet_files) > 1:
-        fastest = max(bitnet_files, key=lambda m: 0 if (m, "decode_tps") in wrong
-                      else rows[m].get("decode_tps") or 0)
-        print(f"bitnet.cpp's fastest decode: {fastest}")
+    compiled, runs = {}, {}
+    for d in a.output_dtype.split(","):
+        for t in a.ternary.split(","):
+            name = f"tercomp {d}" + ("" if t == "auto" else f" {t}")
+            a.artifact = os.path.join(a.dir, f"bitnet-{tag}-{d}-{t}.tcm")
+            extra = [f"--output-dtype={d}", f"--ternary={t}"]
+            a.threads = max(a.thread_list)
+            r = run_worker("tercomp-compile", a, extra + [f"--threads={a.threads}"])
+            if r is None:
+                continue
+            compiled[name] = r
+            runs[name] = ("tercomp", a.artifact)
+            print(f"{name}: compile cold {r['compile_cold_s']:.1f} s, cached "
+                  f"{r['compile_cached_s']:.1f} s, peak {r['compile_peak_mb']:.0f} MiB")
+    files = peer_files(a, given, tag)
+    wrong = set()
+    if files and runs:
+        import gguf
+        reader = gguf.GGUFReader(a.model)
+        embedding = next(np.asarray(t.data, np.float32) for t in reader.tensors
+                         if t.name == "token_embd.weight")
+        a.artifact = next(iter(runs.values()))[1]
+        if a.arch == "bitnet":
+            wrong = check_peers(a, given, files, embedding)
+        else:       # llama-embedding's hidden states times an untied head: not wired here
+            print("the logits check covers the bitnet arch only: peers unchecked")
+    builds = {}
+    for name, path in files.items():
+        runs[peers.PEERS[name].label] = (name, path)
+    for threads in a.thread_list:
+        a.threads = threads
+        rows = {n: {"pp": [], "tg": []} for n in runs}
+        # the engines take turns, each round in fresh processes: a change in the shared
+        # machine's load then hits every engine alike
+        for _ in range(a.rounds):
+            for n, (engine, path) in runs.items():
+                if engine == "tercomp":
+                    a.artifact = path
+                    r = run_worker("tercomp-run", a, [f"--threads={threads}"]) or {}
+                else:
+                    try:
+                        b = peers.llama_bench(peers.PEERS[engine], given[engine], path,
+                                              threads, a.prompt, a.gen, a.repeat)
+                    except (RuntimeError, ValueError) as e:
+                        print(f"{n}: llama-bench failed:\n{e}", file=sys.stderr)
+                        continue
+                    builds[n] = b["build"]
+                    r = {"pp": b["pp"][1], "tg": b["tg"][1]}
+                for k in ("pp", "tg"):
+                    rows[n][k] += r.get(k, [])
+        print(f"\n{threads} thread{'s' if threads > 1 else ''}; model {tag}; {a.rounds} rounds "
+              f"in turns x {a.repeat} repetitions; {machine.load()}")
+        print(format_table(rows, a.prompt, a.gen, wrong))
+        a.artifact = a.model
+        stream = run_worker("stream", a, [f"--threads={threads}"])
+        if stream:
+            line = (f"a streaming read, {threads} thread{'s' if threads > 1 else ''}: "
+                    f"{stream['stream_gbs']:.1f} GB/s")
+            for n, r in compiled.items():
+                if r.get("bytes_per_token") and rows[n]["tg"]:
+                    gbs = r["bytes_per_token"] * summarize(rows[n]["tg"])[0] / 1e9
+                    line += (f"; {n} reads {r['bytes_per_token'] / 2**20:.0f} MiB a token, "
+                             f"{gbs:.1f} GB/s at its median ({gbs / stream['stream_gbs']:.0%})")
+            print(line)
+    for n, b in builds.items():
+        print(f"{n}: {given[runs[n][0]]}, llama-bench build {b}")
     print(f"{machine.load()} after the run")
 
-
-def bitnet_cpp_files(a, tag) -> dict:
-    """bitnet.cpp's files of the model, {column name: path}, or {} with the reason printed."""
-    if not a.bitnet_cpp:
-        print("bitnet.cpp rows skipped: no --bitnet-cpp BUILD (bench/build_bitnet_cpp.sh "
-              "builds one)", file=sys.stderr)
-        return {}
-    problem = bitnet_cpp.find(a.bitnet_cpp)
-    if problem is None and a.arch != "bitnet":
-        problem = "its files are made for the bitnet arch only"
-    if problem:
-        print(f"bitnet.cpp rows skipped: {problem}", file=sys.stderr)
-        return {}
-    return bitnet_cpp.prepare(a, write_model, run_worker, tag)
 
 if __name__ == "__main__":
     main()

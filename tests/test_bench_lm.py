@@ -1,0 +1,105 @@
+"""bench/lm.py's pure parts, without any peer binary: reading llama-bench's JSON and the
+table of medians, bests and ratios it prints."""
+import doctest
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import lm  # noqa: E402  (bench/lm.py)
+import peers  # noqa: E402  (bench/peers.py)
+
+# `llama-bench -m M -p 128 -n 64 -r 3 -t 2 -o json -rtr 1 -fa 0` as ik_llama.cpp prints
+# it (its log goes to stderr; fields cut to those that matter and a few beside them)
+IK_JSON = """[
+  {
+    "build_commit": "8337e4cd",
+    "build_number": 4321,
+    "cpu_info": "AMD EPYC 9R14",
+    "model_filename": "/tmp/m.gguf",
+    "model_type": "bitnet 700M IQ2_BN - 2.00 bpw Bitnet",
+    "n_threads": 2,
+    "flash_attn": false,
+    "repack": true,
+    "n_prompt": 128,
+    "n_gen": 0,
+    "test_time": "2026-11-27T12:00:00Z",
+    "avg_ns": 332000000,
+    "stddev_ns": 4000000,
+    "avg_ts": 385.6,
+    "stddev_ts": 4.6,
+    "test": "pp128",
+    "samples_ns": [ 330000000, 336000000, 330000000 ],
+    "samples_ts": [ 387.879, 380.952, 387.879 ]
+  },
+  {
+    "build_commit": "8337e4cd",
+    "build_number": 4321,
+    "cpu_info": "AMD EPYC 9R14",
+    "model_filename": "/tmp/m.gguf",
+    "model_type": "bitnet 700M IQ2_BN - 2.00 bpw Bitnet",
+    "n_threads": 2,
+    "flash_attn": false,
+    "repack": true,
+    "n_prompt": 0,
+    "n_gen": 64,
+    "test_time": "2026-11-27T12:00:05Z",
+    "avg_ns": 685000000,
+    "stddev_ns": 10000000,
+    "avg_ts": 93.4,
+    "stddev_ts": 1.4,
+    "test": "tg64",
+    "samples_ns": [ 680000000, 700000000, 675000000 ],
+    "samples_ts": [ 94.1176, 91.4286, 94.8148 ]
+  }
+]
+"""
+
+
+def test_llama_bench_json_gives_every_repetition():
+    r = peers.parse_llama_bench("main: a log line that reached stdout\n" + IK_JSON)
+    assert r["pp"] == (128, [387.879, 380.952, 387.879])
+    assert r["tg"] == (64, [94.1176, 91.4286, 94.8148])
+    assert r["build"] == "8337e4cd (4321)"
+    assert r["cpu"] == "AMD EPYC 9R14"
+
+
+def test_llama_bench_json_without_a_generation_test_is_an_error():
+    only_pp = IK_JSON[:IK_JSON.index("  },") + 3] + "\n]"
+    with pytest.raises(ValueError, match="no prompt or no generation test"):
+        peers.parse_llama_bench(only_pp)
+
+
+def test_table_of_medians_bests_and_ratios():
+    peer = peers.parse_llama_bench(IK_JSON)
+    rows = {"tercomp int8": {"pp": [400.0, 410.0, 420.0], "tg": [80.0, 82.0, 95.0]},
+            "ik_llama.cpp IQ2_BN->R4": {"pp": peer["pp"][1], "tg": peer["tg"][1]},
+            "bitnet.cpp I2_S": {"pp": [250.0], "tg": [80.0]}}
+    lines = lm.format_table(rows, 128, 64, wrong={"bitnet.cpp I2_S"}).splitlines()
+    header, ours, ik, bitnet, *ratios = lines
+    assert header.split()[:2] == ["engine", "pp128"] and "tg64" in header
+    assert ours.split()[-6:] == ["410.0", "/", "420.0", "82.0", "/", "95.0"]
+    assert ik.split()[-6:] == ["387.9", "/", "387.9", "94.1", "/", "94.8"]
+    assert bitnet.startswith("bitnet.cpp I2_S (wrong)")
+    # a peer whose logits are wrong is in no ratio: median/median, best/best
+    assert len(ratios) == 1
+    assert ratios[0].split() == ["tercomp", "int8", "/", "ik_llama.cpp", "IQ2_BN->R4",
+                                 "1.06x", "/", "1.08x", "0.87x", "/", "1.00x"]
+
+
+def test_summary_is_median_and_best():
+    assert lm.summarize([3.0, 1.0, 2.0, 10.0]) == (2.5, 10.0)
+
+
+def test_format_table_docstring_example():
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for t in finder.find(lm.format_table, "format_table", globs={"format_table": lm.format_table}):
+        runner.run(t)
+    assert runner.summarize(verbose=False).failed == 0
+
+
+def test_every_peer_flag_is_an_option_of_the_bench():
+    flags = {p.flag for p in peers.PEERS.values()}
+    assert flags == {"ik-llama", "bitnet-cpp", "llama-cpp"}
