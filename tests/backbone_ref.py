@@ -299,3 +299,16 @@ def write_gguf(path, cfg, w, pooling=3, projection=tq2_projection, skip=(), gemm
     wr.write_tensors_to_file()
     wr.close()
     return path
+
+
+def word_tokenizer(directory, vocab_size, eos=True):
+    """A word-level tokenizer.json: word k is "w{k}", and (`eos`) an EOS ("</s>", id 1)
+    after every text, as an embedding model's tokenizer appends for last-token pooling."""
+    from tokenizers import Tokenizer, models as tm, pre_tokenizers, processors
+    vocab = {"<unk>": 0, "</s>": 1, **{f"w{k}": k for k in range(2, vocab_size)}}
+    tok = Tokenizer(tm.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if eos:
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>",
+                                                           special_tokens=[("</s>", 1)])
+    tok.save(str(directory / "tokenizer.json"))

@@ -69,24 +69,11 @@ def test_bad_inputs_are_errors(model):
         enc(np.ones((1, 4), np.int32), [0])
 
 
-def _word_tokenizer(directory, vocab_size, eos=True):
-    """A word-level tokenizer.json: word k is "w{k}", and (`eos`) an EOS ("</s>", id 1)
-    after every text, as an embedding model's tokenizer appends for last-token pooling."""
-    from tokenizers import Tokenizer, models as tm, pre_tokenizers, processors
-    vocab = {"<unk>": 0, "</s>": 1, **{f"w{k}": k for k in range(2, vocab_size)}}
-    tok = Tokenizer(tm.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    if eos:
-        tok.post_processor = processors.TemplateProcessing(single="$A </s>",
-                                                           special_tokens=[("</s>", 1)])
-    tok.save(str(directory / "tokenizer.json"))
-
-
 def test_a_gguf_that_asks_for_eos_gets_it(model, tmp_path):
     cfg, _, lm = model
     enc = tc.compile_embed(lm, max_seq=16)
     assert enc.eos == (1 if cfg["family"] == "qwen3" else None)
-    _word_tokenizer(tmp_path, cfg["vocab"], eos=False)
+    B.word_tokenizer(tmp_path, cfg["vocab"], eos=False)
     from tercomp.models.tokenizer import tokenizer_from_hf
     enc.tokenizer = tokenizer_from_hf(tmp_path)
     assert enc.encode("w5 w7") == ([5, 7, 1] if cfg["family"] == "qwen3" else [5, 7])
@@ -96,7 +83,7 @@ def test_texts_and_the_cli(tmp_path, capsys):
     cfg = B.SHAPES["qwen3"]
     w = B.weights(cfg, seed=3)
     B.write_hf(tmp_path, cfg, w)
-    _word_tokenizer(tmp_path, cfg["vocab"])
+    B.word_tokenizer(tmp_path, cfg["vocab"])
     texts = ["w5 w17 w42 w7", "w250 w11"]
     want = B.reference_embeddings(cfg, w, [[5, 17, 42, 7, 1], [250, 11, 1]])
     enc = tc.compile_embed(models.load(tmp_path), max_seq=16)

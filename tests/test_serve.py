@@ -6,7 +6,9 @@ client that goes away frees its slot, and a bounded load loses no request; log-p
 equal log_softmax of the generator's logits (as lm-evaluation-harness reads them), n /
 best_of and the penalties match NumPy written out, user text never becomes a special
 token, hostile clients (lone surrogates, slow heads and bodies, too many connections,
-SIGTERM) get JSON errors in bounded time, and structured output always validates."""
+SIGTERM) get JSON errors in bounded time, structured output always validates, and
+/v1/embeddings equals tc.compile_embed's encoder (a .tcm server refuses it)."""
+import base64
 import concurrent.futures as cf
 import http.client
 import importlib.util
@@ -32,6 +34,8 @@ import tercomp as tc  # noqa: E402
 from tercomp import models, nn  # noqa: E402
 from tercomp.runtime.chat import ChatTemplate  # noqa: E402
 from tercomp.models.tokenizer import Tokenizer  # noqa: E402
+
+import backbone_ref as B  # noqa: E402
 
 # bench/serve.py: the load test and the server launcher
 _spec = importlib.util.spec_from_file_location("bench_serve", os.path.join(
@@ -1109,3 +1113,178 @@ def test_sigterm_finishes_or_errors_every_open_request(tcm):
             httpx.get(f"{url}/health", timeout=2)
     finally:
         bench.stop_server(proc)
+
+
+# -- embeddings ---------------------------------------------------------------------------------
+
+EMBED_SEQ = 16
+TEXTS = ["w5 w17 w42 w7", "w250 w11", "w9"]
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    """(a Qwen3-shaped BitNet embedding model: tests/test_embed.py's Hugging Face
+    directory with a word tokenizer, its tc.compile_embed encoder)."""
+    d = tmp_path_factory.mktemp("embed")
+    cfg = B.SHAPES["qwen3"]
+    B.write_hf(d, cfg, B.weights(cfg, seed=3))
+    B.word_tokenizer(d, cfg["vocab"])
+    return d, tc.compile_embed(models.load(d), max_seq=EMBED_SEQ)
+
+
+@pytest.fixture(scope="module")
+def embed_base(embedder):
+    """`tercomp serve DIR --embeddings`: the generator and the encoder."""
+    port = bench.free_port()
+    proc = bench.start_server(str(embedder[0]), port, [
+        "--embeddings", "--max-seq", str(EMBED_SEQ), "--max-batch", "1", "--api-key", KEY,
+        "--name", "emb"], timeout=600)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        bench.stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def embed_client(embed_base):
+    return openai.OpenAI(base_url=f"{embed_base}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+def vectors(r):
+    return np.array([d.embedding for d in r.data], np.float32)
+
+
+def test_embeddings_of_texts_and_ids_equal_compile_embed(embedder, embed_base, embed_client):
+    enc = embedder[1]
+    want = enc.embed(TEXTS)
+    ids = enc.sequences(TEXTS)                      # the texts' ids, with the tokenizer's EOS
+    # one string, a list of strings (float, and the client's default base64, decoded by it)
+    one = embed_client.embeddings.create(model="emb", input=TEXTS[0], encoding_format="float",
+                                         user="someone")
+    np.testing.assert_allclose(vectors(one), enc.embed(TEXTS[:1]), atol=1e-6)
+    assert (one.usage.prompt_tokens, one.usage.total_tokens) == (len(ids[0]), len(ids[0]))
+    assert one.object == "list" and one.model == "emb" and one.data[0].object == "embedding"
+    floats = embed_client.embeddings.create(model="emb", input=TEXTS, encoding_format="float")
+    np.testing.assert_allclose(vectors(floats), want, atol=1e-6)
+    assert [d.index for d in floats.data] == [0, 1, 2]
+    assert floats.usage.prompt_tokens == sum(map(len, ids))
+    decoded = embed_client.embeddings.create(model="emb", input=TEXTS)     # base64 on the wire
+    np.testing.assert_array_equal(vectors(decoded), vectors(floats))
+    raw = post(embed_base, "/v1/embeddings", {"model": "emb", "input": TEXTS,
+                                              "encoding_format": "base64"}).json()
+    np.testing.assert_array_equal(
+        [np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in raw["data"]],
+        vectors(floats))
+    # token ids: one list, and a list of lists
+    r = embed_client.embeddings.create(model="emb", input=ids[0], encoding_format="float")
+    np.testing.assert_allclose(vectors(r), enc.embed(ids[:1]), atol=1e-6)
+    r = embed_client.embeddings.create(model="emb", input=ids, encoding_format="float")
+    np.testing.assert_allclose(vectors(r), want, atol=1e-6)
+
+
+def test_embedding_dimensions_truncate_and_renormalise(embedder, embed_client):
+    want = embedder[1].embed(TEXTS)
+    for dims in (8, 100):
+        r = embed_client.embeddings.create(model="emb", input=TEXTS, dimensions=dims,
+                                           encoding_format="float")
+        got = vectors(r)
+        cut = want[:, :dims] / np.linalg.norm(want[:, :dims], axis=-1, keepdims=True)
+        assert got.shape == (3, dims)
+        np.testing.assert_allclose(got, cut, atol=1e-5)
+        np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-5)
+    hidden = want.shape[1]
+    r = embed_client.embeddings.create(model="emb", input=TEXTS, dimensions=hidden,
+                                       encoding_format="float")
+    np.testing.assert_allclose(vectors(r), want, atol=1e-6)
+
+
+def test_embeddings_alongside_generation(embedder, embed_base, embed_client):
+    # the encoder runs off the event loop, beside the engine: concurrent embeddings and
+    # completions all answer, each embedding its inputs' own
+    want = embedder[1].embed(TEXTS)
+
+    def embed(k):
+        r = embed_client.embeddings.create(model="emb", input=TEXTS[k % 3:],
+                                           encoding_format="float")
+        np.testing.assert_allclose(vectors(r), want[k % 3:], atol=1e-6)
+
+    def complete(_):
+        r = post(embed_base, "/v1/completions", {"model": "emb", "prompt": [5, 17, 42],
+                                                 "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) >= 1, r.text
+
+    with cf.ThreadPoolExecutor(6) as pool:
+        jobs = [pool.submit(embed, k) for k in range(6)] + \
+            [pool.submit(complete, k) for k in range(2)]
+        for j in jobs:
+            j.result(timeout=300)
+
+
+def test_a_gguf_served_with_embeddings(tmp_path):
+    # bitnet.cpp's file (I2_S projections, no vocabulary): token ids only
+    cfg = B.SHAPES["qwen3"]
+    w = B.weights(cfg, seed=1)
+    path = str(B.write_gguf(tmp_path / "m.gguf", cfg, w, projection=B.i2s_projection))
+    enc = tc.compile_embed(models.load(path), max_seq=EMBED_SEQ)
+    port = bench.free_port()
+    proc = bench.start_server(path, port, ["--embeddings", "--max-seq", str(EMBED_SEQ),
+                                           "--max-batch", "1"], timeout=600)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0, timeout=300)
+        seqs = [[5, 17, 42, 7, 1], [250, 11]]
+        r = client.embeddings.create(model="m", input=seqs)
+        np.testing.assert_allclose(vectors(r), enc.embed(seqs), atol=1e-6)
+        cos = (vectors(r) * B.reference_embeddings(cfg, w, seqs)).sum(-1)
+        assert cos.min() >= 0.999, cos
+        r = post(f"http://127.0.0.1:{port}", "/v1/embeddings", {"model": "m", "input": "w5"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+        assert "no tokenizer" in r.json()["error"]["message"]
+    finally:
+        bench.stop_server(proc)
+
+
+BAD_EMBEDDINGS = [  # (what, body, status, param)
+    ("empty string", {"input": ""}, 400, "input"),
+    ("empty list", {"input": []}, 400, "input"),
+    ("an empty text", {"input": ["w5", ""]}, 400, "input"),
+    ("empty ids", {"input": [[5], []]}, 400, "input"),
+    ("id out of range", {"input": [5, 300]}, 400, "input"),
+    ("negative id", {"input": [[-1]]}, 400, "input"),
+    ("text over max_seq", {"input": "w5 " * 20}, 400, "input"),
+    ("ids over max_seq", {"input": [5] * (EMBED_SEQ + 1)}, 400, "input"),
+    ("long text", {"input": ["w5", "w5 " * 5000]}, 400, "input"),
+    ("ids and text", {"input": [5, "w5"]}, 400, "input"),
+    ("no input", {}, 400, "input"),
+    ("encoding_format", {"input": "w5", "encoding_format": "int8"}, 400, "encoding_format"),
+    ("dimensions 0", {"input": "w5", "dimensions": 0}, 400, "dimensions"),
+    ("dimensions > hidden", {"input": "w5", "dimensions": 257}, 400, "dimensions"),
+    ("another model", {"model": "gpt-4", "input": "w5"}, 404, "model"),
+]
+
+
+@pytest.mark.parametrize("what,body,status,param", BAD_EMBEDDINGS,
+                         ids=[b[0] for b in BAD_EMBEDDINGS])
+def test_bad_embedding_requests_are_openai_errors(embedder, embed_base, embed_client, what,
+                                                  body, status, param):
+    r = post(embed_base, "/v1/embeddings", {"model": "emb", **body})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param, err
+    r = embed_client.embeddings.create(model="emb", input="w9", encoding_format="float")
+    np.testing.assert_allclose(vectors(r), embedder[1].embed(["w9"]), atol=1e-6)
+
+
+def test_a_tcm_server_refuses_embeddings_and_says_how(tcm, base, client):
+    r = post(base, "/v1/embeddings", {"model": "tiny", "input": "hello"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "model" and "--embeddings" in err["message"], err
+    with pytest.raises(openai.BadRequestError, match="--embeddings"):
+        client.embeddings.create(model="tiny", input=[1, 2, 3])
+    # and `tercomp serve MODEL.tcm --embeddings` is a usage error before anything loads
+    r = subprocess.run([sys.executable, "-m", "tercomp", "serve", tcm[1], "--embeddings"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": bench.ROOT})
+    assert r.returncode == 2 and "holds no embedding encoder" in r.stderr, r.stderr

@@ -3,6 +3,8 @@
 MODEL is an LM artifact (.tcm), loaded through the runtime alone, or a .gguf file or
 Hugging Face directory, loaded and compiled with tc.compile_lm (the compiler side is
 imported then, not before): a process serving a saved model never loads the compiler.
+`tercomp serve --embeddings` compiles the model's embedding encoder beside it
+(open_model_and_encoder).
 """
 from __future__ import annotations
 
@@ -14,11 +16,30 @@ from .base import UsageError, is_artifact, spinner
 
 
 def open_model(args, check=None, max_seq_flag="--max-seq"):
+    """The generator for args.model (see _open)."""
+    return _open(args, check, max_seq_flag)[0]
+
+
+def open_model_and_encoder(args):
+    """(the generator, the embedding encoder) of args.model, a .gguf file or Hugging
+    Face directory: the encoder is tc.compile_embed's, over as many tokens as the
+    generator's context, pooled as the model file says (`tercomp serve --embeddings`).
+    A .tcm holds no encoder: a usage error, before anything is loaded."""
+    if is_artifact(args.model):
+        raise UsageError(f"--embeddings needs the model file: {args.model} is a saved "
+                         f"generator and holds no embedding encoder (serve the .gguf or "
+                         f"Hugging Face directory it was compiled from with --embeddings)")
+    return _open(args, None, "--max-seq", embeddings=True)
+
+
+def _open(args, check=None, max_seq_flag="--max-seq", embeddings=False):
     """The generator for args.model (`tercomp generate`'s, `serve`'s and `perplexity`'s
     flags): a .tcm is loaded, anything else loaded and compiled (with args.max_batch
     where the command has one). `check(tokenizer, chat template, vocab size, max_seq,
     compiled)` runs before the compile (after loading a .tcm). `max_seq_flag` is the
-    flag that set args.max_seq, for the error when it exceeds the model's context."""
+    flag that set args.max_seq, for the error when it exceeds the model's context.
+    Returns (generator, encoder): the encoder (tc.compile_embed's) with `embeddings`,
+    else None."""
     if is_artifact(args.model):
         gen = load(args.model, device=args.device, threads=args.threads)
         if not hasattr(gen, "generate"):
@@ -30,7 +51,7 @@ def open_model(args, check=None, max_seq_flag="--max-seq"):
             template = ChatTemplate.from_dict(template)
         if check is not None:
             check(gen.tokenizer, template, gen.vocab_size, gen.max_seq, True)
-        return gen
+        return gen, None
     try:
         import tercomp as tc
         from .. import models
@@ -58,7 +79,14 @@ def open_model(args, check=None, max_seq_flag="--max-seq"):
                          cuda_target=args.cuda_target, max_batch=getattr(args, "max_batch", None))
     if gen.exe.meta.get("cache_hit"):
         print("(compiled module from the compile cache)", file=sys.stderr)
-    return gen
+    if not embeddings:
+        return gen, None
+    # its modules compile on first use, one per padded length (tc.compile_embed)
+    enc = tc.compile_embed(lm, max_seq=gen.max_seq, pooling=None, device=args.device,
+                           threads=args.threads, cache=not args.no_cache,
+                           target=args.target or "llvm-cpu", vulkan_target=args.vulkan_target,
+                           cuda_target=args.cuda_target)
+    return gen, enc
 
 
 def _check_build(args):

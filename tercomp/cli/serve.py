@@ -3,13 +3,14 @@
     tercomp serve MODEL [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-seq N]
                   [--api-key KEY] [--threads N] [--max-queue N] [--max-body BYTES]
                   [--read-timeout S] [--keep-alive S] [--max-connections N] [--drain S]
-                  [--max-request-tokens N]
+                  [--max-request-tokens N] [--embeddings]
 
 MODEL is a .gguf file, a Hugging Face directory (compiled with max_batch slots), or an
 LM artifact (.tcm, served as it was compiled: `tercomp generate ... --save` or
 `gen.save()`). Binds 127.0.0.1 unless --host says otherwise. The API key may also come
 from the TERCOMP_API_KEY environment variable (a command line is visible to other
-users of the machine).
+users of the machine). `--embeddings` (a .gguf or Hugging Face directory) also compiles
+the model as an encoder (tc.compile_embed, the model file's pooling) for /v1/embeddings.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sys
 
 from ..errors import TercompError
 from .base import UsageError, positive_int
-from .model import open_model
+from .model import open_model, open_model_and_encoder
 
 DEFAULT_MAX_BATCH = 8
 
@@ -29,7 +30,8 @@ def add_parser(sub):
     s = sub.add_parser("serve", help="serve a language model over OpenAI's HTTP API",
                        description="Serve MODEL (.gguf, Hugging Face directory, or an LM "
                                    "artifact .tcm) at /v1/completions, /v1/chat/completions, "
-                                   "/v1/models, /tokenize, /detokenize, /health and /metrics.")
+                                   "/v1/models, /v1/embeddings (with --embeddings), /tokenize, "
+                                   "/detokenize, /health and /metrics.")
     s.add_argument("model", metavar="MODEL")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
@@ -54,8 +56,11 @@ def add_parser(sub):
     s.add_argument("--drain", type=_seconds, default=10.0, metavar="S",
                    help="on SIGTERM, seconds the running requests have to finish (default 10)")
     s.add_argument("--max-request-tokens", type=positive_int, default=1 << 15, metavar="N",
-                   help="tokens one request may generate over its prompts and choices "
-                        "(default 32768)")
+                   help="tokens one request may generate over its prompts and choices, "
+                        "or embed over its inputs (default 32768)")
+    s.add_argument("--embeddings", action="store_true",
+                   help="also compile MODEL (.gguf or Hugging Face directory) as an embedding "
+                        "encoder and answer /v1/embeddings (pooling as the model file says)")
     s.add_argument("--name", help="the model name clients pass (default: MODEL's file name "
                                   "without its extension)")
     s.add_argument("--kv-dtype", choices=["float16", "float32"],
@@ -104,7 +109,10 @@ def run(args) -> int:
     asked = {"max_batch": args.max_batch, "max_seq": args.max_seq}
     if args.max_batch is None:
         args.max_batch = DEFAULT_MAX_BATCH
-    gen = open_model(args)
+    if args.embeddings:
+        gen, embedder = open_model_and_encoder(args)
+    else:
+        gen, embedder = open_model(args), None
     batch = getattr(gen, "max_batch", 1)
     # a .tcm is served as it was compiled: say so when the flags asked for another shape
     for flag, have in (("max_batch", batch), ("max_seq", gen.max_seq)):
@@ -118,7 +126,8 @@ def run(args) -> int:
     engine = Engine(gen, max_queue=args.max_queue)
     name = args.name or model_name(args.model)
     app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body,
-                     read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens)
+                     read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens,
+                     embedder=embedder)
     print(f"serving {name} ({batch} slots of {gen.max_seq} tokens) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:

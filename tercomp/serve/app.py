@@ -3,6 +3,7 @@
     GET  /v1/models                the one model served
     POST /v1/completions           prompt: text, token ids, or a list of either
     POST /v1/chat/completions      messages rendered by the model's chat template
+    POST /v1/embeddings            pooled hidden states (with an encoder: `embedder`)
     POST /tokenize, /detokenize    llama-server's and vLLM's: text to ids and back
     GET  /tokenizer_info           vLLM's: special tokens and the chat template
     GET  /health                   200 while the engine runs, else 503
@@ -48,9 +49,9 @@ from ..errors import InputError, TercompError
 from ..runtime.scheduler import EngineClosed, QueueFull
 from .guard import APIError, Guard, add_error_handlers
 from .metrics import CONTENT_TYPE, Metrics
-from .model import ServedModel
+from .model import ServedEncoder, ServedModel, encode_embedding
 from .protocol import (MAX_PROMPTS, ChatRequest, CompletionRequest, DetokenizeRequest,
-                       TokenizeRequest, error_body)
+                       EmbeddingRequest, TokenizeRequest, error_body)
 from .structured import GrammarError
 from .text import TextStream
 
@@ -68,15 +69,18 @@ _END = object()
 
 def create_app(engine, model_name: str, api_key: str | None = None,
                max_body: int = MAX_BODY, read_timeout: float = READ_TIMEOUT,
-               max_request_tokens: int = MAX_REQUEST_TOKENS) -> FastAPI:
+               max_request_tokens: int = MAX_REQUEST_TOKENS, embedder=None) -> FastAPI:
     """The FastAPI app serving `engine` (a runtime.Engine) as `model_name`. With
     `api_key`, every /v1 request needs `Authorization: Bearer <api_key>` (/health and
     /metrics stay open, for load balancers and scrapers). A body must arrive within
-    `read_timeout` seconds; one request may generate `max_request_tokens` tokens over
-    all its prompts and choices. The caller owns the engine (closes it after the
-    server stops)."""
+    `read_timeout` seconds; one request may generate (or embed) `max_request_tokens`
+    tokens over all its prompts and choices. `embedder` (tc.compile_embed's, of the
+    same model) answers /v1/embeddings; without one that endpoint is a 400 saying how
+    to get one. The caller owns the engine (closes it after the server stops)."""
     model = ServedModel(engine.model)
+    encoder = None if embedder is None else ServedEncoder(embedder, model, max_request_tokens)
     tokenizing = anyio.CapacityLimiter(TOKENIZING)
+    encoding = anyio.CapacityLimiter(1)     # one batched encoder call at a time
 
     async def off_loop(fn, *args):
         """Tokenization off the event loop, a few at a time (the rest wait their turn
@@ -190,6 +194,33 @@ def create_app(engine, model_name: str, api_key: str | None = None,
                     "message": {"role": "assistant", "content": whole.text}}
         return {**head, "choices": [message(i, r) for i, r in enumerate(runs)],
                 "usage": _usage(runs)}
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest):
+        """OpenAI's embeddings: one pooled (and normalised) vector per input, computed
+        in one batched encoder call off the event loop."""
+        check_model(body.model)
+        if encoder is None:
+            raise APIError(400, "this server has no embedding encoder (a saved .tcm holds "
+                                "none): serve the model file (.gguf or Hugging Face "
+                                "directory) with --embeddings, as in `tercomp serve "
+                                "MODEL.gguf --embeddings`", param="model",
+                           code="embeddings_not_enabled")
+        if body.dimensions is not None and body.dimensions > encoder.hidden_size:
+            raise APIError(400, f"dimensions must be from 1 to the model's {encoder.hidden_size}, "
+                                f"got {body.dimensions}", param="dimensions")
+        seqs = await off_loop(encoder.sequences, body.input)
+        try:
+            out = await anyio.to_thread.run_sync(encoder.embed, seqs, body.dimensions,
+                                                 limiter=encoding)
+        except TercompError as e:
+            raise APIError(500, f"embedding failed: {e.message}", type="server_error") from None
+        fmt = body.encoding_format or "float"
+        tokens = sum(map(len, seqs))
+        return {"object": "list", "model": model_name,
+                "data": [{"object": "embedding", "index": i,
+                          "embedding": encode_embedding(row, fmt)} for i, row in enumerate(out)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):

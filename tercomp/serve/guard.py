@@ -46,6 +46,9 @@ def add_error_handlers(app: FastAPI) -> None:
             message = "the request body must be a JSON object (Content-Type: application/json)"
         elif param == "prompt" and err.get("type") != "value_error":
             message = "prompt must be a string, a list of token ids (ints), or a list of either"
+        elif param == "input" and err.get("type") != "value_error":
+            message = ("input must be a string, a list of strings, a list of token ids "
+                       "(ints), or a list of token-id lists")
         elif loc:
             message = f"{'.'.join(loc)}: {message}"
         return JSONResponse(error_body(message, param=param), status_code=400)

@@ -1,9 +1,13 @@
 """The served model's text side: what the API needs of the generator (its tokenizer,
 chat template, eos and vocabulary), text to ids (text is text: runtime.chat's
-TextEncoder), the bound on text before it is tokenized, and OpenAI's log-probability
-entries.
+TextEncoder), the bound on text before it is tokenized, OpenAI's log-probability
+entries, and the embedding encoder of /v1/embeddings (ServedEncoder).
 """
 from __future__ import annotations
+
+import base64
+
+import numpy as np
 
 from ..runtime.chat import ChatTemplate, ChatTemplateError, TextEncoder
 from .guard import APIError
@@ -27,16 +31,18 @@ class ServedModel:
         # the most bytes a token covers: text of more than max_seq times it (twice, for
         # normalizers that shrink text) is over the context whatever its tokens
         n = self.tokenizer.get_vocab_size(with_added_tokens=True) if self.tokenizer else 0
-        longest = max((len(self.pieces.bytes(i)) for i in range(n)), default=1)
-        self.max_text_bytes = 2 * self.max_seq * max(longest, 1)
+        self.longest = max(max((len(self.pieces.bytes(i)) for i in range(n)), default=1), 1)
+        self.max_text_bytes = 2 * self.max_seq * self.longest
 
-    def check_length(self, text, param: str) -> None:
-        """A 400 for text too long for the context, before tokenizing it (its time is
-        bounded by the bytes this lets through)."""
-        if isinstance(text, str) and len(text) > self.max_text_bytes // 4 \
-                and len(text.encode("utf-8", "surrogatepass")) > self.max_text_bytes:
-            raise APIError(400, f"This model's maximum context length is {self.max_seq} "
-                                f"tokens; the text has over {self.max_text_bytes} bytes, more "
+    def check_length(self, text, param: str, max_seq: int | None = None) -> None:
+        """A 400 for text too long for the context (or `max_seq` tokens), before
+        tokenizing it (its time is bounded by the bytes this lets through)."""
+        max_seq = max_seq or self.max_seq
+        limit = 2 * max_seq * self.longest
+        if isinstance(text, str) and len(text) > limit // 4 \
+                and len(text.encode("utf-8", "surrogatepass")) > limit:
+            raise APIError(400, f"This model's maximum context length is {max_seq} "
+                                f"tokens; the text has over {limit} bytes, more "
                                 f"than that many tokens cover", param=param,
                            code="context_length_exceeded")
 
@@ -98,6 +104,66 @@ class ServedModel:
         except ChatTemplateError as e:
             raise APIError(400, e.message, param="messages") from None
         return self.encoder.encode_parts(parts, parse_special)
+
+
+class ServedEncoder:
+    """What /v1/embeddings needs of an embedding encoder (tc.compile_embed's Embedder,
+    built by whoever starts the server: nothing here imports the compiler): inputs as
+    checked token ids (text is text, as in the completions, with the EOS the model
+    file asks for appended as Embedder.encode appends it), and their embeddings."""
+
+    def __init__(self, embedder, model: ServedModel, max_tokens: int):
+        self.embedder, self.model, self.max_tokens = embedder, model, max_tokens
+        self.max_seq, self.hidden_size = embedder.max_seq, embedder.hidden_size
+        self.vocab_size = embedder.lm.config.vocab_size
+
+    def sequences(self, inputs) -> list:
+        """Each input (a text or token ids) as token ids: a 400 naming `input` for text
+        too long before it is tokenized, and for ids that are none, too many or out
+        of the vocabulary."""
+        seqs = []
+        for k, x in enumerate(inputs):
+            if isinstance(x, str):
+                self.model.check_length(x, "input", self.max_seq)
+                x = list(self.model.encode(x, param="input"))
+                eos = self.embedder.eos
+                if eos is not None and (not x or x[-1] != eos):
+                    x.append(eos)
+            if not x:
+                raise APIError(400, f"input {k} has no tokens", param="input")
+            if len(x) > self.max_seq:
+                raise APIError(400, f"This model's maximum context length is {self.max_seq} "
+                                    f"tokens; input {k} has {len(x)}", param="input",
+                               code="context_length_exceeded")
+            bad = next((t for t in x if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise APIError(400, f"input {k}: token id {bad} is out of range for a "
+                                    f"vocabulary of {self.vocab_size}", param="input")
+            seqs.append(x)
+        total = sum(map(len, seqs))
+        if total > self.max_tokens:
+            raise APIError(400, f"the inputs have {total} tokens, over the {self.max_tokens} "
+                                f"one request may embed", param="input")
+        return seqs
+
+    def embed(self, seqs, dimensions: int | None = None) -> np.ndarray:
+        """float32 [len(seqs), dimensions or hidden]: one batched call of the encoder,
+        truncated to the first `dimensions` (Matryoshka) and normalised again where the
+        encoder normalises."""
+        e = self.embedder.embed(seqs)
+        if dimensions is not None and dimensions < e.shape[-1]:
+            e = e[:, :dimensions]
+            if self.embedder.normalize:
+                e = e / np.maximum(np.linalg.norm(e, axis=-1, keepdims=True), 1e-12)
+        return np.ascontiguousarray(e, np.float32)
+
+
+def encode_embedding(row, encoding_format: str):
+    """One embedding as OpenAI sends it: JSON numbers, or "base64" of its little-endian
+    float32 bytes (what OpenAI's client decodes with numpy.frombuffer)."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(row, "<f4").tobytes()).decode("ascii")
+    return row.tolist()
 
 
 def finite(lp: float) -> float:

@@ -1,6 +1,6 @@
-"""The request bodies of OpenAI's completions and chat completions APIs, as pydantic
-models (FastAPI validates every body against them before a handler runs), and the
-OpenAI error body.
+"""The request bodies of OpenAI's completions, chat completions and embeddings APIs, as
+pydantic models (FastAPI validates every body against them before a handler runs), and
+the OpenAI error body.
 
 Fields are OpenAI's names and defaults (temperature 1, top_p 1, completions' max_tokens
 16), each nullable where OpenAI's is (null is the default). Extensions that vLLM also
@@ -31,6 +31,8 @@ MAX_STOP = 16
 MAX_PROMPTS = 64
 #: the largest n / best_of
 MAX_N = 16
+#: the most inputs one embeddings request may hold (OpenAI's limit)
+MAX_EMBED_INPUTS = 2048
 
 TokenIds = list[StrictInt]
 
@@ -276,6 +278,35 @@ class ChatRequest(_Sampling):
     def _top_needs_logprobs(cls, v, info):
         if v is not None and not info.data.get("logprobs"):
             raise ValueError("top_logprobs needs logprobs=true")
+        return v
+
+
+class EmbeddingRequest(BaseModel):
+    """POST /v1/embeddings: `input` is a text, a list of texts, a list of token ids, or a
+    list of token-id lists (at most MAX_EMBED_INPUTS, none empty); `dimensions` keeps
+    the first that many (Matryoshka truncation); `encoding_format` "float" (JSON
+    numbers) or "base64" (little-endian float32 bytes, what OpenAI's client asks for by
+    default); `user` is accepted and ignored, as OpenAI does."""
+    model_config = ConfigDict(extra="ignore")
+
+    input: Union[str, list[str], TokenIds, list[TokenIds]]
+    model: str
+    dimensions: Optional[StrictInt] = Field(None, ge=1)
+    encoding_format: Optional[Literal["float", "base64"]] = "float"
+    user: Optional[str] = None
+
+    @field_validator("input")
+    @classmethod
+    def _inputs(cls, v):
+        if isinstance(v, str) or (v and isinstance(v[0], int)):
+            v = [v]
+        if not v:
+            raise ValueError("input must not be empty")
+        if len(v) > MAX_EMBED_INPUTS:
+            raise ValueError(f"at most {MAX_EMBED_INPUTS} inputs in one request")
+        empty = next((k for k, x in enumerate(v) if not x), None)
+        if empty is not None:
+            raise ValueError(f"input {empty} is empty")
         return v
 
 
