@@ -144,6 +144,7 @@ def check_finetune_outputs(tmp_path, outs):
     return before, after
 
 
+@pytest.mark.slow     # tests/test_finetune.py trains the same way, on smaller models
 def test_finetune_section_runs_small(tmp_path):
     """finetune_lm.py -> tercomp generate as the README writes them, at a small size
     (FINETUNE_SHRINK), on an untrained stand-in of what tiny_lm.py writes (a byte-level
@@ -188,6 +189,7 @@ def test_llama_architecture_chat_section_runs_as_written(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(distributed.mpi4py is None or distributed.launcher() is None,
                     reason=f"no mpi4py or mpiexec ({distributed.EXTRA})")
+@pytest.mark.slow     # tests/test_distributed.py runs the same steps under mpiexec -n 2
 def test_mpi_commands_run_as_written(tmp_path):
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     section = text.split("## Data-parallel training over MPI", 1)[1].split("\n## ", 1)[0]
