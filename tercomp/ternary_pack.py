@@ -398,20 +398,60 @@ def from_tq2_0(qs: np.ndarray, n: int, k: int) -> np.ndarray | None:
 def _from_offset_groups(qs: np.ndarray, n: int, k: int) -> np.ndarray | None:
     """`from_tq2_0` for any K that is a multiple of 128 and needs no padding: `qs` holds,
     for each group of 128 columns, 32 bytes whose field l (bits 2l..2l+1) of byte m is
-    the offset code of column 32*l + m of the group."""
-    w = np.ascontiguousarray(qs, dtype=np.uint8).reshape(n, k // 128, 32).view(np.uint64)
+    the offset code of column 32*l + m of the group (a strided view of the file's blocks
+    is fine: each block of rows is copied once).
+
+    Blocks of about 128 KiB of rows, so that the chain of bit operations stays in the
+    core's cache, on up to two threads (NumPy releases the GIL): a model's load re-lays
+    ~200 MB of codes this way, on the path of every cached `compile_lm`."""
+    groups = np.asarray(qs, dtype=np.uint8).reshape(n, k // 128, 32)
+    out = np.empty((n, k // 4), np.uint8)
+    words = out.view(np.uint64)
+    rows = max(1, (1 << 17) // k)
+    starts = range(0, n, rows)
+
+    def block(r0: int) -> bool:
+        w = np.ascontiguousarray(groups[r0:r0 + rows]).view(np.uint64)
+        return _offset_groups_to_planes(w, words[r0:r0 + rows])
+
+    if n * k < (1 << 22):
+        bad = any(map(block, starts))
+    else:
+        bad = any(list(_relayout_pool().map(block, starts)))
+    return None if bad else out
+
+
+def _offset_groups_to_planes(w: np.ndarray, out: np.ndarray) -> bool:
+    """Rows `w` (uint64 [r, K / 128, 4]: each group's 32 code bytes) into `out` (uint64
+    [r, K / 32], the planar signed codes); True if a code is 3 (invalid)."""
     lo, hi = w & _W55, (w >> np.uint64(1)) & _W55
     if (lo & hi).any():
-        return None
+        return True
     # offset code 0 (-1) -> signed 0b10, 1 (0) -> 0b00, 2 (+1) -> 0b01
     signed = hi | ((~(lo | hi) & _W55) << np.uint64(1))
-    fields = [(signed >> np.uint64(2 * j)) & _W03 for j in range(4)]
-    codes = np.stack(fields, axis=2).reshape(n, 4, k // 32)     # columns in order, by plane
-    out = codes[:, 3] << np.uint64(6)
+    r, g, _ = w.shape
+    codes = np.empty((r, g, 4, 4), np.uint64)
+    for j in range(4):
+        np.bitwise_and(signed >> np.uint64(2 * j), _W03, out=codes[:, :, j, :])
+    codes = codes.reshape(r, 4, 4 * g)                  # columns in order, by plane
+    np.left_shift(codes[:, 3], np.uint64(6), out=out)
     out |= codes[:, 2] << np.uint64(4)
     out |= codes[:, 1] << np.uint64(2)
     out |= codes[:, 0]
-    return out.view(np.uint8)
+    return False
+
+
+_POOL = None
+
+
+def _relayout_pool():
+    """Two worker threads for the re-layout (created on first use; daemon threads of a
+    ThreadPoolExecutor, joined at exit)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(2, thread_name_prefix="tercomp-relayout")
+    return _POOL
 
 
 _W0F = np.uint64(0x0F0F0F0F0F0F0F0F)   # the low nibble of every byte

@@ -88,6 +88,18 @@ def test_i2s_codec_is_the_documented_layout():
     np.testing.assert_array_equal(tp.from_i2_s(tp.to_i2_s(t), 6, 512), tp.pack_ternary(t))
 
 
+
+def test_relayout_of_a_large_matrix_in_row_blocks_on_threads():
+    """A matrix past the threaded size is re-laid in row blocks on the pool (the last
+    block short) and a code 3 in any block is caught."""
+    rng = np.random.default_rng(1)
+    t = rng.integers(-1, 2, (2049, 2048)).astype(np.int8)
+    packed = tp.from_i2_s(tp.to_i2_s(t), *t.shape)
+    np.testing.assert_array_equal(packed, tp.pack_ternary(t))
+    codes = tp.to_i2_s(t)
+    codes[-1] |= 0xC0                   # a code 3 in the last row's last byte
+    assert tp.from_i2_s(codes, *t.shape) is None
+
 @pytest.mark.parametrize("arch", ["bitnet-b1.58", "bitnet-25"])
 def test_2b4t_i2s_file_computes_what_the_tq2_0_file_does(tmp_path, weights, arch):
     """The same weights as I2_S (bitnet.cpp's file, trailing padding bytes arbitrary as
