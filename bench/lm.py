@@ -5,6 +5,7 @@ engines, each measured with its own tool, on the same weights.
     python bench/lm.py --threads 1,2 --rounds 4 ...   # a thread sweep, 4 rounds in turns
     python bench/lm.py --layers 2                     # a quick check of the plumbing
     python bench/lm.py --preset 8b                    # Llama3-8B-1.58's shape (llama arch)
+    python bench/lm.py --batch 8 --ik-llama IK_BIN    # batched decode: 1 and 8 sequences
 
 Writes a random-ternary GGUF (TQ2_0 projections, tied f16 embedding) of the
 bitnet_b1_58-large shape with `gguf` (hidden 1536, FFN 4096, 24 layers, 16 heads,
@@ -32,6 +33,12 @@ rounds, each run a fresh process:
 Printed: the median and the best of all repetitions of all rounds, tercomp's ratio to
 each peer (median to median, best to best), the weights read per decoded token against
 a plain streaming read with the same threads, the CPU and the load average.
+
+With --batch B, a second table: batched decode, B sequences each with its own PROMPT-token
+prompt, then GEN tokens generated for all B at once (aggregate tokens/s), and one
+sequence alone for the scaling: tercomp through a generator compiled with max_batch=B
+(`gen.prefill(prompt, slot=s)` for each slot, then `gen.step(tokens, slots)` GEN times,
+the engine's decode step), each peer through its own `llama-batched-bench -npl 1,B`.
 
 tercomp runs once per output-layer storage (--output-dtype, default "float16,int8": the
 f16 table the peers also read, and an int8 table with a per-row scale at half the bytes).
@@ -137,7 +144,8 @@ def worker_tercomp_compile(a):
     for kind in ("cold", "cached"):
         t = time.perf_counter()
         gen = tc.compile_lm(models.load(a.model), max_seq=a.max_seq, threads=a.threads,
-                            output_dtype=a.output_dtype, ternary=a.ternary)
+                            output_dtype=a.output_dtype, ternary=a.ternary,
+                            **({"max_batch": a.max_batch} if a.max_batch > 1 else {}))
         out[f"compile_{kind}_s"] = time.perf_counter() - t
         if kind == "cold":      # the process's peak: load, trace, passes, IREE (in process)
             out["compile_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -164,6 +172,36 @@ def worker_tercomp_run(a):
     once()                                                  # warm-up, as llama-bench's
     samples = [once() for _ in range(a.repeat)]
     return {"pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
+
+
+def worker_tercomp_batched(a):
+    """Aggregate tokens/s of batched decode with the max_batch artifact: for B = 1 and
+    a.max_batch, B prompts prefilled one slot at a time, then a.gen steps of B tokens
+    (each followed by the argmax of every row), a.repeat times after a warm-up."""
+    import tercomp as tc
+    gen = tc.load(a.artifact, threads=a.threads)
+    rng = np.random.default_rng(1)
+    out = {}
+    for b in sorted({1, a.max_batch}):
+        prompts = [rng.integers(3, a.vocab, a.prompt).astype(np.int32) for _ in range(b)]
+        slots = np.arange(b, dtype=np.int32)
+
+        def once():
+            t = time.perf_counter()
+            toks = np.array([int(np.argmax(gen.prefill(p, slot=s, logits_to_keep=1)[-1]))
+                             for s, p in enumerate(prompts)], np.int32)
+            pp = time.perf_counter() - t
+            t = time.perf_counter()
+            for _ in range(a.gen):
+                toks = np.argmax(gen.step(toks, slots=slots), axis=-1).astype(np.int32)
+            tg = time.perf_counter() - t
+            for s in range(b):
+                gen.free(s)
+            return b * a.prompt / pp, b * a.gen / tg
+        once()
+        samples = [once() for _ in range(a.repeat)]
+        out[str(b)] = {"pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
+    return out
 
 
 def worker_check(a):
@@ -194,6 +232,7 @@ def worker_stream(a):
 
 
 WORKERS = {"tercomp-compile": worker_tercomp_compile, "tercomp-run": worker_tercomp_run,
+           "tercomp-batched": worker_tercomp_batched,
            "tercomp-check": worker_check, "stream": worker_stream}
 
 
@@ -272,6 +311,10 @@ def main():
     p.add_argument("--rounds", type=int, default=4,
                    help="fresh-process runs of each engine, taken in turns")
     p.add_argument("--max-seq", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=0, metavar="B",
+                   help="also measure batched decode of B sequences against 1 (tercomp "
+                        "with max_batch=B, the peers' llama-batched-bench -npl 1,B)")
+    p.add_argument("--max-batch", type=int, default=1, help=argparse.SUPPRESS)
     for name, peer in peers.PEERS.items():
         p.add_argument(f"--{peer.flag}", metavar="BIN_DIR",
                        help=f"{name}'s binaries (llama-quantize, llama-bench, "
@@ -304,7 +347,7 @@ def main():
             p.error(f"--output-dtype: {d!r} is not float16, int8 or float32")
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
                      ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab", "arch",
-                      "prompt", "gen", "repeat", "max-seq")]
+                      "prompt", "gen", "repeat", "max-seq", "max-batch")]
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
@@ -473,7 +516,52 @@ def report(a, given):
             print(line)
     for n, b in builds.items():
         print(f"{n}: {given[runs[n][0]]}, llama-bench build {b}")
+    if a.batch > 1:
+        batched(a, given, files, wrong)
     print(f"{machine.load()} after the run")
+
+
+def batched(a, given, files, wrong):
+    """The --batch table: aggregate pp / tg tokens/s of 1 and B sequences, engines in
+    turns over a.rounds rounds, at the largest thread count; tercomp with the last
+    --output-dtype (int8 by default: its default table)."""
+    d = a.output_dtype.split(",")[-1]
+    a.threads, a.max_batch = max(a.thread_list), a.batch
+    a.passthrough = [x for x in a.passthrough if not x.startswith("--max-batch=")] + \
+        [f"--max-batch={a.batch}"]
+    a.artifact = os.path.join(a.dir, f"batched{a.batch}-{d}.tcm")
+    r = run_worker("tercomp-compile", a, [f"--output-dtype={d}", f"--threads={a.threads}"])
+    rows = {}
+    for _ in range(a.rounds):
+        if r is not None:
+            got = run_worker("tercomp-batched", a, [f"--threads={a.threads}"]) or {}
+            for b, v in got.items():
+                row = rows.setdefault(f"tercomp {d} x{b}", {"pp": [], "tg": []})
+                row["pp"] += v["pp"]
+                row["tg"] += v["tg"]
+        for name, path in files.items():
+            peer = peers.PEERS[name]
+            try:
+                got = peers.batched_bench(peer, given[name], path, a.threads, a.prompt, a.gen,
+                                          [1, a.batch])
+            except (RuntimeError, ValueError) as e:
+                print(f"{name}: llama-batched-bench failed:\n{e}", file=sys.stderr)
+                continue
+            for b, (pp, tg) in got.items():
+                row = rows.setdefault(f"{peer.label} x{b}", {"pp": [], "tg": []})
+                row["pp"].append(pp)
+                row["tg"].append(tg)
+    print(f"\nbatched decode, {a.threads} threads: B sequences of {a.prompt}-token prompts, "
+          f"then {a.gen} tokens for all B (aggregate tokens/s); {a.rounds} rounds in turns; "
+          f"{machine.load()}")
+    print(format_table(rows, a.prompt, a.gen, {n for n in rows if n.rsplit(" x", 1)[0]
+                                                 in {peers.PEERS[w].label for w in wrong}}))
+    for b in (1, a.batch):
+        ours = rows.get(f"tercomp {d} x{b}", {}).get("tg")
+        if b == a.batch and ours and rows.get(f"tercomp {d} x1", {}).get("tg"):
+            one = summarize(rows[f"tercomp {d} x1"]["tg"])[0]
+            print(f"tercomp: {b} sequences decode {summarize(ours)[0] / one:.2f}x one "
+                  f"sequence's tokens/s (medians)")
 
 
 if __name__ == "__main__":

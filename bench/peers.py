@@ -124,6 +124,36 @@ def llama_bench(peer: Peer, bin_dir: str, path: str, threads: int, prompt: int, 
     return parse_llama_bench(out)
 
 
+def parse_batched_bench(text: str) -> dict:
+    """llama-batched-bench's table -> {parallel sequences B: (prompt tokens/s, generation
+    tokens/s aggregated over the B sequences)}: the columns S_PP t/s and S_TG t/s of each
+    row `| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |`."""
+    out = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 10 or not cells[0].isdigit():
+            continue
+        out[int(cells[2])] = (float(cells[5]), float(cells[7]))
+    if not out:
+        raise ValueError(f"llama-batched-bench printed no result rows: {text[-2000:]}")
+    return out
+
+
+def batched_bench(peer: Peer, bin_dir: str, path: str, threads: int, prompt: int, gen: int,
+                  parallel: list) -> dict:
+    """The peer's `llama-batched-bench`: B sequences of a PROMPT-token prompt each (not
+    shared), then GEN tokens generated for all B at once, for each B of `parallel`."""
+    tool = os.path.join(bin_dir, "llama-batched-bench")
+    if not os.access(tool, os.X_OK):
+        raise RuntimeError(f"no llama-batched-bench in {bin_dir}")
+    ctx = (prompt + gen) * max(parallel) + 64
+    out, err = run([tool, "-m", path, "-c", str(ctx), "-b", "2048", "-ub", "512",
+                    "-npp", str(prompt), "-ntg", str(gen),
+                    "-npl", ",".join(str(b) for b in parallel), "-t", str(threads),
+                    *peer.tool_args], beside=path)
+    return parse_batched_bench(out + "\n" + err)
+
+
 def embedding_logits(peer: Peer, bin_dir: str, path: str, ids, embedding: np.ndarray,
                      threads: int) -> np.ndarray:
     """The peer's logits of the prompt `ids` at every position, the prompt in one batch:

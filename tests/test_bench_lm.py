@@ -103,3 +103,20 @@ def test_format_table_docstring_example():
 def test_every_peer_flag_is_an_option_of_the_bench():
     flags = {p.flag for p in peers.PEERS.values()}
     assert flags == {"ik-llama", "bitnet-cpp", "llama-cpp"}
+
+
+BATCHED_BENCH = """
+main: n_kv_max = 1600, n_batch = 2048, n_ubatch = 512, flash_attn = 0, is_pp_shared = 0
+
+|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |
+|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|
+|   128 |     64 |    1 |    192 |    0.331 |   386.71 |    0.689 |    92.89 |    1.020 |   188.24 |
+|   128 |     64 |    8 |   1536 |    2.905 |   352.50 |    1.902 |   269.18 |    4.807 |   319.50 |
+"""
+
+
+def test_batched_bench_table_gives_aggregate_rates_per_batch():
+    got = peers.parse_batched_bench(BATCHED_BENCH)
+    assert got == {1: (386.71, 92.89), 8: (352.5, 269.18)}
+    with pytest.raises(ValueError, match="no result rows"):
+        peers.parse_batched_bench("main: error: unable to load model")
