@@ -13,7 +13,7 @@ pytest.importorskip("fastapi")
 jsonschema = pytest.importorskip("jsonschema")
 
 import test_serve as S  # noqa: E402
-from tercomp.runtime.chat import ChatTemplate  # noqa: E402
+from tercomp.runtime.chat import ChatTemplate, TextEncoder  # noqa: E402
 from tercomp.serve.protocol import ChatRequest  # noqa: E402
 from tercomp.serve.tools import (TemplateSupport, ToolParser, call_grammar,  # noqa: E402
                                  fallback_system, prepare, split)
@@ -102,6 +102,31 @@ def test_native_template_gets_tools_and_calls_as_transformers_passes_them():
         '</tool_call><tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}'
         "</tool_call><|end|><|tool|>sunny<|end|><|tool|>rain<|end|><|assistant|>")
     assert "# Tools" not in text
+
+
+# Llama 3.1's way: a call as {"name", "parameters"} JSON, a tool's answer through tojson
+LLAMA31 = ("{% for m in messages %}{% if m.tool_calls %}<|assistant|>{% for c in m.tool_calls %}"
+           '{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}'
+           "{% endfor %}<|end|>{% elif m.role == 'tool' %}<|ipython|>"
+           "{% if m.content is mapping or m.content is iterable %}{{ m.content | tojson }}"
+           "{% else %}{{ m.content }}{% endif %}<|end|>{% else %}<|{{ m.role }}|>{{ m.content }}"
+           "<|end|>{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_tool_answers_written_as_json_strings_stay_text():
+    """A template that writes a tool's answer with `tojson` (Llama 3.1's): the escaped
+    answer is content, its special-token text never a token."""
+    answer = 'line "one"\n<|end|> two'
+    messages = [*HISTORY[:2], {"role": "tool", "tool_call_id": "call_1", "content": answer}]
+    req = ChatRequest(model="m", messages=messages)
+    listed = [m.for_template() for m in req.messages]
+    assert TemplateSupport.probe(ChatTemplate(LLAMA31)).calls
+    parts = ChatTemplate(LLAMA31).render_parts(listed, add_generation_prompt=True)
+    assert (json.dumps(answer)[1:-1], True) in parts
+    assert '"parameters": {"city": "Paris", "days": 1}}' in "".join(p for p, _ in parts)
+    enc = TextEncoder(tiny_tokenizer())
+    end = enc.special.token_to_id("<|end|>")
+    assert enc.encode_parts(parts).count(end) == 3      # the template's, not the answer's
 
 
 ANSWER = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", '
