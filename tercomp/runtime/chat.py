@@ -94,8 +94,9 @@ class ChatTemplate:
         """The prompt as [(text, is_content)]: the template's own text (False) and each
         message's content where the template placed it (True), so that special tokens
         are parsed in the first and not in the second. Their texts join to `render`'s.
-        A ChatTemplateError when the template changes content other than trimming it
-        (its text could not be told from the template's).
+        A content the template writes as a JSON string (`tojson`) is that string's
+        text. A ChatTemplateError when the template changes content otherwise (its text
+        could not be told from the template's).
 
         >>> ChatTemplate("<s>{{ messages[0].content | trim }}</s>").render_parts(
         ...     [{"role": "user", "content": " a</s> "}])
@@ -114,11 +115,22 @@ class ChatTemplate:
             marked.append({**m, "content": c} if isinstance(m, dict) else m)
         pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001",
                           self.render(marked, add_generation_prompt, **kwargs))
-        parts = [(p if k % 2 == 0 else cores[p], k % 2 == 1) for k, p in enumerate(pieces)]
-        if "".join(p for p, _ in parts) != text:
+        parts, at = [], 0
+        for k, p in enumerate(pieces):
+            # a content as it is, or as a JSON string's text (Llama 3.1's tool messages
+            # go through `tojson`)
+            options = (p,) if k % 2 == 0 else \
+                (cores[p], json.dumps(cores[p], ensure_ascii=False)[1:-1])
+            part = next((o for o in options if text.startswith(o, at)), None)
+            if part is None:
+                break
+            parts.append((part, k % 2 == 1))
+            at += len(part)
+        if at != len(text) or len(parts) != len(pieces):
             raise ChatTemplateError(f"{self.origin}: the template changes message content "
-                                    f"(more than trimming it), so its text cannot be told "
-                                    f"from the template's special tokens")
+                                    f"(more than trimming it or writing it as a JSON "
+                                    f"string), so its text cannot be told from the "
+                                    f"template's special tokens")
         # whitespace around a content the template kept goes with it (one pre-token)
         for k in range(1, len(parts), 2):
             before, after = parts[k - 1][0], parts[k + 1][0]

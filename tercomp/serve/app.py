@@ -10,7 +10,8 @@
     GET  /metrics                  Prometheus text (serve.metrics)
 
 Sampling (n, best_of, penalties, logit_bias, min_p), log-probabilities and structured
-output (serve.structured) are per request in the engine; text is text
+output (serve.structured: also what forces a tool call, serve.tools) are per request in
+the engine; text is text
 (runtime.chat.TextEncoder: special tokens only from the chat template, or where
 `parse_special` asks).
 
@@ -54,6 +55,7 @@ from .protocol import (MAX_PROMPTS, ChatRequest, CompletionRequest, DetokenizeRe
                        EmbeddingRequest, TokenizeRequest, error_body)
 from .structured import GrammarError
 from .text import TextStream
+from .tools import ToolParser, call_grammar, openai_call, split
 
 #: the largest request body accepted, in bytes (create_app's max_body)
 MAX_BODY = 1 << 20
@@ -161,27 +163,55 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     async def chat_completions(body: ChatRequest, request: Request):
         check_model(body.model)
         model.check_length("".join(m.text() for m in body.messages), "messages")
-        prompt = await off_loop(model.render_chat, body.messages, bool(body.parse_special))
+        mode = body.tool_mode()
+        offered = body.tools if mode else None
+        prompt = await off_loop(model.render_chat, body.messages, bool(body.parse_special),
+                                offered)
         limit = _budget(body.max_completion_tokens or body.max_tokens, body.choices,
                         model.max_seq, max_request_tokens, "max_completion_tokens"
                         if body.max_completion_tokens else "max_tokens")
         top = (body.top_logprobs or 0) if body.logprobs else None
-        grammar = await _grammar(model, body, off_loop)
+        grammar = await _grammar(model, body, off_loop, mode)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top,
                        candidates=body.choices, group=rid, grammar=grammar)
         head = {"id": rid, "object": "chat.completion",
                 "created": int(time.time()), "model": model_name}
+        names = {t.function.name for t in offered or ()}
+        parallel = body.parallel_tool_calls is not False
 
         def logprobs(piece):
             return None if top is None else \
                 {"content": model.chat_logprobs(piece.logged, piece.scores)}
 
         if body.stream:
+            parsers = [ToolParser(names, parallel) for _ in runs] if mode else None
+            sent = [0] * len(runs)
+
             def delta(i, run, piece, finish):
-                d = {} if finish else {"content": piece.text}
-                return {"index": i, "delta": d, "logprobs": None if finish else logprobs(piece),
-                        "finish_reason": finish}
+                if parsers is None:
+                    d = {} if finish else {"content": piece.text}
+                    return {"index": i, "delta": d, "logprobs": None if finish else logprobs(piece),
+                            "finish_reason": finish}
+                # with tools: content and whole calls as the parser finds them
+                out = []
+                for kind, v in parsers[i].flush() if finish else parsers[i].push(piece.text):
+                    if kind == "content":
+                        d = {"content": v}
+                    else:
+                        d = {"tool_calls": [{"index": sent[i], **openai_call(*v)}]}
+                        sent[i] += 1
+                    out.append({"index": i, "delta": d, "logprobs": None, "finish_reason": None})
+                lp = None if finish else logprobs(piece)
+                if lp is not None:          # held text's log-probabilities come now
+                    if not out:
+                        out.append({"index": i, "delta": {}, "logprobs": None,
+                                    "finish_reason": None})
+                    out[0]["logprobs"] = lp
+                if finish:
+                    out.append({"index": i, "delta": {}, "logprobs": None, "finish_reason":
+                                "tool_calls" if sent[i] and finish == "stop" else finish})
+                return out
             first = [{"index": i, "delta": {"role": "assistant", "content": ""},
                       "logprobs": None, "finish_reason": None} for i in range(len(runs))]
             return _sse(runs, request, metrics, {**head, "object": "chat.completion.chunk"},
@@ -189,9 +219,15 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         await _collect(runs, request, metrics)
 
         def message(i, r):
-            whole = r.whole()
-            return {"index": i, "logprobs": logprobs(whole), "finish_reason": r.finish_reason,
-                    "message": {"role": "assistant", "content": whole.text}}
+            whole, finish = r.whole(), r.finish_reason
+            msg = {"role": "assistant", "content": whole.text}
+            if mode:
+                msg["content"], calls = split(whole.text, names, parallel)
+                if calls:
+                    msg["tool_calls"] = [openai_call(*c) for c in calls]
+                    finish = "tool_calls" if finish == "stop" else finish
+            return {"index": i, "logprobs": logprobs(whole), "finish_reason": finish,
+                    "message": msg}
         return {**head, "choices": [message(i, r) for i, r in enumerate(runs)],
                 "usage": _usage(runs)}
 
@@ -370,14 +406,22 @@ def _submit(engine, model: ServedModel, body, prompts, limits, param, logprobs=N
     return runs
 
 
-async def _grammar(model: ServedModel, body, off_loop):
+async def _grammar(model: ServedModel, body, off_loop, tool_mode=None):
     """The compiled output constraint of a request (None without one), off the event
     loop (a large schema takes a while); a 400 naming the field when it cannot be
-    enforced."""
+    enforced. `tool_mode` "required" or a function's name (chat's tool_choice): the
+    grammar of such a call (serve.tools), alone."""
     try:
         spec = body.constraint()
     except ValueError as e:
         raise APIError(400, str(e), param=str(e).split(":")[0]) from None
+    if tool_mode not in (None, "auto"):
+        if spec is not None:
+            raise APIError(400, f"tool_choice {tool_mode!r} forces a tool call, so {spec[0]} "
+                                f"cannot constrain the output too", param="tool_choice")
+        spec = ("tools", "lark", call_grammar(body.tools, None if tool_mode == "required"
+                                              else tool_mode, body.parallel_tool_calls
+                                              is not False))
     if spec is None:
         return None
     field, kind, value = spec
@@ -524,9 +568,14 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+def _listed(c) -> list:
+    return c if isinstance(c, list) else [c]
+
+
 def _sse(runs, request, metrics, head, choice, include_usage, first=None) -> StreamingResponse:
-    """Server-sent events of every run's pieces, merged as they come: one chunk per
-    piece, a last chunk per choice with its finish_reason, a usage chunk when asked,
+    """Server-sent events of every run's pieces, merged as they come: a chunk per piece
+    (`choice` gives one, or a list of them: none while text is held), a last chunk per
+    choice with its finish_reason, a usage chunk when asked,
     then `data: [DONE]`. A client that goes away cancels the task reading the runs
     (Starlette's disconnect listener), whose cleanup cancels the requests."""
     def event(choices, **extra) -> str:
@@ -555,10 +604,13 @@ def _sse(runs, request, metrics, head, choice, include_usage, first=None) -> Str
                     yield f"data: {json.dumps(error_body(f'generation failed: {message}', 'server_error'))}\n\n"
                     left -= 1
                 elif piece is None:
-                    yield event([choice(i, runs[i], _Piece("", [], [], []), runs[i].finish_reason)])
+                    for c in _listed(choice(i, runs[i], _Piece("", [], [], []),
+                                            runs[i].finish_reason)):
+                        yield event([c])
                     left -= 1
                 else:
-                    yield event([choice(i, runs[i], piece, None)])
+                    for c in _listed(choice(i, runs[i], piece, None)):
+                        yield event([c])
             if include_usage:
                 yield event([], usage=_usage(runs))
             yield "data: [DONE]\n\n"

@@ -6,6 +6,7 @@ entries, and the embedding encoder of /v1/embeddings (ServedEncoder).
 from __future__ import annotations
 
 import base64
+import json
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from ..runtime.chat import ChatTemplate, ChatTemplateError, TextEncoder
 from .guard import APIError
 from .structured import Grammars
 from .text import TokenPieces
+from .tools import TemplateSupport, prepare
 
 
 class ServedModel:
@@ -21,6 +23,7 @@ class ServedModel:
     def __init__(self, gen):
         self.tokenizer, self.max_seq, self.vocab_size = gen.tokenizer, gen.max_seq, gen.vocab_size
         self.template = ChatTemplate.from_dict(gen.chat_template)
+        self._support = None        # serve.tools.TemplateSupport, probed on first use
         eos = None
         if self.template is not None and self.template.eos_token and self.tokenizer is not None:
             eos = self.tokenizer.token_to_id(self.template.eos_token)
@@ -91,19 +94,54 @@ class ServedModel:
                            param=param)
         return self.encoder.encode(prompt, parse_special, add_special_tokens)
 
-    def render_chat(self, messages, parse_special: bool = False) -> list:
-        """The ids of `messages` in the chat template: its special tokens are tokens, the
-        messages' contents text (unless `parse_special`)."""
+    def render_chat(self, messages, parse_special: bool = False, tools=None) -> list:
+        """The ids of `messages` (protocol.ChatMessage) in the chat template: its special
+        tokens are tokens, the messages' contents text (unless `parse_special`).
+        `tools` (protocol.Tool, None: not offered) go to the template, or in the generic
+        format where it does not write them (serve.tools)."""
         if self.tokenizer is None or self.template is None:
             raise APIError(400, "this model's files carry no chat template (or no tokenizer): "
                                 "use /v1/completions", param="messages")
+        listed, kw = self.chat_messages(messages, tools)
         try:
-            parts = self.template.render_parts(
-                [{"role": m.role, "content": m.text()} for m in messages],
-                add_generation_prompt=True)
+            parts = self.template.render_parts(listed, add_generation_prompt=True, **kw)
         except ChatTemplateError as e:
             raise APIError(400, e.message, param="messages") from None
         return self.encoder.encode_parts(parts, parse_special)
+
+    def chat_messages(self, messages, tools=None):
+        """(messages as dicts, {"tools": ...} or {}) as the template is given them."""
+        listed = [m.for_template() for m in messages]
+        tools = [t.model_dump(exclude_none=True) for t in tools] if tools else None
+        if not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in listed):
+            return listed, {}
+        if self._support is None:
+            self._support = TemplateSupport.probe(self.template)
+        self._check_template_text(listed, tools)
+        listed, tools = prepare(listed, tools, self._support)
+        return listed, ({"tools": tools} if tools else {})
+
+    def _check_template_text(self, listed, tools) -> None:
+        """Text the model's template writes itself (its tools and the history's calls,
+        outside the messages' contents) is parsed for special tokens as the template's
+        own: a 400 where a user's text there holds one (in the generic format it is
+        content, text as text)."""
+        specials = [self.tokenizer.id_to_token(i) for i in self.encoder.special_ids]
+        specials = [t for t in specials if t]
+        where = []
+        if tools and self._support.tools:
+            where.append(("tools", tools))
+        if self._support.calls:
+            where += [("messages", [m.get("tool_calls"), m.get("tool_call_id"), m.get("name")])
+                      for m in listed if m.get("tool_calls") or m["role"] == "tool"]
+        for field, value in where:
+            text = json.dumps(value, ensure_ascii=False)
+            hit = next((t for t in specials if t in text), None)
+            if hit is not None:
+                raise APIError(400, f"{field}: {hit!r} is a special token of this model, and "
+                                    f"its chat template writes tools and tool calls as its own "
+                                    f"text, where it would become that token: leave it out",
+                                    param=field)
 
 
 class ServedEncoder:

@@ -10,17 +10,23 @@ llama-server's `parse_special`. Log-probabilities: completions' `logprobs=N` (an
 lm-evaluation-harness sends to score a continuation), chat's `logprobs` /
 `top_logprobs`. Structured output: `response_format` (json_object, json_schema), vLLM's
 `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`, llama-server's
-`json_schema` / `grammar` (GBNF). Fields
-this server does not implement (`REFUSED`: tools, vLLM's guided decoding fields, beam
-search, ...) are refused with a 400 naming the field unless they hold
+`json_schema` / `grammar` (GBNF). Tool calling (chat): `tools`,
+`tool_choice`, `parallel_tool_calls`, assistant `tool_calls` and `tool` messages in the
+history (serve.tools). Fields
+this server does not implement (`REFUSED`: the legacy `functions`, vLLM's
+`structured_outputs`, beam search, ...) are refused with a 400 naming the field unless they hold
 their default, rather than silently ignored; unknown fields are ignored, as OpenAI's
 SDKs send new ones.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+import jsonschema
+
+from pydantic import (BaseModel, ConfigDict, Field, StrictInt, field_validator,
+                      model_validator)
 
 from ..runtime.sampling import MAX_LOGPROBS
 
@@ -39,8 +45,7 @@ TokenIds = list[StrictInt]
 #: fields of OpenAI's API, vLLM's or llama-server's that this server does not implement,
 #: with the values that ask for nothing (null, false, 0, empty, and these)
 REFUSED = {
-    "suffix": (), "tools": (),
-    "tool_choice": ("none",), "functions": (), "function_call": ("none",),
+    "suffix": (), "functions": (), "function_call": ("none",),
     "structured_outputs": (), "use_beam_search": (),
     "min_tokens": (), "bad_words": (), "allowed_token_ids": (), "prompt_logprobs": (),
     "typical_p": (1, 1.0), "mirostat": (), "suffix_prompt": (),
@@ -63,8 +68,6 @@ class _Refused(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     suffix: Any = None
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
     structured_outputs: Any = None
@@ -200,6 +203,15 @@ class CompletionRequest(_Sampling):
     logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: Optional[StrictInt] = Field(None, ge=1, le=MAX_N)
     add_special_tokens: Optional[bool] = True
+    tools: Any = None               # chat's: refused here
+    tool_choice: Any = None
+
+    @field_validator("tools", "tool_choice")
+    @classmethod
+    def _chat_only(cls, v, info):
+        if v is None or v in ([], "none"):
+            return v
+        raise ValueError(f"{info.field_name} is for /v1/chat/completions, not completions")
 
     @field_validator("prompt")
     @classmethod
@@ -235,24 +247,111 @@ class TextPart(BaseModel):
     text: str
 
 
+#: OpenAI's rule for function names
+FUNCTION_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+#: the most tools one request may offer (OpenAI's limit)
+MAX_TOOLS = 128
+
+
+class FunctionDef(BaseModel):
+    """A tool's function: `parameters` is the JSON schema of its arguments (none: it
+    takes no arguments), checked against its JSON Schema draft."""
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: Optional[str] = None
+    parameters: Optional[dict] = None
+    strict: Optional[bool] = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, v):
+        if v is None:
+            return v
+        try:
+            jsonschema.validators.validator_for(v).check_schema(v)
+        except jsonschema.SchemaError as e:
+            raise ValueError(f"parameters is not a valid JSON schema: {e.message} "
+                             f"(at {'/'.join(map(str, e.path)) or 'the top'})") from None
+        return v
+
+    def schema(self) -> dict:
+        """The JSON schema of the arguments (an object)."""
+        return self.parameters if self.parameters is not None else \
+            {"type": "object", "properties": {}}
+
+
+class Tool(BaseModel):
+    """One entry of `tools`: {"type": "function", "function": {"name", "description",
+    "parameters"}}."""
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class _Named(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """tool_choice {"type": "function", "function": {"name"}}: call that tool."""
+    type: Literal["function"]
+    function: _Named
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str      # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """An assistant message's tool call in the history."""
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     role: str
     content: Optional[Union[str, list[TextPart]]] = None
     name: Optional[str] = None
-    tool_calls: Any = None          # refused: tools are not implemented
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[str] = None
 
-    @field_validator("tool_calls")
-    @classmethod
-    def _no_tool_calls(cls, v):
-        if v:
-            raise ValueError("tool_calls in the history are not supported by this server "
-                             "(tools are not implemented)")
-        return v
+    @model_validator(mode="after")
+    def _tool_roles(self):
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls are an assistant message's (role: assistant)")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(p.text for p in self.content)
         return self.content or ""
+
+    def for_template(self) -> dict:
+        """The message as transformers hands it to a chat template: role and content
+        (text), the tool calls with their arguments as objects (where the text is a
+        JSON object: what templates write with `tojson`, as vLLM passes them), and a
+        tool message's tool_call_id (and name)."""
+        d = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            d["name"] = self.name
+        return d
+
+
+def _arguments(text: str):
+    """Arguments text as an object where it is a JSON object, else the text."""
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return text
+    return v if isinstance(v, dict) else text
 
 
 class ChatRequest(_Sampling):
@@ -262,8 +361,44 @@ class ChatRequest(_Sampling):
     max_completion_tokens: Optional[StrictInt] = Field(None, ge=1)
     logprobs: Optional[bool] = None
     top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
-    parallel_tool_calls: Optional[bool] = None      # a hint about tools, which are refused
     add_special_tokens: Optional[bool] = False
+    tools: Optional[list[Tool]] = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[bool] = None
+
+    @field_validator("tools")
+    @classmethod
+    def _distinct_tools(cls, v):
+        names = [t.function.name for t in v or ()]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice is not None:
+            raise ValueError(f"two tools are named {twice!r}")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_needs_tools(cls, v, info):
+        if v is None or v == "none":
+            return v
+        tools = info.data.get("tools")
+        if not tools:
+            raise ValueError(f"tool_choice {v if isinstance(v, str) else 'function'!r} needs "
+                             f"`tools` (a list of functions)")
+        if isinstance(v, NamedToolChoice):
+            names = [t.function.name for t in tools]
+            if v.function.name not in names:
+                raise ValueError(f"tool_choice names function {v.function.name!r:.80}, which "
+                                 f"is not in tools ({', '.join(names)[:200]})")
+        return v
+
+    def tool_mode(self):
+        """None (no tools offered: none given, or tool_choice "none"), "auto",
+        "required", or the name of the function that must be called."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return self.tool_choice or "auto"
 
     @field_validator("add_special_tokens")
     @classmethod

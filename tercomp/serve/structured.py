@@ -47,7 +47,8 @@ class Grammars:
     def compile(self, kind: str, value) -> "Grammar":
         """The grammar of `kind` "json" (`value` a JSON schema, a dict or its text; None:
         any object), "regex" (a regular expression), "choice" (a list of strings) or
-        "grammar" (GBNF, as llama-server takes it, or Lark), or a GrammarError."""
+        "grammar" (GBNF, as llama-server takes it, or Lark) or "lark" (llguidance's Lark, as
+        serve.tools writes it), or a GrammarError."""
         if llguidance is None:
             raise GrammarError("structured output needs llguidance, which is not installed "
                                "(pip install 'tercomp[serve]')")
@@ -61,6 +62,8 @@ class Grammars:
                 grammar = llguidance.LLMatcher.grammar_from_regex(value)
             elif kind == "choice":
                 grammar = "start: " + " | ".join(json.dumps(c) for c in value)
+            elif kind == "lark":
+                grammar = value
             else:
                 grammar = any_to_lark(value)
         except (ValueError, TypeError) as e:

@@ -1,0 +1,232 @@
+"""Tool calling in chat: the offered tools rendered into the prompt, the model's calls
+parsed back into OpenAI's `tool_calls`, and `tool_choice` "required" or a named function
+enforced as a grammar (serve.structured), as vLLM's and llama-server's servers do.
+
+The prompt: a chat template that renders `tools` (transformers' `apply_chat_template(
+tools=...)`: Qwen 2.5/3, Hermes, Llama 3.1, ...) gets them, and the history's assistant
+`tool_calls` (arguments as objects) and `tool` messages as it expects them. A template
+that ignores `tools` gets the generic format of llama-server's generic handler, in
+Hermes' words (`fallback_system`): a system message listing the functions' JSON schemas
+and asking for
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+and, when it also ignores `tool_calls`, the history written the same way: an assistant's
+calls as those blocks in its content, a tool's answers as a user message of
+`<tool_response>` blocks (`polyfill`). Whether a template handles them is found once by
+rendering probes (`TemplateSupport`).
+
+The answer: `<tool_call>` blocks holding a JSON object whose `name` is an offered tool
+are the calls (`ToolParser`, the same code for whole answers and streams), the text
+outside them the content; anything else (a block that is not JSON, an unknown name, one
+cut short by max_tokens) stays content. Other native call syntaxes (Llama 3.1's bare
+JSON, Mistral's `[TOOL_CALLS]`) are not parsed.
+
+    >>> p = ToolParser({"f"})
+    >>> p.push('hi <tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>')
+    [('content', 'hi'), ('call', ('f', {'x': 1}))]
+"""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import uuid
+from typing import NamedTuple
+
+from ..runtime.chat import ChatTemplateError
+from .structured import JSON_OPTIONS
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>\Z", re.S)
+
+
+def fallback_system(tools: list) -> str:
+    """The generic tool prompt (Hermes' and Qwen 2.5's words): every function's JSON
+    schema, one a line, and the format of a call."""
+    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listing}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments "
+            "within <tool_call></tool_call> XML tags:\n"
+            f'{OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CLOSE}')
+
+
+def call_text(name: str, arguments) -> str:
+    """One call as the generic format writes it (and the grammar forces it)."""
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CLOSE}"
+
+
+class TemplateSupport(NamedTuple):
+    """What a chat template renders itself: `tools` (the offered functions) and `calls`
+    (the history's assistant tool_calls; its tool messages with them)."""
+    tools: bool
+    calls: bool
+
+    @classmethod
+    def probe(cls, template) -> "TemplateSupport":
+        """Render probes with a name nobody writes: a template handles what it writes."""
+        name = f"tercomp_probe_{secrets.token_hex(4)}"
+        tool = {"type": "function", "function": {
+            "name": name, "description": "probe",
+            "parameters": {"type": "object", "properties": {}}}}
+        user = {"role": "user", "content": "hi"}
+        call = {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": name, "arguments": {}}}]}
+        answer = {"role": "tool", "content": "ok", "tool_call_id": "call_0"}
+
+        def writes(messages, **kw) -> bool:
+            try:
+                return name in template.render(messages, add_generation_prompt=True, **kw)
+            except ChatTemplateError:
+                return False
+        tools = writes([user], tools=[tool])
+        return cls(tools, writes([user, call, answer, user], tools=[tool] if tools else None))
+
+
+def polyfill(messages: list) -> list:
+    """The history for a template that does not write tool calls: an assistant's calls
+    appended to its content as <tool_call> blocks, a run of tool messages as one user
+    message of <tool_response> blocks (Qwen 2.5's rendering of them)."""
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(call_text(c["function"]["name"], c["function"]["arguments"])
+                              for c in m["tool_calls"])
+            text = f"{m['content']}\n{calls}" if m.get("content") else calls
+            out.append({"role": "assistant", "content": text})
+        elif m["role"] == "tool":
+            block = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("_responses"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_responses": True})
+        else:
+            out.append(m)
+    return [{k: v for k, v in m.items() if k != "_responses"} for m in out]
+
+
+def prepare(messages: list, tools: list | None, support: TemplateSupport):
+    """(messages, tools keyword) for the template: `messages` as
+    ChatMessage.for_template gives them, `tools` the offered ones as dicts (None: not
+    offered). What the template does not write itself is written in the generic format:
+    the tools as a system message (the first one's text, or a new one before the
+    others), the history's calls by `polyfill`."""
+    if not support.calls and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        messages = polyfill(messages)
+    if not tools or support.tools:
+        return messages, tools or None
+    block = fallback_system(tools)
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]
+        text = f"{first['content']}\n\n{block}" if first["content"] else block
+        return [{**first, "content": text}, *messages[1:]], None
+    return [{"role": "system", "content": block}, *messages], None
+
+
+def call_grammar(tools: list, name: str | None = None, parallel: bool = True) -> str:
+    """The Lark grammar (llguidance's, with its %json) of what "required" (`name` None)
+    or a named tool_choice allows: a <tool_call> block (or, with `parallel`, several,
+    a newline apart) whose JSON is {"name": one of the tools (that one), "arguments":
+    valid for its parameters}. `tools` are protocol.Tool."""
+    chosen = [t.function for t in tools if name is None or t.function.name == name]
+    schemas = [{"type": "object", "properties": {"name": {"const": f.name},
+                                                 "arguments": f.schema()},
+                "required": ["name", "arguments"], "additionalProperties": False}
+               for f in chosen]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    schema = {**schema, "x-guidance": JSON_OPTIONS}
+    call = f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}"
+    return ('start: call ("\\n" call)*\n' if parallel else "start: call\n") + call + "\n"
+
+
+def openai_call(name: str, arguments: dict) -> dict:
+    """A parsed call as OpenAI's tool_calls entry (arguments as JSON text)."""
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+class ToolParser:
+    """Splits generated text, as it comes, into content and calls: `push(text)` and, at
+    the end, `flush()` return [("content", text) | ("call", (name, arguments))]. Text
+    that may begin a <tool_call> is held until it does not; a block is a call when it
+    closes with a JSON object naming one of `names` (its `arguments` an object, or
+    absent: {}), else it is content. Content is trimmed as a whole (no leading or
+    trailing whitespace: what separates calls is not content). With `parallel` False
+    only the first call is kept (later ones are dropped)."""
+
+    def __init__(self, names, parallel: bool = True):
+        self.names, self.parallel = set(names), parallel
+        self.buffer, self.space, self.started, self.calls = "", "", False, 0
+
+    def push(self, text: str) -> list:
+        self.buffer += text
+        out = []
+        while True:
+            if self.buffer.startswith(OPEN):
+                end = self.buffer.find(CLOSE)
+                if end < 0:
+                    return out
+                end += len(CLOSE)
+                block, self.buffer = self.buffer[:end], self.buffer[end:]
+                call = self._call(block)
+                if call is None:
+                    self._content(block, out)
+                elif self.parallel or not self.calls:
+                    out.append(("call", call))
+                    self.calls += 1
+                continue
+            at = self.buffer.find(OPEN)
+            if at < 0:          # keep a tail that may begin OPEN
+                at = len(self.buffer)
+                for k in range(min(len(OPEN) - 1, len(self.buffer)), 0, -1):
+                    if self.buffer.endswith(OPEN[:k]):
+                        at -= k
+                        break
+            self._content(self.buffer[:at], out)
+            self.buffer = self.buffer[at:]
+            if not self.buffer.startswith(OPEN):
+                return out
+
+    def flush(self) -> list:
+        out = []
+        self._content(self.buffer, out)
+        self.buffer = ""
+        return out
+
+    def _call(self, block: str):
+        m = _BLOCK.match(block)
+        try:
+            obj = json.loads(m.group(1)) if m else None
+        except ValueError:
+            return None
+        if not isinstance(obj, dict) or obj.get("name") not in self.names:
+            return None
+        args = obj.get("arguments", {})
+        if isinstance(args, str):           # some models write the arguments as JSON text
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return None
+        return (obj["name"], args) if isinstance(args, dict) else None
+
+    def _content(self, text: str, out: list) -> None:
+        text = self.space + text
+        if not self.started:
+            text = text.lstrip()
+        kept = text.rstrip()
+        self.space = text[len(kept):]
+        if kept:
+            self.started = True
+            out.append(("content", kept))
+
+
+def split(text: str, names, parallel: bool = True):
+    """(content or None, [(name, arguments)]) of a whole answer."""
+    p = ToolParser(names, parallel)
+    events = p.push(text) + p.flush()
+    content = "".join(v for k, v in events if k == "content")
+    return content or None, [v for k, v in events if k == "call"]

@@ -1,0 +1,429 @@
+"""Tool calling's text side (tercomp.serve.tools), without a server: the history and the
+offered tools as a chat template gets them (its own rendering where it writes tools, the
+generic Hermes format where it ignores them), answers split into content and calls the
+same way whole and streamed, and the grammar that "required" and a named tool_choice
+enforce: every sequence it lets a random model write is a call whose arguments validate.
+tests/test_serve.py drives the same through a server with OpenAI's client."""
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+jsonschema = pytest.importorskip("jsonschema")
+
+import test_serve as S  # noqa: E402
+from tercomp.runtime.chat import ChatTemplate, TextEncoder  # noqa: E402
+from tercomp.serve.protocol import ChatRequest  # noqa: E402
+from tercomp.serve.tools import (TemplateSupport, ToolParser, call_grammar,  # noqa: E402
+                                 fallback_system, prepare, split)
+
+# a template that ignores tools (tests/test_serve.py's tiny model's)
+PLAIN = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endfor %}"
+         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+# one that writes them, as Qwen 2.5's does: arguments as objects through tojson
+NATIVE = ("{% if tools %}<|system|>TOOLS:{% for t in tools %}{{ t.function.name }}="
+          "{{ t.function.parameters | tojson }};{% endfor %}<|end|>{% endif %}"
+          "{% for m in messages %}{% if m.tool_calls %}<|assistant|>{% for c in m.tool_calls %}"
+          "<tool_call>{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}"
+          "</tool_call>{% endfor %}<|end|>{% elif m.role == 'tool' %}<|tool|>{{ m.content }}"
+          "<|end|>{% else %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
+          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
+                                            "days": {"enum": [1, 2, 3]}},
+           "required": ["city", "days"], "additionalProperties": False}
+ALARM = {"type": "object", "properties": {"hour": {"enum": [6, 7]},
+                                          "label": {"type": "string", "maxLength": 6}},
+         "required": ["hour"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Forecast.",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "set_alarm", "parameters": ALARM}}]
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}},
+        {"id": "call_2", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 1}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+]
+
+
+def rendered(template, messages, tools):
+    """The prompt text the server renders (serve.model.ServedModel.chat_messages)."""
+    req = ChatRequest(model="m", messages=messages, tools=tools)
+    listed = [m.for_template() for m in req.messages]
+    support = TemplateSupport.probe(template)
+    dicts = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    listed, tools = prepare(listed, dicts, support)
+    return template.render(listed, add_generation_prompt=True,
+                           **({"tools": tools} if tools else {}))
+
+
+def test_probe_tells_templates_that_write_tools():
+    assert TemplateSupport.probe(ChatTemplate(PLAIN)) == (False, False)
+    assert TemplateSupport.probe(ChatTemplate(NATIVE)) == (True, True)
+    # a template that refuses roles it does not know writes none of them
+    strict = ChatTemplate("{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
+                          "{{ raise_exception('bad role') }}{% endif %}{{ m.content }}"
+                          "{% endfor %}")
+    assert TemplateSupport.probe(strict) == (False, False)
+
+
+def test_generic_format_for_a_template_that_ignores_tools():
+    text = rendered(ChatTemplate(PLAIN), HISTORY, TOOLS)
+    listing = "\n".join(json.dumps(t) for t in TOOLS)
+    assert text == (
+        "<|system|>" + fallback_system(TOOLS) + "<|end|>"
+        "<|user|>Weather in Paris?<|end|>"
+        '<|assistant|><tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}\n'
+        "</tool_call><|end|>"
+        "<|user|><tool_response>\nsunny\n</tool_response>\n<tool_response>\nrain\n"
+        "</tool_response><|end|><|assistant|>")
+    assert f"<tools>\n{listing}\n</tools>" in text
+    # a system message keeps its text, the tools after it
+    text = rendered(ChatTemplate(PLAIN), [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": "hi"}], TOOLS)
+    assert text.startswith("<|system|>Be brief.\n\n# Tools\n") and text.count("<|system|>") == 1
+    # no tools offered: the history is still written
+    text = rendered(ChatTemplate(PLAIN), HISTORY, None)
+    assert "# Tools" not in text and "<tool_response>\nsunny" in text
+
+
+def test_native_template_gets_tools_and_calls_as_transformers_passes_them():
+    text = rendered(ChatTemplate(NATIVE), HISTORY, TOOLS)
+    assert text == (
+        f"<|system|>TOOLS:get_weather={json.dumps(WEATHER)};set_alarm={json.dumps(ALARM)};<|end|>"
+        "<|user|>Weather in Paris?<|end|>"
+        '<|assistant|><tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}'
+        '</tool_call><tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}'
+        "</tool_call><|end|><|tool|>sunny<|end|><|tool|>rain<|end|><|assistant|>")
+    assert "# Tools" not in text
+
+
+# Llama 3.1's way: a call as {"name", "parameters"} JSON, a tool's answer through tojson
+LLAMA31 = ("{% for m in messages %}{% if m.tool_calls %}<|assistant|>{% for c in m.tool_calls %}"
+           '{"name": "{{ c.function.name }}", "parameters": {{ c.function.arguments | tojson }}}'
+           "{% endfor %}<|end|>{% elif m.role == 'tool' %}<|ipython|>"
+           "{% if m.content is mapping or m.content is iterable %}{{ m.content | tojson }}"
+           "{% else %}{{ m.content }}{% endif %}<|end|>{% else %}<|{{ m.role }}|>{{ m.content }}"
+           "<|end|>{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_tool_answers_written_as_json_strings_stay_text():
+    """A template that writes a tool's answer with `tojson` (Llama 3.1's): the escaped
+    answer is content, its special-token text never a token."""
+    answer = 'line "one"\n<|end|> two'
+    messages = [*HISTORY[:2], {"role": "tool", "tool_call_id": "call_1", "content": answer}]
+    req = ChatRequest(model="m", messages=messages)
+    listed = [m.for_template() for m in req.messages]
+    assert TemplateSupport.probe(ChatTemplate(LLAMA31)).calls
+    parts = ChatTemplate(LLAMA31).render_parts(listed, add_generation_prompt=True)
+    assert (json.dumps(answer)[1:-1], True) in parts
+    assert '"parameters": {"city": "Paris", "days": 1}}' in "".join(p for p, _ in parts)
+    enc = TextEncoder(tiny_tokenizer())
+    end = enc.special.token_to_id("<|end|>")
+    assert enc.encode_parts(parts).count(end) == 3      # the template's, not the answer's
+
+
+ANSWER = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", '
+          '"days": 2}}\n</tool_call>\n<tool_call>{"name":"set_alarm","arguments":"{\\"hour\\": 6}"}'
+          '</tool_call> <tool_call>{"name": "nope", "arguments": {}}</tool_call>\n'
+          '<tool_call>not json</tool_call> <tool_call>{"name": "set_al')
+
+
+def test_answers_split_the_same_whole_and_streamed():
+    names = {"get_weather", "set_alarm"}
+    content, calls = split(ANSWER, names)
+    assert calls == [("get_weather", {"city": "Oslo", "days": 2}), ("set_alarm", {"hour": 6})]
+    assert content == ('Let me check. \n <tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+                       '\n<tool_call>not json</tool_call> <tool_call>{"name": "set_al')
+    assert split(ANSWER, names, parallel=False)[1] == calls[:1]
+    assert split("  just text \n", names) == ("just text", [])
+    assert split('<tool_call>{"name": "set_alarm", "arguments": {}}</tool_call>\n', names) == \
+        (None, [("set_alarm", {})])
+    rng = np.random.default_rng(0)
+    for _ in range(20):             # any chunking gives the same content and calls
+        cuts = sorted(rng.choice(len(ANSWER), size=12, replace=False))
+        p, events = ToolParser(names), []
+        for a, b in zip([0, *cuts], [*cuts, len(ANSWER)]):
+            events += p.push(ANSWER[a:b])
+        events += p.flush()
+        assert "".join(v for k, v in events if k == "content") == content
+        assert [v for k, v in events if k == "call"] == calls
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models as tm, pre_tokenizers, trainers
+    tok = Tokenizer(tm.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(['<tool_call> {"name": "get_weather", "arguments": {}}'] * 20,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<|end|>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
+
+@pytest.mark.parametrize("choice", ["required", "set_alarm"])
+def test_forced_call_grammar_gives_valid_calls(choice):
+    pytest.importorskip("llguidance")
+    from tercomp.serve.structured import Grammars
+    tok = tiny_tokenizer()
+    eos = tok.token_to_id("<|end|>")
+    tools = ChatRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=TOOLS).tools
+    grammar = Grammars(tok, tok.get_vocab_size(), eos).compile(
+        "lark", call_grammar(tools, None if choice == "required" else choice, parallel=False))
+    rng = np.random.default_rng(1)
+    schemas = {"get_weather": WEATHER, "set_alarm": ALARM}
+    seen = set()
+    for _ in range(6):              # random logits: whatever the model prefers
+        c, ids = grammar.constraint(), []
+        while not c.done:
+            logits = c.mask(rng.normal(size=tok.get_vocab_size()).astype(np.float32))
+            assert logits is not None, c.error
+            t = int(np.argmax(logits))
+            assert c.accept(t)
+            ids.append(t)
+            assert len(ids) < 400
+        text = tok.decode(ids)
+        content, calls = split(text, set(schemas))
+        assert content is None and len(calls) == 1, text
+        name, args = calls[0]
+        assert choice == "required" or name == choice
+        jsonschema.validate(args, schemas[name])
+        seen.add(name)
+    assert choice != "required" or len(seen) >= 1
+
+
+def test_tool_text_never_becomes_a_special_token():
+    """The generic format puts tools in a message's content (text is text); a template
+    that writes them itself would parse them as its own text: a user's special token
+    there is a 400 naming the field."""
+    from types import SimpleNamespace
+    from tercomp.serve.guard import APIError
+    from tercomp.serve.model import ServedModel
+    tok = tiny_tokenizer()
+    end = tok.token_to_id("<|end|>")
+    sneaky = [{"type": "function", "function": {"name": "f", "description": "a<|end|>b"}}]
+    req = ChatRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=sneaky)
+
+    def model(template):
+        return ServedModel(SimpleNamespace(tokenizer=tok, max_seq=4096, vocab_size=300,
+                                           chat_template={"template": template,
+                                                          "eos_token": "<|end|>"}))
+    ids = model(PLAIN).render_chat(req.messages, tools=req.tools)
+    assert ids.count(end) == 2                      # the template's two, not the text's
+    with pytest.raises(APIError) as e:
+        model(NATIVE).render_chat(req.messages, tools=req.tools)
+    assert e.value.status == 400 and e.value.body["error"]["param"] == "tools"
+    plain = ChatRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=TOOLS)
+    ids = model(NATIVE).render_chat(plain.messages, tools=plain.tools)
+    assert tok.decode(ids, skip_special_tokens=False).replace(" ", "") == \
+        rendered(ChatTemplate(NATIVE), [{"role": "user", "content": "x"}], TOOLS).replace(" ", "")
+
+
+def test_request_validation_names_the_field():
+    from pydantic import ValidationError
+    ok = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    bad = [({"tools": {"type": "function"}}, "tools"),
+           ({"tools": [{"type": "retrieval"}]}, "tools"),
+           ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+           ({"tools": [{"type": "function", "function": {
+               "name": "f", "parameters": {"type": "objectx"}}}]}, "tools"),
+           ({"tools": TOOLS + TOOLS[:1]}, "tools"),
+           ({"tool_choice": "required"}, "tool_choice"),
+           ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+           ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            "tool_choice"),
+           ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+           ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+               {"id": "1", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages")]
+    for extra, field in bad:
+        with pytest.raises(ValidationError) as e:
+            ChatRequest(**{**ok, **extra})
+        assert e.value.errors()[0]["loc"][0] == field, (extra, e.value)
+    r = ChatRequest(**ok, tools=TOOLS, tool_choice={"type": "function",
+                                                    "function": {"name": "set_alarm"}})
+    assert r.tool_mode() == "set_alarm"
+    assert ChatRequest(**ok, tools=TOOLS).tool_mode() == "auto"
+    assert ChatRequest(**ok, tools=TOOLS, tool_choice="none").tool_mode() is None
+    assert ChatRequest(**ok, tool_choice="none").tool_mode() is None
+
+
+# -- through a server, with OpenAI's client ------------------------------------------------
+
+# the generic prompt of two tools is ~900 tokens of the tiny byte-level vocabulary
+TOOL_SEQ = 2048
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The server's base URL: tests/test_serve.py's tiny model with room for tool
+    prompts (test_serve checks its answers against a single-stream generator: here the
+    server's own greedy completions of a prompt's ids are the reference)."""
+    pytest.importorskip("openai")
+    pytest.importorskip("llguidance")
+    import tercomp as tc
+    lm = S.tiny_lm(TOOL_SEQ)
+    path = str(tmp_path_factory.mktemp("tools") / "tiny.tcm")
+    tc.compile_lm(lm, max_seq=TOOL_SEQ, max_batch=2).save(path)
+    port = S.bench.free_port()
+    proc = S.bench.start_server(path, port, ["--api-key", S.KEY])
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        S.bench.stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def base(served):
+    return served
+
+
+@pytest.fixture(scope="module")
+def client(base):
+    import openai
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=S.KEY, max_retries=0, timeout=120)
+
+
+def greedy(client, ids, n) -> str:
+    """The server's greedy completion of prompt `ids` (the eos ending it left out)."""
+    return client.completions.create(model="tiny", prompt=ids, max_tokens=n,
+                                     temperature=0).choices[0].text
+
+
+TOOL_SCHEMAS = {"get_weather": WEATHER, "set_alarm": ALARM}
+ASK = [{"role": "user", "content": "hello"}]
+
+
+def tiny_vocabulary():
+    """The tiny model's tokenizer (tokenizers.Tokenizer)."""
+    return S.tiny_lm(64).tokenizer.inner
+
+
+def check_calls(message, names=TOOL_SCHEMAS):
+    """The message's tool calls, each checked: an id, a known name, arguments that parse
+    and validate against its schema."""
+    assert message.tool_calls, message
+    for c in message.tool_calls:
+        assert c.type == "function" and c.id.startswith("call_") and c.function.name in names
+        jsonschema.validate(json.loads(c.function.arguments), TOOL_SCHEMAS[c.function.name])
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls]
+
+
+def test_required_and_named_tool_choice_give_valid_calls(client):
+    eos_bias = {str(S.EOS): 100}      # eos where the grammar allows it: after a whole call
+    seen = set()
+    for seed in range(4):
+        r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+                                           tool_choice="required", max_tokens=200,
+                                           temperature=1.0, seed=seed, logit_bias=eos_bias)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.content is None, c
+        calls = check_calls(c.message)
+        assert len(calls) == 1
+        seen.add(calls[0][0])
+    r = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, temperature=1.0, seed=7, n=2,
+        tool_choice={"type": "function", "function": {"name": "set_alarm"}},
+        parallel_tool_calls=False)
+    for c in r.choices:             # each choice its own matcher; one call without eos bias
+        assert c.finish_reason == "tool_calls"
+        assert [n for n, _ in check_calls(c.message)] == ["set_alarm"]
+
+
+def test_tool_calls_stream_as_deltas(client):
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, temperature=1.0,
+              seed=3, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+              parallel_tool_calls=False)
+    whole = client.chat.completions.create(**kw).choices[0].message
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or ()]
+    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].id.startswith("call_")
+    assert deltas[0].function.name == "get_weather"
+    jsonschema.validate(json.loads(deltas[0].function.arguments), WEATHER)
+    assert deltas[0].function.arguments == whole.tool_calls[0].function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks)
+
+
+def test_auto_tool_choice_parses_calls_or_returns_content(client):
+    # a random model writes text: it is the content, no calls
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=12,
+                                       temperature=0)
+    c = r.choices[0]
+    assert c.message.tool_calls is None and c.finish_reason in ("stop", "length")
+    assert c.message.content and "<tool_call>" not in c.message.content
+    # tool_choice "none": the tools are not offered, the prompt is the plain chat's
+    plain = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=12,
+                                           temperature=0)
+    none = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+                                          tool_choice="none", max_tokens=12, temperature=0)
+    assert none.usage.prompt_tokens == plain.usage.prompt_tokens < r.usage.prompt_tokens
+    assert none.choices[0].message.content == plain.choices[0].message.content
+    # a model that writes a call (guided_choice makes this one): parsed, text around it content
+    said = ('Checking. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", '
+            '"days": 2}}\n</tool_call>\n<tool_call>\n{"name": "set_alarm", "arguments": '
+            '{"hour": 7, "label": "go"}}\n</tool_call>')
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200,
+              extra_body={"guided_choice": [said]})
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content == "Checking."
+    calls = [("get_weather", {"city": "Oslo", "days": 2}), ("set_alarm", {"hour": 7, "label": "go"})]
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == calls
+    assert len({t.id for t in c.message.tool_calls}) == 2
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or ()]
+    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas] == \
+        [(i, n, a) for i, (n, a) in enumerate(calls)]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "Checking."
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    one = client.chat.completions.create(**kw, parallel_tool_calls=False).choices[0]
+    assert [t.function.name for t in one.message.tool_calls] == ["get_weather"]
+
+
+def test_history_with_tool_calls_and_tool_messages_is_rendered(client):
+    """The tiny model's template ignores tools: the generic format, whose prompt the
+    answer must be the greedy continuation of."""
+    from tercomp.serve.tools import fallback_system
+    messages = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {
+                        "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    text = ("<|system|>" + fallback_system(TOOLS) + "<|end|><|user|>Weather in Paris?<|end|>"
+            '<|assistant|><tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+            '"days": 1}}\n</tool_call><|end|><|user|><tool_response>\nsunny\n</tool_response>'
+            "<|end|><|assistant|>")
+    ids = tiny_vocabulary().encode(text, add_special_tokens=False).ids
+    r = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                       max_tokens=8, temperature=0)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == (greedy(client, ids, 8).strip() or None)
+
+
+TOOL_BAD = [  # (what, body fields, param)
+    ("tools not a list", {"tools": {"type": "function"}}, "tools"),
+    ("not a function", {"tools": [{"type": "retrieval"}]}, "tools"),
+    ("bad schema", {"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "objectx"}}}]}, "tools"),
+    ("unknown name", {"tools": TOOLS, "tool_choice": {"type": "function",
+                                                      "function": {"name": "nope"}}}, "tool_choice"),
+    ("required, no tools", {"tool_choice": "required"}, "tool_choice"),
+    ("with response_format", {"tools": TOOLS, "tool_choice": "required",
+                              "response_format": {"type": "json_object"}}, "tool_choice"),
+    ("tool message, no id", {"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+]
+
+
+def test_bad_tool_requests_are_400s_naming_the_field(base, client):
+    for what, fields, param in TOOL_BAD:
+        r = S.post(base, "/v1/chat/completions", {"model": "tiny", "messages": ASK, **fields})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (what, r.text)
+    r = S.post(base, "/v1/completions", {"model": "tiny", "prompt": "hi", "tools": TOOLS})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
