@@ -215,3 +215,134 @@ def test_one_rank_with_unpacked_parameters_computes_the_single_process_step():
     for x, y in mpi_worker.batches():
         assert dp(x, y)[0] == pytest.approx(one(x, y)[0], rel=1e-6)
     assert_params_close(dp.params(), one.params(), rtol=1e-6)
+
+
+# -- BatchNorm and SyncBatchNorm ------------------------------------------------------------
+def cnn_run(step, calls=None):
+    """Each step's loss, grad norm, parameters and buffers over mpi_worker.images()."""
+    out = []
+    for x, y in calls or mpi_worker.images():
+        loss = step(x, y)[0]
+        out.append((loss, step.grad_norm, step.params(), step.buffers()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cnn_reference():
+    """The CNN with BatchNorm in one process on whole batches."""
+    return cnn_run(mpi_worker.make_cnn_step())
+
+
+def saved(out, i, rank):
+    """(params, buffers) rank `rank` saved after step i."""
+    z = dict(np.load(out / f"step{i}-{rank}.npz"))
+    return ({k[7:]: v for k, v in z.items() if k.startswith("params/")},
+            {k[8:]: v for k, v in z.items() if k.startswith("buffers/")})
+
+
+@needs_mpi
+def test_two_ranks_with_sync_batchnorm_train_as_one_process_on_the_whole_batch(tmp_path,
+                                                                             cnn_reference):
+    """SyncBatchNorm on 2 ranks with half batches: the losses, gradient norms, updated
+    weights and running statistics of BatchNorm in one process on the whole batch."""
+    rc, out, err, _ = mpiexec("syncbn", tmp_path)
+    assert rc == 0, f"{out}\n{err}"
+    for rank in (0, 1):
+        logged = [ln.split() for ln in lines(tmp_path, rank, "loss")]
+        np.testing.assert_allclose([float(f[0]) for f in logged],
+                                   [r[0] for r in cnn_reference], rtol=1e-5)
+        np.testing.assert_allclose([float(f[2]) for f in logged],
+                                   [r[1] for r in cnn_reference], rtol=1e-5)
+        assert [f[4] for f in logged] == ["5"] * 3       # 2 layers, one after the other: 2L + 1
+    for i, (_, _, ref_params, ref_buffers) in enumerate(cnn_reference):
+        (p0, b0), (p1, b1) = saved(tmp_path, i, 0), saved(tmp_path, i, 1)
+        for k in p0:
+            np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
+        for k in ref_buffers:
+            np.testing.assert_array_equal(b0[k], b1[k], err_msg=k)
+        assert_params_close(p0, ref_params)
+        assert_params_close(b0, ref_buffers)
+
+
+@needs_mpi
+def test_two_ranks_with_batchnorm_normalize_by_their_shard_and_average_running_stats(tmp_path):
+    """BatchNorm on 2 ranks (as PyTorch's DDP): each rank normalizes by its own half, the
+    loss is the mean of the halves' losses, and the running statistics, identical on both
+    ranks, are the mean of what each half's forward makes of them."""
+    rc, out, err, _ = mpiexec("batchnorm", tmp_path)
+    assert rc == 0, f"{out}\n{err}"
+    assert lines(tmp_path, 0, "loss") == lines(tmp_path, 1, "loss")
+    losses = [float(ln.split()[0]) for ln in lines(tmp_path, 0, "loss")]
+    mpi_worker.nn.manual_seed(0)                # rank 0's model, which both start from
+    model = mpi_worker.CNN()
+    for i, (x, y) in enumerate(mpi_worker.images()[:2]):
+        params, buffers = model.state_dict(), model.buffers()
+        halves = []
+        for h in (slice(0, len(x) // 2), slice(len(x) // 2, None)):
+            model.load_state_dict(params)
+            model.load_buffers(buffers)
+            loss, _ = mpi_worker.loss_fn(model, x[h], y[h])     # eager: updates the buffers
+            halves.append((float(loss), model.buffers()))
+        assert losses[i] == pytest.approx((halves[0][0] + halves[1][0]) / 2, rel=1e-5)
+        (p0, b0), (p1, b1) = saved(tmp_path, i, 0), saved(tmp_path, i, 1)
+        for k in p0:
+            np.testing.assert_array_equal(p0[k], p1[k], err_msg=k)
+        for k in b0:
+            np.testing.assert_array_equal(b0[k], b1[k], err_msg=k)
+        assert_params_close(b0, {k: (halves[0][1][k] + halves[1][1][k]) / 2 for k in b0})
+        model.load_state_dict(p0)
+        model.load_buffers(b0)
+
+
+@pytest.mark.slow        # the two tests above check the same on 2 ranks
+def test_one_rank_with_batchnorm_or_sync_batchnorm_computes_the_single_process_step(
+        cnn_reference):
+    for sync in (False, True):
+        step = mpi_worker.make_cnn_step(sync=sync, data_parallel=True)
+        assert step.world.size == 1 and len(step.sync) == 2 * sync
+        for got, want in zip(cnn_run(step), cnn_reference):
+            assert got[0] == pytest.approx(want[0], rel=1e-6)
+            assert got[1] == pytest.approx(want[1], rel=1e-5)
+            assert_params_close(got[2], want[2])
+            assert_params_close(got[3], want[3])
+    # accumulate_calls: every call's forward updates the running statistics, as on one process
+    calls = mpi_worker.images(4)
+    one = cnn_run(mpi_worker.make_cnn_step(accumulate_calls=2), calls)
+    dp = cnn_run(mpi_worker.make_cnn_step(data_parallel=True, accumulate_calls=2), calls)
+    for got, want in zip(dp, one):
+        assert got[0] == pytest.approx(want[0], rel=1e-6)
+        for k in want[2]:        # (after the first call the BatchNorm biases are still 0)
+            np.testing.assert_allclose(got[2][k], want[2][k], rtol=1e-5, atol=1e-7, err_msg=k)
+        assert_params_close(got[3], want[3])
+
+
+def test_convert_sync_batchnorm_keeps_the_layers_state_and_checks_its_use():
+    mpi_worker.nn.manual_seed(0)
+    model = mpi_worker.CNN()
+    model.bn.running_mean = np.full(6, 0.5, np.float32)
+    model.bn1.eval()
+    before, buffers = model.state_dict(), model.buffers()
+    converted = tc.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert converted is model and isinstance(model.bn, tc.nn.SyncBatchNorm)
+    assert isinstance(model.bn1, tc.nn.SyncBatchNorm) and not model.bn1.training
+    assert isinstance(model.conv, tc.nn.BitConv2d)
+    for k, v in before.items():
+        np.testing.assert_array_equal(model.state_dict()[k], v)
+    np.testing.assert_array_equal(model.buffers()["bn.running_mean"], buffers["bn.running_mean"])
+    from tercomp.nn.syncbn import sync_layers
+    assert [n for n, _ in sync_layers(model)] == ["bn"]       # bn1 is in eval mode
+    x, y = mpi_worker.images(1)[0]
+    with pytest.raises(tc.TercompError, match=r"SyncBatchNorm \(bn\) synchronizes whole shards, "
+                                              r"not micro-batches(.|\n)*accumulate_calls="):
+        tc.compile_train_step(mpi_worker.loss_fn, model, tc.optim.SGD(0.1), x, y, accumulate=2,
+                              data_parallel=True)
+
+    class Twice(tc.nn.Module):
+        def __init__(self):
+            self.bn = tc.nn.SyncBatchNorm(3)
+
+        def forward(self, x):
+            return self.bn(self.bn(x))
+    with pytest.raises(tc.TercompError, match=r"SyncBatchNorm\(3\) ran twice in one data-parallel"):
+        tc.compile_train_step(lambda m, x: tc.mean(m(x)), Twice(), tc.optim.SGD(0.1),
+                              np.ones((4, 3), np.float32), data_parallel=True)

@@ -8,6 +8,7 @@ in training mode it normalizes by the batch's statistics and updates the running
 (momentum 0.1, the unbiased variance, as PyTorch), in eval mode (`model.eval()`) it
 normalizes by the running ones. A compiled training step (tc.compile_train_step)
 updates them on the device; `step.sync_to(model)` copies them back with the weights.
+SyncBatchNorm (syncbn.py) is BatchNorm over every rank's shard in a data-parallel step.
 """
 from __future__ import annotations
 
@@ -123,33 +124,39 @@ class _BatchNorm(Module):
         self.register_buffer("running_var", np.ones(num_features, dtype))
 
     def forward(self, x):
+        shape = self._check(x)
+        axes = [0] + list(range(2, len(shape)))
+        if self.training:
+            mean = _t.mean(x, axis=axes, keepdims=True)
+            var = _t.mean(_t.square(x - mean), axis=axes, keepdims=True)
+            self._update_running(mean, var, apply("size", x, axes=axes))
+        else:
+            mean, var = self._channels(self.running_mean, x), self._channels(self.running_var, x)
+        return self._normalize(x, mean, var)
+
+    def _check(self, x):
         name = type(self).__name__
         shape = _check_rank(name, x, self.ranks, self.layout)
         if shape[1] != self.num_features:
             raise TercompError(f"{name}({self.num_features}) got an input of shape {list(shape)} "
                                f"with {shape[1]} channels")
-        axes = [0] + list(range(2, len(shape)))
-        per_channel = (self.num_features,) + (1,) * (len(shape) - 2)
+        return shape
 
-        def channels(v):
-            return _t.reshape(v, per_channel)
+    def _channels(self, v, x):
+        """A per-channel vector shaped to broadcast against x [N, C, *spatial]."""
+        return _t.reshape(v, (self.num_features,) + (1,) * (len(_shape(x)) - 2))
 
-        if self.training:
-            mean = _t.mean(x, axis=axes, keepdims=True)
-            var = _t.mean(_t.square(x - mean), axis=axes, keepdims=True)
-            self._update_running(mean, var, x, axes)
-        else:
-            mean, var = channels(self.running_mean), channels(self.running_var)
+    def _normalize(self, x, mean, var):
         y = (x - mean) * _t.rsqrt(var + self.eps)
         if self.weight is not None:
-            y = y * channels(self.weight) + channels(self.bias)
+            y = y * self._channels(self.weight, x) + self._channels(self.bias, x)
         return y
 
-    def _update_running(self, mean, var, x, axes):
+    def _update_running(self, mean, var, n):
         """running = (1 - momentum) * running + momentum * batch statistic, with the
-        unbiased variance (n / (n - 1)); no gradient flows into the buffers."""
+        unbiased variance (n / (n - 1), n values a channel: a traced value when the batch
+        is symbolic); no gradient flows into the buffers."""
         m, c = self.momentum, (self.num_features,)
-        n = apply("size", x, axes=axes)          # a traced value when the batch is symbolic
         mean = _t.stop_gradient(_t.reshape(mean, c))
         var = _t.stop_gradient(_t.reshape(var, c)) * n / _t.maximum(n - 1.0, 1.0)
         self.update_buffer("running_mean", self.running_mean * (1.0 - m) + mean * m)

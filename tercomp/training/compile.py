@@ -19,6 +19,7 @@ from ..build import BuildOptions, build
 from ..compiler import pipeline
 from ..errors import TercompError, check_number
 from ..nn.module import Module, buffer_updates
+from ..nn.syncbn import SyncStatistics, sync_layers
 from ..passes import Dumper
 from ..pytree import tree_map
 from ..tracing import api as _t
@@ -80,7 +81,9 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     `accumulate_calls=k` each rank sums k calls' gradients on the host and the ranks
     exchange them once, on the k-th call (each call still exchanges its loss and a
     failure flag, a few bytes); the sums of an unfinished accumulation are not part of
-    a checkpoint.
+    a checkpoint. BatchNorm normalizes by each rank's shard and its running statistics
+    are averaged over the ranks after each call; `nn.SyncBatchNorm` normalizes by the
+    global batch (see training/data_parallel.py and the README).
 
     >>> step = tc.compile_train_step(loss_fn, model, opt, xb, yb, data_parallel=True)
     >>> r, n = tc.distributed.rank(), tc.distributed.world_size()
@@ -117,10 +120,13 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     # the model's buffers (BatchNorm's running statistics) are inputs of the step, and their
     # values after the forward are outputs, kept on the device like the weights
     buffers = {k: np.array(v) for k, v in model.buffers().items()}
-    if buffers and data_parallel:
-        raise TercompError(f"compile_train_step(data_parallel=True): {type(model).__name__} has "
-                           f"buffers ({', '.join(buffers)}), which a data-parallel step does not "
-                           f"update yet", hint="train it in one process, or without BatchNorm")
+    sync = sync_layers(model) if data_parallel else []
+    if sync and accumulate > 1:
+        raise TercompError(f"compile_train_step(data_parallel=True, accumulate={accumulate}): "
+                           f"SyncBatchNorm ({', '.join(n or 'the model' for n, _ in sync)}) "
+                           "synchronizes whole shards, not micro-batches",
+                           hint="use accumulate_calls= (each call one synchronized batch), or "
+                                "BatchNorm instead of SyncBatchNorm")
     state = optimizer.init(params) if opt_state is None else opt_state
     state = pytree.unflatten(pytree.flatten(state)[2], [_host_leaf(x) for x in pytree.flatten(state)[0]])
     # A data-parallel step accumulates on the host (DataParallelStep), its state is the optimizer's.
@@ -171,6 +177,41 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         finally:
             model._load_params(saved)
         return loss, aux, grads
+
+    def rank_grads(params, buffers, examples, totals, cotangents, *batch):
+        """A data-parallel step's forward and backward on this rank's shard: (loss, aux,
+        grads, new_buffers, sums, cot). Without SyncBatchNorm, grads are means over the
+        shard and sums, cot None; with it (data_parallel.py's rounds), grads and cot are
+        the gradients of examples * loss + <cotangents, sums> with respect to params and
+        `totals`, the global sums each SyncBatchNorm normalizes by, and `sums` the shard's."""
+        saved = model.buffers()
+        model._load_params(buffers)
+        try:
+            with buffer_updates():
+                if not sync:
+                    loss, aux, grads = loss_and_grads(params, *batch)
+                    sums = cot = None
+                else:
+                    loss, aux, grads, sums, cot = synced_grads(params, examples, totals,
+                                                               cotangents, *batch)
+            new_buffers = model.buffers()
+        finally:
+            model._load_params(saved)
+        return loss, aux, grads, new_buffers, sums, cot
+
+    def synced_grads(params, examples, totals, cotangents, *batch):
+        def surrogate(p, t):
+            with SyncStatistics([layer for _, layer in sync], t) as stats:
+                loss, aux = loss_of(p, *batch)
+            sums = stats.local()
+            return loss * examples + _t.sum(cotangents * sums), (loss, aux, sums)
+        saved = model.parameters()
+        try:
+            (_, (loss, aux, sums)), (grads, cot) = value_and_grad(
+                surrogate, argnums=(0, 1), has_aux=True)(params, totals)
+        finally:
+            model._load_params(saved)
+        return loss, aux, grads, _t.stop_gradient(sums), cot
 
     def optimizer_step(grads, opt_state, params, loss):
         """(new_params, new_state, norm, ok): clip, then the optimizer's update, whose state
@@ -237,10 +278,10 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     compile_opts = dict(target=target, device=device, threads=threads, dump_dir=dump_dir,
                         cache=cache, ternary="off", isolate=isolate, check_numerics=check_numerics)
     if data_parallel:
-        step = compile_data_parallel(loss_and_grads, update, model, optimizer, run_params,
-                                     run_state, example_batch, on_nan=on_nan,
+        step = compile_data_parallel(rank_grads, update, model, optimizer, run_params,
+                                     run_state, buffers, example_batch, on_nan=on_nan,
                                      accumulate=accumulate, clip_norm=clip_norm,
-                                     compile_opts=compile_opts, packing=packing)
+                                     compile_opts=compile_opts, packing=packing, sync=sync)
         step.accumulate_calls = int(accumulate_calls)
         step.has_aux = detected.get("has_aux", False)      # known once traced
         step._name_batch(loss_fn)

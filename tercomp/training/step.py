@@ -28,7 +28,7 @@ class TrainStep:
 
     def __init__(self, exe, model, optimizer, params, opt_state, n_batch,
                  has_aux, on_nan, accumulate, clip_norm, n_before=None, packing=None,
-                 buffers=None):
+                 buffers=None, n_args=3):
         self.exe = exe
         # params and opt_state as the compiled step takes them: packed when `packing`
         # (training.packing) is given, converted to the usual trees for the user.
@@ -46,14 +46,12 @@ class TrainStep:
         self.grad_norm = float("nan")
         self._run_s_treedef = pytree.flatten(opt_state)[2]
         self._s_treedef = pytree.flatten(self._unpacked(opt_state))[2]
-        # The batch comes after three arguments, params, state and the model's buffers
-        # (n_before arrays): a data-parallel step's functions take fewer (n_before given).
-        n_args = 3
+        # The batch comes after n_args arguments, params, state and the model's buffers
+        # (n_before arrays): a data-parallel step's grads function takes others (n_before
+        # and n_args given).
         if n_before is None:
             n_before = len(pytree.flatten(params)[0]) + len(pytree.flatten(opt_state)[0]) + \
                 len(pytree.flatten(buffers or {})[0])
-        else:
-            n_args = 2
         sig = exe.signature
         batch_tree = ["tuple", sig.in_tree[1][n_args:]] if sig.in_tree else None
         self._batch_sig = Signature(sig.function, sig.inputs[n_before:], [], in_tree=batch_tree)
