@@ -16,14 +16,16 @@ from ._version import __version__  # noqa: F401
 import importlib
 import importlib.util
 
-from .errors import (TercompError, TraceError, ParseError, VerifyError, CompileError,
-                     InputError, ArtifactError, DeviceUnavailable, NumericsError)
+from .errors import (TercompError, TraceError, ParseError, TypeSpecError, VerifyError,
+                     CompileError, ConfigError, InputError, ModelFileError, ArtifactError,
+                     UnsupportedError, MissingDependency, DeviceUnavailable, ExecutionError,
+                     NumericsError, InternalError)
 from .runtime.module import CompiledModule, DeviceArray
 from .runtime.loader import load
 from .runtime.generator import LMGenerator
 from .runtime.batched import BatchedLMGenerator
 
-class CompilerMissing(TercompError, AttributeError):
+class CompilerMissing(MissingDependency, AttributeError):
     """A compiler-side name (tc.compile, tc.trace, tc.nn, ...) asked for where only
     iree-base-runtime is installed. An AttributeError too, so hasattr() still works."""
 

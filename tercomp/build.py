@@ -41,7 +41,7 @@ from .codegen.params import ParamTable, check_mode, parameterized, resolve_mode
 from .codegen.targets import check_extra_flags, needs_isolation, resolve_targets, target_flags
 from .kernels.table import table_key
 from .kernels.ternary.strategies import check_strategy
-from .errors import TercompError
+from .errors import CompileError
 from .ir.digest import digest
 from .passes import Dumper, run_pipeline
 from .runtime import compile_cache
@@ -230,7 +230,7 @@ def _dump_phases(dump_dir: str, flags, module_text: str) -> dict:
     try:
         subprocess.run(cmd, check=True, capture_output=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as e:
-        raise TercompError(f"dumping IREE's compilation phases failed: {e}") from None
+        raise CompileError(f"dumping IREE's compilation phases failed: {e}") from None
     finally:
         os.unlink(src)
     phases = {}

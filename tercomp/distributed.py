@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from .errors import TercompError
+from .errors import ConfigError, MissingDependency
 
 try:       # optional: the `distributed` extra
     import mpi4py
@@ -181,8 +181,8 @@ def init(timeout: float | None = None) -> World:
     """
     global _world
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise TercompError(f"tc.distributed.init: timeout must be a positive number of seconds, "
-                           f"got {timeout!r}")
+        raise ConfigError(f"tc.distributed.init: timeout must be a positive number of seconds, "
+                          f"got {timeout!r}")
     if _world is None:
         _world = _join()
     if timeout is not None:
@@ -194,9 +194,9 @@ def _join() -> World:
     launched = launched_size()
     if mpi4py is None:
         if launched not in (None, 1):
-            raise TercompError(f"this process was started as one of {launched} MPI ranks, but "
-                               "mpi4py is not installed: data-parallel training needs it",
-                               hint=EXTRA)
+            raise MissingDependency(f"this process was started as one of {launched} MPI ranks, but "
+                                    "mpi4py is not installed: data-parallel training needs it",
+                                    hint=EXTRA)
         return World()
     # mpi4py's MPI initializes MPI on import (thread level MULTIPLE, which the watchdog's
     # Abort from its own thread needs): imported here, when a step asks for the job.
@@ -204,10 +204,10 @@ def _join() -> World:
     world = World(MPI.COMM_WORLD, MPI.SUM)
     # a size the launcher gave must be MPI's (a PMIx launcher may give only the rank)
     if _given_size() not in (None, world.size):
-        raise TercompError(f"the launcher started {_given_size()} ranks but MPI sees {world.size}: "
-                           "mpiexec belongs to another MPI than the one mpi4py loaded",
-                           hint=f"use the mpiexec beside this Python ({launcher()}), or build "
-                                "mpi4py against the system MPI")
+        raise ConfigError(f"the launcher started {_given_size()} ranks but MPI sees {world.size}: "
+                          "mpiexec belongs to another MPI than the one mpi4py loaded",
+                          hint=f"use the mpiexec beside this Python ({launcher()}), or build "
+                               "mpi4py against the system MPI")
     if world.size > 1:
         _abort_on_uncaught_exceptions(world)
     return world

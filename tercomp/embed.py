@@ -25,7 +25,7 @@ import numpy as np
 
 from . import nn
 from .compiler import compile as _compile
-from .errors import TercompError
+from .errors import ConfigError, InputError, UnsupportedError
 from .models.bitnet import BitNetLM
 from .models.config import POOLINGS
 from .tracing import api as _t
@@ -94,18 +94,18 @@ class Embedder:
         ids = np.ascontiguousarray(ids, np.int32)
         lengths = np.ascontiguousarray(lengths, np.int32)
         if ids.ndim != 2 or lengths.shape != ids.shape[:1] or not 1 <= ids.shape[1] <= self.max_seq:
-            raise TercompError(f"an Embedder call takes ids [B, T] (T <= max_seq {self.max_seq}) "
-                               f"and lengths [B], got {ids.shape} and {lengths.shape}")
+            raise InputError(f"an Embedder call takes ids [B, T] (T <= max_seq {self.max_seq}) "
+                             f"and lengths [B], got {ids.shape} and {lengths.shape}")
         if lengths.size and not ((lengths >= 1) & (lengths <= ids.shape[1])).all():
-            raise TercompError(f"lengths must be from 1 to T = {ids.shape[1]}, got "
-                               f"{lengths.tolist()[:8]}")
+            raise InputError(f"lengths must be from 1 to T = {ids.shape[1]}, got "
+                             f"{lengths.tolist()[:8]}")
         return np.asarray(self.module(ids.shape[1])(ids, lengths))
 
     def encode(self, text: str) -> list:
         """The token ids of `text`: the tokenizer's (with its special tokens), and the
         model's EOS after them where its file asks for one (last-token pooling reads it)."""
         if self.tokenizer is None:
-            raise TercompError("this model has no tokenizer", hint="pass token ids instead of text")
+            raise UnsupportedError("this model has no tokenizer", hint="pass token ids instead of text")
         ids = list(self.tokenizer.encode(text).ids)
         if self.eos is not None and (not ids or ids[-1] != self.eos):
             ids.append(self.eos)
@@ -131,8 +131,8 @@ class Embedder:
         if isinstance(inputs, str):
             inputs = [inputs]
         if not isinstance(inputs, (list, tuple)) or not inputs:
-            raise TercompError(f"embed expects a non-empty list of strings or of token-id "
-                               f"lists, got {type(inputs).__name__}")
+            raise InputError(f"embed expects a non-empty list of strings or of token-id "
+                             f"lists, got {type(inputs).__name__}")
         vocab = self.lm.config.vocab_size
         seqs = []
         for k, x in enumerate(inputs):
@@ -142,16 +142,16 @@ class Embedder:
                 x = x.tolist()
             if not isinstance(x, (list, tuple)) or not all(
                     isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in x):
-                raise TercompError(f"embed: input {k} is neither a string nor a list of token ids")
+                raise InputError(f"embed: input {k} is neither a string nor a list of token ids")
             if not x:
-                raise TercompError(f"embed: input {k} has no tokens")
+                raise InputError(f"embed: input {k} has no tokens")
             if len(x) > self.max_seq:
-                raise TercompError(f"embed: input {k} has {len(x)} tokens, more than max_seq "
-                                   f"{self.max_seq}", hint="compile_embed with a larger max_seq")
+                raise InputError(f"embed: input {k} has {len(x)} tokens, more than max_seq "
+                                 f"{self.max_seq}", hint="compile_embed with a larger max_seq")
             bad = [i for i in x if not 0 <= i < vocab]
             if bad:
-                raise TercompError(f"embed: input {k} holds token id {bad[0]}, outside the "
-                                   f"vocabulary of {vocab}")
+                raise InputError(f"embed: input {k} holds token id {bad[0]}, outside the "
+                                 f"vocabulary of {vocab}")
             seqs.append([int(i) for i in x])
         return seqs
 
@@ -169,25 +169,25 @@ def compile_embed(lm, max_seq: int | None = None, pooling: str | None = None,
     (2, 1024)
     """
     if not isinstance(lm, BitNetLM):
-        raise TercompError(f"compile_embed expects a models.BitNetLM, got {type(lm).__name__}",
-                           hint="load one with models.load(path)")
+        raise ConfigError(f"compile_embed expects a models.BitNetLM, got {type(lm).__name__}",
+                          hint="load one with models.load(path)")
     c = lm.config
     if max_seq is None:
         max_seq = min(2048, c.max_position_embeddings)
     if isinstance(max_seq, bool) or not isinstance(max_seq, (int, np.integer)) or \
             not 1 <= max_seq <= c.max_position_embeddings:
-        raise TercompError(f"compile_embed: max_seq must be an integer from 1 to the model's "
-                           f"max_position_embeddings {c.max_position_embeddings}, got {max_seq!r}")
+        raise ConfigError(f"compile_embed: max_seq must be an integer from 1 to the model's "
+                          f"max_position_embeddings {c.max_position_embeddings}, got {max_seq!r}")
     pooling = pooling if pooling is not None else (c.pooling or "last")
     if pooling not in POOLINGS:
-        raise TercompError(f"compile_embed: pooling must be one of {', '.join(POOLINGS)}, "
-                           f"got {pooling!r}")
+        raise ConfigError(f"compile_embed: pooling must be one of {', '.join(POOLINGS)}, "
+                          f"got {pooling!r}")
     if not isinstance(normalize, bool):
-        raise TercompError(f"compile_embed: normalize must be true or false, got {normalize!r}")
+        raise ConfigError(f"compile_embed: normalize must be true or false, got {normalize!r}")
     if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or \
             not 1 <= max_batch <= 4096:
-        raise TercompError(f"compile_embed: max_batch must be an integer from 1 to 4096, "
-                           f"got {max_batch!r}")
+        raise ConfigError(f"compile_embed: max_batch must be an integer from 1 to 4096, "
+                          f"got {max_batch!r}")
     return Embedder(lm, int(max_seq), pooling, normalize, int(max_batch), _eos(lm), options)
 
 

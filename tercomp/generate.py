@@ -42,7 +42,7 @@ from . import nn
 from .build import BuildOptions, Pipeline, build
 from .lowering import Entry, StateVar, to_stateful_mlir
 from .codegen.targets import WITH_16BIT_STORAGE
-from .errors import TercompError
+from .errors import ConfigError, UnsupportedError
 from .ir import TensorType
 from .models.bitnet import BitNetLM
 from .models.kv_cache import KVCache
@@ -101,18 +101,18 @@ OUTPUT_DTYPES = ("auto", "float16", "int8", "float32")
 
 def _check_args(lm, max_seq, kv_dtype):
     if not isinstance(lm, BitNetLM):
-        raise TercompError(f"compile_lm expects a models.BitNetLM, got {type(lm).__name__}",
-                           hint="load one with models.load(path) or build models.BitNetLM(config)")
+        raise ConfigError(f"compile_lm expects a models.BitNetLM, got {type(lm).__name__}",
+                          hint="load one with models.load(path) or build models.BitNetLM(config)")
     if max_seq is None:
         max_seq = min(DEFAULT_MAX_SEQ, lm.config.max_position_embeddings)
     if isinstance(max_seq, bool) or not isinstance(max_seq, (int, np.integer)) or max_seq < 1:
-        raise TercompError(f"compile_lm: max_seq must be a positive integer, got {max_seq!r}")
+        raise ConfigError(f"compile_lm: max_seq must be a positive integer, got {max_seq!r}")
     if max_seq > lm.config.max_position_embeddings:
-        raise TercompError(f"compile_lm: max_seq {max_seq} exceeds the model's "
-                           f"max_position_embeddings {lm.config.max_position_embeddings}")
+        raise ConfigError(f"compile_lm: max_seq {max_seq} exceeds the model's "
+                          f"max_position_embeddings {lm.config.max_position_embeddings}")
     if kv_dtype not in KV_DTYPES:
-        raise TercompError(f"compile_lm: kv_dtype must be one of {', '.join(sorted(KV_DTYPES))}, "
-                           f"got {kv_dtype!r}")
+        raise ConfigError(f"compile_lm: kv_dtype must be one of {', '.join(sorted(KV_DTYPES))}, "
+                          f"got {kv_dtype!r}")
     return int(max_seq), KV_DTYPES[kv_dtype]
 
 
@@ -169,24 +169,24 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
         # wrong logits on every device, NaN on local-sync, and one variant segfaulted
         # the process on its first prefill; each target alone is right, and so is the
         # same step compiled for both without its cache globals (tc.compile)
-        raise TercompError(f"compile_lm compiles for one target at a time, got "
-                           f"{', '.join(opts.names)}",
-                           hint="compile one generator per target: IREE 3.13's modules for "
-                                "several targets corrupt the step's cache globals")
+        raise ConfigError(f"compile_lm compiles for one target at a time, got "
+                          f"{', '.join(opts.names)}",
+                          hint="compile one generator per target: IREE 3.13's modules for "
+                               "several targets corrupt the step's cache globals")
     no16 = [t for t in opts.targets if not t.stores_16bit]
     narrow = "float32" if no16 else "float16"
     for what, value in (("kv_dtype", kv_dtype), ("output_dtype", output_dtype)):
         if no16 and value in ("float16", "f16"):
-            raise TercompError(f"compile_lm: {what}={value!r} needs 16-bit storage, which the "
-                               f"{no16[0].name} target {no16[0].arch!r} does not have",
-                               hint=f"leave {what} out (float32 there), or pass a vulkan_target "
-                                    f"that stores f16: {', '.join(map(repr, WITH_16BIT_STORAGE))}, ...")
+            raise UnsupportedError(f"compile_lm: {what}={value!r} needs 16-bit storage, which the "
+                                   f"{no16[0].name} target {no16[0].arch!r} does not have",
+                                   hint=f"leave {what} out (float32 there), or pass a vulkan_target "
+                                        f"that stores f16: {', '.join(map(repr, WITH_16BIT_STORAGE))}, ...")
     max_seq, kv = _check_args(lm, max_seq, kv_dtype or narrow)
     max_batch = _check_batch(max_batch)
     output_dtype = output_dtype or ("auto" if narrow == "float16" else narrow)
     if output_dtype not in OUTPUT_DTYPES:
-        raise TercompError(f"compile_lm: output_dtype must be one of "
-                           f"{', '.join(map(repr, OUTPUT_DTYPES))}, got {output_dtype!r}")
+        raise ConfigError(f"compile_lm: output_dtype must be one of "
+                          f"{', '.join(map(repr, OUTPUT_DTYPES))}, got {output_dtype!r}")
     numerics = numerics_enabled(check_numerics)
     c = lm.config
     lm_meta = LMGenerator.describe(c.to_dict(), max_seq, kv, tokenizer=_tokenizer_json(lm),
@@ -243,8 +243,8 @@ def _check_batch(max_batch) -> int:
         return 1
     if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) \
             or not 1 <= max_batch <= MAX_BATCH:
-        raise TercompError(f"compile_lm: max_batch must be an int from 1 to {MAX_BATCH}, "
-                           f"got {max_batch!r}")
+        raise ConfigError(f"compile_lm: max_batch must be an int from 1 to {MAX_BATCH}, "
+                          f"got {max_batch!r}")
     return int(max_batch)
 
 

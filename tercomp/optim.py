@@ -21,7 +21,7 @@ import numbers
 
 import numpy as np
 
-from .errors import TercompError, check_number
+from .errors import TercompError, TraceError, ConfigError, InputError, check_number
 from .tracing import api as _t
 from . import pytree
 from .pytree import tree_map
@@ -94,8 +94,8 @@ class cosine(Schedule):
         self.total_steps = check_number("optim.cosine", "total_steps", total_steps, lo=0.0, lo_open=True)
         self.warmup_steps = check_number("optim.cosine", "warmup_steps", warmup_steps, lo=0.0)
         if self.warmup_steps >= self.total_steps:
-            raise TercompError(f"optim.cosine: warmup_steps ({warmup_steps}) must be less than "
-                               f"total_steps ({total_steps})")
+            raise ConfigError(f"optim.cosine: warmup_steps ({warmup_steps}) must be less than "
+                              f"total_steps ({total_steps})")
 
     def __call__(self, step):
         t = _scalar(step)
@@ -120,10 +120,10 @@ def _as_schedule(owner, lr) -> Schedule:
     try:
         return constant(lr)
     except TercompError:
-        raise TercompError(f"{owner}: the learning rate must be a non-negative number or a "
-                           f"schedule (a function of the step count), got {lr!r} "
-                           f"({type(lr).__name__})",
-                           hint="e.g. lr=1e-3 or lr=tc.optim.cosine(1e-3, total_steps=1000)") from None
+        raise ConfigError(f"{owner}: the learning rate must be a non-negative number or a "
+                          f"schedule (a function of the step count), got {lr!r} "
+                          f"({type(lr).__name__})",
+                          hint="e.g. lr=1e-3 or lr=tc.optim.cosine(1e-3, total_steps=1000)") from None
 
 
 class _Callable(Schedule):
@@ -139,7 +139,7 @@ def global_norm(tree):
     """sqrt of the sum of squares of every leaf of `tree` (an f32 scalar)."""
     leaves, _ = _leaves(tree)
     if not leaves:
-        raise TercompError("global_norm of an empty pytree")
+        raise InputError("global_norm of an empty pytree")
     total = None
     for g in leaves:
         s = _t.sum(g * g)
@@ -171,8 +171,8 @@ def accumulate_gradients(value_and_grad_fn, micro_batches: int):
     """
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, numbers.Integral) \
             or micro_batches < 1:
-        raise TercompError(f"accumulate_gradients: micro_batches must be a positive integer, "
-                           f"got {micro_batches!r}")
+        raise ConfigError(f"accumulate_gradients: micro_batches must be a positive integer, "
+                          f"got {micro_batches!r}")
     k = int(micro_batches)
 
     def fn(params, *batch):
@@ -184,13 +184,13 @@ def accumulate_gradients(value_and_grad_fn, micro_batches: int):
             shape = tuple(getattr(x, "shape", np.shape(x)))
             n = shape[0] if shape else None
             if not isinstance(n, (int, np.integer)):
-                raise TercompError(f"gradient accumulation over {k} micro-batches needs batch "
-                                   f"arrays with a static leading dim; batch leaf {i} has shape "
-                                   f"{tuple(getattr(x, 'shape', ()))}",
-                                   hint="compile with concrete example arrays, not a symbolic batch")
+                raise TraceError(f"gradient accumulation over {k} micro-batches needs batch "
+                                 f"arrays with a static leading dim; batch leaf {i} has shape "
+                                 f"{tuple(getattr(x, 'shape', ()))}",
+                                 hint="compile with concrete example arrays, not a symbolic batch")
             if n % k:
-                raise TercompError(f"gradient accumulation: the batch size {n} (batch leaf {i}) is "
-                                   f"not divisible by {k} micro-batches")
+                raise TraceError(f"gradient accumulation: the batch size {n} (batch leaf {i}) is "
+                                 f"not divisible by {k} micro-batches")
             m = n // k
             slices.append([x[j * m:(j + 1) * m] for j in range(k)])
         value = grads = None
@@ -229,7 +229,7 @@ class Optimizer:
     @staticmethod
     def _step(state):
         if not isinstance(state, dict) or "step" not in state:
-            raise TercompError("optimizer state must be the dict returned by init(params)")
+            raise InputError("optimizer state must be the dict returned by init(params)")
         return state["step"]
 
 
@@ -251,9 +251,9 @@ class SGD(Optimizer):
         self.momentum = check_number("SGD", "momentum", momentum, lo=0.0, hi=1.0, hi_open=True)
         self.weight_decay = check_number("SGD", "weight_decay", weight_decay, lo=0.0)
         if not isinstance(nesterov, bool):
-            raise TercompError(f"SGD: nesterov must be True or False, got {nesterov!r}")
+            raise ConfigError(f"SGD: nesterov must be True or False, got {nesterov!r}")
         if nesterov and self.momentum == 0.0:
-            raise TercompError("SGD: nesterov=True needs a momentum > 0")
+            raise ConfigError("SGD: nesterov=True needs a momentum > 0")
         self.nesterov = nesterov
 
     def init(self, params) -> dict:
@@ -303,7 +303,7 @@ class AdamW(Optimizer):
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
         self.lr = _as_schedule("AdamW", lr)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise TercompError(f"AdamW: betas must be a pair of numbers, got {betas!r}")
+            raise ConfigError(f"AdamW: betas must be a pair of numbers, got {betas!r}")
         self.b1 = check_number("AdamW", "betas[0]", betas[0], lo=0.0, hi=1.0, hi_open=True)
         self.b2 = check_number("AdamW", "betas[1]", betas[1], lo=0.0, hi=1.0, hi_open=True)
         self.eps = check_number("AdamW", "eps", eps, lo=0.0, lo_open=True)

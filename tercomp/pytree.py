@@ -7,7 +7,7 @@ which is not JSON-able: modules are never artifact outputs).
 """
 from __future__ import annotations
 
-from .errors import TercompError
+from .errors import InputError
 
 _MODULE_BASES: list = []        # classes registered with register_module_class
 _MODULE_TYPES: dict = {}        # type -> whether it is one of them (a cache)
@@ -84,12 +84,12 @@ def unflatten(treedef, leaves, on_module=None):
         if kind == "module":
             vals = {n: next(it) for n in t[1]}
             return on_module(t[2], vals) if on_module else vals
-        raise TercompError(f"bad treedef {t!r}")
+        raise InputError(f"bad treedef {t!r}")
 
     out = rec(treedef)
     rest = list(it)
     if rest:
-        raise TercompError(f"{len(rest)} leaves left over when unflattening")
+        raise InputError(f"{len(rest)} leaves left over when unflattening")
     return out
 
 
@@ -125,6 +125,6 @@ def tree_map(fn, *trees):
     others = [flatten(t)[0] for t in trees[1:]]
     for o in others:
         if len(o) != len(first):
-            raise TercompError(f"pytrees do not match: {len(first)} leaves and {len(o)} leaves",
-                               hint="grads, params and optimizer state must have the same structure")
+            raise InputError(f"pytrees do not match: {len(first)} leaves and {len(o)} leaves",
+                             hint="grads, params and optimizer state must have the same structure")
     return unflatten(treedef, [fn(*xs) for xs in zip(first, *others)])

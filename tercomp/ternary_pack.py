@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import TercompError
+from .errors import ConfigError, InputError
 
 #: Largest KO for which the i16 partial sums of the int8 add/sub kernel cannot overflow.
 KO_MAX = 64
@@ -126,7 +126,7 @@ def k_split(kb: int) -> tuple[int, int]:
     """
     kb = int(kb)
     if kb < 1:
-        raise TercompError(f"packed width KB must be >= 1, got {kb}")
+        raise InputError(f"packed width KB must be >= 1, got {kb}")
     if kb <= KI_BASE:
         return 1, kb
     ki = KI_BASE
@@ -144,7 +144,7 @@ def k_split(kb: int) -> tuple[int, int]:
 
 def _check_k(k) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or int(k) < 1:
-        raise TercompError(f"K must be a positive integer, got {k!r}")
+        raise ConfigError(f"K must be a positive integer, got {k!r}")
     return int(k)
 
 
@@ -162,15 +162,15 @@ def absmean_ternarize(w: np.ndarray) -> tuple[np.ndarray, np.float32]:
     """
     w = np.asarray(w)
     if w.ndim != 2:
-        raise TercompError(f"absmean_ternarize expects a 2-D weight matrix [N, K], "
-                           f"got shape {w.shape}")
+        raise InputError(f"absmean_ternarize expects a 2-D weight matrix [N, K], "
+                         f"got shape {w.shape}")
     if not np.issubdtype(w.dtype, np.floating):
-        raise TercompError(f"absmean_ternarize expects float weights, got dtype {w.dtype}")
+        raise InputError(f"absmean_ternarize expects float weights, got dtype {w.dtype}")
     if w.size == 0:
-        raise TercompError(f"absmean_ternarize got an empty matrix of shape {w.shape}")
+        raise InputError(f"absmean_ternarize got an empty matrix of shape {w.shape}")
     if not np.all(np.isfinite(w)):
         bad = tuple(int(i) for i in np.argwhere(~np.isfinite(w))[0])
-        raise TercompError(f"absmean_ternarize got a non-finite weight {w[bad]} at {bad}")
+        raise InputError(f"absmean_ternarize got a non-finite weight {w[bad]} at {bad}")
     w64 = w.astype(np.float64)
     scale = np.float32(max(np.mean(np.abs(w64)), SCALE_EPS))
     t = np.clip(np.rint(w64 / np.float64(scale)), -1, 1).astype(np.int8)
@@ -190,11 +190,11 @@ def ternarize_with_scale(w: np.ndarray, scale) -> tuple[np.ndarray, np.float32]:
     """
     w = np.asarray(w)
     if w.ndim != 2 or not np.issubdtype(w.dtype, np.floating) or w.size == 0:
-        raise TercompError(f"ternarize_with_scale expects a non-empty 2-D float matrix, got "
-                           f"shape {w.shape} dtype {w.dtype}")
+        raise InputError(f"ternarize_with_scale expects a non-empty 2-D float matrix, got "
+                         f"shape {w.shape} dtype {w.dtype}")
     s = np.float32(scale)
     if not (np.isfinite(s) and s > 0):
-        raise TercompError(f"a ternary weight scale must be finite and positive, got {scale!r}")
+        raise InputError(f"a ternary weight scale must be finite and positive, got {scale!r}")
     t = np.clip(np.rint(w.astype(np.float64) / np.float64(s)), -1, 1).astype(np.int8)
     return t, s
 
@@ -218,11 +218,11 @@ def absmean_latent(t: np.ndarray, scale) -> np.ndarray:
     t = np.asarray(t)
     s = np.float32(scale)
     if t.ndim != 2 or t.size == 0 or not np.isin(t, (-1, 0, 1)).all():
-        raise TercompError(f"absmean_latent expects a non-empty ternary matrix [N, K], got "
-                           f"shape {t.shape}")
+        raise InputError(f"absmean_latent expects a non-empty ternary matrix [N, K], got "
+                         f"shape {t.shape}")
     if not (np.isfinite(s) and s >= SCALE_EPS):
-        raise TercompError(f"absmean_latent: the scale must be finite and at least "
-                           f"{SCALE_EPS}, got {scale!r}")
+        raise InputError(f"absmean_latent: the scale must be finite and at least "
+                         f"{SCALE_EPS}, got {scale!r}")
     nnz = int(np.count_nonzero(t))
     w = t.astype(np.float32)
     if nnz == 0:
@@ -267,9 +267,9 @@ def act_quant(x: np.ndarray, eps: float = ACT_EPS) -> tuple[np.ndarray, np.ndarr
     """
     x = np.asarray(x)
     if not np.issubdtype(x.dtype, np.floating):
-        raise TercompError(f"act_quant expects float activations, got dtype {x.dtype}")
+        raise InputError(f"act_quant expects float activations, got dtype {x.dtype}")
     if x.ndim < 1 or x.shape[-1] == 0:
-        raise TercompError(f"act_quant expects a non-empty last axis, got shape {x.shape}")
+        raise InputError(f"act_quant expects a non-empty last axis, got shape {x.shape}")
     dt = x.dtype.type
     amax = np.max(np.abs(x), axis=-1, keepdims=True)
     s = dt(ACT_MAX) / np.maximum(amax, dt(eps))
@@ -290,13 +290,13 @@ def pack_ternary(t: np.ndarray) -> np.ndarray:
     """
     t = np.asarray(t)
     if t.ndim != 2:
-        raise TercompError(f"pack_ternary expects a 2-D matrix [N, K], got shape {t.shape}")
+        raise InputError(f"pack_ternary expects a 2-D matrix [N, K], got shape {t.shape}")
     if not (np.issubdtype(t.dtype, np.integer) and t.dtype != np.bool_):
-        raise TercompError(f"pack_ternary expects an integer ternary matrix, got dtype "
-                           f"{t.dtype}", hint="quantize float weights with absmean_ternarize")
+        raise InputError(f"pack_ternary expects an integer ternary matrix, got dtype "
+                         f"{t.dtype}", hint="quantize float weights with absmean_ternarize")
     n, k = t.shape
     if n == 0 or k == 0:
-        raise TercompError(f"pack_ternary got an empty matrix of shape {t.shape}")
+        raise InputError(f"pack_ternary got an empty matrix of shape {t.shape}")
     t8 = t
     if t.dtype != np.int8:               # out-of-range values stay out of range
         t8 = (np.minimum(t, 2) if t.dtype.kind == "u" else np.clip(t, -2, 2)).astype(np.int8)
@@ -304,9 +304,9 @@ def pack_ternary(t: np.ndarray) -> np.ndarray:
     bad = (b + np.uint8(1)) > 2          # -1, 0, 1 -> 0, 1, 2 as bytes; anything else is bad
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise TercompError(f"pack_ternary: {int(bad.sum())} value(s) are not in {{-1, 0, 1}}, "
-                           f"e.g. {t[idx]} at index {idx}",
-                           hint="quantize with absmean_ternarize first")
+        raise InputError(f"pack_ternary: {int(bad.sum())} value(s) are not in {{-1, 0, 1}}, "
+                         f"e.g. {t[idx]} at index {idx}",
+                         hint="quantize with absmean_ternarize first")
     kp = padded_k(k)
     kb = kp // 4
     codes = b & np.uint8(3)              # 0, 1, 0b11 for 0, 1, -1
@@ -331,20 +331,20 @@ def unpack_ternary(packed: np.ndarray, k: int) -> np.ndarray:
     k = _check_k(k)
     n, kb = packed.shape
     if 4 * kb < k:
-        raise TercompError(f"packed ternary matrix has {kb} bytes per row, which hold at "
-                           f"most {4 * kb} columns, but K = {k} was asked for")
+        raise InputError(f"packed ternary matrix has {kb} bytes per row, which hold at "
+                         f"most {4 * kb} columns, but K = {k} was asked for")
     codes = np.stack([(packed >> (2 * j)) & 3 for j in range(4)], axis=1).reshape(n, 4 * kb)
     invalid = codes == _CODE_BAD
     if invalid.any():
         r, c = (int(i) for i in np.argwhere(invalid)[0])
-        raise TercompError(f"packed ternary matrix holds {int(invalid.sum())} invalid 2-bit "
-                           f"code(s) 0b11, e.g. row {r} byte {c % kb} plane {c // kb}",
-                           hint="the data is not a pack_ternary output (corrupt or "
-                                "another layout)")
+        raise InputError(f"packed ternary matrix holds {int(invalid.sum())} invalid 2-bit "
+                         f"code(s) 0b11, e.g. row {r} byte {c % kb} plane {c // kb}",
+                         hint="the data is not a pack_ternary output (corrupt or "
+                              "another layout)")
     if (codes[:, k:] != 0).any():
         r, c = (int(i) for i in np.argwhere(codes[:, k:] != 0)[0])
-        raise TercompError(f"packed ternary matrix has a non-zero code in padding column "
-                           f"{k + c} of row {r} (K = {k}); wrong K or a corrupt pack")
+        raise InputError(f"packed ternary matrix has a non-zero code in padding column "
+                         f"{k + c} of row {r} (K = {k}); wrong K or a corrupt pack")
     t = (codes[:, :k] & 1).astype(np.int8) - (codes[:, :k] >> 1).astype(np.int8)
     return t
 
@@ -391,7 +391,7 @@ def from_tq2_0(qs: np.ndarray, n: int, k: int) -> np.ndarray | None:
     True
     """
     if k % 256 or padded_k(k) != k:
-        raise TercompError(f"from_tq2_0: K = {k} is not a multiple of 256 without padding")
+        raise InputError(f"from_tq2_0: K = {k} is not a multiple of 256 without padding")
     return _from_offset_groups(qs, n, k)
 
 
@@ -487,8 +487,8 @@ def from_i2_s(codes: np.ndarray, n: int, k: int) -> np.ndarray | None:
     True
     """
     if k % I2S_BLOCK or padded_k(k) != k:
-        raise TercompError(f"from_i2_s: K = {k} is not a multiple of {I2S_BLOCK} without "
-                           f"padding")
+        raise InputError(f"from_i2_s: K = {k} is not a multiple of {I2S_BLOCK} without "
+                         f"padding")
     return _from_offset_groups(_reverse_fields(codes), n, k)
 
 
@@ -498,8 +498,8 @@ def to_i2_s(t: np.ndarray) -> np.ndarray:
     included."""
     t = np.asarray(t)
     if t.ndim != 2 or t.size % I2S_BLOCK or not np.isin(t, (-1, 0, 1)).all():
-        raise TercompError(f"to_i2_s expects a ternary matrix of whole {I2S_BLOCK}-weight "
-                           f"blocks, got shape {t.shape}")
+        raise InputError(f"to_i2_s expects a ternary matrix of whole {I2S_BLOCK}-weight "
+                         f"blocks, got shape {t.shape}")
     c = (t.astype(np.int8) + np.int8(1)).view(np.uint8).reshape(-1, 4, 32)
     out = c[:, 0] << 6
     out |= c[:, 1] << 4
@@ -511,13 +511,13 @@ def to_i2_s(t: np.ndarray) -> np.ndarray:
 def _check_packed(packed) -> np.ndarray:
     packed = np.asarray(packed)
     if packed.ndim != 2:
-        raise TercompError(f"a packed ternary matrix is 2-D [N, KB], got shape {packed.shape}")
+        raise InputError(f"a packed ternary matrix is 2-D [N, KB], got shape {packed.shape}")
     if packed.dtype == np.int8:  # same bytes, as an MLIR i8 constant reads them
         packed = packed.view(np.uint8)
     if packed.dtype != np.uint8:
-        raise TercompError(f"a packed ternary matrix has dtype uint8, got {packed.dtype}")
+        raise InputError(f"a packed ternary matrix has dtype uint8, got {packed.dtype}")
     if packed.shape[0] == 0 or packed.shape[1] == 0:
-        raise TercompError(f"packed ternary matrix is empty (shape {packed.shape})")
+        raise InputError(f"packed ternary matrix is empty (shape {packed.shape})")
     return packed
 
 
@@ -541,11 +541,11 @@ def ternary_matmul_reference(x: np.ndarray, packed: np.ndarray, k: int, scale: f
     """
     x = np.asarray(x)
     if not np.issubdtype(x.dtype, np.floating):
-        raise TercompError(f"ternary matmul expects float activations, got {x.dtype}")
+        raise InputError(f"ternary matmul expects float activations, got {x.dtype}")
     if x.ndim < 1 or x.shape[-1] != k:
-        raise TercompError(f"ternary matmul expects activations [..., {k}], got {x.shape}")
+        raise InputError(f"ternary matmul expects activations [..., {k}], got {x.shape}")
     if codes not in CODES:
-        raise TercompError(f"unknown ternary code format {codes!r}; expected one of {CODES}")
+        raise ConfigError(f"unknown ternary code format {codes!r}; expected one of {CODES}")
     if codes == "offset":
         packed = from_offset_codes(packed)
     t = unpack_ternary(packed, k).astype(np.float64)

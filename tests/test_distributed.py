@@ -72,7 +72,7 @@ def test_two_ranks_train_as_one_process_and_stop_together(tmp_path, reference):
             "skipped, the weights are those of the last finite step"], out
         assert lines(tmp_path, rank, "steps") == [str(n)]
     assert lines(tmp_path, 0, "failure error:") == [
-        f"TercompError: training step {n + 1}: rank(s) 1 failed (their error says why); "
+        f"ExecutionError: training step {n + 1}: rank(s) 1 failed (their error says why); "
         "every rank stops"], out
     assert lines(tmp_path, 1, "failure error:")[0].startswith("InputError: training step: input x: "
                                                          "expected shape [8, 12], got [8, 11]")

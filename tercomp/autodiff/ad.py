@@ -25,7 +25,8 @@ import json
 import numpy as np
 
 from .. import pytree
-from ..errors import TercompError
+from ..errors import (TraceError, VerifyError, ConfigError, InputError, UnsupportedError,
+                      InternalError)
 from ..ir import Graph, Value, numpy_dtype
 from ..ir.types import is_float
 from ..ops import GraphBuilder, get, interpret
@@ -89,8 +90,8 @@ def backward(b: GraphBuilder, ops: list, seeds: dict, wrt: list) -> list:
             if g is None or id(v) not in active or i in opdef.nondiff_operands:
                 continue
             if g.type.shape != v.type.shape and g.type != v.type:
-                raise TercompError(f"internal: the VJP of tern.{op.opname} gave operand {i} a cotangent of "
-                                   f"type {g.type}, expected {v.type}", loc=op.loc)
+                raise InternalError(f"internal: the VJP of tern.{op.opname} gave operand {i} a cotangent of "
+                                    f"type {g.type}, expected {v.type}", loc=op.loc)
             ct[id(v)] = g if id(v) not in ct else b.add(ct[id(v)], g)
     results = [ct.get(id(v)) for v in wrt]
     _name_cotangents(graph, start, [(g, v.name) for g, v in zip(results, wrt) if g is not None] + finalized)
@@ -102,9 +103,9 @@ def _decomposition_vjp(b: GraphBuilder, op, cts) -> list:
     a rule of its own, or one whose rule declined)."""
     opdef = get(op.opname)
     if opdef.decompose is None:
-        raise TercompError(f"tern.{op.opname} has no gradient rule", loc=op.loc,
-                           hint="wrap the computation in tc.stop_gradient(...) or define a "
-                                "rule with tc.custom_vjp")
+        raise UnsupportedError(f"tern.{op.opname} has no gradient rule", loc=op.loc,
+                               hint="wrap the computation in tc.stop_gradient(...) or define a "
+                                    "rule with tc.custom_vjp")
     start = len(b.graph.ops)
     outs = opdef.decompose(b, list(op.operands), op.attrs)
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -137,20 +138,20 @@ def saved_for_backward(fwd_ops, bwd_ops) -> list:
 
 def seed_for(b: GraphBuilder, out: Value, what: str, loc=None) -> Value:
     if out.type.rank != 0:
-        raise TercompError(f"{what} needs a scalar output, but the function returns "
-                           f"%{out.name} of shape {out.type}", loc=loc,
-                           hint="reduce it first (tc.sum / tc.mean), or use tc.vjp with a cotangent")
+        raise TraceError(f"{what} needs a scalar output, but the function returns "
+                         f"%{out.name} of shape {out.type}", loc=loc,
+                         hint="reduce it first (tc.sum / tc.mean), or use tc.vjp with a cotangent")
     if not is_float(out.dtype):
-        raise TercompError(f"{what}: the output %{out.name} is {out.dtype}, not floating point", loc=loc)
+        raise TraceError(f"{what}: the output %{out.name} is {out.dtype}, not floating point", loc=loc)
     return b.scalar(1.0, out.dtype)
 
 
 def check_differentiable(values, what, loc=None):
     for v in values:
         if not is_float(v.dtype):
-            raise TercompError(f"{what}: input %{v.name} is {v.dtype}; only floating-point inputs "
-                               "can be differentiated", loc=loc,
-                               hint="leave integer inputs (labels, ids) out of argnums")
+            raise TraceError(f"{what}: input %{v.name} is {v.dtype}; only floating-point inputs "
+                             "can be differentiated", loc=loc,
+                             hint="leave integer inputs (labels, ids) out of argnums")
 
 
 # -- the glue between traced functions and the reverse walk ---------------------------------
@@ -238,8 +239,8 @@ class GradFn(_Transform):
         nums = (self.argnums,) if isinstance(self.argnums, int) else tuple(self.argnums)
         for i in nums:
             if not -len(args) <= i < len(args):
-                raise TercompError(f"{what}: argnums {self.argnums} is out of range for "
-                                   f"{len(args)} arguments", loc=loc)
+                raise ConfigError(f"{what}: argnums {self.argnums} is out of range for "
+                                  f"{len(args)} arguments", loc=loc)
         args = list(args)
         for i in nums:
             args[i] = _as_tracers(tr, args[i])
@@ -249,12 +250,12 @@ class GradFn(_Transform):
         result = self.fn(*args)
         if self.has_aux:
             if not (isinstance(result, (tuple, list)) and len(result) == 2):
-                raise TercompError(f"{what}(has_aux=True): the function must return (value, aux)", loc=loc)
+                raise TraceError(f"{what}(has_aux=True): the function must return (value, aux)", loc=loc)
             out, aux = result
         else:
             out, aux = result, None
         if not isinstance(out, Tracer):
-            raise TercompError(f"{what}: the function's output does not depend on its inputs", loc=loc)
+            raise TraceError(f"{what}: the function's output does not depend on its inputs", loc=loc)
         tr.builder.loc = loc
         seed = seed_for(tr.builder, out.value, what, loc)
         mid = len(tr.graph.ops)
@@ -302,14 +303,14 @@ def vjp(fn, *primals):
         loc = user_location()
         ct_leaves, _, ct_tree = pytree.flatten(ct)
         if len(ct_leaves) != len(out_leaves):
-            raise TercompError(f"vjp: the cotangent has {len(ct_leaves)} leaves, the output {len(out_leaves)}",
-                               loc=loc)
+            raise InputError(f"vjp: the cotangent has {len(ct_leaves)} leaves, the output {len(out_leaves)}",
+                             loc=loc)
         cts = [c if isinstance(c, Tracer) else Tracer(tr.const(np.asarray(c), name="ct"), tr)
                for c, o in zip(ct_leaves, out_leaves)]
         for c, o in zip(cts, out_leaves):
             if tuple(c.shape) != tuple(o.shape):
-                raise TercompError(f"vjp: cotangent shape {list(c.shape)} does not match output shape "
-                                   f"{list(o.shape)}", loc=loc)
+                raise InputError(f"vjp: cotangent shape {list(c.shape)} does not match output shape "
+                                 f"{list(o.shape)}", loc=loc)
         tr.builder.loc = loc
         seeds = {o.value: c.value for o, c in zip(out_leaves, cts) if isinstance(o, Tracer)}
         return tuple(_cotangents(tr, fwd_ops, seeds, trees))
@@ -361,8 +362,8 @@ class custom_vjp(_Transform):
         if tr is None:
             return _eager(self, *args)
         if self.fwd is None:
-            raise TercompError(f"custom_vjp {self.rule}: call defvjp(fwd, bwd) before using it",
-                               loc=user_location())
+            raise TraceError(f"custom_vjp {self.rule}: call defvjp(fwd, bwd) before using it",
+                             loc=user_location())
         args = [_as_tracers(tr, a) for a in args]
         out, res = self.fwd(*args)
         arg_leaves = [t for a in args for t in pytree.flatten(a)[0]]
@@ -380,8 +381,8 @@ def _custom_vjp_rule(b, op, cts):
     """VJP of tern.custom_vjp: call the user's bwd on traced values."""
     rule = _CUSTOM_RULES.get(op.attrs["rule"])
     if rule is None:
-        raise TercompError(f"custom_vjp rule {op.attrs['rule']!r} is not defined in this process",
-                           loc=op.loc)
+        raise TraceError(f"custom_vjp rule {op.attrs['rule']!r} is not defined in this process",
+                         loc=op.loc)
     n_out, n_in = op.attrs["n_outputs"], op.attrs["n_inputs"]
     ins = op.operands[n_out:n_out + n_in]
     res = op.operands[n_out + n_in:]
@@ -391,14 +392,14 @@ def _custom_vjp_rule(b, op, cts):
         try:
             res_tree = json.loads(op.attrs["res_tree"])
         except (ValueError, RecursionError):
-            raise TercompError(f"custom_vjp {rule.rule}: malformed res_tree attribute", loc=op.loc) from None
+            raise VerifyError(f"custom_vjp {rule.rule}: malformed res_tree attribute", loc=op.loc) from None
         res_vals = pytree.unflatten(res_tree, [Tracer(v, tr) for v in res])
         g = [Tracer(c, tr) for c in cts]
         grads = rule.bwd(res_vals, g[0] if len(g) == 1 else tuple(g))
     grads = grads if isinstance(grads, (tuple, list)) else (grads,)
     if len(grads) != n_in:
-        raise TercompError(f"custom_vjp {rule.rule}: bwd returned {len(grads)} gradients for {n_in} inputs",
-                           loc=op.loc)
+        raise TraceError(f"custom_vjp {rule.rule}: bwd returned {len(grads)} gradients for {n_in} inputs",
+                         loc=op.loc)
     out = [None] * n_out
     for x, gr in zip(ins, grads):
         if gr is None:
@@ -407,8 +408,8 @@ def _custom_vjp_rule(b, op, cts):
             out.append(gr.value)
         else:
             if not x.type.is_static:
-                raise TercompError(f"custom_vjp {rule.rule}: bwd must return traced values for inputs "
-                                   "with symbolic shapes", loc=op.loc)
+                raise TraceError(f"custom_vjp {rule.rule}: bwd must return traced values for inputs "
+                                 "with symbolic shapes", loc=op.loc)
             out.append(b.constant(np.broadcast_to(np.asarray(gr, dtype=numpy_dtype(x.dtype)),
                                                   [int(d) for d in x.shape]).copy()))
     return out + [None] * len(res)

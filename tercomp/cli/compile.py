@@ -15,7 +15,7 @@ import re
 import sys
 import types
 
-from ..errors import TercompError
+from ..errors import TercompError, ConfigError, MissingDependency
 from .base import LazyChoices, UsageError, parse_spec, spinner
 
 
@@ -61,7 +61,7 @@ def run(args) -> int:
         import tercomp as tc
         tc.compile  # noqa: B018  (missing when only iree-base-runtime is installed)
     except AttributeError:
-        raise TercompError("compiling needs iree-base-compiler", hint="pip install iree-base-compiler") from None
+        raise MissingDependency("compiling needs iree-base-compiler", hint="pip install iree-base-compiler") from None
     examples = [parse_spec(s) for s in args.example]
     fn = _resolve_compilable(_load_object(args.object), args.object)
     _check_example_count(fn, len(examples), args.object)
@@ -96,7 +96,7 @@ def _load_object(ref: str):
     except TercompError:
         raise
     except BaseException as e:               # the user's file: its SystemExit too
-        raise TercompError(f"importing {path} failed: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"importing {path} failed: {type(e).__name__}: {e}") from None
     obj = module
     for part in name.split("."):
         if not hasattr(obj, part):
@@ -129,9 +129,9 @@ def _resolve_compilable(obj, ref: str):
         except TercompError:
             raise
         except Exception as e:
-            raise TercompError(f"calling the factory {ref}() failed: {type(e).__name__}: {e}") from None
+            raise ConfigError(f"calling the factory {ref}() failed: {type(e).__name__}: {e}") from None
     if not callable(obj):
-        raise TercompError(f"{ref} is a {type(obj).__name__}, not a function, nn.Module or factory")
+        raise ConfigError(f"{ref} is a {type(obj).__name__}, not a function, nn.Module or factory")
     return obj
 
 

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from ..errors import TercompError
+from ..errors import ConfigError, InputError, UnsupportedError
 from .base import UsageError, check_text, int_list, is_artifact, positive_int
 from .model import open_model
 
@@ -121,13 +121,13 @@ def _prompt(args, tokenizer, template, ids):
         return np.array(ids, np.int64), None
     flag = "--chat" if args.chat is not None else "--prompt"
     if tokenizer is None:
-        raise TercompError(f"{flag} needs the model's tokenizer, and {args.model} has no tokenizer",
-                           hint="pass token ids with --prompt-ids 1,2,3")
+        raise UnsupportedError(f"{flag} needs the model's tokenizer, and {args.model} has no tokenizer",
+                               hint="pass token ids with --prompt-ids 1,2,3")
     if args.chat is None:
         return np.array(tokenizer.encode(args.prompt).ids, np.int64), None
     if template is None:
-        raise TercompError(f"--chat needs the model's chat template, and {args.model} carries none",
-                           hint="pass --prompt TEXT instead")
+        raise UnsupportedError(f"--chat needs the model's chat template, and {args.model} carries none",
+                               hint="pass --prompt TEXT instead")
     rendered = template.render([{"role": "user", "content": args.chat}], add_generation_prompt=True)
     ids = tokenizer.encode(rendered, add_special_tokens=False).ids
     eos = tokenizer.token_to_id(template.eos_token) if template.eos_token else None
@@ -139,19 +139,19 @@ def _check_fits(args, prompt, eos, vocab: int, max_seq: int, compiled: bool) -> 
     flag = "--prompt-ids" if args.prompt_ids is not None else "--chat" if args.chat is not None \
         else "--prompt"
     if prompt.size == 0:
-        raise TercompError(f"{flag} gives no tokens", hint="give a longer prompt")
+        raise InputError(f"{flag} gives no tokens", hint="give a longer prompt")
     for what, values in ((flag, prompt.tolist()), ("--eos", sorted(eos or ()))):
         bad = [i for i in values if i >= vocab]
         if bad:
-            raise TercompError(f"{what}: token id {bad[0]} is out of range for the model's "
-                               f"vocabulary of {vocab}", hint=f"ids must be in [0, {vocab - 1}]")
+            raise InputError(f"{what}: token id {bad[0]} is out of range for the model's "
+                             f"vocabulary of {vocab}", hint=f"ids must be in [0, {vocab - 1}]")
     need = prompt.size + args.max_new_tokens - 1
     if need > max_seq:
         fix = (f"ask for fewer tokens with -n, or compile the model file again with a larger "
                f"--max-seq" if compiled else f"pass a larger --max-seq, or fewer tokens with -n")
-        raise TercompError(f"{prompt.size} prompt tokens and -n {args.max_new_tokens} need {need} "
-                           f"cache positions; the {'artifact' if compiled else 'cache'} holds "
-                           f"{max_seq}", hint=fix)
+        raise ConfigError(f"{prompt.size} prompt tokens and -n {args.max_new_tokens} need {need} "
+                          f"cache positions; the {'artifact' if compiled else 'cache'} holds "
+                          f"{max_seq}", hint=fix)
 
 
 class _Stream:

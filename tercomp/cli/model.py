@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import TercompError
+from ..errors import ConfigError, MissingDependency
 from ..runtime.loader import load
 from .base import UsageError, is_artifact, spinner
 
@@ -43,8 +43,8 @@ def _open(args, check=None, max_seq_flag="--max-seq", embeddings=False):
     if is_artifact(args.model):
         gen = load(args.model, device=args.device, threads=args.threads)
         if not hasattr(gen, "generate"):
-            raise TercompError(f"{args.model} is an artifact of a function, not a language model",
-                               hint="compile a model with `tercomp generate MODEL.gguf --save OUT.tcm`")
+            raise ConfigError(f"{args.model} is an artifact of a function, not a language model",
+                              hint="compile a model with `tercomp generate MODEL.gguf --save OUT.tcm`")
         template = gen.chat_template
         if template is not None and getattr(args, "chat", None) is not None:
             from ..runtime.chat import ChatTemplate
@@ -58,17 +58,17 @@ def _open(args, check=None, max_seq_flag="--max-seq", embeddings=False):
         from ..generate import DEFAULT_MAX_SEQ
         compile_lm = tc.compile_lm
     except (AttributeError, ImportError):
-        raise TercompError("compiling a model needs iree-base-compiler",
-                           hint="pip install iree-base-compiler, or pass a saved .tcm") from None
+        raise MissingDependency("compiling a model needs iree-base-compiler",
+                                hint="pip install iree-base-compiler, or pass a saved .tcm") from None
     _check_build(args)
     with spinner(f"loading {args.model}"):
         lm = models.load(args.model)
     tok = getattr(lm, "tokenizer", None)
     ctx = lm.config.max_position_embeddings
     if args.max_seq is not None and args.max_seq > ctx:
-        raise TercompError(f"{max_seq_flag} {args.max_seq} is more than {args.model}'s context of "
-                           f"{ctx} positions (max_position_embeddings)",
-                           hint=f"pass {max_seq_flag} {ctx} or less")
+        raise ConfigError(f"{max_seq_flag} {args.max_seq} is more than {args.model}'s context of "
+                          f"{ctx} positions (max_position_embeddings)",
+                          hint=f"pass {max_seq_flag} {ctx} or less")
     if check is not None:       # may set args.max_seq (the cache it needs), within ctx
         check(tok, getattr(tok, "chat_template", None), lm.config.vocab_size,
               args.max_seq or min(DEFAULT_MAX_SEQ, ctx), False)

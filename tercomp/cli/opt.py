@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import TercompError
+from ..errors import MissingDependency
 from .base import UsageError
 
 
@@ -26,7 +26,7 @@ def add_parser(sub):
 def run(args) -> int:
     import tercomp as tc
     if not hasattr(tc, "passes"):
-        raise TercompError("tercomp opt needs iree-base-compiler", hint="pip install iree-base-compiler")
+        raise MissingDependency("tercomp opt needs iree-base-compiler", hint="pip install iree-base-compiler")
     from ..ir import print_graph
     from ..ops import parse
     from ..passes import run_pipeline

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from ..errors import TercompError
+from ..errors import ConfigError, InputError, UnsupportedError
 from ..runtime.files import read_regular
 from ..runtime.scoring import perplexity
 from .base import UsageError, check_text, is_artifact, positive_int, spinner
@@ -59,10 +59,10 @@ def add_parser(sub):
 
 def _text(path: str) -> str:
     try:
-        return read_regular(path, "text").decode("utf-8")
+        return read_regular(path, "text", InputError).decode("utf-8")
     except UnicodeDecodeError as e:
-        raise TercompError(f"--text {path}: not UTF-8 text ({e.reason} at byte "
-                           f"{e.start})") from None
+        raise InputError(f"--text {path}: not UTF-8 text ({e.reason} at byte "
+                         f"{e.start})") from None
 
 
 def _bos(args, tokenizer, text: str):
@@ -100,20 +100,20 @@ def run(args) -> int:
         """The text against the model, before a compile: a tokenizer, a BOS in the
         vocabulary, --ctx within the cache and 2 * ctx tokens."""
         if tokenizer is None:
-            raise TercompError(f"{args.model} has no tokenizer, so it cannot read --text",
-                               hint="a GGUF with a tokenizer.ggml vocabulary, or a Hugging Face "
-                                    "directory with tokenizer.json")
+            raise UnsupportedError(f"{args.model} has no tokenizer, so it cannot read --text",
+                                   hint="a GGUF with a tokenizer.ggml vocabulary, or a Hugging Face "
+                                        "directory with tokenizer.json")
         ctx = args.ctx or min(DEFAULT_CTX, max_seq)
         if ctx > max_seq:
-            raise TercompError(f"--ctx {ctx} is more than {args.model}'s cache of {max_seq} "
-                               f"positions", hint=f"pass --ctx {max_seq} or less")
+            raise ConfigError(f"--ctx {ctx} is more than {args.model}'s cache of {max_seq} "
+                              f"positions", hint=f"pass --ctx {max_seq} or less")
         bos, tokens = _bos(args, tokenizer, text)
         if bos is not None and not 0 <= bos < vocab:
-            raise TercompError(f"the BOS id {bos} is out of range for a vocabulary of {vocab}")
+            raise ConfigError(f"the BOS id {bos} is out of range for a vocabulary of {vocab}")
         if len(tokens) < 2 * ctx:
-            raise TercompError(f"--text {args.text} is {len(tokens)} tokens; a context of {ctx} "
-                               f"needs at least {2 * ctx} (llama-perplexity's rule)",
-                               hint="give a longer text or a smaller --ctx")
+            raise InputError(f"--text {args.text} is {len(tokens)} tokens; a context of {ctx} "
+                             f"needs at least {2 * ctx} (llama-perplexity's rule)",
+                             hint="give a longer text or a smaller --ctx")
         if not compiled:
             args.max_seq = ctx          # the cache the chunks need, no more
         made.update(ctx=ctx, bos=bos, tokens=tokens)

@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from ..errors import TercompError
+from ..errors import MissingDependency
 from .base import UsageError, positive_int
 from .model import open_model, open_model_and_encoder
 
@@ -101,9 +101,9 @@ def run(args) -> int:
         from ..serve.app import create_app
         from ..serve.http import serve
     except ImportError as e:
-        raise TercompError(f"tercomp serve needs {e.name or e}, which is not installed",
-                           hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
-                                "prometheus-client)") from None
+        raise MissingDependency(f"tercomp serve needs {e.name or e}, which is not installed",
+                                hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
+                                     "prometheus-client)") from None
     from ..runtime.scheduler import Engine
 
     asked = {"max_batch": args.max_batch, "max_seq": args.max_seq}

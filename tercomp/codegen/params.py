@@ -42,7 +42,7 @@ import iree.runtime as rt
 from iree.compiler import ir
 from iree.compiler.dialects import util
 
-from ..errors import TercompError
+from ..errors import ConfigError
 
 MODES = ("inline", "irpa", "auto")
 SCOPE = "model"
@@ -52,10 +52,10 @@ AUTO_IRPA_BYTES = 64 * 1024 * 1024   # "auto" goes to irpa above this many const
 
 def check_mode(mode) -> str:
     if mode not in MODES:
-        raise TercompError(f"unknown weights mode {mode!r}; expected one of "
-                           f"{', '.join(map(repr, MODES))}",
-                           hint="'inline' embeds constants in the .vmfb, 'irpa' stores large "
-                                "ones in a parameter archive, 'auto' picks by total size")
+        raise ConfigError(f"unknown weights mode {mode!r}; expected one of "
+                          f"{', '.join(map(repr, MODES))}",
+                          hint="'inline' embeds constants in the .vmfb, 'irpa' stores large "
+                               "ones in a parameter archive, 'auto' picks by total size")
     return mode
 
 

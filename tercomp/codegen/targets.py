@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import TercompError
+from ..errors import ConfigError, UnsupportedError
 from ..runtime.devices import TARGET_DRIVERS
 
 DEFAULT_VULKAN_TARGET = "vp_android_baseline_2022"   # SPIR-V 1.3, Vulkan 1.1: most devices
@@ -98,20 +98,20 @@ def _cpu(name: str, cpu: str, triple: str | None = None) -> Target:
 def _vulkan(vulkan_target: str | None) -> Target:
     vt = vulkan_target or DEFAULT_VULKAN_TARGET
     if vt not in VULKAN_TARGETS:
-        raise TercompError(f"unknown Vulkan target {vt!r}",
-                           hint=f"use one of {', '.join(VULKAN_TARGETS)} (default "
-                                f"{DEFAULT_VULKAN_TARGET}, which runs on most Vulkan 1.1 devices)")
+        raise ConfigError(f"unknown Vulkan target {vt!r}",
+                          hint=f"use one of {', '.join(VULKAN_TARGETS)} (default "
+                               f"{DEFAULT_VULKAN_TARGET}, which runs on most Vulkan 1.1 devices)")
     return Target("vulkan", "vulkan", (f"--iree-vulkan-target={vt}",), vt)
 
 
 def _cuda(cuda_target: str | None) -> Target:
     ct = cuda_target or DEFAULT_CUDA_TARGET
     if ct.lower() in CUDA_UNSUPPORTED:
-        raise TercompError(f"IREE 3.13 cannot build CUDA code for {ct} (Hopper and newer)",
-                           hint=f"use cuda_target='{DEFAULT_CUDA_TARGET}': its PTX is compiled "
-                                "by the CUDA driver for newer GPUs, H100 included")
+        raise UnsupportedError(f"IREE 3.13 cannot build CUDA code for {ct} (Hopper and newer)",
+                               hint=f"use cuda_target='{DEFAULT_CUDA_TARGET}': its PTX is compiled "
+                                    "by the CUDA driver for newer GPUs, H100 included")
     if ct not in CUDA_TARGETS:
-        raise TercompError(f"unknown CUDA target {ct!r}", hint=f"use one of {', '.join(CUDA_TARGETS)}")
+        raise ConfigError(f"unknown CUDA target {ct!r}", hint=f"use one of {', '.join(CUDA_TARGETS)}")
     return Target("cuda", "cuda", (f"--iree-cuda-target={ct}",), ct)
 
 
@@ -119,18 +119,18 @@ def target_names(target) -> list:
     """Normalize `target` (a name or a list of names) to a list of canonical names."""
     names = [target] if isinstance(target, str) else list(target) if isinstance(target, (list, tuple)) else None
     if not names or not all(isinstance(n, str) for n in names):
-        raise TercompError(f"target must be a name or a list of names, got {target!r}",
-                           hint=f"use one of {', '.join(TARGET_DRIVERS)}")
+        raise ConfigError(f"target must be a name or a list of names, got {target!r}",
+                          hint=f"use one of {', '.join(TARGET_DRIVERS)}")
     out = []
     for n in names:
         canon = ALIASES.get(n, n)
         if canon not in TARGET_DRIVERS:
-            raise TercompError(f"unknown target {n!r}", hint=f"use one of {', '.join(TARGET_DRIVERS)}")
+            raise ConfigError(f"unknown target {n!r}", hint=f"use one of {', '.join(TARGET_DRIVERS)}")
         if canon not in out:
             out.append(canon)
     if "llvm-cpu" in out and "llvm-cpu-generic" in out:
-        raise TercompError("targets llvm-cpu and llvm-cpu-generic cannot share one artifact "
-                           "(both are the local CPU device)", hint="pick one of them")
+        raise ConfigError("targets llvm-cpu and llvm-cpu-generic cannot share one artifact "
+                          "(both are the local CPU device)", hint="pick one of them")
     return out
 
 
@@ -139,11 +139,11 @@ def resolve_targets(target="llvm-cpu", *, vulkan_target: str | None = None,
     """The Target of each name in `target`, options checked."""
     names = target_names(target)
     if vulkan_target is not None and "vulkan" not in names:
-        raise TercompError(f"vulkan_target={vulkan_target!r} was given but the targets are "
-                           f"{', '.join(names)}", hint="add 'vulkan' to target=")
+        raise ConfigError(f"vulkan_target={vulkan_target!r} was given but the targets are "
+                          f"{', '.join(names)}", hint="add 'vulkan' to target=")
     if cuda_target is not None and "cuda" not in names:
-        raise TercompError(f"cuda_target={cuda_target!r} was given but the targets are "
-                           f"{', '.join(names)}", hint="add 'cuda' to target=")
+        raise ConfigError(f"cuda_target={cuda_target!r} was given but the targets are "
+                          f"{', '.join(names)}", hint="add 'cuda' to target=")
     make = {
         "llvm-cpu": lambda: _cpu("llvm-cpu", "host"),
         "llvm-cpu-generic": lambda: _cpu("llvm-cpu-generic", "generic", GENERIC_X86_TRIPLE),
@@ -158,11 +158,11 @@ def check_extra_flags(flags) -> list:
     flags = list(flags)
     for f in flags:
         if not isinstance(f, str) or not f.startswith("-"):
-            raise TercompError(f"extra IREE flags must be strings like '--iree-...', got {f!r}")
+            raise ConfigError(f"extra IREE flags must be strings like '--iree-...', got {f!r}")
         name = "--" + f.lstrip("-").split("=")[0]
         if name in _RESERVED_FLAGS or name.startswith("--iree-vulkan-target-features"):
-            raise TercompError(f"the flag {f} is set by tercomp from the target",
-                               hint="use target=, vulkan_target= or cuda_target= instead")
+            raise ConfigError(f"the flag {f} is set by tercomp from the target",
+                              hint="use target=, vulkan_target= or cuda_target= instead")
     return flags
 
 

@@ -18,7 +18,7 @@ present, which fits the op and which "auto" picks for it. An op no row takes kee
 generic kernel (its op's own lowering, which every target compiles); the ternary matmul
 has no generic form, and its "addsub" row fits and compiles everywhere. A kernel asked
 for by name (in the IR, or `ternary=` of a compile) that does not fit the op is a
-TercompError when the op is made, never a silent fallback; the lowering never checks a
+ConfigError when the op is made, never a silent fallback; the lowering never checks a
 row again.
 
     op               kernel        targets   feature      fits; where "auto" picks it
@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..errors import TercompError, TraceError
+from ..errors import TraceError, ConfigError, UnsupportedError
 from ..ir import TensorType, is_static
 from ..ternary_pack import padded_k
 from .attention import attention_cpu
@@ -356,21 +356,22 @@ def _what(op: str) -> str:
 
 def check(op: str, kernel: str, targets: Sequence[str] = HOST) -> KernelRow:
     """The row of `op`'s `kernel` if it compiles for every target (and the host has the
-    feature it cannot compile without), else a TercompError saying which would."""
+    feature it cannot compile without), else a ConfigError (no such kernel) or an
+    UnsupportedError (not for these targets, or not on this host) saying which would."""
     r = row(op, kernel)
     if r is None:
-        raise TercompError(f"{op} has no kernel {kernel!r}; expected one of "
-                           f"{', '.join(map(repr, kernel_names(op)))}")
+        raise ConfigError(f"{op} has no kernel {kernel!r}; expected one of "
+                          f"{', '.join(map(repr, kernel_names(op)))}")
     missing = [t for t in targets if t not in r.targets]
     if missing:
         fits = [s.kernel for s in rows(op) if s.compiles_for(targets)]
-        raise TercompError(f"{_what(op)} {kernel!r} does not compile for {', '.join(missing)} "
-                           f"(it supports {', '.join(r.targets)})",
-                           hint=f"use ternary='auto' or one of {', '.join(fits)}" if op == _T
-                           else f"use one of {', '.join(fits) or GENERIC}")
+        raise UnsupportedError(f"{_what(op)} {kernel!r} does not compile for {', '.join(missing)} "
+                               f"(it supports {', '.join(r.targets)})",
+                               hint=f"use ternary='auto' or one of {', '.join(fits)}" if op == _T
+                               else f"use one of {', '.join(fits) or GENERIC}")
     if r.needs_feature and targets and r.feature not in target_features(targets):
-        raise TercompError(f"{_what(op)} {kernel!r} needs a CPU with {r.feature}, which this "
-                           f"host lacks", hint="use ternary='auto' (it picks what the host has)")
+        raise UnsupportedError(f"{_what(op)} {kernel!r} needs a CPU with {r.feature}, which this "
+                               f"host lacks", hint="use ternary='auto' (it picks what the host has)")
     return r
 
 
@@ -378,7 +379,7 @@ def _operands(types) -> str:
     return ", ".join(f"[{', '.join(str(d) for d in t.shape)}] {t.dtype}" for t in types)
 
 
-def check_fits(op: str, kernel: str, types, attrs: dict, error=TercompError,
+def check_fits(op: str, kernel: str, types, attrs: dict, error=ConfigError,
                loc=None) -> KernelRow:
     """The row of `op`'s `kernel` if it fits an op with these operand types and
     attributes, else an `error` (at the user's line `loc`) saying where it applies and
@@ -417,7 +418,8 @@ def check_attr(op: str, types, attrs: dict) -> None:
 def take(op: str, kernel: str, types, attrs: dict, targets: Sequence[str] = HOST,
          loc=None) -> KernelRow:
     """The row of `op`'s `kernel` asked for by name: it must compile for `targets` (`check`)
-    and fit the op (`check_fits`), else a TercompError (at the user's line `loc`)."""
+    and fit the op (`check_fits`), else a ConfigError or UnsupportedError (at the user's
+    line `loc`)."""
     check(op, kernel, targets)
     return check_fits(op, kernel, types, attrs, loc=loc)
 

@@ -22,7 +22,7 @@ import re
 import jinja2
 import jinja2.meta
 
-from ..errors import TercompError
+from ..errors import InternalError
 
 DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 _PARAMS = re.compile(r"\A\{#\s*params:([^#]*)#\}")
@@ -47,8 +47,8 @@ def params(name: str) -> tuple[str, ...]:
     with open(os.path.join(DIR, name + ".mlir")) as f:
         found = _PARAMS.match(f.read())
     if found is None:
-        raise TercompError(f"kernel template {name}.mlir does not list its parameters",
-                           hint="start it with {# params: a, b, ... #}")
+        raise InternalError(f"kernel template {name}.mlir does not list its parameters",
+                            hint="start it with {# params: a, b, ... #}")
     return tuple(p.strip() for p in found.group(1).split(",") if p.strip())
 
 
@@ -66,8 +66,8 @@ def render(template: str, /, **values) -> str:
     missing = [p for p in declared if p not in values]
     extra = sorted(set(values) - set(declared))
     if missing or extra:
-        raise TercompError(f"kernel template {name}.mlir: "
-                           + "; ".join(([f"missing {', '.join(missing)}"] if missing else [])
-                                       + ([f"unknown {', '.join(extra)}"] if extra else [])),
-                           hint=f"it takes {', '.join(declared)}")
+        raise InternalError(f"kernel template {name}.mlir: "
+                            + "; ".join(([f"missing {', '.join(missing)}"] if missing else [])
+                                        + ([f"unknown {', '.join(extra)}"] if extra else [])),
+                            hint=f"it takes {', '.join(declared)}")
     return _ENV.get_template(name + ".mlir").render(**values)

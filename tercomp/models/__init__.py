@@ -15,7 +15,7 @@ directories (`load_hf`, `save_hf`) in `hf_io.py`, tokenizers in `tokenizer.py`.
 """
 import os as _os
 
-from ..errors import TercompError as _TercompError
+from ..errors import ModelFileError
 from ..runtime.files import check_regular
 from .config import BitNetConfig, ConfigError
 from .bitnet import BitNetLM, rope_tables, apply_rope
@@ -51,10 +51,10 @@ def load(path, trainable: bool = False, freeze=None) -> BitNetLM:
 
 def _load(path) -> BitNetLM:
     if not isinstance(path, (str, _os.PathLike)) or isinstance(_os.fspath(path), bytes):
-        raise _TercompError(f"models.load expects a path (str or os.PathLike) of a .gguf file "
-                            f"or a Hugging Face directory, got {type(path).__name__} {path!r:.80}",
-                            hint="e.g. models.load('model.gguf'); decode a bytes path with "
-                                 "os.fsdecode")
+        raise ConfigError(f"models.load expects a path (str or os.PathLike) of a .gguf file "
+                          f"or a Hugging Face directory, got {type(path).__name__} {path!r:.80}",
+                          hint="e.g. models.load('model.gguf'); decode a bytes path with "
+                               "os.fsdecode")
     path = _os.fspath(path)
     if _os.path.isdir(path):
         if not _os.path.isfile(_os.path.join(path, "config.json")):
@@ -62,7 +62,7 @@ def _load(path) -> BitNetLM:
                                   f"Hugging Face checkpoint")
         return load_hf(path)
     if not _os.path.lexists(path):
-        raise _TercompError(f"{path}: no such file or directory")
+        raise ModelFileError(f"{path}: no such file or directory")
     check_regular(path, "model", GGUFError)     # a FIFO, a device, a link to /dev/zero
     with open(path, "rb") as fh:
         magic = fh.read(4)

@@ -42,7 +42,7 @@ import copy
 import numpy as np
 
 from .. import nn
-from ..errors import TercompError
+from ..errors import TraceError, ConfigError, UnsupportedError
 from ..tracing import api as _t
 from ..tracing.tracer import apply
 from .config import BitNetConfig
@@ -240,8 +240,8 @@ class BitNetLM(nn.Module):
         """`init=False` leaves the weights unset (zero ternary projections, zero embedding,
         no random numbers drawn): for loaders, which assign every weight afterwards."""
         if not isinstance(config, BitNetConfig):
-            raise TercompError(f"BitNetLM expects a models.BitNetConfig, got "
-                               f"{type(config).__name__}")
+            raise ConfigError(f"BitNetLM expects a models.BitNetConfig, got "
+                              f"{type(config).__name__}")
         config.validate()
         self.config = config
         c = config
@@ -276,7 +276,7 @@ class BitNetLM(nn.Module):
         the cache's positions and attend to everything it holds."""
         shape = tuple(getattr(ids, "shape", np.shape(ids)))
         if len(shape) != 2:
-            raise TercompError(f"BitNetLM expects token ids of shape [B, T], got {shape}")
+            raise TraceError(f"BitNetLM expects token ids of shape [B, T], got {shape}")
         t = shape[1]
         c = self.config
         sliding = c.layer_types is not None and "sliding_attention" in c.layer_types
@@ -284,21 +284,21 @@ class BitNetLM(nn.Module):
             if sliding and cache.max_seq > c.sliding_window:
                 # the cached attention ops read every filled row; a window over the cache
                 # is not written yet, and below the window it changes nothing
-                raise TercompError(f"a cache of {cache.max_seq} positions is longer than the "
-                                   f"model's sliding window of {c.sliding_window}, which "
-                                   f"cached attention does not apply yet",
-                                   hint=f"compile with max_seq <= {c.sliding_window}")
+                raise UnsupportedError(f"a cache of {cache.max_seq} positions is longer than the "
+                                       f"model's sliding window of {c.sliding_window}, which "
+                                       f"cached attention does not apply yet",
+                                       hint=f"compile with max_seq <= {c.sliding_window}")
             pos = cache.positions(ids)
             tables = [tuple(_t.take(tab, pos, axis=0)
                             for tab in rope_tables(c, np.arange(cache.max_seq), local))
                       for local in (False, True)]
         elif not isinstance(t, (int, np.integer)):
-            raise TercompError(f"BitNetLM.forward needs a static sequence length, got {t!r}",
-                               hint="trace with tc.spec((\"B\", T), \"int32\") and a fixed T, "
-                                    "or use tc.compile_lm for generation")
+            raise TraceError(f"BitNetLM.forward needs a static sequence length, got {t!r}",
+                             hint="trace with tc.spec((\"B\", T), \"int32\") and a fixed T, "
+                                  "or use tc.compile_lm for generation")
         elif t > self.config.max_position_embeddings:
-            raise TercompError(f"sequence length {t} exceeds max_position_embeddings "
-                               f"{self.config.max_position_embeddings}")
+            raise TraceError(f"sequence length {t} exceeds max_position_embeddings "
+                             f"{self.config.max_position_embeddings}")
         else:
             tables = [rope_tables(c, np.arange(t), local) for local in (False, True)]
         x = self.embed_tokens(ids)

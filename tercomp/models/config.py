@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..errors import TercompError
+from ..errors import ConfigError    # models.ConfigError: tc.ConfigError, a model's field
 
 HIDDEN_ACTS = ("silu", "relu2", "gelu_pytorch_tanh")
 #: how an embedding model pools its hidden states (sentence-transformers' modes)
@@ -30,10 +30,6 @@ _METADATA_KEYS = {
 ROPE_SCALINGS = ("llama3",)
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                 "original_max_position_embeddings")
-
-
-class ConfigError(TercompError):
-    """A model configuration with a missing, unknown or unsupported field."""
 
 
 @dataclass

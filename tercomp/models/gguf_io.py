@@ -58,7 +58,7 @@ import numpy as np
 
 from .. import nn
 from .. import ternary_pack as tp
-from ..errors import TercompError
+from ..errors import MissingDependency
 from .bitnet import BitNetLM
 from . import families
 from .config import BitNetConfig, ConfigError
@@ -519,7 +519,7 @@ def load_gguf(path) -> BitNetLM:
     """Read a `bitnet` or `llama` (1.58-bit) GGUF file into a BitNetLM (see the module
     docstring)."""
     if gguf is None:  # pragma: no cover
-        raise TercompError("reading GGUF needs the 'gguf' package: pip install gguf")
+        raise MissingDependency("reading GGUF needs the 'gguf' package: pip install gguf")
     f = _File(path)
     cfg = _config(f)
     # the header must agree with the tensors before anything is allocated from its numbers

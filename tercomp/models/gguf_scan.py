@@ -18,7 +18,7 @@ import struct
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from ..errors import TercompError
+from ..errors import ModelFileError
 
 #: the most elements one array key may hold (a tokenizer's vocabulary or merges is
 #: ~10^5..10^6), the longest key, the most tensors and dims
@@ -41,7 +41,7 @@ I2_S = 36
 EXTRA_TYPES = {I2_S: ("I2_S", 128, lambda n: n // 4 + 32)}
 
 
-class GGUFError(TercompError):
+class GGUFError(ModelFileError):
     """A GGUF file tercomp cannot read as a model; names the file and the key or tensor."""
 
 

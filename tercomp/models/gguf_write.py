@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ternary_pack as tp
-from ..errors import TercompError
+from ..errors import ConfigError, UnsupportedError
 from ..runtime.files import atomic_target
 from . import families
 from .bitnet import BitNetLM, rope_frequencies
@@ -54,10 +54,10 @@ def save_gguf(model: BitNetLM, path, ternary_type: str = "TQ2_0") -> None:
     >>> models.save_gguf(lm, "tiny-i2s.gguf", ternary_type="I2_S")
     """
     if not isinstance(model, BitNetLM):
-        raise TercompError(f"save_gguf expects a models.BitNetLM, got {type(model).__name__}")
+        raise ConfigError(f"save_gguf expects a models.BitNetLM, got {type(model).__name__}")
     if ternary_type not in TERNARY_TYPES_OUT:
-        raise TercompError(f"save_gguf: ternary_type={ternary_type!r}; it is one of "
-                           f"{', '.join(TERNARY_TYPES_OUT)}")
+        raise ConfigError(f"save_gguf: ternary_type={ternary_type!r}; it is one of "
+                          f"{', '.join(TERNARY_TYPES_OUT)}")
     cfg = model.config
     family = _written_family(cfg)
     arch = _written_arch(cfg, family, ternary_type)
@@ -91,46 +91,46 @@ def _check_writable(model, cfg, family, arch, ternary_type):
     """Refuse, before anything is written, a model the family's llama.cpp graph would
     compute differently."""
     if cfg.family in ("qwen3", "gemma3") or cfg.proj_norms or cfg.qk_norm or cfg.post_norms:
-        raise TercompError(f"save_gguf writes llama.cpp's 'bitnet' and 'llama' architectures; "
-                           f"this {cfg.family!r} model (q/k norms, per-projection norms or "
-                           f"Gemma's norms) is neither", hint="keep the file it was loaded from")
+        raise UnsupportedError(f"save_gguf writes llama.cpp's 'bitnet' and 'llama' architectures; "
+                               f"this {cfg.family!r} model (q/k norms, per-projection norms or "
+                               f"Gemma's norms) is neither", hint="keep the file it was loaded from")
     if ternary_type == "I2_S":
         if family.gguf_arch != "bitnet":
-            raise TercompError(f"save_gguf: I2_S files are bitnet.cpp's BitNet architectures; "
-                               f"this {cfg.family!r} model (no sub-norms) is written as TQ2_0",
-                               hint="save it with ternary_type='TQ2_0'")
+            raise UnsupportedError(f"save_gguf: I2_S files are bitnet.cpp's BitNet architectures; "
+                                   f"this {cfg.family!r} model (no sub-norms) is written as TQ2_0",
+                                   hint="save it with ternary_type='TQ2_0'")
         narrow = sorted({k for k in (cfg.hidden_size, cfg.q_dim, cfg.intermediate_size)
                          if k % tp.I2S_BLOCK})
         if narrow:
-            raise TercompError(f"save_gguf: I2_S stores rows of whole {tp.I2S_BLOCK}-weight "
-                               f"blocks; this model has projections with {narrow[0]} inputs",
-                               hint="save it with ternary_type='TQ2_0'")
+            raise UnsupportedError(f"save_gguf: I2_S stores rows of whole {tp.I2S_BLOCK}-weight "
+                                   f"blocks; this model has projections with {narrow[0]} inputs",
+                                   hint="save it with ternary_type='TQ2_0'")
     untied_ok = arch == "bitnet-b1.58"      # its graph reads an optional output.weight
     arch = family.gguf_arch
     scaled = cfg.rope_scaling is not None or cfg.rope_freq_factors is not None
     if arch == "bitnet" and (cfg.q_dim != cfg.hidden_size or scaled):
-        raise TercompError(f"save_gguf writes a model with sub-norms as llama.cpp's 'bitnet' "
-                           f"architecture; this {cfg.family!r} model (head_dim {cfg.head_dim}, "
-                           f"RoPE scaling {scaled}) is not one",
-                           hint="keep the file it was loaded from")
+        raise UnsupportedError(f"save_gguf writes a model with sub-norms as llama.cpp's 'bitnet' "
+                               f"architecture; this {cfg.family!r} model (head_dim {cfg.head_dim}, "
+                               f"RoPE scaling {scaled}) is not one",
+                               hint="keep the file it was loaded from")
     if arch == "bitnet" and not untied_ok and (model.lm_head is not None
                                                or not cfg.tie_word_embeddings):
-        raise TercompError("save_gguf: the model has a separate output layer (lm_head); "
-                           "llama.cpp's 'bitnet' graph always uses the token embedding as "
-                           "output, so the file would compute different logits",
-                           hint="tie the output layer (tie_word_embeddings=True)")
+        raise UnsupportedError("save_gguf: the model has a separate output layer (lm_head); "
+                               "llama.cpp's 'bitnet' graph always uses the token embedding as "
+                               "output, so the file would compute different logits",
+                               hint="tie the output layer (tie_word_embeddings=True)")
     if cfg.rope_style != family.gguf_rope_style and cfg.rope_style != "neox":
-        raise TercompError(f"save_gguf: llama.cpp's {arch!r} graph uses "
-                           f"{family.gguf_rope_style} RoPE; this model uses {cfg.rope_style} "
-                           f"pairs")
+        raise UnsupportedError(f"save_gguf: llama.cpp's {arch!r} graph uses "
+                               f"{family.gguf_rope_style} RoPE; this model uses {cfg.rope_style} "
+                               f"pairs")
     if arch == "llama" and cfg.hidden_act != "silu":
-        raise TercompError(f"save_gguf: llama.cpp's 'llama' architecture computes silu; this "
-                           f"model without sub-norms uses {cfg.hidden_act!r}")
+        raise UnsupportedError(f"save_gguf: llama.cpp's 'llama' architecture computes silu; this "
+                               f"model without sub-norms uses {cfg.hidden_act!r}")
     for i, layer in enumerate(model.layers):
         for g, (block, proj) in PROJECTIONS.items():
             if getattr(getattr(getattr(layer, block), proj), "bias", None) is not None:
-                raise TercompError(f"save_gguf: layers.{i}.{block}.{proj} has a bias, which "
-                                   f"the {arch!r} architecture does not have")
+                raise UnsupportedError(f"save_gguf: layers.{i}.{block}.{proj} has a bias, which "
+                                       f"the {arch!r} architecture does not have")
 
 
 def _check_vocab(vocab: dict, path):

@@ -33,7 +33,7 @@ from safetensors.numpy import save as safetensors_save
 from .. import nn
 from .. import ternary_pack as tp
 from . import families
-from ..errors import TercompError
+from ..errors import ModelFileError, UnsupportedError
 from ..runtime.files import check_regular, read_regular, write_atomic
 from .bitnet import BitNetLM
 from .config import BitNetConfig, ConfigError
@@ -46,7 +46,7 @@ _PROJ = {"self_attn": ("attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
 _MAX_CONFIG_BYTES = 1 << 20
 
 
-class CheckpointError(TercompError):
+class CheckpointError(ModelFileError):
     """A Hugging Face checkpoint tercomp cannot read; names the tensor or field and file."""
 
 
@@ -131,8 +131,9 @@ def _config(directory) -> tuple[BitNetConfig, bool]:
     path = os.path.join(directory, "config.json")
     if os.path.getsize(path) > _MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config")
+    data = read_regular(path, "config", ConfigError)     # its own error, not "not JSON"
     try:
-        d = json.loads(read_regular(path, "config", ConfigError).decode("utf-8"))
+        d = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
     except RecursionError:
@@ -211,8 +212,9 @@ def _small_json(path):
     _MAX_CONFIG_BYTES."""
     if os.path.getsize(path) > _MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config")
+    data = read_regular(path, "config", ConfigError)     # its own error, not "not JSON"
     try:
-        return json.loads(read_regular(path, "config", ConfigError).decode("utf-8"))
+        return json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ConfigError(f"{path}: not valid JSON ({type(e).__name__})") from None
 
@@ -479,12 +481,12 @@ def save_hf(model: BitNetLM, directory) -> None:
     >>> models.save_hf(lm, "out_dir"); lm2 = models.load("out_dir")
     """
     if not isinstance(model, BitNetLM):
-        raise TercompError(f"save_hf expects a models.BitNetLM, got {type(model).__name__}")
+        raise ConfigError(f"save_hf expects a models.BitNetLM, got {type(model).__name__}")
     cfg = model.config
     if cfg.family in ("qwen3", "gemma3") or cfg.proj_norms or cfg.qk_norm or cfg.post_norms:
-        raise TercompError(f"save_hf writes BitNet and llama-bitnet checkpoints; this "
-                           f"{cfg.family!r} model is not written yet",
-                           hint="keep the checkpoint it was loaded from")
+        raise UnsupportedError(f"save_hf writes BitNet and llama-bitnet checkpoints; this "
+                               f"{cfg.family!r} model is not written yet",
+                               hint="keep the checkpoint it was loaded from")
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     f32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731
@@ -504,8 +506,8 @@ def save_hf(model: BitNetLM, directory) -> None:
             for proj in projs:
                 lin = getattr(getattr(layer, block), proj)
                 if getattr(lin, "bias", None) is not None:
-                    raise TercompError(f"save_hf: layers.{i}.{block}.{proj} has a bias, which "
-                                       f"a {cfg.family} checkpoint does not have")
+                    raise UnsupportedError(f"save_hf: layers.{i}.{block}.{proj} has a bias, which "
+                                           f"a {cfg.family} checkpoint does not have")
                 t, s = lin.ternary()
                 if cfg.rope_style == "interleaved" and proj in heads:
                     t = _hf_rows(t, heads[proj])

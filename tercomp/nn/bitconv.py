@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ternary_pack as tp
-from ..errors import TercompError
+from ..errors import TraceError, ConfigError
 from ..tracing import api as _t
 from ..tracing.conv_api import PADDING_HINT, resolve_padding
 from ..tracing.tracer import apply
@@ -54,10 +54,10 @@ class _BitConvNd(Module):
         for what, v in (("kernel_size", self.kernel_size), ("stride", self.stride),
                         ("dilation", self.dilation)):
             if min(v) < 1:
-                raise TercompError(f"{name}: {what} must be positive, got {v}")
+                raise ConfigError(f"{name}: {what} must be positive, got {v}")
         if isinstance(padding, str) and padding not in ("same", "valid"):
-            raise TercompError(f"{name}: padding must be \"same\" or \"valid\" when it is a "
-                               f"string, got {padding!r}", hint=PADDING_HINT)
+            raise ConfigError(f"{name}: padding must be \"same\" or \"valid\" when it is a "
+                              f"string, got {padding!r}", hint=PADDING_HINT)
         self.padding = padding
         self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
         self.act_quant = bool(act_quant)
@@ -76,14 +76,14 @@ class _BitConvNd(Module):
         name = type(self).__name__
         shape = _check_rank(name, x, (self.nd + 2,), f"[N, C, {'L' if self.nd == 1 else 'H, W'}]")
         if shape[1] != self.in_channels:
-            raise TercompError(f"{name}({self.in_channels}, {self.out_channels}) got an input of "
-                               f"shape {list(shape)}; its dim 1 must be {self.in_channels}")
+            raise TraceError(f"{name}({self.in_channels}, {self.out_channels}) got an input of "
+                             f"shape {list(shape)}; its dim 1 must be {self.in_channels}")
         pads = resolve_padding(self.padding, self.nd, name,
                                same=(self.kernel_size, shape[2:], self.stride, self.dilation))
         for i, (d, k, dl, (lo, hi)) in enumerate(zip(shape[2:], self.kernel_size, self.dilation, pads)):
             if isinstance(d, (int, np.integer)) and dl * (k - 1) + 1 > d + lo + hi:
-                raise TercompError(f"{name}: the kernel spans {dl * (k - 1) + 1} on spatial dim {i}, "
-                                   f"more than the padded input ({d} + {lo + hi} padding)")
+                raise TraceError(f"{name}: the kernel spans {dl * (k - 1) + 1} on spatial dim {i}, "
+                                 f"more than the padded input ({d} + {lo + hi} padding)")
         rows, out = patches(x, self.kernel_size, self.stride, pads, self.dilation)
         # the 4-D (5-D) weight is ternarized, then viewed as [out, K]: the ternary pass
         # packs it through that reshape

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TercompError
+from ..errors import TraceError, ConfigError, InputError
 from .. import ternary_pack as tp
 from ..tracing import api as _t
 from ..tracing.tracer import Tracer, apply, current_trace
@@ -45,8 +45,8 @@ class BitLinear(Module):
                  act_quant: bool = True, dtype="float32"):
         for v in (in_features, out_features):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-                raise TercompError(f"BitLinear({in_features}, {out_features}): sizes must be "
-                                   f"positive integers")
+                raise ConfigError(f"BitLinear({in_features}, {out_features}): sizes must be "
+                                  f"positive integers")
         bound = 1.0 / np.sqrt(in_features)
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.act_quant = bool(act_quant)
@@ -56,8 +56,8 @@ class BitLinear(Module):
     def forward(self, x):
         shape = tuple(getattr(x, "shape", np.shape(x)))
         if len(shape) < 1 or shape[-1] != self.in_features:
-            raise TercompError(f"BitLinear({self.in_features}, {self.out_features}) got an input "
-                               f"of shape {shape}; its last dim must be {self.in_features}")
+            raise TraceError(f"BitLinear({self.in_features}, {self.out_features}) got an input "
+                             f"of shape {shape}; its last dim must be {self.in_features}")
         if self.act_quant:
             x = apply("act_quant", x)
         y = _t.matmul(x, self._ternary_weight(), transpose_b=True)
@@ -97,12 +97,12 @@ class StoredBitLinear(BitLinear):
     def __init__(self, t, scale, bias=None, act_quant: bool = True):
         t = np.asarray(t)
         if t.ndim != 2 or t.size == 0:
-            raise TercompError(f"BitLinear.from_ternary expects a 2-D matrix [out, in], got "
-                               f"shape {t.shape}")
+            raise InputError(f"BitLinear.from_ternary expects a 2-D matrix [out, in], got "
+                             f"shape {t.shape}")
         s = np.float32(scale)
         if np.ndim(scale) != 0 or not (np.isfinite(s) and s > 0):
-            raise TercompError(f"BitLinear.from_ternary: the scale must be one finite positive "
-                               f"number, got {scale!r}")
+            raise InputError(f"BitLinear.from_ternary: the scale must be one finite positive "
+                             f"number, got {scale!r}")
         self.out_features, self.in_features = (int(d) for d in t.shape)
         self.act_quant = bool(act_quant)
         self._packed = tp.pack_ternary(t)        # checks the values are in {-1, 0, 1}
@@ -125,14 +125,14 @@ class StoredBitLinear(BitLinear):
         packed = np.asarray(packed)
         k = int(in_features)
         if packed.dtype != np.uint8 or packed.ndim != 2 or packed.shape[1] != tp.padded_k(k) // 4:
-            raise TercompError(f"StoredBitLinear.from_packed: packed {packed.dtype} "
-                               f"{packed.shape} is not [out, {tp.padded_k(k) // 4}] uint8 for "
-                               f"{k} input features")
+            raise InputError(f"StoredBitLinear.from_packed: packed {packed.dtype} "
+                             f"{packed.shape} is not [out, {tp.padded_k(k) // 4}] uint8 for "
+                             f"{k} input features")
         with np.errstate(over="ignore"):        # an overflow is the inf refused below
             s = np.float32(scale)
         if np.ndim(scale) != 0 or not (np.isfinite(s) and s > 0):
-            raise TercompError(f"StoredBitLinear.from_packed: the scale must be one finite "
-                               f"positive float32 number, got {scale!r}")
+            raise InputError(f"StoredBitLinear.from_packed: the scale must be one finite "
+                             f"positive float32 number, got {scale!r}")
         layer = cls.__new__(cls)
         layer.out_features, layer.in_features = int(packed.shape[0]), k
         layer.act_quant = bool(act_quant)
@@ -145,8 +145,8 @@ class StoredBitLinear(BitLinear):
         if bias is not None:
             bias = np.asarray(bias, dtype=np.float32)
             if bias.shape != (self.out_features,):
-                raise TercompError(f"BitLinear.from_ternary: bias of shape {bias.shape}, "
-                                   f"expected ({self.out_features},)")
+                raise InputError(f"BitLinear.from_ternary: bias of shape {bias.shape}, "
+                                 f"expected ({self.out_features},)")
         self.bias = bias
 
     def trainable(self) -> BitLinear:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TercompError
+from ..errors import TraceError, ConfigError
 from ..tracing import api as _t
 from ..tracing.conv_api import PADDING_HINT
 from ..tracing.tracer import apply
@@ -29,7 +29,7 @@ def _shape(x):
 def _check_rank(layer, x, ranks, layout):
     shape = _shape(x)
     if len(shape) not in ranks:
-        raise TercompError(f"{layer} expects an input {layout}, got shape {list(shape)}")
+        raise TraceError(f"{layer} expects an input {layout}, got shape {list(shape)}")
     return shape
 
 
@@ -38,16 +38,16 @@ def _tuple(v, nd, name, layer):
         return (int(v),) * nd
     if isinstance(v, (list, tuple)) and len(v) == nd:
         return tuple(v)
-    raise TercompError(f"{layer}: {name} must be an int or {nd} ints, got {v!r}")
+    raise ConfigError(f"{layer}: {name} must be an int or {nd} ints, got {v!r}")
 
 
 def _check_channels(layer, in_channels, out_channels, groups):
     for what, v in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            raise TercompError(f"{layer}: {what} must be a positive int, got {v!r}")
+            raise ConfigError(f"{layer}: {what} must be a positive int, got {v!r}")
     if in_channels % groups or out_channels % groups:
-        raise TercompError(f"{layer}: groups={groups} must divide in_channels={in_channels} and "
-                           f"out_channels={out_channels}")
+        raise ConfigError(f"{layer}: groups={groups} must divide in_channels={in_channels} and "
+                          f"out_channels={out_channels}")
 
 
 class _ConvNd(Module):
@@ -59,11 +59,11 @@ class _ConvNd(Module):
         _check_channels(name, in_channels, out_channels, groups)
         kernel = _tuple(kernel_size, self.nd, "kernel_size", name)
         if not all(isinstance(k, (int, np.integer)) and k > 0 for k in kernel):
-            raise TercompError(f"{name}: kernel_size must be positive, got {kernel_size!r}")
+            raise ConfigError(f"{name}: kernel_size must be positive, got {kernel_size!r}")
         self.in_channels, self.out_channels, self.groups = int(in_channels), int(out_channels), int(groups)
         if isinstance(padding, str) and padding not in ("same", "valid"):
-            raise TercompError(f"{name}: padding must be \"same\" or \"valid\" when it is a "
-                               f"string, got {padding!r}", hint=PADDING_HINT)
+            raise ConfigError(f"{name}: padding must be \"same\" or \"valid\" when it is a "
+                              f"string, got {padding!r}", hint=PADDING_HINT)
         self.kernel_size, self.stride, self.padding, self.dilation = kernel, stride, padding, dilation
         fan_in = in_channels // groups * int(np.prod(kernel))
         bound = 1.0 / np.sqrt(fan_in)
@@ -114,9 +114,9 @@ class _BatchNorm(Module):
         name = type(self).__name__
         if isinstance(num_features, bool) or not isinstance(num_features, (int, np.integer)) \
                 or num_features <= 0:
-            raise TercompError(f"{name}: num_features must be a positive int, got {num_features!r}")
+            raise ConfigError(f"{name}: num_features must be a positive int, got {num_features!r}")
         if not 0.0 <= float(momentum) <= 1.0:
-            raise TercompError(f"{name}: momentum must be in [0, 1], got {momentum!r}")
+            raise ConfigError(f"{name}: momentum must be in [0, 1], got {momentum!r}")
         self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
         self.weight = np.ones(num_features, dtype) if affine else None
         self.bias = np.zeros(num_features, dtype) if affine else None
@@ -138,8 +138,8 @@ class _BatchNorm(Module):
         name = type(self).__name__
         shape = _check_rank(name, x, self.ranks, self.layout)
         if shape[1] != self.num_features:
-            raise TercompError(f"{name}({self.num_features}) got an input of shape {list(shape)} "
-                               f"with {shape[1]} channels")
+            raise TraceError(f"{name}({self.num_features}) got an input of shape {list(shape)} "
+                             f"with {shape[1]} channels")
         return shape
 
     def _channels(self, v, x):
@@ -216,8 +216,8 @@ class Flatten(Module):
         r = len(shape)
         s, e = self.start_dim, self.end_dim
         if not (-r <= s < r and -r <= e < r) or s % r > e % r:
-            raise TercompError(f"Flatten(start_dim={s}, end_dim={e}) does not fit an input of "
-                               f"shape {list(shape)}")
+            raise TraceError(f"Flatten(start_dim={s}, end_dim={e}) does not fit an input of "
+                             f"shape {list(shape)}")
         s, e = s % r, e % r
         inner = shape[s:e + 1]
         merged = int(np.prod(inner)) if all(isinstance(d, (int, np.integer)) for d in inner) else -1

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tracing import api as _t
-from ..errors import TercompError
+from ..errors import ConfigError
 from .module import Module
 
 _rng = np.random.default_rng(0)
@@ -25,7 +25,7 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype="float32"):
         if in_features <= 0 or out_features <= 0:
-            raise TercompError(f"Linear({in_features}, {out_features}): sizes must be positive")
+            raise ConfigError(f"Linear({in_features}, {out_features}): sizes must be positive")
         bound = 1.0 / np.sqrt(in_features)
         self.in_features, self.out_features = in_features, out_features
         self.weight = _uniform((out_features, in_features), bound, dtype)

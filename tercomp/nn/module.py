@@ -23,7 +23,7 @@ import fnmatch
 import numpy as np
 
 from .. import pytree
-from ..errors import TercompError
+from ..errors import ConfigError, InputError
 from ..tracing.tracer import Tracer
 
 
@@ -73,8 +73,8 @@ class Module:
         """Replace buffer `name` with `value`, computed by the forward in training mode
         (see the module docstring for when a traced value is kept)."""
         if name not in vars(self).get("_buffer_names", ()):
-            raise TercompError(f"{type(self).__name__} has no buffer {name!r}",
-                               hint="register it first with self.register_buffer(name, array)")
+            raise InputError(f"{type(self).__name__} has no buffer {name!r}",
+                             hint="register it first with self.register_buffer(name, array)")
         if isinstance(value, Tracer) and not _UPDATING_BUFFERS.get():
             return
         setattr(self, name, value)
@@ -92,11 +92,11 @@ class Module:
         own = self.buffers()
         for k, v in values.items():
             if k not in own:
-                raise TercompError(f"{type(self).__name__} has no buffer {k!r}",
-                                   hint=f"its buffers are {list(own) or 'none'}")
+                raise InputError(f"{type(self).__name__} has no buffer {k!r}",
+                                 hint=f"its buffers are {list(own) or 'none'}")
             if tuple(np.shape(v)) != tuple(np.shape(own[k])):
-                raise TercompError(f"buffer {k}: shape {tuple(np.shape(v))}, the model has "
-                                   f"{tuple(np.shape(own[k]))}")
+                raise InputError(f"buffer {k}: shape {tuple(np.shape(v))}, the model has "
+                                 f"{tuple(np.shape(own[k]))}")
         self._load_params(values)
 
     def __call__(self, *args, **kwargs):
@@ -172,16 +172,16 @@ class Module:
         missing = [k for k in own if k not in state]
         extra = [k for k in state if k not in own]
         if strict and (missing or extra):
-            raise TercompError(f"state dict does not match {type(self).__name__}: "
-                               f"missing {missing}, unexpected {extra}")
+            raise InputError(f"state dict does not match {type(self).__name__}: "
+                             f"missing {missing}, unexpected {extra}")
         vals = {}
         for k, v in state.items():
             if k not in own:
                 continue
             v = np.asarray(v)
             if v.shape != np.shape(own[k]):
-                raise TercompError(f"parameter {k}: shape {v.shape} in the state dict, "
-                                   f"{np.shape(own[k])} in the model")
+                raise InputError(f"parameter {k}: shape {v.shape} in the state dict, "
+                                 f"{np.shape(own[k])} in the model")
             vals[k] = v.astype(np.asarray(own[k]).dtype)
         self._load_params(vals)
 
@@ -199,8 +199,8 @@ def select(names: list, which, what: str = "select") -> list:
     patterns = [which] if isinstance(which, str) else list(which) \
         if isinstance(which, (list, tuple, set, frozenset)) else None
     if patterns is None or not all(isinstance(p, str) for p in patterns):
-        raise TercompError(f"{what}: expected a name pattern, a list of them or a predicate "
-                           f"name -> bool, got {which!r:.80}")
+        raise ConfigError(f"{what}: expected a name pattern, a list of them or a predicate "
+                          f"name -> bool, got {which!r:.80}")
 
     def prefixes(n):
         parts = n.split(".")
@@ -209,8 +209,8 @@ def select(names: list, which, what: str = "select") -> list:
     for p in patterns:
         hit = {n for n in names if any(fnmatch.fnmatchcase(q, p) for q in prefixes(n))}
         if not hit:
-            raise TercompError(f"{what}: pattern {p!r} matches no parameter",
-                               hint=f"parameter names look like {', '.join(names[:3])}")
+            raise ConfigError(f"{what}: pattern {p!r} matches no parameter",
+                              hint=f"parameter names look like {', '.join(names[:3])}")
         chosen |= hit
     return [n for n in names if n in chosen]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TercompError
+from ..errors import TraceError, ConfigError
 from ..tracing import api as _t
 from ..tracing.control_flow import associative_scan, scan
 from .bitlinear import BitLinear
@@ -57,10 +57,10 @@ class SelectiveSSM(Module):
     def __init__(self, d_inner: int, d_state: int = 16, dt_rank: int | None = None,
                  mode: str = "auto", dt_min: float = 1e-3, dt_max: float = 0.1, dtype="float32"):
         if mode not in MODES:
-            raise TercompError(f"SelectiveSSM: mode must be one of {MODES}, got {mode!r}")
+            raise ConfigError(f"SelectiveSSM: mode must be one of {MODES}, got {mode!r}")
         for name, v in (("d_inner", d_inner), ("d_state", d_state)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-                raise TercompError(f"SelectiveSSM: {name} must be a positive int, got {v!r}")
+                raise ConfigError(f"SelectiveSSM: {name} must be a positive int, got {v!r}")
         self.d_inner, self.d_state, self.mode = int(d_inner), int(d_state), mode
         self.dt_rank = int(dt_rank or max(1, -(-d_inner // 16)))
         self.x_proj = Linear(self.d_inner, self.dt_rank + 2 * self.d_state, bias=False, dtype=dtype)
@@ -75,8 +75,8 @@ class SelectiveSSM(Module):
     def forward(self, x):
         shape = tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
         if len(shape) != 3 or shape[-1] != self.d_inner:
-            raise TercompError(f"SelectiveSSM({self.d_inner}) takes x of shape [B, L, {self.d_inner}], "
-                               f"got {list(shape)}")
+            raise TraceError(f"SelectiveSSM({self.d_inner}) takes x of shape [B, L, {self.d_inner}], "
+                             f"got {list(shape)}")
         r, n = self.dt_rank, self.d_state
         proj = self.x_proj(x)                                        # [B, L, r + 2n]
         delta = softplus(self.dt_proj(proj[:, :, :r]))               # [B, L, D]

@@ -16,7 +16,7 @@ import contextvars
 
 import numpy as np
 
-from ..errors import TercompError
+from ..errors import TraceError
 from ..tracing import api as _t
 from ..tracing.tracer import apply
 from .conv import _BatchNorm
@@ -103,14 +103,14 @@ class SyncStatistics:
     def normalize(self, layer, x):
         k = next((i for i, m in enumerate(self.layers) if m is layer), None)
         if k is None:
-            raise TercompError("a SyncBatchNorm that is not part of the model ran in a "
-                               "data-parallel training step",
-                               hint="make every SyncBatchNorm an attribute of the model")
+            raise TraceError("a SyncBatchNorm that is not part of the model ran in a "
+                             "data-parallel training step",
+                             hint="make every SyncBatchNorm an attribute of the model")
         if self.local_sums[k] is not None:
-            raise TercompError(f"SyncBatchNorm({layer.num_features}) ran twice in one "
-                               "data-parallel training step; each call's statistics must be "
-                               "synchronized on their own",
-                               hint="use one SyncBatchNorm for each place it is called")
+            raise TraceError(f"SyncBatchNorm({layer.num_features}) ran twice in one "
+                             "data-parallel training step; each call's statistics must be "
+                             "synchronized on their own",
+                             hint="use one SyncBatchNorm for each place it is called")
         shape = layer._check(x)
         c = layer.num_features
         axes = [0] + list(range(2, len(shape)))

@@ -7,7 +7,7 @@ from iree.compiler.dialects import arith
 
 from ..codegen.builders import dense_attr, tensor_type
 from ..codegen.params import Parameter
-from ..errors import CompileError, TercompError
+from ..errors import CompileError, InputError
 from ..ir import TensorType
 from ..ir.types import dtype_name
 from .registry import OpDef, REQUIRED, register
@@ -23,8 +23,8 @@ def _constant_reference(xs, a):
     if hasattr(v, "array") and isinstance(v.array, np.ndarray):   # a codegen.params.Parameter
         return [v.array]
     if not isinstance(v, np.ndarray):
-        raise TercompError("this constant's data was elided from the IR text, so it cannot be evaluated",
-                           hint="print or dump the IR with elide=False to keep constants")
+        raise InputError("this constant's data was elided from the IR text, so it cannot be evaluated",
+                         hint="print or dump the IR with elide=False to keep constants")
     return [v]
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError, TercompError
+from ..errors import TercompError, InputError, ExecutionError
 from ..ir import Graph
 from .registry import get
 from .shape_util import bind_symbols
@@ -34,6 +34,6 @@ def _run(graph: Graph, env: dict):
         except TercompError:
             raise
         except Exception as e:
-            raise TercompError(f"the reference of tern.{op.opname} failed: {e}", loc=op.loc) from None
+            raise ExecutionError(f"the reference of tern.{op.opname} failed: {e}", loc=op.loc) from None
         for r, o in zip(op.results, outs):
             env[r] = np.asarray(o)

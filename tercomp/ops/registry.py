@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..errors import TercompError, TraceError, TypeSpecError
+from ..errors import TraceError, TypeSpecError, ConfigError
 from ..ir import Graph, SourceLoc, UNKNOWN_LOC, Value, numpy_dtype
 from ..ir import parser as _parser
 from ..ir import verifier as _verifier
@@ -48,8 +48,8 @@ REGISTRY: dict[str, OpDef] = {}
 
 def register(opdef: OpDef) -> OpDef:
     if opdef.name in REGISTRY:
-        raise TercompError(f"op {opdef.name!r} registered twice",
-                           hint="define each op once, in its family file in tercomp/ops/")
+        raise ConfigError(f"op {opdef.name!r} registered twice",
+                          hint="define each op once, in its family file in tercomp/ops/")
     REGISTRY[opdef.name] = opdef
     return opdef
 

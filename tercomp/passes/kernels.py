@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ternary_pack as tp
-from ..errors import TercompError
+from ..errors import UnsupportedError
 from ..kernels import table as kt
 from ..kernels.ternary.strategies import check_strategy
 from ..ir import Graph
@@ -39,7 +39,7 @@ def settle_ternary(strategy: str, types, attrs: dict, targets, loc=None) -> kt.K
         return kt.take(_T, strategy, types, attrs, targets, loc=loc)
     found = kt.choose(_T, types, attrs, targets)
     if found is None:
-        raise TercompError(f"no ternary strategy compiles for {', '.join(targets)}", loc=loc)
+        raise UnsupportedError(f"no ternary strategy compiles for {', '.join(targets)}", loc=loc)
     return found
 
 

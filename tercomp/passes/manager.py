@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from ..errors import TercompError
+from ..errors import ConfigError
 from ..ir import Graph
 from ..ops import verify
 
@@ -25,7 +25,7 @@ def register_pass(name: str):
 
 def get_pass(name: str) -> Callable:
     if name not in PASSES:
-        raise TercompError(f"unknown pass {name!r}", hint=f"known passes: {', '.join(sorted(PASSES))}")
+        raise ConfigError(f"unknown pass {name!r}", hint=f"known passes: {', '.join(sorted(PASSES))}")
     return PASSES[name]
 
 

@@ -52,7 +52,7 @@ def store(k: str, exe) -> None:
     """Write CompiledModule `exe` as entry `k`; a cache that cannot be written only warns."""
     try:
         # no fsync: after a crash a damaged entry fails its digest and is a miss
-        artifact.write(exe, entry_path(k), "compile cache entry", TercompError, durable=False,
+        artifact.write(exe, entry_path(k), "compile cache entry", ArtifactError, durable=False,
                        make_dirs=True)
     except TercompError as e:
         warnings.warn(f"tercomp: cannot write the compile cache {cache_dir()}: {e}", stacklevel=3)

@@ -21,7 +21,7 @@ import iree.runtime as rt
 from iree.runtime import flags as rt_flags
 from iree.runtime import system_setup
 
-from ..errors import DeviceUnavailable, TercompError
+from ..errors import ConfigError, DeviceUnavailable
 
 # Which HAL drivers run the code of each tercomp target, preferred first.
 TARGET_DRIVERS = {
@@ -96,10 +96,10 @@ def _configure_task_threads(threads: int | None):
         _task_threads.append(threads)
     elif threads is not None and _task_threads[0] != threads:
         have = _task_threads[0] or "IREE's default number of"
-        raise TercompError(f"the local-task thread pool of this process already has {have} "
-                           f"threads; IREE sizes it once per process, so threads={threads} "
-                           "cannot take effect",
-                           hint="pass threads= to the first compile or load of the process")
+        raise ConfigError(f"the local-task thread pool of this process already has {have} "
+                          f"threads; IREE sizes it once per process, so threads={threads} "
+                          "cannot take effect",
+                          hint="pass threads= to the first compile or load of the process")
 
 
 def open_device(device: str, threads: int | None = None):

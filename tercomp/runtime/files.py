@@ -17,7 +17,7 @@ import os
 import stat
 import tempfile
 
-from ..errors import TercompError
+from ..errors import ArtifactError
 
 
 def cache_dir() -> str:
@@ -45,7 +45,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def check_regular(path, what: str, error=TercompError) -> int:
+def check_regular(path, what: str, error=ArtifactError) -> int:
     """The size of `path` if it is a regular file within the size limit; else `error`."""
     path = os.fspath(path)
     if "\0" in path:
@@ -65,7 +65,7 @@ def check_regular(path, what: str, error=TercompError) -> int:
     return st.st_size
 
 
-def read_regular(path, what: str, error=TercompError) -> bytes:
+def read_regular(path, what: str, error=ArtifactError) -> bytes:
     """The bytes of a regular file (see check_regular)."""
     size = check_regular(path, what, error)
     try:
@@ -86,7 +86,7 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path, data: bytes, what: str = "file", error=TercompError, make_dirs: bool = False) -> str:
+def write_atomic(path, data: bytes, what: str = "file", error=ArtifactError, make_dirs: bool = False) -> str:
     """Write `data` to `path` so that readers see the old file or the whole new one.
     Returns the path written (a symlink's target)."""
     with atomic_target(path, what, error, make_dirs) as tmp:
@@ -96,7 +96,7 @@ def write_atomic(path, data: bytes, what: str = "file", error=TercompError, make
 
 
 @contextlib.contextmanager
-def atomic_target(path, what: str = "file", error=TercompError, make_dirs: bool = False,
+def atomic_target(path, what: str = "file", error=ArtifactError, make_dirs: bool = False,
                   durable: bool = True):
     """A temporary path beside `path` (through a symlink, beside its target) for a
     writer to fill; on leaving the block without an error it is synced (unless not

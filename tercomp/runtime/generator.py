@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from ..errors import InputError, TercompError
+from ..errors import ConfigError, InputError, ArtifactError, UnsupportedError, ExecutionError
 from .module import _to_host
 from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
@@ -79,12 +79,12 @@ class LMGenerator:
     def __init__(self, exe):
         info = exe.meta.get("lm")
         if not isinstance(info, dict) or not {"config", "max_seq", "kv_dtype"} <= set(info):
-            raise TercompError("this module is not a compiled language model (no 'lm' metadata)",
-                               hint="compile one with tc.compile_lm(lm)")
+            raise ConfigError("this module is not a compiled language model (no 'lm' metadata)",
+                              hint="compile one with tc.compile_lm(lm)")
         if info.get("step_inputs") != list(self.ABI.inputs):
-            raise TercompError("this language model artifact was compiled by an older tercomp "
-                               "(its step function takes no `rows` input)",
-                               hint="compile it again with tc.compile_lm or `tercomp generate`")
+            raise ArtifactError("this language model artifact was compiled by an older tercomp "
+                                "(its step function takes no `rows` input)",
+                                hint="compile it again with tc.compile_lm or `tercomp generate`")
         self.exe = exe
         self.config = dict(info["config"])
         self.max_seq = int(info["max_seq"])
@@ -172,11 +172,11 @@ class LMGenerator:
         again from inside (a callback) is refused before it touches the cache."""
         me = threading.get_ident()
         if self._owner == me:
-            raise TercompError(f"{what} called from inside {self._running} on the same generator "
-                               f"(an on_token callback?): it would overwrite the KV cache of the "
-                               f"running generation",
-                               hint=f"call {what} after {self._running} returns, or use another "
-                                    f"generator (tc.load the artifact again)")
+            raise ExecutionError(f"{what} called from inside {self._running} on the same generator "
+                                 f"(an on_token callback?): it would overwrite the KV cache of the "
+                                 f"running generation",
+                                 hint=f"call {what} after {self._running} returns, or use another "
+                                      f"generator (tc.load the artifact again)")
         with self._lock:
             self._owner, self._running = me, what
             try:
@@ -188,7 +188,7 @@ class LMGenerator:
         try:
             out = fn(*args)
         except Exception as e:
-            raise TercompError(f"the IREE runtime failed running the LM on {self.exe.device}: {e}") from None
+            raise ExecutionError(f"the IREE runtime failed running the LM on {self.exe.device}: {e}") from None
         if self.exe.meta.get("numerics"):        # compiled with check_numerics
             out, checks = out
             report_numerics(_to_host(checks), self.exe.meta["numerics"])
@@ -318,12 +318,12 @@ class LMGenerator:
     # -- text (with a tokenizer) -------------------------------------------------------
     def encode(self, text: str) -> np.ndarray:
         if self.tokenizer is None:
-            raise TercompError("this model has no tokenizer", hint="pass token ids instead of text")
+            raise UnsupportedError("this model has no tokenizer", hint="pass token ids instead of text")
         return np.array(self.tokenizer.encode(text).ids, np.int32)
 
     def decode_text(self, ids) -> str:
         if self.tokenizer is None:
-            raise TercompError("this model has no tokenizer")
+            raise UnsupportedError("this model has no tokenizer")
         return self.tokenizer.decode([int(i) for i in ids])
 
     def save(self, path: str) -> None:

@@ -15,7 +15,7 @@ import iree.runtime as rt
 import numpy as np
 
 from .. import dimexpr, pytree
-from ..errors import DeviceUnavailable, TercompError
+from ..errors import TercompError, ConfigError, DeviceUnavailable, ExecutionError
 from . import artifact
 from .devices import (TARGET_DRIVERS, available_drivers, check_threads, open_device, pick_device,
                       warn_if_lavapipe_mismatch)
@@ -237,7 +237,7 @@ class CompiledModule:
         try:
             return self._ctx.modules.module[name]
         except (KeyError, AttributeError):
-            raise TercompError(f"the module has no function {name!r}") from None
+            raise ConfigError(f"the module has no function {name!r}") from None
 
     def _device_input(self, x):
         # A DeviceArray of this module's device goes in as is; any other is copied.
@@ -261,8 +261,8 @@ class CompiledModule:
         try:
             res = fn(*arrays)
         except Exception as e:
-            raise TercompError(f"the IREE runtime failed running {sig.function} on "
-                               f"{self.device}: {e}") from None
+            raise ExecutionError(f"the IREE runtime failed running {sig.function} on "
+                                 f"{self.device}: {e}") from None
         res = list(res) if isinstance(res, (list, tuple)) else [res]
         if self.meta.get("numerics"):
             report_numerics(_to_host(res.pop()), self.meta["numerics"])
@@ -295,9 +295,9 @@ class CompiledModule:
         'ternary'), 'mlir', or an IREE phase (when compiled with dump_dir)."""
         if stage in self.stages:
             return self.stages[stage]
-        raise TercompError(f"no stage {stage!r} was recorded",
-                           hint=f"recorded stages: {', '.join(self.stages) or 'none'}; IREE "
-                                "phases are kept when compiling with dump_dir= or TERCOMP_DUMP=dir")
+        raise ConfigError(f"no stage {stage!r} was recorded",
+                          hint=f"recorded stages: {', '.join(self.stages) or 'none'}; IREE "
+                               "phases are kept when compiling with dump_dir= or TERCOMP_DUMP=dir")
 
     def memory_report(self, **dims) -> dict:
         """What the compiled backward keeps from its forward (activations, and the stacked

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError, TercompError
+from ..errors import TercompError, ConfigError, InputError
 from .batched import BatchedLMGenerator
 from .generator import LMGenerator, _eos_set, _ids
 from .sampling import (MAX_LOGPROBS, Penalties, check_penalties, check_sampling, sample,
@@ -158,10 +158,10 @@ class Engine:
         elif isinstance(gen, LMGenerator):
             self.gen, chunk = _OneSlot(gen), gen.max_seq    # its prefill is one call
         else:
-            raise TercompError(f"Engine needs a compiled LM (tc.compile_lm), got {type(gen).__name__}")
+            raise ConfigError(f"Engine needs a compiled LM (tc.compile_lm), got {type(gen).__name__}")
         for what, v in (("max_queue", max_queue), ("chunk", chunk)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise TercompError(f"Engine: {what} must be a positive int, got {v!r}")
+                raise ConfigError(f"Engine: {what} must be a positive int, got {v!r}")
         self.model = gen
         self.max_queue, self.chunk = int(max_queue), int(chunk)
         self.max_batch, self.max_seq, self.vocab_size = self.gen.max_batch, gen.max_seq, gen.vocab_size
@@ -380,7 +380,7 @@ class Engine:
                 if con is not None:
                     z = con.mask(z)
                     if z is None:
-                        self._finish(r, "error", TercompError(f"structured output: {con.error}"))
+                        self._finish(r, "error", InputError(f"structured output: {con.error}"))
                         continue
                 tok = sample(z, r.temperature, r.top_k, r.top_p, r._rng, r.min_p)
                 if pen is not None:
@@ -388,7 +388,7 @@ class Engine:
                 if r.logprobs is not None:      # of the model's logits (vLLM's raw logprobs)
                     r.token_logprobs.append(scored_token(lg, tok, r.logprobs))
                 if con is not None and not con.accept(tok):
-                    self._finish(r, "error", TercompError(f"structured output: {con.error}"))
+                    self._finish(r, "error", InputError(f"structured output: {con.error}"))
                     continue
                 self._emit(r, tok, now)
                 if con is not None and con.done:

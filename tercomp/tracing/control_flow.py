@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from ..errors import TercompError
+from ..errors import TraceError
 from ..ir import Graph, as_dim, is_static
 from ..ops import interpret
 from ..ops.shape_util import fmt_shape, same_dim
@@ -33,10 +33,10 @@ def _to_value(tr, x, loc):
             return x.value
         if isinstance(tr, BodyTrace):
             return tr.capture(x)
-        raise TercompError(f"value %{x.name} belongs to another trace", loc=loc)
+        raise TraceError(f"value %{x.name} belongs to another trace", loc=loc)
     arr = np.asarray(x, dtype=np.float32) if isinstance(x, float) else np.asarray(x)
     if arr.dtype == object:
-        raise TercompError(f"expected an array, got {type(x).__name__}", loc=loc)
+        raise TraceError(f"expected an array, got {type(x).__name__}", loc=loc)
     return tr.const(arr, name="cst", loc=loc)
 
 
@@ -83,8 +83,8 @@ def scan(f, init, xs=None, length=None, reverse=False):
         return _eager(lambda i, x: scan(f, i, x, length, reverse), init, xs)
     tr = current_trace()
     if not callable(f):
-        raise TercompError(f"tc.scan: f must be a function f(carry, x) -> (carry, y), got "
-                           f"{type(f).__name__}", loc=loc)
+        raise TraceError(f"tc.scan: f must be a function f(carry, x) -> (carry, y), got "
+                         f"{type(f).__name__}", loc=loc)
     c_leaves, c_paths, c_tree = pytree.flatten(init)
     x_leaves, x_paths, x_tree = pytree.flatten(xs)
     carries = [_to_value(tr, x, loc) for x in c_leaves]
@@ -96,22 +96,22 @@ def scan(f, init, xs=None, length=None, reverse=False):
     def step(carry, x):
         out = f(carry, x)
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise TercompError("tc.scan: f must return a pair (new carry, y)", loc=loc,
-                               hint="return (carry, None) when there is no per-step output")
+            raise TraceError("tc.scan: f must return a pair (new carry, y)", loc=loc,
+                             hint="return (carry, None) when there is no per-step output")
         return tuple(out)
 
     body, out_tree, captured = _trace_body(tr, "scan", step, body_in, ["tuple", [c_tree, x_tree]],
                                            loc, names)
     new_c_tree, y_tree = out_tree[1]
     if pytree.jsonable(new_c_tree) != pytree.jsonable(c_tree):
-        raise TercompError(f"tc.scan: f returns a carry with structure {pytree.jsonable(new_c_tree)}, "
-                           f"but init has {pytree.jsonable(c_tree)}", loc=loc)
+        raise TraceError(f"tc.scan: f returns a carry with structure {pytree.jsonable(new_c_tree)}, "
+                         f"but init has {pytree.jsonable(c_tree)}", loc=loc)
     for p, v, w in zip(c_paths, carries, body.outputs):
         if v.type.dtype != w.type.dtype or len(v.shape) != len(w.shape) or not all(
                 same_dim(a, b) for a, b in zip(v.shape, w.shape)):
-            raise TercompError(f"tc.scan: f turns the carry{' ' + p if p else ''} from {_fmt(v.type)} "
-                               f"into {_fmt(w.type)}; a carry must keep its shape and dtype", loc=loc,
-                               hint="cast or reshape the new carry to the type of init")
+            raise TraceError(f"tc.scan: f turns the carry{' ' + p if p else ''} from {_fmt(v.type)} "
+                             f"into {_fmt(w.type)}; a carry must keep its shape and dtype", loc=loc,
+                             hint="cast or reshape the new carry to the type of init")
     attrs = {"body": body, "n_carry": len(carries), "n_xs": len(seqs),
              "length": int(n) if is_static(n) else str(n), "reverse": bool(reverse)}
     res = tr.emit("scan", carries + seqs + captured, attrs, name="scan", loc=loc)
@@ -124,27 +124,27 @@ def _scan_length(seqs, paths, length, loc):
     n = None
     for p, v in zip(paths, seqs):
         if v.type.rank == 0:
-            raise TercompError(f"tc.scan: xs{' ' + p if p else ''} is a scalar; every leaf of xs "
-                               "needs a leading axis to scan over", loc=loc)
+            raise TraceError(f"tc.scan: xs{' ' + p if p else ''} is a scalar; every leaf of xs "
+                             "needs a leading axis to scan over", loc=loc)
         d = v.shape[0]
         if n is None:
             n, first = d, p
         elif not same_dim(n, d):
-            raise TercompError(f"tc.scan: the leaves of xs have different leading dims: "
-                               f"{first or 'xs'} has {n}, {p or 'xs'} has {d}", loc=loc,
-                               hint="every leaf of xs is scanned along axis 0 and needs the same length")
+            raise TraceError(f"tc.scan: the leaves of xs have different leading dims: "
+                             f"{first or 'xs'} has {n}, {p or 'xs'} has {d}", loc=loc,
+                             hint="every leaf of xs is scanned along axis 0 and needs the same length")
     if length is not None:
         if isinstance(length, bool) or not isinstance(length, (int, np.integer, str)):
-            raise TercompError(f"tc.scan: length must be an int or a dim name, got {length!r}", loc=loc)
+            raise TraceError(f"tc.scan: length must be an int or a dim name, got {length!r}", loc=loc)
         given = as_dim(int(length) if isinstance(length, np.integer) else length)
         if n is not None and not same_dim(n, given):
-            raise TercompError(f"tc.scan: length={length} but xs has leading dim {n}", loc=loc)
+            raise TraceError(f"tc.scan: length={length} but xs has leading dim {n}", loc=loc)
         if is_static(given) and given < 0:
-            raise TercompError(f"tc.scan: length {length} is negative", loc=loc)
+            raise TraceError(f"tc.scan: length {length} is negative", loc=loc)
         n = given
     if n is None:
-        raise TercompError("tc.scan: give xs or a length", loc=loc,
-                           hint="tc.scan(f, init, None, length=T)")
+        raise TraceError("tc.scan: give xs or a length", loc=loc,
+                         hint="tc.scan(f, init, None, length=T)")
     return n
 
 
@@ -185,24 +185,24 @@ def associative_scan(fn, elems, reverse=False, axis=0):
         return _eager(lambda e: associative_scan(fn, e, reverse, axis), elems)
     leaves, paths, tree = pytree.flatten(elems)
     if not leaves:
-        raise TercompError("tc.associative_scan: elems has no arrays", loc=loc)
+        raise TraceError("tc.associative_scan: elems has no arrays", loc=loc)
     tr = current_trace()
     xs = [Tracer(_to_value(tr, x, loc), tr) for x in leaves]
     for p, x in zip(paths, xs):
         if not -x.ndim <= axis < max(x.ndim, 1) or x.ndim == 0:
-            raise TercompError(f"tc.associative_scan: axis {axis} is out of range for elems"
-                               f"{' ' + p if p else ''} of shape {fmt_shape(x.shape)}", loc=loc)
+            raise TraceError(f"tc.associative_scan: axis {axis} is out of range for elems"
+                             f"{' ' + p if p else ''} of shape {fmt_shape(x.shape)}", loc=loc)
     ax = [axis % x.ndim for x in xs]
     n = xs[0].shape[ax[0]]
     for p, x, a in zip(paths, xs, ax):
         if not is_static(x.shape[a]):
-            raise TercompError(f"tc.associative_scan: the scanned axis of elems{' ' + p if p else ''} "
-                               f"has the symbolic size {x.shape[a]}; the log-depth form needs a "
-                               "static length", loc=loc,
-                               hint="use tc.scan for a symbolic length (a sequential loop)")
+            raise TraceError(f"tc.associative_scan: the scanned axis of elems{' ' + p if p else ''} "
+                             f"has the symbolic size {x.shape[a]}; the log-depth form needs a "
+                             "static length", loc=loc,
+                             hint="use tc.scan for a symbolic length (a sequential loop)")
         if x.shape[a] != n:
-            raise TercompError(f"tc.associative_scan: the leaves of elems have different lengths "
-                               f"along axis {axis}: {n} and {x.shape[a]}", loc=loc)
+            raise TraceError(f"tc.associative_scan: the leaves of elems have different lengths "
+                             f"along axis {axis}: {n} and {x.shape[a]}", loc=loc)
     # work on axis 0, in forward order
     xs = [_move(x, a, 0) for x, a in zip(xs, ax)]
     if reverse:
@@ -212,14 +212,14 @@ def associative_scan(fn, elems, reverse=False, axis=0):
         out = fn(pytree.unflatten(tree, a), pytree.unflatten(tree, b))
         got, _, got_tree = pytree.flatten(out)
         if pytree.jsonable(got_tree) != pytree.jsonable(tree):
-            raise TercompError(f"tc.associative_scan: fn returns the structure "
-                               f"{pytree.jsonable(got_tree)}, elems has {pytree.jsonable(tree)}", loc=loc)
+            raise TraceError(f"tc.associative_scan: fn returns the structure "
+                             f"{pytree.jsonable(got_tree)}, elems has {pytree.jsonable(tree)}", loc=loc)
         for p, g, x in zip(paths, got, a):
             if not isinstance(g, Tracer) or tuple(g.shape) != tuple(x.shape) or g.dtype != x.dtype:
                 shape = fmt_shape(g.shape if hasattr(g, "shape") else np.shape(g))
-                raise TercompError(f"tc.associative_scan: fn turns{' ' + p if p else ''} "
-                                   f"{fmt_shape(x.shape)}{x.dtype} into {shape}{getattr(g, 'dtype', '')}; "
-                                   "fn must keep the shapes and dtypes of its operands", loc=loc)
+                raise TraceError(f"tc.associative_scan: fn turns{' ' + p if p else ''} "
+                                 f"{fmt_shape(x.shape)}{x.dtype} into {shape}{getattr(g, 'dtype', '')}; "
+                                 "fn must keep the shapes and dtypes of its operands", loc=loc)
         return got
 
     out = _assoc(combine, xs)

@@ -16,7 +16,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as safetensors_save
 
 from .. import pytree
-from ..errors import TercompError
+from ..errors import ConfigError, ArtifactError
 from ..runtime.files import check_regular, write_atomic
 from .step import TrainStep
 
@@ -49,8 +49,8 @@ def save_checkpoint(path: str, model, opt_state=None) -> None:
         buffers = {k: np.asarray(v) for k, v in model.buffers().items()} \
             if callable(getattr(model, "buffers", None)) else {}
     else:
-        raise TercompError(f"save_checkpoint: model must be an nn.Module or a TrainStep, got "
-                           f"{type(model).__name__}")
+        raise ConfigError(f"save_checkpoint: model must be an nn.Module or a TrainStep, got "
+                          f"{type(model).__name__}")
     # np.array, not np.ascontiguousarray, which turns 0-d arrays into shape (1,).
     tensors = {f"params/{k}": np.array(v, order="C") for k, v in params.items()}
     meta = {"format": _FORMAT, "params": json.dumps(list(params))}
@@ -75,10 +75,10 @@ def load_checkpoint(path: str, model):
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError, TypeError) as e:
-        raise TercompError(f"load_checkpoint: {path} is not a readable safetensors file: {e}") from None
+        raise ArtifactError(f"load_checkpoint: {path} is not a readable safetensors file: {e}") from None
     if meta.get("format") != _FORMAT:
-        raise TercompError(f"load_checkpoint: {path} is not a tercomp checkpoint "
-                           f"(format {meta.get('format')!r})")
+        raise ArtifactError(f"load_checkpoint: {path} is not a tercomp checkpoint "
+                            f"(format {meta.get('format')!r})")
     try:
         names = json.loads(meta["params"])
         params = {k: tensors[f"params/{k}"] for k in names}
@@ -89,7 +89,7 @@ def load_checkpoint(path: str, model):
             n = pytree.num_leaves(treedef)
             opt_state = pytree.unflatten(treedef, [tensors[f"opt_state/{i}"] for i in range(n)])
     except (KeyError, ValueError, TypeError, RecursionError) as e:
-        raise TercompError(f"load_checkpoint: {path} is damaged ({type(e).__name__}: {e})") from None
+        raise ArtifactError(f"load_checkpoint: {path} is damaged ({type(e).__name__}: {e})") from None
     if isinstance(model, TrainStep):
         model.set_state(params, opt_state, buffers=buffers or None)
         model.sync_to()

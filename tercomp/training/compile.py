@@ -17,7 +17,7 @@ import numpy as np
 from .. import optim, pytree
 from ..build import BuildOptions, build
 from ..compiler import pipeline
-from ..errors import TercompError, check_number
+from ..errors import TraceError, ConfigError, UnsupportedError, check_number
 from ..nn.module import Module, buffer_updates
 from ..nn.syncbn import SyncStatistics, sync_layers
 from ..passes import Dumper
@@ -90,39 +90,39 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     >>> loss = step(x[r::n], y[r::n])                  # this rank's shard
     """
     if not isinstance(model, Module):
-        raise TercompError(f"compile_train_step: model must be an nn.Module, got {type(model).__name__}")
+        raise ConfigError(f"compile_train_step: model must be an nn.Module, got {type(model).__name__}")
     if not callable(loss_fn):
-        raise TercompError("compile_train_step: loss_fn must be a function loss_fn(model, *batch)")
+        raise ConfigError("compile_train_step: loss_fn must be a function loss_fn(model, *batch)")
     if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):
-        raise TercompError(f"compile_train_step: optimizer must have init(params) and "
-                           f"update(grads, state, params), got {type(optimizer).__name__}",
-                           hint="use tc.optim.SGD(...) or tc.optim.AdamW(...)")
+        raise ConfigError(f"compile_train_step: optimizer must have init(params) and "
+                          f"update(grads, state, params), got {type(optimizer).__name__}",
+                          hint="use tc.optim.SGD(...) or tc.optim.AdamW(...)")
     if on_nan not in ON_NAN:
-        raise TercompError(f"compile_train_step: on_nan must be 'raise' or 'stop', got {on_nan!r}")
+        raise ConfigError(f"compile_train_step: on_nan must be 'raise' or 'stop', got {on_nan!r}")
     if isinstance(accumulate, bool) or not isinstance(accumulate, numbers.Integral) or accumulate < 1:
-        raise TercompError(f"compile_train_step: accumulate must be a positive integer, got {accumulate!r}")
+        raise ConfigError(f"compile_train_step: accumulate must be a positive integer, got {accumulate!r}")
     if isinstance(accumulate_calls, bool) or not isinstance(accumulate_calls, numbers.Integral) \
             or accumulate_calls < 1:
-        raise TercompError(f"compile_train_step: accumulate_calls must be a positive integer, "
-                           f"got {accumulate_calls!r}")
+        raise ConfigError(f"compile_train_step: accumulate_calls must be a positive integer, "
+                          f"got {accumulate_calls!r}")
     if clip_norm is not None:
         clip_norm = check_number("compile_train_step", "clip_norm", clip_norm,
                                         lo=0.0, lo_open=True)
     check_data_parallel(data_parallel)
     if has_aux not in (None, True, False):
-        raise TercompError(f"compile_train_step: has_aux must be None, True or False, got {has_aux!r}")
+        raise ConfigError(f"compile_train_step: has_aux must be None, True or False, got {has_aux!r}")
     if not example_batch:
-        raise TercompError("compile_train_step: give an example batch (arrays or tc.spec) after "
-                           "the optimizer", hint="compile_train_step(loss_fn, model, opt, x, y)")
+        raise ConfigError("compile_train_step: give an example batch (arrays or tc.spec) after "
+                          "the optimizer", hint="compile_train_step(loss_fn, model, opt, x, y)")
     params = model.state_dict()
     if not params:
-        raise TercompError(f"compile_train_step: {type(model).__name__} has no parameters to train")
+        raise ConfigError(f"compile_train_step: {type(model).__name__} has no parameters to train")
     # the model's buffers (BatchNorm's running statistics) are inputs of the step, and their
     # values after the forward are outputs, kept on the device like the weights
     buffers = {k: np.array(v) for k, v in model.buffers().items()}
     sync = sync_layers(model) if data_parallel else []
     if sync and accumulate > 1:
-        raise TercompError(f"compile_train_step(data_parallel=True, accumulate={accumulate}): "
+        raise ConfigError(f"compile_train_step(data_parallel=True, accumulate={accumulate}): "
                            f"SyncBatchNorm ({', '.join(n or 'the model' for n, _ in sync)}) "
                            "synchronizes whole shards, not micro-batches",
                            hint="use accumulate_calls= (each call one synchronized batch), or "
@@ -148,21 +148,21 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         out = loss_fn(model, *batch)
         aux_given = isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[1], dict)
         if has_aux is True and not aux_given:
-            raise TercompError("compile_train_step(has_aux=True): loss_fn must return (loss, metrics_dict)")
+            raise TraceError("compile_train_step(has_aux=True): loss_fn must return (loss, metrics_dict)")
         if has_aux is False and aux_given:
-            raise TercompError("compile_train_step(has_aux=False): loss_fn returned a tuple",
-                               hint="return the scalar loss only, or pass has_aux=True")
+            raise TraceError("compile_train_step(has_aux=False): loss_fn returned a tuple",
+                             hint="return the scalar loss only, or pass has_aux=True")
         loss, aux = (out[0], dict(out[1])) if aux_given else (out, {})
         if not isinstance(loss, Tracer) or tuple(loss.shape) != ():
             shape = tuple(getattr(loss, "shape", np.shape(loss)))
-            raise TercompError(f"compile_train_step: loss_fn must return a scalar that depends "
-                               f"on the model, got {type(loss).__name__} of shape {shape}",
-                               hint="reduce the loss, e.g. tc.mean(...) or "
-                                    "tc.cross_entropy(logits, labels)")
+            raise TraceError(f"compile_train_step: loss_fn must return a scalar that depends "
+                             f"on the model, got {type(loss).__name__} of shape {shape}",
+                             hint="reduce the loss, e.g. tc.mean(...) or "
+                                  "tc.cross_entropy(logits, labels)")
         for k, v in aux.items():
             if tuple(getattr(v, "shape", np.shape(v))) != ():
-                raise TercompError(f"compile_train_step: metric {k!r} must be a scalar, got shape "
-                                   f"{tuple(getattr(v, 'shape', np.shape(v)))}")
+                raise TraceError(f"compile_train_step: metric {k!r} must be a scalar, got shape "
+                                 f"{tuple(getattr(v, 'shape', np.shape(v)))}")
         detected["has_aux"] = aux_given
         # Metrics are reported, not differentiated.
         aux = {k: _t.stop_gradient(v) if isinstance(v, Tracer) else np.float32(v) for k, v in aux.items()}
@@ -220,8 +220,8 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         grads, norm = _clipped(grads)
         new_params, new_state = optimizer.update(grads, opt_state, params)
         if pytree.jsonable(pytree.flatten(new_state)[2]) != state_treedef:
-            raise TercompError(f"{type(optimizer).__name__}.update returned a state whose structure "
-                               "differs from init(params)'s; the compiled step feeds it back in")
+            raise TraceError(f"{type(optimizer).__name__}.update returned a state whose structure "
+                             "differs from init(params)'s; the compiled step feeds it back in")
         return new_params, new_state, norm, _t.abs(loss + norm) <= optim.F32_MAX
 
     def update(params, opt_state, loss, grads):

@@ -60,7 +60,7 @@ import numpy as np
 
 from .. import distributed, pytree
 from ..compiler import compile as tc_compile
-from ..errors import TercompError
+from ..errors import ConfigError, ExecutionError
 from ..tracing import api as _t
 from ..nn.syncbn import sums_size
 from .packing import KEY
@@ -202,8 +202,8 @@ def _rank0_first(world, build, cache: bool):
     if error is not None:
         raise error
     if failed[0]:
-        raise TercompError("rank 0 failed to compile the data-parallel training step (its "
-                           "error says why); every rank stops")
+        raise ExecutionError("rank 0 failed to compile the data-parallel training step (its "
+                             "error says why); every rank stops")
     return result if world.rank == 0 else build()
 
 
@@ -370,9 +370,9 @@ class DataParallelStep(TrainStep):
             ranks = self.world.ranks_where(failure is not None, f"training step {n}: failed ranks")
             if failure is not None:
                 raise failure
-            raise TercompError(f"training step {n}: rank(s) {_names(ranks)} failed (their "
-                               "error says why); every rank stops",
-                               hint="fix the failing rank's batch or error and restart the job")
+            raise ExecutionError(f"training step {n}: rank(s) {_names(ranks)} failed (their "
+                                 "error says why); every rank stops",
+                                 hint="fix the failing rank's batch or error and restart the job")
 
     def _means(self, summed, at=0):
         """(loss, metrics) as means over the examples summed in `summed` (a packed buffer,
@@ -395,5 +395,5 @@ def _names(ranks) -> str:
 
 def check_options(data_parallel) -> None:
     if not isinstance(data_parallel, bool):
-        raise TercompError(f"compile_train_step: data_parallel must be True or False, got "
-                           f"{data_parallel!r}")
+        raise ConfigError(f"compile_train_step: data_parallel must be True or False, got "
+                          f"{data_parallel!r}")

@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 
 from .. import pytree
-from ..errors import InputError, TercompError
+from ..errors import InputError, NumericsError
 from ..runtime.signature import Signature
 
 
@@ -118,7 +118,7 @@ class TrainStep:
                    "weights are those of the last finite step")
             hint = "lower the learning rate, clip gradients (clip_norm=), or check the data"
             if self.on_nan == "raise":
-                raise TercompError(msg, hint=hint)
+                raise NumericsError(msg, hint=hint)
             self.stopped = True
             warnings.warn(f"{msg}; training stopped ({hint})", RuntimeWarning, stacklevel=3)
             return (loss, metrics) if self.has_aux else loss
@@ -163,30 +163,30 @@ class TrainStep:
         if buffers is not None:
             own = self.buffers()
             if set(buffers) != set(own) or any(np.shape(buffers[k]) != own[k].shape for k in own):
-                raise TercompError(f"set_state: the buffers {sorted(buffers)} do not match the "
-                                   f"model's {sorted(own)} (names and shapes)")
+                raise InputError(f"set_state: the buffers {sorted(buffers)} do not match the "
+                                 f"model's {sorted(own)} (names and shapes)")
             new_buffers = {k: np.asarray(buffers[k], own[k].dtype) for k in own}
         if params is not None:
             own = self.params()
             if set(params) != set(own):
-                raise TercompError(f"set_state: parameter names differ: missing "
-                                   f"{sorted(set(own) - set(params))}, unexpected "
-                                   f"{sorted(set(params) - set(own))}")
+                raise InputError(f"set_state: parameter names differ: missing "
+                                 f"{sorted(set(own) - set(params))}, unexpected "
+                                 f"{sorted(set(params) - set(own))}")
             for k, v in params.items():
                 if np.shape(v) != own[k].shape:
-                    raise TercompError(f"set_state: parameter {k} has shape {np.shape(v)}, "
-                                       f"the model {own[k].shape}")
+                    raise InputError(f"set_state: parameter {k} has shape {np.shape(v)}, "
+                                     f"the model {own[k].shape}")
             new_params = {k: np.asarray(params[k], own[k].dtype) for k in own}
         if opt_state is not None:
             leaves, _, treedef = pytree.flatten(opt_state)
             if pytree.jsonable(treedef) != pytree.jsonable(self._s_treedef):
-                raise TercompError("set_state: the optimizer state has a different structure "
-                                   f"than {type(self.optimizer).__name__}.init(params)'s")
+                raise InputError("set_state: the optimizer state has a different structure "
+                                 f"than {type(self.optimizer).__name__}.init(params)'s")
             own = pytree.flatten(self.opt_state())[0]
             for x, o in zip(leaves, own):
                 if np.shape(x) != o.shape:
-                    raise TercompError(f"set_state: an optimizer state array has shape "
-                                       f"{np.shape(x)}, expected {o.shape}")
+                    raise InputError(f"set_state: an optimizer state array has shape "
+                                     f"{np.shape(x)}, expected {o.shape}")
             new_state = pytree.unflatten(
                 self._s_treedef, [np.asarray(x, o.dtype) for x, o in zip(leaves, own)])
         if new_params is not None:

@@ -47,7 +47,7 @@ import numpy as np
 from iree.compiler import ir
 from iree.compiler.dialects import arith, linalg, math, tensor, util
 
-from ...errors import TercompError
+from ...errors import TraceError, InputError
 from ...ternary_pack import ACT_EPS, ACT_MAX, k_split
 from ...codegen.builders import PARALLEL, REDUCTION, affine_map, const, generic
 
@@ -59,21 +59,21 @@ def check_packed(packed, k: int, n: int) -> np.ndarray | ir.Value:
         if (not isinstance(t, ir.RankedTensorType) or t.rank != 2 or not t.has_static_shape
                 or t.element_type != ir.IntegerType.get_signless(8)
                 or t.get_dim_size(0) != n or not 0 < k <= 4 * t.get_dim_size(1)):
-            raise TercompError(f"packed ternary weights must be a tensor<{n}xKBxi8> value "
-                               f"with 4 * KB >= {k}, got {t}")
+            raise TraceError(f"packed ternary weights must be a tensor<{n}xKBxi8> value "
+                             f"with 4 * KB >= {k}, got {t}")
         return packed
     packed = np.asarray(packed)
     if packed.dtype == np.int8:
         packed = packed.view(np.uint8)
     if packed.ndim != 2 or packed.dtype != np.uint8:
-        raise TercompError(f"packed ternary weights must be a uint8 [N, KB] array, got "
-                           f"{packed.dtype} of shape {packed.shape}")
+        raise InputError(f"packed ternary weights must be a uint8 [N, KB] array, got "
+                         f"{packed.dtype} of shape {packed.shape}")
     if packed.shape[0] != n or not 0 < k <= 4 * packed.shape[1]:
-        raise TercompError(f"packed ternary weights of shape {packed.shape} do not hold a "
-                           f"[{n}, {k}] matrix (need [N, KB] with 4 * KB >= K)")
+        raise InputError(f"packed ternary weights of shape {packed.shape} do not hold a "
+                         f"[{n}, {k}] matrix (need [N, KB] with 4 * KB >= K)")
     if ((packed & (packed >> 1)) & 0x55).any():
-        raise TercompError("packed ternary weights hold invalid 2-bit codes 0b11",
-                           hint="pack the weights with tercomp.ternary_pack.pack_ternary")
+        raise InputError("packed ternary weights hold invalid 2-bit codes 0b11",
+                         hint="pack the weights with tercomp.ternary_pack.pack_ternary")
     return np.ascontiguousarray(packed)
 
 

@@ -16,7 +16,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, scf
 
 from ...codegen.builders import const
-from ...errors import TercompError
+from ...errors import VerifyError
 from . import avx2, avx512
 from .blocked import blocked
 from .builder import TernaryBuilder, check_packed
@@ -80,8 +80,8 @@ def checked(x: ir.Value, packed, k: int, n: int):
     x_type = ir.RankedTensorType(x.type)
     if (x_type.rank != 2 or x_type.is_dynamic_dim(1) or x_type.get_dim_size(1) != k
             or not isinstance(x_type.element_type, ir.F32Type)):
-        raise TercompError(f"ternary matmul expects x of type tensor<?x{k}xf32> (M static "
-                           f"or dynamic), got {x_type}")
+        raise VerifyError(f"ternary matmul expects x of type tensor<?x{k}xf32> (M static "
+                          f"or dynamic), got {x_type}")
     return (None if x_type.is_dynamic_dim(0) else x_type.get_dim_size(0)), packed
 
 

@@ -36,7 +36,7 @@ from typing import Sequence
 
 from iree.compiler import ir
 
-from ...errors import TercompError
+from ...errors import ConfigError, UnsupportedError
 from ...ir import TensorType
 from .. import table as kt
 from . import emitters
@@ -55,8 +55,8 @@ def check_strategy(strategy, targets: Sequence[str] = ("llvm-cpu",), *,
     """`strategy` if it is one of `choices` and compiles for every target, else a
     TercompError saying which strategies would."""
     if strategy not in choices:
-        raise TercompError(f"unknown ternary strategy {strategy!r}; expected one of "
-                           f"{', '.join(map(repr, choices))}")
+        raise ConfigError(f"unknown ternary strategy {strategy!r}; expected one of "
+                          f"{', '.join(map(repr, choices))}")
     if strategy in STRATEGIES:
         kt.check(OP, strategy, targets)
     return strategy
@@ -68,7 +68,7 @@ def choose_row(m: int | None, k: int, n: int, targets: Sequence[str] = ("llvm-cp
     `choose_strategy`)."""
     found = kt.choose(OP, kt.ternary_types(m, k, n), {"k": k, "n": n}, targets, features)
     if found is None:
-        raise TercompError(f"no ternary strategy compiles for {', '.join(targets)}")
+        raise UnsupportedError(f"no ternary strategy compiles for {', '.join(targets)}")
     return found
 
 
@@ -143,9 +143,9 @@ def emit_ternary_matmul(x: ir.Value, packed, k: int, n: int, scale: float, *,
         strategy = choose_strategy(m, k, n, targets)
     r = STRATEGIES[strategy]
     if codes != "signed" and (codes != r.codes or not act_quant):
-        raise TercompError(f"the {strategy!r} ternary kernel for {n}x{k} weights does not "
-                           f"read {codes!r} 2-bit codes",
-                           hint="pass the weights in the signed codes of pack_ternary")
+        raise UnsupportedError(f"the {strategy!r} ternary kernel for {n}x{k} weights does not "
+                               f"read {codes!r} 2-bit codes",
+                               hint="pass the weights in the signed codes of pack_ternary")
     kb = (ir.RankedTensorType(packed.type).get_dim_size(1) if isinstance(packed, ir.Value)
           else packed.shape[1])
     kt.check_fits(OP, strategy, [TensorType((m if m is not None else "M", k), "f32"),
