@@ -101,6 +101,11 @@ class BatchedLMGenerator(LMGenerator):
         return self._forward(arr, np.full(arr.size, slot, np.int32), np.arange(arr.size, dtype=np.int32),
                              rows)
 
+    def _extend(self, arr, start: int, rows, slot: int = 0) -> np.ndarray:
+        # LMGenerator.extend and speculative generate, in `slot` (0 for those)
+        return self._forward(arr, np.full(arr.size, slot, np.int32),
+                             np.arange(start, start + arr.size, dtype=np.int32), rows)
+
     def step(self, tokens, slots) -> np.ndarray:
         """Append one token to each of the sequences in `slots` (distinct, each holding
         a prompt); returns their next-token logits [B, vocab]."""
