@@ -9,6 +9,14 @@ batched step function (runtime.batched) holding:
   tokens per step over all of them (chunked prefill: a long prompt does not stall
   the running streams for its whole length, as vLLM's and llama-server's schedulers do).
 
+Prefix caching (on by default, as llama-server's `cache_prompt`): a slot keeps the
+tokens whose KV rows it holds after its request ends, and a new request takes the free
+slot whose tokens share the longest prefix with its prompt and prefills only the rest
+(a chat's next turn: only the new messages). The rows past the shared prefix need no
+clearing: attention reads a slot's rows up to each token's own position, and the new
+prompt's chunks overwrite them in order. A request asking for `prompt_logprobs` needs
+the logits of every prompt token and reuses nothing.
+
 Requests join between steps (when a slot is free: one slot per sequence) and leave
 when they finish (max_tokens, a stop token, the cache full) or are cancelled (a client
 that went away: its slot is freed at the next step; a waiting request leaves the queue
@@ -23,6 +31,7 @@ are the ones `gen.generate` gives for the same arguments.
     >>> req = engine.submit([1, 2, 3], max_tokens=16)
     >>> for token in req: ...               # as they are generated
     >>> engine.generate([1, 2, 3], max_tokens=16)     # submit and wait: np.int32 array
+    >>> engine.submit([1, 2, 3, 4], max_tokens=4).cached_tokens   # 3: rows reused
     >>> engine.close()
 """
 from __future__ import annotations
@@ -66,7 +75,8 @@ class Request:
     yielded; with `prompt_logprobs=n`, `prompt_scores[i]` is the same for prompt[i]
     (None for prompt[0], which nothing predicts), complete once the prompt is
     prefilled. Log-probabilities are `log_softmax` of the model's logits, before any
-    sampling transform (vLLM's raw logprobs)."""
+    sampling transform (vLLM's raw logprobs). `cached_tokens`: the prompt tokens whose
+    KV rows came from the prefix cache (set when the request gets its slot)."""
     id: int
     prompt: np.ndarray
     max_tokens: int
@@ -84,6 +94,7 @@ class Request:
     token_logprobs: list = field(default_factory=list)
     prompt_scores: list = field(default_factory=list)
     finish_reason: str | None = None
+    cached_tokens: int = 0
     error: BaseException | None = None
     submitted: float = 0.0
     first_token: float | None = None
@@ -137,22 +148,26 @@ class _OneSlot:
         self.max_seq, self.vocab_size = gen.max_seq, gen.vocab_size
 
     def forward(self, ids, slots, positions, rows):
-        # prefill from 0 in one call, or a decode token
-        if positions[0] == 0:
-            return self.gen.prefill(ids, logits_to_keep=ids.size - int(rows[0]))
-        return self.gen.decode(int(ids[0]))[None]
+        # a prompt (from 0, or from the end of a cached prefix) or a decode token
+        return self.gen.extend(ids, int(positions[0]), logits_to_keep=ids.size - int(rows[0]))
 
     def free(self, slot):
         self.gen.reset()
+
+    @property
+    def filled(self):
+        return [self.gen.position]
 
 
 class Engine:
     """Continuous batching over `gen` (a BatchedLMGenerator; an LMGenerator runs one
     request at a time). `max_queue`: waiting requests beyond which submit raises
     QueueFull; `chunk`: prompt tokens prefilled per step; `start=False` queues requests
-    until `start()` (a server warming up)."""
+    until `start()` (a server warming up); `prefix_cache=False` forgets each slot's
+    tokens when its request ends (every prompt is prefilled in full)."""
 
-    def __init__(self, gen, max_queue: int = 256, chunk: int = 128, start: bool = True):
+    def __init__(self, gen, max_queue: int = 256, chunk: int = 128, start: bool = True,
+                 prefix_cache: bool = True):
         if isinstance(gen, BatchedLMGenerator):
             self.gen = gen
         elif isinstance(gen, LMGenerator):
@@ -167,7 +182,10 @@ class Engine:
         self.max_batch, self.max_seq, self.vocab_size = self.gen.max_batch, gen.max_seq, gen.vocab_size
         self._waiting: collections.deque = collections.deque()
         self._running: list[Request] = []
-        self._free = list(range(self.max_batch))
+        self._free = list(range(self.max_batch))     # the least recently freed first
+        self.prefix_cache = bool(prefix_cache)
+        # the tokens whose KV rows each free slot holds (the prefix cache)
+        self._cached = [np.zeros(0, np.int32) for _ in range(self.max_batch)]
         self._cv = threading.Condition()
         self._ids = itertools.count()
         self._closed = False
@@ -175,7 +193,8 @@ class Engine:
         self._close_error: EngineClosed | None = None
         self._failed: BaseException | None = None
         self.counters = {"requests_total": 0, "requests_finished": 0, "requests_rejected": 0,
-                         "prompt_tokens_total": 0, "generated_tokens_total": 0, "steps_total": 0,
+                         "prompt_tokens_total": 0, "prompt_tokens_cached_total": 0,
+                         "generated_tokens_total": 0, "steps_total": 0,
                          "step_seconds_total": 0.0, "ttft_seconds_total": 0.0}
         self._thread = threading.Thread(target=self._loop, name="tercomp-engine", daemon=True)
         if start:
@@ -246,10 +265,13 @@ class Engine:
         return self.submit(prompt_ids, max_tokens, **kw).result()
 
     def stats(self) -> dict:
-        """Counters and the current queue: waiting, running, free slots."""
+        """Counters and the current queue: waiting, running, free slots, and
+        `prefix_cache_tokens` (the tokens free slots hold for reuse). Of
+        `prompt_tokens_total`, `prompt_tokens_cached_total` came from the prefix cache."""
         with self._cv:
             return {**self.counters, "waiting": len(self._waiting), "running": len(self._running),
-                    "slots": self.max_batch, "free_slots": len(self._free)}
+                    "slots": self.max_batch, "free_slots": len(self._free),
+                    "prefix_cache_tokens": sum(self._cached[s].size for s in self._free)}
 
     @property
     def alive(self) -> bool:
@@ -319,10 +341,27 @@ class Engine:
             if r._cancel:
                 self._finish(r, "cancelled")
                 continue
-            r._slot, r._prefilled = self._free.pop(0), 0
+            r._slot, r._prefilled = self._take_slot(r)
+            r.cached_tokens = r._prefilled
+            self.counters["prompt_tokens_total"] += r._prefilled
+            self.counters["prompt_tokens_cached_total"] += r._prefilled
             r._rng = np.random.default_rng(r.seed)
             r.prompt_scores = [None] if r.prompt_logprobs is not None else []
             self._running.append(r)
+
+    def _take_slot(self, r: Request) -> tuple:
+        """(a free slot for `r`, how many of its prompt tokens that slot's rows hold): the
+        slot sharing the longest prefix with the prompt, the least recently freed on ties.
+        The last prompt token always runs (its logits give the first new token)."""
+        best, reuse = self._free[0], 0
+        if self.prefix_cache and r.prompt_logprobs is None:
+            for s in self._free:
+                n = _common_prefix(self._cached[s], r.prompt[:-1])
+                if n > reuse:
+                    best, reuse = s, n
+        self._free.remove(best)
+        self._cached[best] = self._cached[best][:0]
+        return best, reuse
 
     def _drop_cancelled(self):
         for r in [r for r in self._running if r._cancel]:
@@ -414,13 +453,25 @@ class Engine:
         r.finish_reason, r.error, r.finished = reason, error, time.perf_counter()
         if r in self._running:
             self._running.remove(r)
-            self.gen.free(r._slot)
+            if self.prefix_cache:       # keep the slot's rows: what it holds of the sequence
+                filled = int(self.gen.filled[r._slot])
+                self._cached[r._slot] = np.concatenate(
+                    [r.prompt, np.array(r.tokens, np.int32)])[:filled]
+            else:
+                self.gen.free(r._slot)
             with self._cv:
                 self._free.append(r._slot)
         if reason != "cancelled" or error is not None:
             self.counters["requests_finished"] += 1
         r._queue.put(_DONE)
         r._done.set()
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(a.size, b.size)
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
 
 
 __all__ = ["Engine", "Request", "QueueFull", "EngineClosed"]
