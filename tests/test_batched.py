@@ -439,6 +439,20 @@ def test_prefix_cache_overwrites_the_rows_past_a_shorter_shared_prefix(batched, 
             assert 0 <= r.cached_tokens < p.size
 
 
+def test_the_prefix_cache_forgets_rows_another_caller_wrote(single):
+    """A generator used outside the engine between two requests: its rows are not the
+    engine's any more, and nothing is reused."""
+    p = np.arange(1, 15, dtype=np.int32)
+    with Engine(single) as engine:
+        first = engine.generate(p, max_tokens=3)
+        single.generate(np.arange(30, 44), max_new_tokens=3)       # same length, other rows
+        r = engine.submit(np.concatenate([p, first]), max_tokens=3)
+        r.result(60)
+        assert r.cached_tokens == 0
+        np.testing.assert_array_equal(
+            r.result(), single.generate(np.concatenate([p, first]), max_new_tokens=3))
+
+
 def test_a_request_takes_the_free_slot_with_the_longest_shared_prefix(batched, single):
     rng = np.random.default_rng(23)
     chats = [rng.integers(0, 96, 10).astype(np.int32) for _ in range(3)]
@@ -454,3 +468,29 @@ def test_a_request_takes_the_free_slot_with_the_longest_shared_prefix(batched, s
         r = engine.submit(chats[0], max_tokens=1, prompt_logprobs=1)
         r.result(60)
         assert r.cached_tokens == 0 and len(r.prompt_scores) == chats[0].size
+
+
+# -- speculative decoding of a request served alone ---------------------------------------------
+@pytest.mark.parametrize("which", ["batched", "single"])
+def test_a_request_alone_decodes_speculatively_with_greedy_tokens(which, batched, single):
+    gen = batched if which == "batched" else single
+    rng = np.random.default_rng(31)
+    block = rng.integers(0, 96, 6)
+    prompts = [np.tile(block, 3).astype(np.int32), rng.integers(0, 96, 12).astype(np.int32)]
+    wants = [single.generate(p, max_new_tokens=20) for p in prompts]
+    with Engine(gen, chunk=8, num_draft=4) as engine:
+        for p, want in zip(prompts, wants):
+            r = engine.submit(p, max_tokens=20)
+            np.testing.assert_array_equal(r.result(60), want)
+            stop = int(want[-1])                 # a stop token inside an accepted draft
+            r = engine.submit(p, max_tokens=20, stop=stop)
+            np.testing.assert_array_equal(r.result(60), want[:want.tolist().index(stop) + 1])
+        # several at once: the usual batched step, the same tokens
+        reqs = [engine.submit(p, max_tokens=10) for p in prompts]
+        for r, want in zip(reqs, wants):
+            np.testing.assert_array_equal(r.result(60), want[:10])
+        stats = engine.stats()
+    assert stats["draft_tokens_accepted_total"] > 0
+    assert stats["generated_tokens_total"] > stats["steps_total"]
+    with pytest.raises(TercompError, match="num_draft must be an int from 0"):
+        Engine(gen, num_draft=65, start=False)

@@ -79,14 +79,16 @@ def tcm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(tcm):
-    """(the single-stream reference generator, the server's base URL)."""
+    """(the single-stream reference generator, the server's base URL). The server
+    drafts speculatively (--speculative 4) for a greedy request served alone, so every
+    greedy answer checked against `ref` checks speculative decoding too."""
     lm, path = tcm
     ref = tc.compile_lm(lm, max_seq=MAX_SEQ)
     port = bench.free_port()
     proc = bench.start_server(path, port, ["--api-key", KEY, "--max-queue", str(MAX_QUEUE),
                                            "--max-body", str(MAX_BODY), "--read-timeout",
                                            str(READ_TIMEOUT), "--max-connections",
-                                           str(MAX_CONNECTIONS)])
+                                           str(MAX_CONNECTIONS), "--speculative", "4"])
     try:
         yield ref, f"http://127.0.0.1:{port}"
     finally:
@@ -279,6 +281,9 @@ def test_a_chat_s_next_turn_reuses_the_cached_prefix(ref, base, client):
     assert reused == r.usage.prompt_tokens_details.cached_tokens + cached
     assert metric(base, "tercomp_prompt_tokens_total") - before[1] == len(first) + len(second)
     assert 0 < metric(base, "tercomp_prefix_cache_hit_rate") < 1
+    # the server runs with --speculative 4: requests served alone verified drafts
+    assert 0 < metric(base, "tercomp_draft_tokens_accepted_total") \
+        <= metric(base, "tercomp_draft_tokens_total")
     assert metric(base, "tercomp_prefix_cache_tokens") >= len(second)
 
 

@@ -141,6 +141,17 @@ class BatchedLMGenerator(LMGenerator):
         with self._exclusive("free"):
             self.filled[self._slot(slot)] = 0
 
+    def rollback(self, slot: int, rows: int) -> None:
+        """Keep the first `rows` rows of `slot` (at most those it holds): the next token
+        of its sequence goes at position `rows` (speculative decoding's rejected drafts)."""
+        with self._exclusive("rollback"):
+            slot = self._slot(slot)
+            if isinstance(rows, (bool, np.bool_)) or not isinstance(rows, numbers.Integral) \
+                    or not 0 <= rows <= self.filled[slot]:
+                raise InputError(f"rollback: rows must be an int from 0 to {int(self.filled[slot])} "
+                                 f"(the rows slot {slot} holds), got {rows!r}")
+            self.filled[slot] = rows
+
     def reset(self) -> None:
         """Forget every slot's sequence."""
         with self._exclusive("reset"):

@@ -71,7 +71,9 @@ class LMGenerator:
     """A compiled LM with an on-device KV cache. Attributes: `exe` (the CompiledModule),
     `config` (the model config as a dict), `max_seq`, `kv_dtype`, `vocab_size`,
     `position` (cache rows filled), `tokenizer` (a `tokenizers.Tokenizer` or None),
-    `stats` (token counts and seconds of the last `generate`)."""
+    `stats` (token counts and seconds of the last `generate`), `calls` (step calls run:
+    a caller that keeps cache rows for later, as runtime.Engine's prefix cache, sees
+    from it that someone else wrote the cache in between)."""
 
     #: the step this generator calls (an artifact whose metadata names other inputs was
     #: compiled by an older tercomp)
@@ -96,6 +98,7 @@ class LMGenerator:
         # the model's chat template as data (rendered by runtime.chat, which needs jinja2)
         self.chat_template = info.get("chat") if isinstance(info.get("chat"), dict) else None
         self.stats: dict = {}
+        self.calls = 0
         self._step = None
         self._lock = threading.Lock()
         self._owner = None          # the thread ident inside a call, for re-entry checks
@@ -186,6 +189,7 @@ class LMGenerator:
                 self._owner = self._running = None
 
     def _run(self, fn, args) -> np.ndarray:
+        self.calls += 1
         try:
             out = fn(*args)
         except Exception as e:

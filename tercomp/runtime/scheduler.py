@@ -17,6 +17,12 @@ clearing: attention reads a slot's rows up to each token's own position, and the
 prompt's chunks overwrite them in order. A request asking for `prompt_logprobs` needs
 the logits of every prompt token and reuses nothing.
 
+Speculative decoding (`num_draft=k`, off by default) for a request served alone: while
+it is the only one running and nothing waits, a greedy request without penalties,
+constraint or logprobs drafts up to k tokens by prompt lookup (runtime.speculative)
+and the step verifies them (its tokens are still greedy decoding's); with other
+requests in the batch the step is the usual one, whose rows are already shared.
+
 Requests join between steps (when a slot is free: one slot per sequence) and leave
 when they finish (max_tokens, a stop token, the cache full) or are cancelled (a client
 that went away: its slot is freed at the next step; a waiting request leaves the queue
@@ -51,6 +57,7 @@ from .batched import BatchedLMGenerator
 from .generator import LMGenerator, _eos_set, _ids
 from .sampling import (MAX_LOGPROBS, Penalties, check_penalties, check_sampling, sample,
                        scored_token)
+from .speculative import accepted, prompt_lookup
 
 _DONE = object()
 
@@ -154,9 +161,16 @@ class _OneSlot:
     def free(self, slot):
         self.gen.reset()
 
+    def rollback(self, slot, rows):
+        self.gen.position = rows
+
     @property
     def filled(self):
         return [self.gen.position]
+
+    @property
+    def calls(self):
+        return self.gen.calls
 
 
 class Engine:
@@ -164,10 +178,11 @@ class Engine:
     request at a time). `max_queue`: waiting requests beyond which submit raises
     QueueFull; `chunk`: prompt tokens prefilled per step; `start=False` queues requests
     until `start()` (a server warming up); `prefix_cache=False` forgets each slot's
-    tokens when its request ends (every prompt is prefilled in full)."""
+    tokens when its request ends (every prompt is prefilled in full); `num_draft=k` > 0
+    verifies up to k prompt-lookup drafts per step for a greedy request running alone."""
 
     def __init__(self, gen, max_queue: int = 256, chunk: int = 128, start: bool = True,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, num_draft: int = 0):
         if isinstance(gen, BatchedLMGenerator):
             self.gen = gen
         elif isinstance(gen, LMGenerator):
@@ -177,6 +192,11 @@ class Engine:
         for what, v in (("max_queue", max_queue), ("chunk", chunk)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise TercompError(f"Engine: {what} must be a positive int, got {v!r}")
+        if isinstance(num_draft, bool) or not isinstance(num_draft, numbers.Integral) \
+                or not 0 <= num_draft <= 64:
+            raise TercompError(f"Engine: num_draft must be an int from 0 (off) to 64, "
+                               f"got {num_draft!r}")
+        self.num_draft = int(num_draft)
         self.model = gen
         self.max_queue, self.chunk = int(max_queue), int(chunk)
         self.max_batch, self.max_seq, self.vocab_size = self.gen.max_batch, gen.max_seq, gen.vocab_size
@@ -186,6 +206,7 @@ class Engine:
         self.prefix_cache = bool(prefix_cache)
         # the tokens whose KV rows each free slot holds (the prefix cache)
         self._cached = [np.zeros(0, np.int32) for _ in range(self.max_batch)]
+        self._calls = self.gen.calls        # the generator's step calls after our last one
         self._cv = threading.Condition()
         self._ids = itertools.count()
         self._closed = False
@@ -195,6 +216,7 @@ class Engine:
         self.counters = {"requests_total": 0, "requests_finished": 0, "requests_rejected": 0,
                          "prompt_tokens_total": 0, "prompt_tokens_cached_total": 0,
                          "generated_tokens_total": 0, "steps_total": 0,
+                         "draft_tokens_total": 0, "draft_tokens_accepted_total": 0,
                          "step_seconds_total": 0.0, "ttft_seconds_total": 0.0}
         self._thread = threading.Thread(target=self._loop, name="tercomp-engine", daemon=True)
         if start:
@@ -313,7 +335,7 @@ class Engine:
                         break
                     self._admit()
                 self._drop_cancelled()
-                if self._running:
+                if self._running and not self._speculate():
                     self._step()
         except BaseException as e:            # a device failure: every request learns it
             self._failed = e if isinstance(e, TercompError) else \
@@ -354,6 +376,8 @@ class Engine:
         slot sharing the longest prefix with the prompt, the least recently freed on ties.
         The last prompt token always runs (its logits give the first new token)."""
         best, reuse = self._free[0], 0
+        if self.gen.calls != self._calls:    # someone else ran the generator: rows unknown
+            self._cached = [c[:0] for c in self._cached]
         if self.prefix_cache and r.prompt_logprobs is None:
             for s in self._free:
                 n = _common_prefix(self._cached[s], r.prompt[:-1])
@@ -366,6 +390,44 @@ class Engine:
     def _drop_cancelled(self):
         for r in [r for r in self._running if r._cancel]:
             self._finish(r, "cancelled")
+
+    def _speculate(self) -> bool:
+        """The step of a greedy request running alone with a prompt-lookup draft (False:
+        no draft, or not alone: the usual step runs). The slot's rows past the last token
+        and the confirmed drafts are dropped (attention never reads past a token's
+        position; the next step overwrites them)."""
+        if not self.num_draft or len(self._running) != 1 or self._waiting:
+            return False
+        r = self._running[0]
+        if r._prefilled < r.prompt.size or not r.tokens or r.temperature != 0 \
+                or r.penalties is not None or r.constraint is not None or r.logprobs is not None:
+            return False
+        size = r.prompt.size + len(r.tokens)             # the rows hold size - 1 of them
+        room = min(self.num_draft, r.max_tokens - len(r.tokens) - 1, self.max_seq - size)
+        if room < 1:
+            return False
+        context = np.concatenate([r.prompt, np.array(r.tokens, np.int32)])
+        draft = prompt_lookup(context, room)
+        if draft.size == 0:
+            return False
+        ids = np.concatenate([context[-1:], draft])
+        t0 = time.perf_counter()
+        logits = self.gen.forward(ids, np.full(ids.size, r._slot, np.int32),
+                                  np.arange(size - 1, size + draft.size, dtype=np.int32),
+                                  np.arange(ids.size, dtype=np.int32))
+        now = time.perf_counter()
+        self._calls = self.gen.calls
+        a = accepted(draft, logits)
+        self.gen.rollback(r._slot, size + a)
+        self.counters["steps_total"] += 1
+        self.counters["step_seconds_total"] += now - t0
+        self.counters["draft_tokens_total"] += int(draft.size)
+        self.counters["draft_tokens_accepted_total"] += a
+        for tok in draft[:a].tolist() + [int(np.argmax(logits[a]))]:
+            self._emit(r, tok, now)
+            if r._done.is_set():
+                break
+        return True
 
     def _step(self):
         """One call: every decoding sequence's next token, then prompt chunks. `uses`
@@ -404,6 +466,7 @@ class Engine:
         logits = self.gen.forward(np.array(ids, np.int32), np.array(slots, np.int32),
                                   np.array(positions, np.int32), np.array(rows, np.int32))
         now = time.perf_counter()
+        self._calls = self.gen.calls
         self.counters["steps_total"] += 1
         self.counters["step_seconds_total"] += now - t0
         for (r, p), lg in zip(uses, logits):

@@ -13,6 +13,8 @@ replicas) live in one process.
     tercomp_prompt_tokens_cached_total     prompt tokens whose KV rows the prefix cache held
     tercomp_prefix_cache_hit_rate          ... over all prompt tokens (0 to 1)
     tercomp_prefix_cache_tokens            tokens the free slots hold for reuse
+    tercomp_draft_tokens_total             speculative drafts verified (--speculative)
+    tercomp_draft_tokens_accepted_total    ... of which greedy decoding confirmed
     tercomp_requests_waiting, tercomp_requests_running, tercomp_slots, tercomp_slots_free
     tercomp_engine_steps_total, tercomp_engine_step_seconds_total
     tercomp_generation_tokens_per_second   generated tokens / engine busy seconds
@@ -34,6 +36,9 @@ _COUNTERS = [
     ("prompt_tokens_cached", "prompt_tokens_cached_total",
      "prompt tokens whose KV rows were reused from the prefix cache"),
     ("generation_tokens", "generated_tokens_total", "tokens generated"),
+    ("draft_tokens", "draft_tokens_total", "speculative draft tokens verified"),
+    ("draft_tokens_accepted", "draft_tokens_accepted_total",
+     "speculative draft tokens that greedy decoding confirmed"),
     ("engine_steps", "steps_total", "engine steps (one batched call each)"),
     ("engine_step_seconds", "step_seconds_total", "seconds spent in engine steps"),
 ]
