@@ -8,7 +8,7 @@ import pytest
 import tercomp as tc
 from tercomp import models
 from tercomp.errors import InputError
-from tercomp.runtime.speculative import accepted, prompt_lookup
+from tercomp.runtime.speculative import DraftSchedule, accepted, prompt_lookup
 
 import bitnet_ref as R
 
@@ -53,6 +53,20 @@ def test_accepted_is_the_prefix_greedy_decoding_confirms():
     assert accepted(np.array([1, 2, 4]), logits) == 3
     assert accepted(np.array([0, 2, 4]), logits) == 0
     assert accepted(np.zeros(0, np.int64), logits[:1]) == 0
+
+
+def test_the_draft_schedule_grows_shrinks_and_pauses():
+    s = DraftSchedule(6)
+    # (the size it gives, how many of those drafts are accepted); a size 0 is a plain step
+    steps = [(6, 0), (5, 2), (4, 4),                       # rejections shrink, a whole one grows
+             (6, 0), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0),
+             (0, None), (1, 0),                            # a rejected 1-token draft pauses
+             (0, None), (0, None), (1, 1),                 # ... twice as long the next time
+             (3, 3), (5, 5), (6, 6), (6, 6)]               # an accepted one resets the pauses
+    for want, ok in steps:
+        assert s.size() == want
+        if want:
+            s.update(want, ok)
 
 
 # -- the step --------------------------------------------------------------------------------

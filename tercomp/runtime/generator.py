@@ -34,7 +34,7 @@ from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
 from .scoring import token_log_probs
 from .signature import declared_types, parse_types
-from .speculative import METHODS, accepted, prompt_lookup
+from .speculative import METHODS, DraftSchedule, accepted, prompt_lookup
 from .step_abi import STEP, StepABI
 
 KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
@@ -370,15 +370,16 @@ class LMGenerator:
 
     def _lookup_decode(self, prompt, logits, max_new: int, eos: set, on_token, num_draft: int,
                        out: list) -> dict:
-        """Greedy decoding with prompt-lookup drafts, appending to `out`: each call runs the
-        last token and a draft, keeps the draft's confirmed prefix and the model's next
-        token, and moves the position back over the rejected rows (attention reads rows
-        up to a token's own position only, so the stale rows past it are never seen and
-        the next call overwrites them)."""
+        """Greedy decoding with prompt-lookup drafts (sized by a DraftSchedule), appending
+        to `out`: each call runs the last token and a draft, keeps the draft's confirmed
+        prefix and the model's next token, and moves the position back over the rejected
+        rows (attention reads rows up to a token's own position only, so the stale rows
+        past it are never seen and the next call overwrites them)."""
         context = np.empty(prompt.size + max_new, np.int32)
         context[:prompt.size] = prompt
         size, pending = prompt.size, [int(np.argmax(logits))]
         drafted = confirmed = steps = 0
+        schedule = DraftSchedule(num_draft)
         while True:
             for tok in pending:
                 out.append(tok)
@@ -389,11 +390,12 @@ class LMGenerator:
                 if tok in eos or len(out) == max_new:
                     return {"drafted": drafted, "accepted": confirmed, "steps": steps}
             # the draft: no more tokens than are still wanted, nor past the cache's end
-            room = min(num_draft, max_new - len(out) - 1, self.max_seq - size)
+            room = min(schedule.size(), max_new - len(out) - 1, self.max_seq - size)
             draft = prompt_lookup(context[:size], room) if room > 0 else context[:0]
             ids = np.concatenate([context[size - 1:size], draft])
             scores = self._extend(ids, size - 1, np.arange(ids.size, dtype=np.int32))
             a = accepted(draft, scores)
+            schedule.update(draft.size, a)
             self.position = size + a        # the last token and the confirmed drafts
             pending = draft[:a].tolist() + [int(np.argmax(scores[a]))]
             drafted, confirmed, steps = drafted + draft.size, confirmed + a, steps + 1

@@ -57,7 +57,7 @@ from .batched import BatchedLMGenerator
 from .generator import LMGenerator, _eos_set, _ids
 from .sampling import (MAX_LOGPROBS, Penalties, check_penalties, check_sampling, sample,
                        scored_token)
-from .speculative import accepted, prompt_lookup
+from .speculative import DraftSchedule, accepted, prompt_lookup
 
 _DONE = object()
 
@@ -115,6 +115,7 @@ class Request:
     _prefilled: int = 0
     _rng: np.random.Generator | None = None
     _withdraw: object = field(default=None, repr=False)
+    _drafts: DraftSchedule | None = field(default=None, repr=False)
     group: object = None
 
     def __iter__(self):
@@ -403,7 +404,9 @@ class Engine:
                 or r.penalties is not None or r.constraint is not None or r.logprobs is not None:
             return False
         size = r.prompt.size + len(r.tokens)             # the rows hold size - 1 of them
-        room = min(self.num_draft, r.max_tokens - len(r.tokens) - 1, self.max_seq - size)
+        if r._drafts is None:
+            r._drafts = DraftSchedule(self.num_draft)
+        room = min(r._drafts.size(), r.max_tokens - len(r.tokens) - 1, self.max_seq - size)
         if room < 1:
             return False
         context = np.concatenate([r.prompt, np.array(r.tokens, np.int32)])
@@ -418,6 +421,7 @@ class Engine:
         now = time.perf_counter()
         self._calls = self.gen.calls
         a = accepted(draft, logits)
+        r._drafts.update(draft.size, a)
         self.gen.rollback(r._slot, size + a)
         self.counters["steps_total"] += 1
         self.counters["step_seconds_total"] += now - t0

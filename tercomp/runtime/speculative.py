@@ -11,6 +11,12 @@ have produced plus the model's own next token, and rolls its position back over 
 rejected rows. Tokens are then exactly greedy decoding's; a step that accepts `a`
 drafts yields `a + 1` tokens for one call.
 
+A verify call of k + 1 tokens costs more than a decode call (on a CPU the one-row
+kernels are the cheapest per token: bench/RESULTS.md), so rejected drafts slow decoding
+down. `DraftSchedule` sizes each draft from the last ones (Hugging Face's "heuristic"
+schedule: 2 more after a draft accepted whole, 1 fewer after a rejection) and stops
+drafting for a while, longer each time, when even one-token drafts are rejected.
+
     >>> prompt_lookup(np.array([5, 6, 7, 8, 5, 6]), num_draft=3).tolist()
     [7, 8, 5]
 """
@@ -50,4 +56,28 @@ def accepted(draft: np.ndarray, logits: np.ndarray) -> int:
     return int(wrong[0]) if wrong.size else int(draft.size)
 
 
-__all__ = ["prompt_lookup", "accepted", "METHODS"]
+class DraftSchedule:
+    """How many tokens to draft at each step, at most `most`: `size()` before a step (0:
+    run one token plainly), `update(drafted, accepted)` after it."""
+
+    def __init__(self, most: int):
+        self.most, self.length, self.pause, self.backoff = int(most), int(most), 0, 1
+
+    def size(self) -> int:
+        if self.pause:
+            self.pause -= 1
+            return 0
+        return self.length
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.length, self.backoff = min(self.most, self.length + 2), 1
+        elif accepted == 0 and self.length == 1:     # not even one: plain steps for a while
+            self.pause, self.backoff = self.backoff, min(2 * self.backoff, 32)
+        else:
+            self.length = max(1, self.length - 1)
+
+
+__all__ = ["prompt_lookup", "accepted", "DraftSchedule", "METHODS"]
