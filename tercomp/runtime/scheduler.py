@@ -37,7 +37,8 @@ are the ones `gen.generate` gives for the same arguments.
     >>> req = engine.submit([1, 2, 3], max_tokens=16)
     >>> for token in req: ...               # as they are generated
     >>> engine.generate([1, 2, 3], max_tokens=16)     # submit and wait: np.int32 array
-    >>> engine.submit([1, 2, 3, 4], max_tokens=4).cached_tokens   # 3: rows reused
+    >>> r = engine.submit([1, 2, 3, 4], max_tokens=4); r.result()
+    >>> r.cached_tokens                 # 3: the rows of [1, 2, 3] came from the cache
     >>> engine.close()
 """
 from __future__ import annotations
