@@ -382,3 +382,115 @@ def test_a_request_stops_at_its_stop_token_and_at_the_cache_end(batched, single)
         got = r.result(60)
         assert r.finish_reason == "stop" and got[-1] == stop
         np.testing.assert_array_equal(got, want[:list(want).index(stop) + 1])
+
+
+# -- prefix caching ------------------------------------------------------------------------
+def _chat(engine, opening, messages, max_tokens=3):
+    """A chat: each turn's prompt is the whole history and a new message; returns each
+    turn's (prompt, tokens, cached_tokens)."""
+    history, turns = opening, []
+    for msg in messages:
+        prompt = np.concatenate([history, msg]).astype(np.int32)
+        r = engine.submit(prompt, max_tokens=max_tokens)
+        toks = r.result(60)
+        turns.append((prompt, toks, r.cached_tokens))
+        history = np.concatenate([prompt, toks])
+    return turns
+
+
+@pytest.mark.parametrize("which", ["batched", "single"])
+def test_prefix_cache_prefills_only_the_new_turn_and_keeps_greedy_tokens(which, batched, single):
+    gen = batched if which == "batched" else single
+    rng = np.random.default_rng(21)
+    opening, messages = rng.integers(0, 96, 6), [rng.integers(0, 96, 3) for _ in range(4)]
+    with Engine(gen, chunk=8) as engine:
+        turns = _chat(engine, opening, messages)
+        stats = engine.stats()
+    for i, (prompt, toks, cached) in enumerate(turns):
+        np.testing.assert_array_equal(toks, single.generate(prompt, max_new_tokens=3))
+        # the slot held the previous prompt and its tokens but the last (never run)
+        assert cached == (turns[i - 1][0].size + 2 if i else 0)
+    prompts = sum(t[0].size for t in turns)
+    assert stats["prompt_tokens_total"] == prompts
+    assert stats["prompt_tokens_cached_total"] == sum(t[2] for t in turns) > prompts / 2
+    assert stats["prefix_cache_tokens"] == turns[-1][0].size + 2
+    with Engine(gen, chunk=8, prefix_cache=False) as engine:
+        again = _chat(engine, opening, messages)
+        assert engine.stats()["prompt_tokens_cached_total"] == 0
+    for (_, toks, _), (_, toks2, cached2) in zip(turns, again):
+        np.testing.assert_array_equal(toks, toks2)
+        assert cached2 == 0
+
+
+def test_prefix_cache_overwrites_the_rows_past_a_shorter_shared_prefix(batched, single):
+    """Prompts that branch off a cached sequence (an edited message, a prefix of it):
+    the slot's rows past the shared prefix hold the old sequence and must not leak."""
+    rng = np.random.default_rng(22)
+    base = rng.integers(0, 96, 30).astype(np.int32)
+    branches = [np.concatenate([base[:12], rng.integers(0, 96, 9)]),   # an edit at 12
+                base[:20],                                              # a prefix of it
+                np.concatenate([base[:20], base[25:]]),                 # rows shifted
+                base[:1], base]
+    with Engine(batched, chunk=5) as engine:
+        engine.generate(base, max_tokens=6)
+        for p in branches:
+            r = engine.submit(p.astype(np.int32), max_tokens=6)
+            np.testing.assert_array_equal(r.result(60), single.generate(p, max_new_tokens=6))
+            assert 0 <= r.cached_tokens < p.size
+
+
+def test_the_prefix_cache_forgets_rows_another_caller_wrote(single):
+    """A generator used outside the engine between two requests: its rows are not the
+    engine's any more, and nothing is reused."""
+    p = np.arange(1, 15, dtype=np.int32)
+    with Engine(single) as engine:
+        first = engine.generate(p, max_tokens=3)
+        single.generate(np.arange(30, 44), max_new_tokens=3)       # same length, other rows
+        r = engine.submit(np.concatenate([p, first]), max_tokens=3)
+        r.result(60)
+        assert r.cached_tokens == 0
+        np.testing.assert_array_equal(
+            r.result(), single.generate(np.concatenate([p, first]), max_new_tokens=3))
+
+
+def test_a_request_takes_the_free_slot_with_the_longest_shared_prefix(batched, single):
+    rng = np.random.default_rng(23)
+    chats = [rng.integers(0, 96, 10).astype(np.int32) for _ in range(3)]
+    with Engine(batched, chunk=8) as engine:
+        for c in chats:                              # each into its own slot
+            engine.generate(c, max_tokens=2)
+        for c in reversed(chats):                    # the next turn of each finds its rows
+            p = np.concatenate([c, rng.integers(0, 96, 4)]).astype(np.int32)
+            r = engine.submit(p, max_tokens=4)
+            np.testing.assert_array_equal(r.result(60), single.generate(p, max_new_tokens=4))
+            assert r.cached_tokens == c.size
+        # prompt log-probabilities need every prompt position's logits: nothing reused
+        r = engine.submit(chats[0], max_tokens=1, prompt_logprobs=1)
+        r.result(60)
+        assert r.cached_tokens == 0 and len(r.prompt_scores) == chats[0].size
+
+
+# -- speculative decoding of a request served alone ---------------------------------------------
+@pytest.mark.parametrize("which", ["batched", "single"])
+def test_a_request_alone_decodes_speculatively_with_greedy_tokens(which, batched, single):
+    gen = batched if which == "batched" else single
+    rng = np.random.default_rng(31)
+    block = rng.integers(0, 96, 6)
+    prompts = [np.tile(block, 3).astype(np.int32), rng.integers(0, 96, 12).astype(np.int32)]
+    wants = [single.generate(p, max_new_tokens=20) for p in prompts]
+    with Engine(gen, chunk=8, num_draft=4) as engine:
+        for p, want in zip(prompts, wants):
+            r = engine.submit(p, max_tokens=20)
+            np.testing.assert_array_equal(r.result(60), want)
+            stop = int(want[-1])                 # a stop token inside an accepted draft
+            r = engine.submit(p, max_tokens=20, stop=stop)
+            np.testing.assert_array_equal(r.result(60), want[:want.tolist().index(stop) + 1])
+        # several at once: the usual batched step, the same tokens
+        reqs = [engine.submit(p, max_tokens=10) for p in prompts]
+        for r, want in zip(reqs, wants):
+            np.testing.assert_array_equal(r.result(60), want[:10])
+        stats = engine.stats()
+    assert stats["draft_tokens_accepted_total"] > 0
+    assert stats["generated_tokens_total"] > stats["steps_total"]
+    with pytest.raises(TercompError, match="num_draft must be an int from 0"):
+        Engine(gen, num_draft=65, start=False)

@@ -10,7 +10,7 @@ MODULES = ["tercomp.ternary_pack", "tercomp.dimexpr", "tercomp.dtypes", "tercomp
            "tercomp.kernels.table", "tercomp.kernels.template",
            "tercomp.kernels.ternary.strategies", "tercomp.kernels.ternary.builder",
            "tercomp.kernels.ternary.blocked", "tercomp.codegen.targets",
-           "tercomp.models.config", "tercomp.runtime.sampling", "tercomp.cli", "tercomp.cli.base",
+           "tercomp.models.config", "tercomp.runtime.sampling", "tercomp.runtime.speculative", "tercomp.cli", "tercomp.cli.base",
            "tercomp.serve.tools"]
 
 

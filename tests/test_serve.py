@@ -80,14 +80,16 @@ def tcm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(tcm):
-    """(the single-stream reference generator, the server's base URL)."""
+    """(the single-stream reference generator, the server's base URL). The server
+    drafts speculatively (--speculative 4) for a greedy request served alone, so every
+    greedy answer checked against `ref` checks speculative decoding too."""
     lm, path = tcm
     ref = tc.compile_lm(lm, max_seq=MAX_SEQ)
     port = bench.free_port()
     proc = bench.start_server(path, port, ["--api-key", KEY, "--max-queue", str(MAX_QUEUE),
                                            "--max-body", str(MAX_BODY), "--read-timeout",
                                            str(READ_TIMEOUT), "--max-connections",
-                                           str(MAX_CONNECTIONS)])
+                                           str(MAX_CONNECTIONS), "--speculative", "4"])
     try:
         yield ref, f"http://127.0.0.1:{port}"
     finally:
@@ -176,7 +178,9 @@ def test_streamed_text_equals_non_streamed(ref, client):
         assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
             whole.choices[0].finish_reason
-        assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+        counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+        assert chunks[-1].choices == [] and [getattr(chunks[-1].usage, k) for k in counts] \
+            == [getattr(whole.usage, k) for k in counts]
 
 
 def test_raw_sse_format(base):
@@ -249,6 +253,39 @@ def test_models_health_and_metrics(base, client):
     assert {"tercomp_requests", "tercomp_generation_tokens", "tercomp_requests_waiting",
             "tercomp_time_to_first_token_seconds", "tercomp_generation_tokens_per_second"} <= names
     assert metric(base, "tercomp_generation_tokens_total") > 0
+
+
+def test_a_chat_s_next_turn_reuses_the_cached_prefix(ref, base, client):
+    """The second turn's prompt starts with the first turn's: its rows come from the
+    prefix cache (usage.prompt_tokens_details.cached_tokens, /metrics), and the answer
+    is still the single-stream generator's."""
+    turn = [{"role": "user", "content": "the quick brown fox and the quick brown"}]
+    template = ChatTemplate.from_dict(ref.chat_template)
+
+    def ask(messages):
+        text = template.render(messages, add_generation_prompt=True)
+        ids = ref.tokenizer.encode(text, add_special_tokens=False).ids
+        r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                           temperature=0)
+        assert r.choices[0].message.content == expected(ref, ids, 8)[1]
+        return ids, r
+    before = (metric(base, "tercomp_prompt_tokens_cached_total"),
+              metric(base, "tercomp_prompt_tokens_total"))
+    first, r = ask(turn)
+    turn += [{"role": "assistant", "content": r.choices[0].message.content},
+             {"role": "user", "content": "hello world"}]
+    second, r2 = ask(turn)
+    assert second[:len(first)] == first
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert len(first) <= cached < len(second) and r2.usage.prompt_tokens == len(second)
+    reused = metric(base, "tercomp_prompt_tokens_cached_total") - before[0]
+    assert reused == r.usage.prompt_tokens_details.cached_tokens + cached
+    assert metric(base, "tercomp_prompt_tokens_total") - before[1] == len(first) + len(second)
+    assert 0 < metric(base, "tercomp_prefix_cache_hit_rate") < 1
+    # the server runs with --speculative 4: requests served alone verified drafts
+    assert 0 < metric(base, "tercomp_draft_tokens_accepted_total") \
+        <= metric(base, "tercomp_draft_tokens_total")
+    assert metric(base, "tercomp_prefix_cache_tokens") >= len(second)
 
 
 # -- log-probabilities ------------------------------------------------------------------------

@@ -2,11 +2,14 @@
 
     tercomp generate MODEL (--prompt TEXT | --prompt-ids 1,2,3 | --chat TEXT) [-n 64] [--temperature T]
                      [--top-k K] [--top-p P] [--seed S] [--eos 2,3] [--max-seq N]
+                     [--speculative [--num-draft K]]
                      [--kv-dtype f16|f32] [--threads N] [--device D] [--save OUT.tcm]
 
 MODEL is a .gguf file, a Hugging Face directory, or an LM artifact (.tcm, written by
 `--save` or gen.save()). Tokens go to stdout as they are generated (text with a
 tokenizer, ids without); the prefill and decode rates go to stderr at the end.
+`--speculative` decodes greedily with prompt-lookup drafts (runtime.speculative): the
+same tokens, fewer model calls when the text repeats its context.
 
 Every flag is checked before the model is compiled: malformed ones (`--prompt-ids '1 2'`,
 an empty `--eos`, `--save ''`, a negative temperature, text that is not UTF-8) are usage
@@ -44,6 +47,11 @@ def add_parser(sub):
     g.add_argument("--top-k", type=positive_int, help="sample among the K most likely tokens")
     g.add_argument("--top-p", type=float, help="sample from the smallest set with mass >= P")
     g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    g.add_argument("--speculative", action="store_true",
+                   help="greedy decoding with prompt-lookup (n-gram) drafts verified in one "
+                        "step: the same tokens, faster on text that repeats its context")
+    g.add_argument("--num-draft", type=positive_int, default=8, metavar="K",
+                   help="with --speculative: tokens drafted per step (default 8, at most 64)")
     g.add_argument("--eos", metavar="IDS", help="stop after any of these token ids (comma-separated)")
     g.add_argument("--max-seq", type=positive_int, help="KV cache length when compiling "
                    "(default: the model's context, at most 2048)")
@@ -81,6 +89,11 @@ def check_args(args) -> tuple:
         raise UsageError(f"--temperature must be a number >= 0 (0 is greedy), got {args.temperature}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must be a number in (0, 1], got {args.top_p}")
+    if args.speculative and args.temperature != 0:
+        raise UsageError(f"--speculative verifies drafts against greedy decoding; --temperature "
+                         f"{args.temperature} samples (drop one of them)")
+    if args.num_draft > 64:
+        raise UsageError(f"--num-draft must be from 1 to 64, got {args.num_draft}")
     if args.seed < 0:
         raise UsageError(f"--seed must be a non-negative integer, got {args.seed}")
     if args.save is not None:
@@ -185,7 +198,8 @@ def run(args) -> int:
         sys.stdout.write(args.prompt)
     gen.generate(prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                  top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos=eos,
-                 on_token=_Stream(gen))
+                 on_token=_Stream(gen), speculative="prompt_lookup" if args.speculative else None,
+                 num_draft=args.num_draft)
     sys.stdout.write("\n")
     sys.stdout.flush()
     s = gen.stats
@@ -193,4 +207,7 @@ def run(args) -> int:
     print(f"prefill: {s['prefill_tokens']} tokens in {s['prefill_s']:.3f} s, "
           f"{rate(s['prefill_tokens'], s['prefill_s'])}; decode: {s['decode_tokens']} tokens in "
           f"{s['decode_s']:.3f} s, {rate(s['decode_tokens'], s['decode_s'])}", file=sys.stderr)
+    if args.speculative:
+        print(f"speculative: {s['accepted']} of {s['drafted']} drafted tokens accepted, "
+              f"{s['steps']} decode steps", file=sys.stderr)
     return 0

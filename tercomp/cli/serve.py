@@ -3,7 +3,8 @@
     tercomp serve MODEL [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-seq N]
                   [--api-key KEY] [--threads N] [--max-queue N] [--max-body BYTES]
                   [--read-timeout S] [--keep-alive S] [--max-connections N] [--drain S]
-                  [--max-request-tokens N] [--embeddings]
+                  [--max-request-tokens N] [--embeddings] [--no-prefix-cache]
+                  [--speculative K]
 
 MODEL is a .gguf file, a Hugging Face directory (compiled with max_batch slots), or an
 LM artifact (.tcm, served as it was compiled: `tercomp generate ... --save` or
@@ -58,6 +59,13 @@ def add_parser(sub):
     s.add_argument("--max-request-tokens", type=positive_int, default=1 << 15, metavar="N",
                    help="tokens one request may generate over its prompts and choices, "
                         "or embed over its inputs (default 32768)")
+    s.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt in full (default: a prompt sharing a prefix with "
+                        "a finished sequence in a free slot reuses its KV rows, as "
+                        "llama-server's cache_prompt)")
+    s.add_argument("--speculative", type=_draft, default=0, metavar="K",
+                   help="a greedy request running alone drafts up to K tokens by prompt "
+                        "lookup and verifies them in one step (same tokens; default 0: off)")
     s.add_argument("--embeddings", action="store_true",
                    help="also compile MODEL (.gguf or Hugging Face directory) as an embedding "
                         "encoder and answer /v1/embeddings (pooling as the model file says)")
@@ -79,6 +87,13 @@ def _seconds(text: str) -> float:
     if not 0 < v < 1e6:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
     return v
+
+
+def _draft(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"expected a number of draft tokens from 0 to 64, "
+                                         f"got {text!r}")
+    return int(text)
 
 
 def _port(text: str) -> int:
@@ -123,7 +138,8 @@ def run(args) -> int:
     if batch == 1:
         print(f"note: {args.model} has one cache slot: requests run one at a time (compile "
               f"with max_batch, e.g. tercomp serve MODEL.gguf --max-batch 8)", file=sys.stderr)
-    engine = Engine(gen, max_queue=args.max_queue)
+    engine = Engine(gen, max_queue=args.max_queue, prefix_cache=not args.no_prefix_cache,
+                    num_draft=args.speculative)
     name = args.name or model_name(args.model)
     app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body,
                      read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens,

@@ -101,6 +101,11 @@ class BatchedLMGenerator(LMGenerator):
         return self._forward(arr, np.full(arr.size, slot, np.int32), np.arange(arr.size, dtype=np.int32),
                              rows)
 
+    def _extend(self, arr, start: int, rows, slot: int = 0) -> np.ndarray:
+        # LMGenerator.extend and speculative generate, in `slot` (0 for those)
+        return self._forward(arr, np.full(arr.size, slot, np.int32),
+                             np.arange(start, start + arr.size, dtype=np.int32), rows)
+
     def step(self, tokens, slots) -> np.ndarray:
         """Append one token to each of the sequences in `slots` (distinct, each holding
         a prompt); returns their next-token logits [B, vocab]."""
@@ -135,6 +140,17 @@ class BatchedLMGenerator(LMGenerator):
         """Forget the sequence in `slot` (its rows are overwritten by the next one)."""
         with self._exclusive("free"):
             self.filled[self._slot(slot)] = 0
+
+    def rollback(self, slot: int, rows: int) -> None:
+        """Keep the first `rows` rows of `slot` (at most those it holds): the next token
+        of its sequence goes at position `rows` (speculative decoding's rejected drafts)."""
+        with self._exclusive("rollback"):
+            slot = self._slot(slot)
+            if isinstance(rows, (bool, np.bool_)) or not isinstance(rows, numbers.Integral) \
+                    or not 0 <= rows <= self.filled[slot]:
+                raise InputError(f"rollback: rows must be an int from 0 to {int(self.filled[slot])} "
+                                 f"(the rows slot {slot} holds), got {rows!r}")
+            self.filled[slot] = rows
 
     def reset(self) -> None:
         """Forget every slot's sequence."""

@@ -34,6 +34,7 @@ from .numerics import report as report_numerics
 from .sampling import check_sampling, sample
 from .scoring import token_log_probs
 from .signature import declared_types, parse_types
+from .speculative import METHODS, DraftSchedule, accepted, prompt_lookup
 from .step_abi import STEP, StepABI
 
 KV_DTYPES = {"float16": "f16", "f16": "f16", "float32": "f32", "f32": "f32"}
@@ -70,7 +71,9 @@ class LMGenerator:
     """A compiled LM with an on-device KV cache. Attributes: `exe` (the CompiledModule),
     `config` (the model config as a dict), `max_seq`, `kv_dtype`, `vocab_size`,
     `position` (cache rows filled), `tokenizer` (a `tokenizers.Tokenizer` or None),
-    `stats` (token counts and seconds of the last `generate`)."""
+    `stats` (token counts and seconds of the last `generate`), `calls` (step calls run:
+    a caller that keeps cache rows for later, as runtime.Engine's prefix cache, sees
+    from it that someone else wrote the cache in between)."""
 
     #: the step this generator calls (an artifact whose metadata names other inputs was
     #: compiled by an older tercomp)
@@ -95,6 +98,7 @@ class LMGenerator:
         # the model's chat template as data (rendered by runtime.chat, which needs jinja2)
         self.chat_template = info.get("chat") if isinstance(info.get("chat"), dict) else None
         self.stats: dict = {}
+        self.calls = 0
         self._step = None
         self._lock = threading.Lock()
         self._owner = None          # the thread ident inside a call, for re-entry checks
@@ -185,6 +189,7 @@ class LMGenerator:
                 self._owner = self._running = None
 
     def _run(self, fn, args) -> np.ndarray:
+        self.calls += 1
         try:
             out = fn(*args)
         except Exception as e:
@@ -211,17 +216,17 @@ class LMGenerator:
         self.position = arr.size
         return logits
 
-    def _prompt(self, ids, logits_to_keep) -> tuple:
+    def _prompt(self, ids, logits_to_keep, what: str = "prefill") -> tuple:
         """(ids as int32 [T], the rows whose logits prefill returns), checked: 1 <= T <=
         max_seq, logits_to_keep None (all) or an int from 1 to T."""
-        arr = _ids(ids, self.vocab_size, "prefill")
+        arr = _ids(ids, self.vocab_size, what)
         if not 1 <= arr.size <= self.max_seq:
-            raise InputError(f"prefill: {arr.size} tokens; the cache holds 1 to {self.max_seq}",
+            raise InputError(f"{what}: {arr.size} tokens; the cache holds 1 to {self.max_seq}",
                              hint="compile with a larger max_seq, or shorten the prompt")
         keep = arr.size if logits_to_keep is None else logits_to_keep
         if isinstance(keep, (bool, np.bool_)) or not isinstance(keep, numbers.Integral) \
                 or not 1 <= keep <= arr.size:
-            raise InputError(f"prefill: logits_to_keep must be an int from 1 to the prompt "
+            raise InputError(f"{what}: logits_to_keep must be an int from 1 to the prompt "
                              f"length {arr.size}, got {logits_to_keep!r}")
         return arr, np.arange(arr.size - keep, arr.size, dtype=np.int32)
 
@@ -239,6 +244,40 @@ class LMGenerator:
             raise InputError(f"score: needs at least 2 tokens (the first is only context), "
                              f"got {arr.size}")
         return token_log_probs(self.prefill(arr)[:-1], arr[1:])
+
+    def extend(self, ids, start: int | None = None, logits_to_keep: int | None = None) -> np.ndarray:
+        """Run `ids` (int32 [T]) at positions `start`.. in one call (default: the current
+        position; at most it, and a start before it drops the rows from there: the
+        sequence then is its first `start` tokens and `ids`); returns the logits of the
+        last `logits_to_keep` (default all) of them, like prefill. `extend(ids, 0)` is
+        `prefill(ids)`; speculative decoding scores a draft with it and a server reusing
+        a cached prompt prefix runs only the rest of the prompt.
+
+        >>> gen.prefill([1, 2, 3]); gen.extend([4, 5]).shape      # rows 3, 4
+        (2, vocab)
+        """
+        with self._exclusive("extend"):
+            arr, rows = self._prompt(ids, logits_to_keep, "extend")
+            return self._extend(arr, self._start(start, arr.size), rows)
+
+    def _start(self, start, size: int) -> int:
+        """`start` (None: the position) checked: from 0 to the position, room for `size`."""
+        if start is None:
+            start = self.position
+        if isinstance(start, (bool, np.bool_)) or not isinstance(start, numbers.Integral) \
+                or not 0 <= start <= self.position:
+            raise InputError(f"extend: start must be an int from 0 to the position "
+                             f"{self.position} (the rows filled), got {start!r}")
+        if start + size > self.max_seq:
+            raise InputError(f"extend: {size} tokens from position {start} run past the cache "
+                             f"of {self.max_seq} positions",
+                             hint="compile with a larger max_seq, or reset()")
+        return int(start)
+
+    def _extend(self, arr, start: int, rows) -> np.ndarray:
+        logits = self._run(self._fn(), (arr, np.array(start, np.int32), rows))
+        self.position = start + arr.size
+        return logits
 
     def decode(self, token) -> np.ndarray:
         """Append one token at the current position; returns the next-token logits [vocab]."""
@@ -268,7 +307,8 @@ class LMGenerator:
 
     # -- generation --------------------------------------------------------------------
     def generate(self, prompt_ids, max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_k=None, top_p=None, seed: int = 0, eos=None, on_token=None) -> np.ndarray:
+                 top_k=None, top_p=None, seed: int = 0, eos=None, on_token=None,
+                 speculative: str | None = None, num_draft: int = 8) -> np.ndarray:
         """Prefill `prompt_ids`, then sample up to `max_new_tokens` tokens; returns the new
         tokens (int32). temperature 0 is greedy (argmax); otherwise the logits / temperature
         are restricted to the `top_k` most likely and the smallest set with probability
@@ -278,7 +318,15 @@ class LMGenerator:
         must not call this generator (that is a TercompError inside the callback, and the
         generation goes on). `stats` then holds prefill/decode token counts and seconds.
         A temperature too small for `logits / temperature` to be finite samples among the
-        largest logits (the limit of the distribution as the temperature goes to 0)."""
+        largest logits (the limit of the distribution as the temperature goes to 0).
+
+        `speculative="prompt_lookup"` (greedy only) drafts up to `num_draft` tokens per
+        step from the context (runtime.speculative) and verifies them in one call: the
+        same tokens as plain greedy decoding, fewer calls on text that repeats its
+        context; `stats` then also counts `drafted` and `accepted` tokens and `steps`.
+
+        >>> gen.generate(code_ids, max_new_tokens=128, speculative="prompt_lookup", num_draft=8)
+        """
         with self._exclusive("generate"):
             # every argument is checked before the cache is touched: a rejected call
             # leaves the generator as it was
@@ -291,6 +339,8 @@ class LMGenerator:
             if on_token is not None and not callable(on_token):
                 raise InputError(f"generate: on_token must be a function of one token id (or "
                                  f"None), got {type(on_token).__name__}")
+            if speculative is not None:
+                _check_speculative(speculative, num_draft, temperature)
             prompt = _ids(prompt_ids, self.vocab_size, "generate")
             need = prompt.size + max(int(max_new_tokens) - 1, 0)
             if need > self.max_seq:
@@ -301,8 +351,11 @@ class LMGenerator:
             t0 = time.perf_counter()
             logits = self._prefill(prompt, 1)[-1]
             t1 = time.perf_counter()
-            out = []
-            for i in range(int(max_new_tokens)):
+            out, extra = [], {}
+            if speculative is not None:
+                extra = self._lookup_decode(prompt, logits, int(max_new_tokens), eos_set,
+                                            on_token, int(num_draft), out)
+            for i in range(int(max_new_tokens) if speculative is None else 0):
                 tok = sample(logits, temperature, top_k, top_p, rng)
                 out.append(tok)
                 if on_token is not None:
@@ -312,8 +365,40 @@ class LMGenerator:
                 logits = self._decode(tok)
             t2 = time.perf_counter()
             self.stats = {"prefill_tokens": int(prompt.size), "prefill_s": t1 - t0,
-                          "decode_tokens": max(len(out) - 1, 0), "decode_s": t2 - t1}
+                          "decode_tokens": max(len(out) - 1, 0), "decode_s": t2 - t1, **extra}
             return np.array(out, np.int32)
+
+    def _lookup_decode(self, prompt, logits, max_new: int, eos: set, on_token, num_draft: int,
+                       out: list) -> dict:
+        """Greedy decoding with prompt-lookup drafts (sized by a DraftSchedule), appending
+        to `out`: each call runs the last token and a draft, keeps the draft's confirmed
+        prefix and the model's next token, and moves the position back over the rejected
+        rows (attention reads rows up to a token's own position only, so the stale rows
+        past it are never seen and the next call overwrites them)."""
+        context = np.empty(prompt.size + max_new, np.int32)
+        context[:prompt.size] = prompt
+        size, pending = prompt.size, [int(np.argmax(logits))]
+        drafted = confirmed = steps = 0
+        schedule = DraftSchedule(num_draft)
+        while True:
+            for tok in pending:
+                out.append(tok)
+                context[size] = tok
+                size += 1
+                if on_token is not None:
+                    on_token(tok)
+                if tok in eos or len(out) == max_new:
+                    return {"drafted": drafted, "accepted": confirmed, "steps": steps}
+            # the draft: no more tokens than are still wanted, nor past the cache's end
+            room = min(schedule.size(), max_new - len(out) - 1, self.max_seq - size)
+            draft = prompt_lookup(context[:size], room) if room > 0 else context[:0]
+            ids = np.concatenate([context[size - 1:size], draft])
+            scores = self._extend(ids, size - 1, np.arange(ids.size, dtype=np.int32))
+            a = accepted(draft, scores)
+            schedule.update(draft.size, a)
+            self.position = size + a        # the last token and the confirmed drafts
+            pending = draft[:a].tolist() + [int(np.argmax(scores[a]))]
+            drafted, confirmed, steps = drafted + draft.size, confirmed + a, steps + 1
 
     # -- text (with a tokenizer) -------------------------------------------------------
     def encode(self, text: str) -> np.ndarray:
@@ -336,6 +421,19 @@ class LMGenerator:
         return (f"LMGenerator(layers={c.get('num_hidden_layers')}, hidden={c.get('hidden_size')}, "
                 f"vocab={self.vocab_size}, max_seq={self.max_seq}, kv={self.kv_dtype}, "
                 f"position={self.position}, device={self.exe.device!r})")
+
+
+def _check_speculative(method, num_draft, temperature) -> None:
+    if method not in METHODS:
+        raise InputError(f"generate: speculative must be None or one of {', '.join(METHODS)}, "
+                         f"got {method!r}")
+    if isinstance(num_draft, (bool, np.bool_)) or not isinstance(num_draft, numbers.Integral) \
+            or not 1 <= num_draft <= 64:
+        raise InputError(f"generate: num_draft must be an int from 1 to 64, got {num_draft!r}")
+    if temperature != 0:
+        raise InputError(f"generate: speculative decoding verifies drafts against greedy "
+                         f"decoding; temperature {temperature} samples",
+                         hint="pass temperature=0, or speculative=None to sample")
 
 
 def _eos_set(eos, vocab: int) -> set:

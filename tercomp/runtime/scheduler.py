@@ -9,6 +9,20 @@ batched step function (runtime.batched) holding:
   tokens per step over all of them (chunked prefill: a long prompt does not stall
   the running streams for its whole length, as vLLM's and llama-server's schedulers do).
 
+Prefix caching (on by default, as llama-server's `cache_prompt`): a slot keeps the
+tokens whose KV rows it holds after its request ends, and a new request takes the free
+slot whose tokens share the longest prefix with its prompt and prefills only the rest
+(a chat's next turn: only the new messages). The rows past the shared prefix need no
+clearing: attention reads a slot's rows up to each token's own position, and the new
+prompt's chunks overwrite them in order. A request asking for `prompt_logprobs` needs
+the logits of every prompt token and reuses nothing.
+
+Speculative decoding (`num_draft=k`, off by default) for a request served alone: while
+it is the only one running and nothing waits, a greedy request without penalties,
+constraint or logprobs drafts up to k tokens by prompt lookup (runtime.speculative)
+and the step verifies them (its tokens are still greedy decoding's); with other
+requests in the batch the step is the usual one, whose rows are already shared.
+
 Requests join between steps (when a slot is free: one slot per sequence) and leave
 when they finish (max_tokens, a stop token, the cache full) or are cancelled (a client
 that went away: its slot is freed at the next step; a waiting request leaves the queue
@@ -23,6 +37,8 @@ are the ones `gen.generate` gives for the same arguments.
     >>> req = engine.submit([1, 2, 3], max_tokens=16)
     >>> for token in req: ...               # as they are generated
     >>> engine.generate([1, 2, 3], max_tokens=16)     # submit and wait: np.int32 array
+    >>> r = engine.submit([1, 2, 3, 4], max_tokens=4); r.result()
+    >>> r.cached_tokens                 # 3: the rows of [1, 2, 3] came from the cache
     >>> engine.close()
 """
 from __future__ import annotations
@@ -42,6 +58,7 @@ from .batched import BatchedLMGenerator
 from .generator import LMGenerator, _eos_set, _ids
 from .sampling import (MAX_LOGPROBS, Penalties, check_penalties, check_sampling, sample,
                        scored_token)
+from .speculative import DraftSchedule, accepted, prompt_lookup
 
 _DONE = object()
 
@@ -66,7 +83,8 @@ class Request:
     yielded; with `prompt_logprobs=n`, `prompt_scores[i]` is the same for prompt[i]
     (None for prompt[0], which nothing predicts), complete once the prompt is
     prefilled. Log-probabilities are `log_softmax` of the model's logits, before any
-    sampling transform (vLLM's raw logprobs)."""
+    sampling transform (vLLM's raw logprobs). `cached_tokens`: the prompt tokens whose
+    KV rows came from the prefix cache (set when the request gets its slot)."""
     id: int
     prompt: np.ndarray
     max_tokens: int
@@ -84,6 +102,7 @@ class Request:
     token_logprobs: list = field(default_factory=list)
     prompt_scores: list = field(default_factory=list)
     finish_reason: str | None = None
+    cached_tokens: int = 0
     error: BaseException | None = None
     submitted: float = 0.0
     first_token: float | None = None
@@ -97,6 +116,7 @@ class Request:
     _prefilled: int = 0
     _rng: np.random.Generator | None = None
     _withdraw: object = field(default=None, repr=False)
+    _drafts: DraftSchedule | None = field(default=None, repr=False)
     group: object = None
 
     def __iter__(self):
@@ -137,22 +157,34 @@ class _OneSlot:
         self.max_seq, self.vocab_size = gen.max_seq, gen.vocab_size
 
     def forward(self, ids, slots, positions, rows):
-        # prefill from 0 in one call, or a decode token
-        if positions[0] == 0:
-            return self.gen.prefill(ids, logits_to_keep=ids.size - int(rows[0]))
-        return self.gen.decode(int(ids[0]))[None]
+        # a prompt (from 0, or from the end of a cached prefix) or a decode token
+        return self.gen.extend(ids, int(positions[0]), logits_to_keep=ids.size - int(rows[0]))
 
     def free(self, slot):
         self.gen.reset()
+
+    def rollback(self, slot, rows):
+        self.gen.position = rows
+
+    @property
+    def filled(self):
+        return [self.gen.position]
+
+    @property
+    def calls(self):
+        return self.gen.calls
 
 
 class Engine:
     """Continuous batching over `gen` (a BatchedLMGenerator; an LMGenerator runs one
     request at a time). `max_queue`: waiting requests beyond which submit raises
     QueueFull; `chunk`: prompt tokens prefilled per step; `start=False` queues requests
-    until `start()` (a server warming up)."""
+    until `start()` (a server warming up); `prefix_cache=False` forgets each slot's
+    tokens when its request ends (every prompt is prefilled in full); `num_draft=k` > 0
+    verifies up to k prompt-lookup drafts per step for a greedy request running alone."""
 
-    def __init__(self, gen, max_queue: int = 256, chunk: int = 128, start: bool = True):
+    def __init__(self, gen, max_queue: int = 256, chunk: int = 128, start: bool = True,
+                 prefix_cache: bool = True, num_draft: int = 0):
         if isinstance(gen, BatchedLMGenerator):
             self.gen = gen
         elif isinstance(gen, LMGenerator):
@@ -162,12 +194,21 @@ class Engine:
         for what, v in (("max_queue", max_queue), ("chunk", chunk)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ConfigError(f"Engine: {what} must be a positive int, got {v!r}")
+        if isinstance(num_draft, bool) or not isinstance(num_draft, numbers.Integral) \
+                or not 0 <= num_draft <= 64:
+            raise ConfigError(f"Engine: num_draft must be an int from 0 (off) to 64, "
+                              f"got {num_draft!r}")
+        self.num_draft = int(num_draft)
         self.model = gen
         self.max_queue, self.chunk = int(max_queue), int(chunk)
         self.max_batch, self.max_seq, self.vocab_size = self.gen.max_batch, gen.max_seq, gen.vocab_size
         self._waiting: collections.deque = collections.deque()
         self._running: list[Request] = []
-        self._free = list(range(self.max_batch))
+        self._free = list(range(self.max_batch))     # the least recently freed first
+        self.prefix_cache = bool(prefix_cache)
+        # the tokens whose KV rows each free slot holds (the prefix cache)
+        self._cached = [np.zeros(0, np.int32) for _ in range(self.max_batch)]
+        self._calls = self.gen.calls        # the generator's step calls after our last one
         self._cv = threading.Condition()
         self._ids = itertools.count()
         self._closed = False
@@ -175,7 +216,9 @@ class Engine:
         self._close_error: EngineClosed | None = None
         self._failed: BaseException | None = None
         self.counters = {"requests_total": 0, "requests_finished": 0, "requests_rejected": 0,
-                         "prompt_tokens_total": 0, "generated_tokens_total": 0, "steps_total": 0,
+                         "prompt_tokens_total": 0, "prompt_tokens_cached_total": 0,
+                         "generated_tokens_total": 0, "steps_total": 0,
+                         "draft_tokens_total": 0, "draft_tokens_accepted_total": 0,
                          "step_seconds_total": 0.0, "ttft_seconds_total": 0.0}
         self._thread = threading.Thread(target=self._loop, name="tercomp-engine", daemon=True)
         if start:
@@ -246,10 +289,13 @@ class Engine:
         return self.submit(prompt_ids, max_tokens, **kw).result()
 
     def stats(self) -> dict:
-        """Counters and the current queue: waiting, running, free slots."""
+        """Counters and the current queue: waiting, running, free slots, and
+        `prefix_cache_tokens` (the tokens free slots hold for reuse). Of
+        `prompt_tokens_total`, `prompt_tokens_cached_total` came from the prefix cache."""
         with self._cv:
             return {**self.counters, "waiting": len(self._waiting), "running": len(self._running),
-                    "slots": self.max_batch, "free_slots": len(self._free)}
+                    "slots": self.max_batch, "free_slots": len(self._free),
+                    "prefix_cache_tokens": sum(self._cached[s].size for s in self._free)}
 
     @property
     def alive(self) -> bool:
@@ -291,7 +337,7 @@ class Engine:
                         break
                     self._admit()
                 self._drop_cancelled()
-                if self._running:
+                if self._running and not self._speculate():
                     self._step()
         except BaseException as e:            # a device failure: every request learns it
             self._failed = e if isinstance(e, TercompError) else \
@@ -319,14 +365,74 @@ class Engine:
             if r._cancel:
                 self._finish(r, "cancelled")
                 continue
-            r._slot, r._prefilled = self._free.pop(0), 0
+            r._slot, r._prefilled = self._take_slot(r)
+            r.cached_tokens = r._prefilled
+            self.counters["prompt_tokens_total"] += r._prefilled
+            self.counters["prompt_tokens_cached_total"] += r._prefilled
             r._rng = np.random.default_rng(r.seed)
             r.prompt_scores = [None] if r.prompt_logprobs is not None else []
             self._running.append(r)
 
+    def _take_slot(self, r: Request) -> tuple:
+        """(a free slot for `r`, how many of its prompt tokens that slot's rows hold): the
+        slot sharing the longest prefix with the prompt, the least recently freed on ties.
+        The last prompt token always runs (its logits give the first new token)."""
+        best, reuse = self._free[0], 0
+        if self.gen.calls != self._calls:    # someone else ran the generator: rows unknown
+            self._cached = [c[:0] for c in self._cached]
+        if self.prefix_cache and r.prompt_logprobs is None:
+            for s in self._free:
+                n = _common_prefix(self._cached[s], r.prompt[:-1])
+                if n > reuse:
+                    best, reuse = s, n
+        self._free.remove(best)
+        self._cached[best] = self._cached[best][:0]
+        return best, reuse
+
     def _drop_cancelled(self):
         for r in [r for r in self._running if r._cancel]:
             self._finish(r, "cancelled")
+
+    def _speculate(self) -> bool:
+        """The step of a greedy request running alone with a prompt-lookup draft (False:
+        no draft, or not alone: the usual step runs). The slot's rows past the last token
+        and the confirmed drafts are dropped (attention never reads past a token's
+        position; the next step overwrites them)."""
+        if not self.num_draft or len(self._running) != 1 or self._waiting:
+            return False
+        r = self._running[0]
+        if r._prefilled < r.prompt.size or not r.tokens or r.temperature != 0 \
+                or r.penalties is not None or r.constraint is not None or r.logprobs is not None:
+            return False
+        size = r.prompt.size + len(r.tokens)             # the rows hold size - 1 of them
+        if r._drafts is None:
+            r._drafts = DraftSchedule(self.num_draft)
+        room = min(r._drafts.size(), r.max_tokens - len(r.tokens) - 1, self.max_seq - size)
+        if room < 1:
+            return False
+        context = np.concatenate([r.prompt, np.array(r.tokens, np.int32)])
+        draft = prompt_lookup(context, room)
+        if draft.size == 0:
+            return False
+        ids = np.concatenate([context[-1:], draft])
+        t0 = time.perf_counter()
+        logits = self.gen.forward(ids, np.full(ids.size, r._slot, np.int32),
+                                  np.arange(size - 1, size + draft.size, dtype=np.int32),
+                                  np.arange(ids.size, dtype=np.int32))
+        now = time.perf_counter()
+        self._calls = self.gen.calls
+        a = accepted(draft, logits)
+        r._drafts.update(draft.size, a)
+        self.gen.rollback(r._slot, size + a)
+        self.counters["steps_total"] += 1
+        self.counters["step_seconds_total"] += now - t0
+        self.counters["draft_tokens_total"] += int(draft.size)
+        self.counters["draft_tokens_accepted_total"] += a
+        for tok in draft[:a].tolist() + [int(np.argmax(logits[a]))]:
+            self._emit(r, tok, now)
+            if r._done.is_set():
+                break
+        return True
 
     def _step(self):
         """One call: every decoding sequence's next token, then prompt chunks. `uses`
@@ -365,6 +471,7 @@ class Engine:
         logits = self.gen.forward(np.array(ids, np.int32), np.array(slots, np.int32),
                                   np.array(positions, np.int32), np.array(rows, np.int32))
         now = time.perf_counter()
+        self._calls = self.gen.calls
         self.counters["steps_total"] += 1
         self.counters["step_seconds_total"] += now - t0
         for (r, p), lg in zip(uses, logits):
@@ -414,13 +521,25 @@ class Engine:
         r.finish_reason, r.error, r.finished = reason, error, time.perf_counter()
         if r in self._running:
             self._running.remove(r)
-            self.gen.free(r._slot)
+            if self.prefix_cache:       # keep the slot's rows: what it holds of the sequence
+                filled = int(self.gen.filled[r._slot])
+                self._cached[r._slot] = np.concatenate(
+                    [r.prompt, np.array(r.tokens, np.int32)])[:filled]
+            else:
+                self.gen.free(r._slot)
             with self._cv:
                 self._free.append(r._slot)
         if reason != "cancelled" or error is not None:
             self.counters["requests_finished"] += 1
         r._queue.put(_DONE)
         r._done.set()
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(a.size, b.size)
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
 
 
 __all__ = ["Engine", "Request", "QueueFull", "EngineClosed"]

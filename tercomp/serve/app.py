@@ -462,10 +462,13 @@ def _best(runs, n: int) -> list:
 def _usage(runs) -> dict:
     """Prompt tokens once per prompt, every generated token (best_of's discarded ones
     too)."""
-    prompt = sum(int(r.req.prompt.size) for r in {r.prompt_index: r for r in runs}.values())
+    first = {r.prompt_index: r for r in runs}.values()
+    prompt = sum(int(r.req.prompt.size) for r in first)
     completion = sum(len(r.text.tokens) for r in runs)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            # OpenAI's field for the prompt tokens its prompt cache served
+            "prompt_tokens_details": {"cached_tokens": sum(r.req.cached_tokens for r in first)}}
 
 
 def _include_usage(body) -> bool:

@@ -10,6 +10,11 @@ replicas) live in one process.
     tercomp_requests_rejected_total        refused: queue full (429)
     tercomp_http_errors_total{status}      answered with an error (4xx, 5xx)
     tercomp_prompt_tokens_total, tercomp_generation_tokens_total
+    tercomp_prompt_tokens_cached_total     prompt tokens whose KV rows the prefix cache held
+    tercomp_prefix_cache_hit_rate          ... over all prompt tokens (0 to 1)
+    tercomp_prefix_cache_tokens            tokens the free slots hold for reuse
+    tercomp_draft_tokens_total             speculative drafts verified (--speculative)
+    tercomp_draft_tokens_accepted_total    ... of which greedy decoding confirmed
     tercomp_requests_waiting, tercomp_requests_running, tercomp_slots, tercomp_slots_free
     tercomp_engine_steps_total, tercomp_engine_step_seconds_total
     tercomp_generation_tokens_per_second   generated tokens / engine busy seconds
@@ -27,8 +32,13 @@ _COUNTERS = [
     ("requests", "requests_total", "requests accepted by the engine"),
     ("requests_finished", "requests_finished", "requests that ended with tokens (not cancelled)"),
     ("requests_rejected", "requests_rejected", "requests refused because the queue was full"),
-    ("prompt_tokens", "prompt_tokens_total", "prompt tokens prefilled"),
+    ("prompt_tokens", "prompt_tokens_total", "prompt tokens (prefilled or reused)"),
+    ("prompt_tokens_cached", "prompt_tokens_cached_total",
+     "prompt tokens whose KV rows were reused from the prefix cache"),
     ("generation_tokens", "generated_tokens_total", "tokens generated"),
+    ("draft_tokens", "draft_tokens_total", "speculative draft tokens verified"),
+    ("draft_tokens_accepted", "draft_tokens_accepted_total",
+     "speculative draft tokens that greedy decoding confirmed"),
     ("engine_steps", "steps_total", "engine steps (one batched call each)"),
     ("engine_step_seconds", "step_seconds_total", "seconds spent in engine steps"),
 ]
@@ -37,6 +47,7 @@ _GAUGES = [
     ("requests_running", "running", "requests holding a slot"),
     ("slots", "slots", "cache slots (the most concurrent sequences)"),
     ("slots_free", "free_slots", "cache slots free"),
+    ("prefix_cache_tokens", "prefix_cache_tokens", "tokens the free slots hold for reuse"),
 ]
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -51,6 +62,10 @@ class _EngineCollector:
             yield CounterMetricFamily(f"tercomp_{name}", doc, value=s[key])
         for name, key, doc in _GAUGES:
             yield GaugeMetricFamily(f"tercomp_{name}", doc, value=s[key])
+        prompt = s["prompt_tokens_total"]
+        yield GaugeMetricFamily("tercomp_prefix_cache_hit_rate",
+                                "prompt tokens reused from the prefix cache / prompt tokens",
+                                value=s["prompt_tokens_cached_total"] / prompt if prompt else 0.0)
         busy = s["step_seconds_total"]
         yield GaugeMetricFamily("tercomp_generation_tokens_per_second",
                                 "tokens generated per second of engine time (all streams)",
