@@ -134,3 +134,15 @@ def test_a_load_grows_the_process_by_about_the_file(tmp_path, gguf_file):
     rss = json.loads(out.stdout.strip().splitlines()[-1])
     grown = (rss["peak"] - rss["before"]) * 1024
     assert grown <= 1.75 * size + (8 << 20), (grown / 2**20, size / 2**20)
+
+
+def test_a_non_finite_f16_table_is_refused_by_name(gguf_file, tmp_path):
+    import gguf
+    bad = tmp_path / "nan.gguf"
+    bad.write_bytes(open(gguf_file, "rb").read())
+    t = next(t for t in gguf.GGUFReader(gguf_file).tensors if t.name == "output.weight")
+    with open(bad, "r+b") as f:      # two values of row 4000
+        f.seek(int(t.data_offset) + 2 * (SHAPE.hidden * 4000 + 3))
+        f.write(np.array([np.nan, np.inf], np.float16).tobytes())
+    with pytest.raises(tc.TercompError, match=r"tensor 'output.weight': holds 2 NaN or infinite"):
+        models.load(str(bad))

@@ -248,7 +248,7 @@ class _File:
         for lo in range(0, shape[0], 4096):   # the finiteness check a slice at a time
             arr[lo:lo + 4096] = src[lo:lo + 4096]
             if not np.isfinite(arr[lo:lo + 4096]).all():
-                self._finite(name, arr)          # counts them and raises
+                self._finite(name, src)          # counts them over the file's and raises
         self.release(t)
         return nn.StoredTable(arr)
 
