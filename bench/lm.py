@@ -6,6 +6,7 @@ engines, each measured with its own tool, on the same weights.
     python bench/lm.py --layers 2                     # a quick check of the plumbing
     python bench/lm.py --preset 8b                    # Llama3-8B-1.58's shape (llama arch)
     python bench/lm.py --batch 8 --ik-llama IK_BIN    # batched decode: 1 and 8 sequences
+    python bench/lm.py --preset 2b4t                  # BitNet b1.58 2B4T's shape (relu2)
 
 Writes a random-ternary GGUF (TQ2_0 projections, tied f16 embedding) of the
 bitnet_b1_58-large shape with `gguf` (hidden 1536, FFN 4096, 24 layers, 16 heads,
@@ -94,6 +95,8 @@ def write_model(path, a, projection=None, tokens=None):
     w.add_head_count_kv(kvh)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
+    if getattr(a, "act", None):     # no converter writes it; tercomp reads it (2B4T: relu2)
+        w.add_string(f"{a.arch}.hidden_activation", a.act)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens or [f"<t{i}>" for i in range(v)])
     w.add_token_scores([0.0] * v)
@@ -294,9 +297,14 @@ def format_table(rows: dict, prompt: int, gen: int, wrong=frozenset()) -> str:
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=["8b"],
+    p.add_argument("--preset", choices=["8b", "2b4t"],
                    help="8b: Llama3-8B-1.58's shape (32 layers, hidden 4096, FFN 14336, GQA "
-                        "32/8, vocab 128256, llama arch, untied f16 head)")
+                        "32/8, vocab 128256, llama arch, untied f16 head); 2b4t: BitNet b1.58 "
+                        "2B4T's (30 layers, hidden 2560, FFN 6912, GQA 20/5, vocab 128256, "
+                        "relu2, sub-norms, tied f16 embedding)")
+    p.add_argument("--act", choices=["silu", "relu2"], default=None,
+                   help="the FFN activation written as {arch}.hidden_activation (default: "
+                        "none written, the family decides: silu)")
     p.add_argument("--arch", choices=["bitnet", "llama"], default="bitnet")
     p.add_argument("--kv-heads", type=int, default=0, help="default: --heads")
     p.add_argument("--layers", type=int, default=24)
@@ -337,6 +345,9 @@ def main():
     if a.preset == "8b":
         a.layers, a.hidden, a.ffn, a.heads, a.kv_heads, a.vocab, a.arch = \
             32, 4096, 14336, 32, 8, 128256, "llama"
+    elif a.preset == "2b4t":
+        a.layers, a.hidden, a.ffn, a.heads, a.kv_heads, a.vocab, a.arch, a.act = \
+            30, 2560, 6912, 20, 5, 128256, "bitnet", "relu2"
     try:
         a.thread_list = [int(t) for t in a.threads.split(",")]
     except ValueError:
@@ -346,8 +357,9 @@ def main():
         if d not in ("float16", "int8", "float32"):
             p.error(f"--output-dtype: {d!r} is not float16, int8 or float32")
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
-                     ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab", "arch",
-                      "prompt", "gen", "repeat", "max-seq", "max-batch")]
+                     ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab", "arch", "act",
+                      "prompt", "gen", "repeat", "max-seq", "max-batch")
+                     if getattr(a, k.replace('-', '_')) is not None]
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
@@ -440,6 +452,8 @@ def report(a, given):
     tag = f"L{a.layers}-h{a.hidden}-f{a.ffn}-H{a.heads}-v{a.vocab}"
     if a.arch != "bitnet" or a.kv_heads not in (0, a.heads):
         tag = f"{a.arch}-{tag}-kv{a.kv_heads or a.heads}"
+    if a.act:
+        tag += f"-{a.act}"
     # one TQ2_0 file for tercomp and llama.cpp, its token strings single characters so
     # that the peers' tools tokenize a prompt's text to its ids
     a.model = os.path.join(a.dir, f"bitnet-{tag}.gguf")

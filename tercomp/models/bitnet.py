@@ -313,22 +313,37 @@ class BitNetLM(nn.Module):
         """The output layer on hidden states [..., hidden] -> [..., vocab]."""
         if self.lm_head is not None:
             return self.lm_head(h)
+        if isinstance(self.embed_tokens, nn.StoredEmbedding):   # its table, widened in registers
+            return nn.StoredLinear(self.embed_tokens.table)(h)
         return _t.matmul(h, self.embed_tokens.weight, transpose_b=True)
 
     def with_stored_output(self, dtype: str, table=None) -> "BitNetLM":
         """A shallow copy whose output layer reads one table stored as `dtype`
         ("float16", or "int8" with a scale per row: nn.StoredTable; `table`: that table,
         made already), and whose token embedding reads the same table when tied to it,
-        else its own float16 table where float16 holds it exactly; "float32" gives self. The layers are shared, not
-        copied."""
-        if dtype == "float32":
-            return self
+        else its own float16 table where float16 holds it exactly (a stored one as it
+        is); "float32" gives self, or a copy whose stored f16 tables are widened to
+        float32 layers. A stored table of `dtype` is read as it is, not copied; the
+        layers are shared, not copied."""
+        stored = (nn.StoredEmbedding, nn.StoredLinear)
+        if dtype == "float32":      # the model's own arrays: a stored f16 table widened
+            if not isinstance(self.embed_tokens, stored) and not isinstance(self.lm_head, stored):
+                return self
+            view = copy.copy(self)
+            for name in ("embed_tokens", "lm_head"):
+                if isinstance(getattr(self, name), stored):
+                    setattr(view, name, getattr(self, name).trainable())
+            return view
         view = copy.copy(self)
-        w = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
-        table = table if table is not None else nn.StoredTable.from_weight(w, dtype)
+        head = self.lm_head if self.lm_head is not None else self.embed_tokens
+        if table is None and isinstance(head, stored) and head.table.dtype == dtype:
+            table = head.table      # the loaded table itself (a GGUF's f16 bytes)
+        table = table if table is not None else nn.StoredTable.from_weight(head.weight, dtype)
         view.lm_head = nn.StoredLinear(table)
         if self.lm_head is None:
             view.embed_tokens = nn.StoredEmbedding(table)
+        elif isinstance(self.embed_tokens, nn.StoredEmbedding):
+            pass        # an untied embedding stored already (a GGUF's f16 table): as it is
         else:       # an untied embedding: f16 where that is exact (a GGUF's f16 table)
             emb = nn.StoredTable.from_weight(self.embed_tokens.weight, "float16")
             w = self.embed_tokens.weight
@@ -352,7 +367,8 @@ class BitNetLM(nn.Module):
         BitLinear whose float latent weights quantize back to exactly its codes and scale
         (`nn.StoredBitLinear.trainable`), so the first forward computes what the stored
         model computes, and training moves the latents through the straight-through
-        estimators. Embedding, norms and an untied output layer are parameters already.
+        estimators. Embedding, norms and an untied output layer become (or stay) float32
+        parameters (a GGUF's f16 tables, kept as stored layers by the loader, widened).
 
         `freeze` keeps parameters fixed, as `requires_grad = False` does in PyTorch: a
         glob pattern or a list of them over the parameter names (`embed_tokens`,
@@ -365,6 +381,10 @@ class BitNetLM(nn.Module):
         >>> "embed_tokens.weight" in lm.parameters()
         False
         """
+        for name in ("embed_tokens", "lm_head"):    # a GGUF's f16 tables: float32 parameters
+            layer = getattr(self, name)
+            if isinstance(layer, (nn.StoredEmbedding, nn.StoredLinear)):
+                setattr(self, name, layer.trainable())
         stored = {}
         for name, owner, attr in self.projections():
             layer = getattr(owner, attr)

@@ -5,7 +5,8 @@ bitnet.cpp's: read into a BitNetLM (models/families picks the options by
 Reading and writing go through the `gguf` package (gguf-py, llama.cpp's own Python
 library); this module maps its tensors onto the BitNetLM module tree:
 
-    token_embd.weight            embed_tokens.weight      [vocab, hidden] (float)
+    token_embd.weight            embed_tokens.weight      [vocab, hidden] (float; an F16
+                                 table stays f16: embed_tokens is an nn.StoredEmbedding)
     output_norm.weight           norm.weight
     blk.{i}.attn_norm            layers[i].input_layernorm
     blk.{i}.attn_q/k/v/output    layers[i].attn.q/k/v/o_proj     (ternary, + .scale)
@@ -13,7 +14,7 @@ library); this module maps its tensors onto the BitNetLM module tree:
     blk.{i}.ffn_norm             layers[i].post_attention_layernorm
     blk.{i}.ffn_gate/up/down     layers[i].mlp.gate/up/down_proj (ternary, + .scale)
     blk.{i}.ffn_sub_norm         layers[i].mlp.ffn_sub_norm
-    output.weight                lm_head.weight (untied; `llama` models)
+    output.weight                lm_head.weight (untied; `llama` models; F16: nn.StoredLinear)
     rope_freqs.weight            config.rope_freq_factors (Llama 3's RoPE scaling)
 
 A `llama` file has no sub-norms, stores q/k rows permuted for interleaved RoPE (so the
@@ -234,6 +235,22 @@ class _File:
             arr = arr.copy()    # a view would keep the file's map (and its pages) alive
         self.release(t)
         return arr
+
+    def table(self, name, shape):
+        """Tensor `name` as it is stored where that is f16 (an nn.StoredTable of a copy of
+        the file's bytes: a token embedding or output table read, never widened, by the
+        stored layers that keep it), else float32 (float_tensor)."""
+        qname, t = self.tensor(name, shape)
+        if qname != "F16":
+            return self.float_tensor(name, shape)
+        src = np.asarray(t.data).view(np.float16).reshape(shape)
+        arr = np.empty(shape, np.float16)
+        for lo in range(0, shape[0], 4096):   # the finiteness check a slice at a time
+            arr[lo:lo + 4096] = src[lo:lo + 4096]
+            if not np.isfinite(arr[lo:lo + 4096]).all():
+                self._finite(name, src)          # counts them over the file's and raises
+        self.release(t)
+        return nn.StoredTable(arr)
 
     def _finite(self, name, arr):
         if not np.isfinite(arr).all():
@@ -538,10 +555,19 @@ def load_gguf(path) -> BitNetLM:
         raise f.error(f"tensor {extra[0]!r}", f"not part of a {cfg.num_hidden_layers}-layer "
                       f"{cfg.family!r} model ({len(extra)} unexpected tensor(s))")
     lm = BitNetLM(cfg, init=False)
-    lm.embed_tokens.weight = f.float_tensor("token_embd.weight", shapes["token_embd.weight"])
+    # f16 tables stay f16 (nn.StoredEmbedding / StoredLinear over the file's bytes)
+    emb = f.table("token_embd.weight", shapes["token_embd.weight"])
+    if isinstance(emb, nn.StoredTable):
+        lm.embed_tokens = nn.StoredEmbedding(emb)
+    else:
+        lm.embed_tokens.weight = emb
     lm.norm.weight = f.float_tensor("output_norm.weight", shapes["output_norm.weight"])
     if lm.lm_head is not None:
-        lm.lm_head.weight = f.float_tensor("output.weight", shapes["output.weight"])
+        head = f.table("output.weight", shapes["output.weight"])
+        if isinstance(head, nn.StoredTable):
+            lm.lm_head = nn.StoredLinear(head)
+        else:
+            lm.lm_head.weight = head
     for i, layer in enumerate(lm.layers):
         for g, path_ in _norms(cfg).items():
             name = f"blk.{i}.{g}.weight"

@@ -4,8 +4,11 @@ registers (`tern.widening_matmul`).
 
 A language model's output layer is the largest read of a decode step (with a tied
 embedding, one table serves both lookups): tc.compile_lm stores it narrow
-(`output_dtype`). Both layers keep the table in a private attribute, so the module tree
-has one copy however many layers read it.
+(`output_dtype`), and models.load keeps a GGUF's f16 token embedding and output table
+as these layers (the file's bytes, never widened: an 8B model's two tables are 2 GiB in
+f16, 4 GiB in f32). Both layers keep the table in a private attribute, so the module
+tree has one copy however many layers read it, and it is no parameter (`trainable()`
+gives the float32 layer to train).
 
     >>> table = nn.StoredTable.from_weight(lm.embed_tokens.weight, "int8")
     >>> emb, head = nn.StoredEmbedding(table), nn.StoredLinear(table)
@@ -16,6 +19,7 @@ import numpy as np
 
 from ..tracing import api as _t
 from ..tracing.tracer import apply
+from .layers import Embedding, Linear
 from .module import Module
 
 #: how a stored table may keep its weights
@@ -60,6 +64,31 @@ class StoredTable:
         if dtype == "int8":
             return cls(*quantize_rows(w))
         raise ValueError(f"a stored table is one of {TABLE_DTYPES}, got {dtype!r}")
+
+    @property
+    def dtype(self) -> str:
+        """"float16" or "int8": how the values are kept."""
+        return "int8" if self.scale is not None else str(self.values.dtype)
+
+    @property
+    def shape(self) -> tuple:
+        return self.values.shape
+
+    def weight(self) -> np.ndarray:
+        """The table as an array: the float16 values themselves (no copy), or an int8
+        table's values times their row scales in float32."""
+        if self.scale is None:
+            return self.values
+        return self.values.astype(np.float32) * self.scale[:, None]
+
+    def widened(self) -> np.ndarray:
+        """A float32 copy of the table (a row block at a time: no float64 temporaries)."""
+        out = np.empty(self.values.shape, np.float32)
+        for lo in range(0, len(out), 4096):
+            out[lo:lo + 4096] = self.values[lo:lo + 4096]
+            if self.scale is not None:
+                out[lo:lo + 4096] *= self.scale[lo:lo + 4096, None]
+        return out
 
 
 #: tables smaller than this (elements) stay float16 under "auto": their read is a small
@@ -115,6 +144,22 @@ class StoredEmbedding(Module):
     def __init__(self, table: StoredTable):
         self._table = table
 
+    @property
+    def table(self) -> StoredTable:
+        return self._table
+
+    @property
+    def weight(self) -> np.ndarray:
+        """The table [rows, dim] as stored (StoredTable.weight: float16 values, no copy);
+        read-only: `trainable()` gives a layer whose float32 weight is a parameter."""
+        return self._table.weight()
+
+    def trainable(self) -> Module:
+        """An nn.Embedding over a float32 copy of the table (a parameter)."""
+        emb = Embedding.__new__(Embedding)
+        emb.weight = self._table.widened()
+        return emb
+
     def forward(self, ids):
         rows = _t.take(self._table.values, ids, axis=0).astype("float32")
         if self._table.scale is None:
@@ -127,6 +172,24 @@ class StoredLinear(Module):
 
     def __init__(self, table: StoredTable):
         self._table = table
+
+    table = StoredEmbedding.table
+    weight = StoredEmbedding.weight
+
+    @property
+    def in_features(self) -> int:
+        return self._table.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self._table.shape[0]
+
+    def trainable(self) -> Module:
+        """An nn.Linear (no bias) over a float32 copy of the table (a parameter)."""
+        lin = Linear.__new__(Linear)
+        lin.in_features, lin.out_features = self.in_features, self.out_features
+        lin.weight, lin.bias = self._table.widened(), None
+        return lin
 
     def forward(self, h):
         scale = () if self._table.scale is None else (self._table.scale,)
