@@ -568,8 +568,10 @@ def batched(a, given, files, wrong):
     print(f"\nbatched decode, {a.threads} threads: B sequences of {a.prompt}-token prompts, "
           f"then {a.gen} tokens for all B (aggregate tokens/s); {a.rounds} rounds in turns; "
           f"{machine.load()}")
-    print(format_table(rows, a.prompt, a.gen, {n for n in rows if n.rsplit(" x", 1)[0]
-                                                 in {peers.PEERS[w].label for w in wrong}}))
+    bad = {peers.PEERS[w].label for w in wrong}
+    for b in (1, a.batch):      # ratios between rows of the same B only
+        these = {n: v for n, v in rows.items() if n.endswith(f" x{b}")}
+        print(format_table(these, a.prompt, a.gen, {n for n in these if n.rsplit(" x", 1)[0] in bad}))
     for b in (1, a.batch):
         ours = rows.get(f"tercomp {d} x{b}", {}).get("tg")
         if b == a.batch and ours and rows.get(f"tercomp {d} x1", {}).get("tg"):
