@@ -38,6 +38,7 @@ from iree.compiler.dialects import arith
 from ...ternary_pack import ACT_MAX
 from ...codegen.executables import dispatch, ensure_executable
 from ..template import render
+from . import im2col_quant
 from .avx2_quant import quant_literals, quantized, unpadded
 
 #: Output rows that share one pass over x.
@@ -122,7 +123,8 @@ def emit_with(kern, prefix: str, text) -> ir.Value:
     m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
     if prequantized:
-        x = quantized(kern, kern.x if unpadded(kern) else kern.pad_k(kern.x), m, dims)
+        x = im2col_quant.quantized(kern, m, dims) or quantized(
+            kern, kern.x if unpadded(kern) else kern.pad_k(kern.x), m, dims)
     else:
         x = [kern.pad_k(kern.x)]
     # the scale is an operand, not a constant of the executable: every layer of a shape
