@@ -18,7 +18,6 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, tensor
 
 from ...codegen.executables import dispatch, ensure_executable
-from ...ops.im2col import PATCHES_ATTR
 from ..template import render
 from .avx2_quant import quant_literals
 
@@ -40,6 +39,7 @@ def patches_source(x: ir.Value):
     """(xp, (C, HP, WP), kernel, stride, dilation, out) where x [M, K] is the collapsed
     im2col generic of the padded input xp [N, C, *padded] (1-D convolutions as 2-D ones
     of height 1), else None."""
+    from ...ops.im2col import PATCHES_ATTR    # ops -> kernel table -> this module
     if not isinstance(x.owner, (ir.Operation, ir.OpView)) and not hasattr(x.owner, "name"):
         return None
     col = _owner(x)
