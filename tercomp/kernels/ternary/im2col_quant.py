@@ -83,6 +83,17 @@ def _prod(v):
     return r
 
 
+def quantize_text(name: str, kb: int, image, kernel, stride, dilation, out) -> str:
+    """The `stream.executable @name` (templates/ternary_im2col_quant.mlir) whose export
+    quantizes the patches of the padded input [N, C, HP, WP] (`image` = (C, HP, WP)) of a
+    convolution with `kernel`, `stride`, `dilation` (pairs) and output positions `out`
+    into q [N * OH * OW, 4 KB] i8 and stats [N * OH * OW, 2] f32, ROWS rows a workgroup."""
+    (c, hp, wp), (kh, kw), (sh, sw), (dh, dw), (oh, ow) = image, kernel, stride, dilation, out
+    return render("ternary_im2col_quant", name=name, kb=kb, k=c * kh * kw, c=c, hp=hp, wp=wp,
+                  kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow, rows=ROWS,
+                  **quant_literals())
+
+
 def quantized(kern, m: ir.Value, dims) -> list[ir.Value] | None:
     """[q, stats] of the ternary matmul's x (as avx2_quant.quantized gives them) by one
     dispatch over the convolution's padded input, where x is the im2col of one (see the
@@ -107,9 +118,8 @@ def quantized(kern, m: ir.Value, dims) -> list[ir.Value] | None:
         nimg = arith.constant(index, n_static)
         arg_dims = []
     name = (f"tern_im2col_quant_{kern.kb}_c{c}x{hp}x{wp}_k{kh}x{kw}_s{sh}x{sw}_d{dh}x{dw}")
-    ensure_executable(name, lambda: render(
-        "ternary_im2col_quant", name=name, kb=kern.kb, k=k, c=c, hp=hp, wp=wp, kh=kh, kw=kw,
-        sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow, rows=ROWS, **quant_literals()))
+    ensure_executable(name, lambda: quantize_text(name, kern.kb, (c, hp, wp), (kh, kw),
+                                                  (sh, sw), (dh, dw), (oh, ow)))
     return dispatch(name, name, [m], [flat, nimg, m], arg_dims,
                     [kern.ttype([4 * kern.kb], ir.IntegerType.get_signless(8)),
                      kern.ttype([2], kern.f32)], dims + dims)
