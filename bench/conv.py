@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -144,6 +145,17 @@ def report(title, results, base="jax"):
         print(f"  {k:28s} median {med * 1e3:9.2f} ms   min {mn * 1e3:9.2f} ms{ratio}")
 
 
+def print_kernels(exe):
+    """Which kernel-table row each ternary matmul (one per BitConv2d) got, from the
+    `ternary` stage's IR: K (the patch length C_in * kernel), N and the strategy."""
+    print("kernels of the ternary matmuls (K = C_in * kh * kw, N = C_out):")
+    for line in exe.ir("ternary").splitlines():
+        if '"tern.ternary_matmul"' in line:
+            k, n, s = (re.search(pat, line).group(1) for pat in
+                       (r"k = (\d+)", r"n = (\d+)", r'strategy = "([\w-]+)"'))
+            print(f"  K {k:>5s}  N {n:>4s}  {s}")
+
+
 def resident_memory(path, size):
     """(KiB the loaded artifact and one call add to a fresh process)."""
     code = ("import sys, numpy as np, tercomp as tc\n"
@@ -175,6 +187,7 @@ def main(argv=None):
     t = time.perf_counter()
     exe = tc.compile(model, tc.spec(("B", 3, args.size, args.size)))
     print(f"tercomp forward compile: {time.perf_counter() - t:.1f} s")
+    print_kernels(exe)
     try:
         import jax  # noqa: F401
         params, jax_fwd, jax_step = jax_functions(model)

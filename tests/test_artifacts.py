@@ -398,3 +398,48 @@ def test_a_loaded_artifact_holds_its_weights_once(tmp_path):
     for b in ("1", "128"):          # the file's pages once, beside the runtime's buffers
         grown, anon = out[b]        # (at batch 128: activations of 128 x 8192 floats)
         assert grown < 1.1 * packed + anon, (b, out)
+
+
+class _WideConv(nn.Module):
+    """Four 3x3 BitConv2d layers at 1024 channels on 4x4 inputs: 9 MiB of 2-bit weights
+    (packed K 9216), activations of a few hundred KiB."""
+    def __init__(self):
+        self.convs = [nn.BitConv2d(1024, 1024, 3, padding=1) for _ in range(4)]
+
+    def forward(self, x):
+        for conv in self.convs:
+            x = tc.relu(conv(x))
+        return x
+
+
+def test_a_loaded_conv_artifact_holds_its_weights_once(tmp_path):
+    """A ternary conv artifact as a BitLinear one (above): tc.load maps the file; after
+    calls at batch 1 and 8 the process has grown by the packed weights (file pages) and
+    the runtime's own buffers, with no anonymous copy of the weights."""
+    nn.manual_seed(1)
+    exe = tc.compile(_WideConv(), tc.spec(("B", 1024, 4, 4), "float32"), cache=False)
+    path = str(tmp_path / "conv.tcm")
+    exe.save(path)
+    packed = 4 * 1024 * 9216 / 4 / 2**20                     # MiB of 2-bit codes
+    script = (
+        "import json, sys, numpy as np\n"
+        "def mib(key):\n"
+        "    return next(int(l.split()[1]) for l in open('/proc/self/status')\n"
+        "                if l.startswith(key)) / 1024\n"
+        "import tercomp as tc\n"
+        "x = np.ones((8, 1024, 4, 4), np.float32)\n"
+        "rss, anon = mib('VmRSS'), mib('RssAnon')\n"
+        f"exe = tc.load({path!r})\n"
+        "out = {'load': mib('RssAnon') - anon}\n"
+        "for b in (1, 8):\n"
+        "    y = exe(x[:b])\n"
+        "    out[b] = (mib('VmRSS') - rss, mib('RssAnon') - anon)\n"
+        "print(json.dumps(out))\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["load"] < 1.0, out                          # a copy would be 9 MiB
+    assert out["1"][1] < 0.6 * packed, out                  # the runtime's buffers, no copy
+    for b in ("1", "8"):
+        grown, anon = out[b]
+        assert grown < 1.1 * packed + anon, (b, out)

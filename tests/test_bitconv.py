@@ -95,6 +95,33 @@ CHECK:       "tern.ternary_matmul"{{.*}}k = 32 : i64, n = 4 : i64
 """)
 
 
+@pytest.mark.parametrize("cls, x_shape, kw", [
+    (nn.BitConv2d, (3, 16, 9, 8), dict(padding=1)),                    # K = 144 of 256 packed
+    (nn.BitConv2d, (3, 32, 9, 9), dict(stride=2, padding=1, dilation=2)),
+    (nn.BitConv1d, (3, 48, 13), dict(padding=2, stride=2)),            # 1-D: a height of 1
+])
+def test_patches_are_quantized_from_the_padded_input_in_one_dispatch(cls, x_shape, kw):
+    """Where the avx2 / avx512 ternary kernel takes the patch matmul, one dispatch quantizes
+    the patches straight from the padded input (kernels/ternary/im2col_quant.py): no f32
+    patch rows, and the codes of the im2col-then-quantize path, so the layer's numbers."""
+    nn.manual_seed(6)
+    from tercomp.kernels.table import avx2_fits, avx512_fits, host_cpu_features
+    layer = cls(x_shape[1], 8, 3, **kw)
+    k = x_shape[1] * 3 ** (len(x_shape) - 2)
+    if not (avx512_fits(k, 8) and "avx512_vnni" in host_cpu_features()
+            or avx2_fits(k, 8) and "avx2" in host_cpu_features()):
+        pytest.skip("the host has neither kernel for this K")
+    exe = tc.compile(layer, tc.spec(("B",) + x_shape[1:]), cache=False)
+    mlir = exe.ir("mlir")
+    assert "tern_im2col_quant_" in mlir and "tern_avx2_quant_" not in mlir
+    x = np.random.default_rng(11).standard_normal(x_shape).astype(np.float32) * 2
+    x[0, :, 1] = 50.0                                   # an outlier in some patches only
+    for batch in (1, 3):
+        want = np_bitconv(layer, x[:batch], kw.get("stride", 1), kw.get("padding", 0)) \
+            if kw.get("dilation", 1) == 1 else layer(x[:batch])
+        np.testing.assert_allclose(exe(x[:batch]), want, rtol=1e-5, atol=1e-5)
+
+
 def test_straight_through_gradients_and_a_training_step():
     nn.manual_seed(4)
     layer = nn.BitConv2d(3, 4, 3, padding=1)

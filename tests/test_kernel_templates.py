@@ -11,12 +11,13 @@ from tercomp.kernels.rows import rows_cpu
 from tercomp.kernels.ternary import avx2 as ternary_avx2
 from tercomp.kernels.ternary import avx512 as ternary_avx512
 from tercomp.kernels.ternary import avx2_quant as ternary_avx2_quant
+from tercomp.kernels.ternary import im2col_quant as ternary_im2col_quant
 from tercomp.errors import TercompError
 
 ir = pytest.importorskip("iree.compiler.ir")
 
 KERNELS = ["attention", "dense_avx2", "rms_norm", "rope", "ternary_avx2", "ternary_avx2_quant",
-           "ternary_avx512"]
+           "ternary_avx512", "ternary_im2col_quant"]
 
 
 def test_every_template_declares_exactly_the_parameters_it_reads():
@@ -199,4 +200,42 @@ CHECK:       %rd = math.roundeven %sc : vector<8xf32>
 CHECK:       vector.store %qb, %q[%row, %k] : memref<?x64xi8>, vector<8xi8>
 CHECK:       %sxf0 = arith.sitofp %sx0 : i32 to f32
 CHECK:       memref.store %amc0, %xs[%row, %c1] : memref<?x2xf32>
+""")
+
+
+def test_ternary_avx2_quant_of_an_unpadded_x():
+    """x [M, 40] read as it is, its codes [M, 64] zero from column 40 on."""
+    check(ternary_avx2_quant.quantize_text("tern_avx2_quant_16_x40", 16, 40), """
+CHECK-LABEL: stream.executable private @tern_avx2_quant_16_x40
+CHECK:   %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x40xf32>{%m}
+CHECK:   %ckx = arith.constant 40 : index
+CHECK:   scf.for %k = %c0 to %ckx step %c8
+CHECK:     vector.load %x[%row, %k] : memref<?x40xf32>, vector<8xf32>
+CHECK:   scf.for %k = %ckx to %ckp step %c8
+CHECK:     vector.store %zb8, %q[%row, %k] : memref<?x64xi8>, vector<8xi8>
+""")
+
+
+def test_ternary_im2col_quant():
+    """A 3x3 conv, stride 2, dilation 1, over padded [N, 16, 10, 10] images (4x4 outputs):
+    per-column offsets c * 100 + i * 10 + j on the stack, each row's base at its image and
+    (2 y, 2 x), two passes of 16-column gathers, the codes' columns from K = 144 on zero."""
+    check(ternary_im2col_quant.quantize_text("tern_im2col_quant_64", 64, (16, 10, 10), (3, 3),
+                                             (2, 2), (1, 1), (4, 4)), """
+CHECK-LABEL: stream.executable private @tern_im2col_quant_64
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 16)>()[%m]
+CHECK:   func.func @tern_im2col_quant_64(%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index)
+CHECK:     %ck = arith.constant 144 : index
+CHECK:     %ckp = arith.constant 256 : index
+CHECK:     %cpos = arith.constant 16 : index
+CHECK:     %off = memref.alloca() : memref<144xi32>
+CHECK:     affine_map<(d0) -> ((d0 floordiv 9) * 100 + ((d0 mod 9) floordiv 3) * 10 + (d0 mod 3) * 1)>
+CHECK:     %base = affine.apply affine_map<(d0, d1, d2) -> (d0 * 1600 + d1 * 20 + d2 * 2)>(%n, %py, %px)
+CHECK:     vector.gather %x[%base][%idx], %all, %zf : memref<?xf32>, vector<16xi32>, vector<16xi1>, vector<16xf32> into vector<16xf32>
+CHECK:     %amc = arith.maximumf %amax, %eps : f32
+CHECK:     vector.gather %x[%base][%idx]
+CHECK:     %rd = math.roundeven %sc : vector<16xf32>
+CHECK:     vector.store %qb, %q[%row, %col] : memref<?x256xi8>, vector<16xi8>
+CHECK:     scf.for %col = %ck to %ckp step %c16
+CHECK:     memref.store %amc, %xs[%row, %c1] : memref<?x2xf32>
 """)

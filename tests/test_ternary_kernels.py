@@ -340,7 +340,8 @@ needs_avx2 = pytest.mark.skipif(AVX2 not in host_cpu_features(), reason="host CP
 
 @needs_avx2
 @pytest.mark.parametrize("m,k,n,codes", [(1, 128, 4, "signed"), (3, 4093, 12, "offset"),
-                                         (8, 2048, 8, "signed"), (DYN, 8192, 40, "offset")])
+                                         (8, 2048, 8, "signed"), (DYN, 8192, 40, "offset"),
+                                         (DYN, 1152, 8, "offset")])
 def test_avx2_gemv_matches_reference(m, k, n, codes):
     """The hand-scheduled kernel where it applies (K/4 a multiple of 32, N of 4, K not
     always a multiple of 4), on signed codes (remapped in registers) and on the offset
@@ -425,6 +426,11 @@ needs_vnni = pytest.mark.skipif(VNNI not in host_cpu_features(),
     (16, 2048, 36, "signed", None),             # 4 blocks; 36 rows: workgroups of 8, 4, none
     (DYN, 16384, 8, "offset", (1, 4, 5, 16, 128)),  # the largest K; 1..32 blocks, a remainder
     (DYN, 1280, 68, "signed", (1, 3, 13, 128)),     # 68 rows: a partial tile of 16 rows
+    # K below the packed 768 / 1024: the quantize dispatch reads x unpadded and writes
+    # the zero columns (a 3x3x64 conv's patch rows; K = 1000); K % 8 != 0: a padded copy
+    (DYN, 576, 64, "offset", (1, 4, 7, 33)),
+    (DYN, 1000, 8, "signed", (5, 8)),
+    (DYN, 2050, 8, "offset", (4, 9)),
 ])
 def test_avx512_matches_reference(m, k, n, codes, batches):
     """The AVX-512 VNNI kernel where it applies (K/4 a multiple of 64, N of 4), on signed
@@ -484,13 +490,17 @@ def test_avx512_dispatches_its_executable_only_where_its_shape_fits():
     (("avx2",), "avx2")])                                   # Zen 3
 def test_auto_takes_avx512_only_on_a_host_with_avx512_vnni(features, fast):
     """The table settles the kernel from the features it is given (not this host's): the
-    avx512 kernel on a host with AVX-512 VNNI, at every M, where K/4 is a multiple of 64;
-    the avx2 kernel where K/4 is a multiple of 32 only or the host lacks AVX-512 VNNI."""
+    avx512 kernel on a host with AVX-512 VNNI, at every M, where the packed K/4 is a
+    multiple of 64 (every K above 256: padded_k pads it to a multiple of 256); the avx2
+    kernel where it is a multiple of 32 only or the host lacks AVX-512 VNNI."""
     for m in (1, 3, 4, 16, 128, None):
         assert choose_strategy(m, 4096, 4096, features=features) == fast
         assert choose_strategy(m, 1536, 4096, features=features) == fast
-        # K/4 = 288, a multiple of 32 but not of 64
-        assert choose_strategy(m, 1152, 4096, features=features) == "avx2"
+        # a 3x3 conv's patch rows at 128 and 64 channels: packed K 1280 and 768
+        assert choose_strategy(m, 1152, 4096, features=features) == fast
+        assert choose_strategy(m, 576, 64, features=features) == fast
+        # packed K/4 = 32, a multiple of 32 but not of 64
+        assert choose_strategy(m, 128, 4096, features=features) == "avx2"
         # Llama-3-8B's down projection: past the avx2 kernel's largest K
         assert choose_strategy(m, 14336, 4096, features=features) == (
             "avx512" if fast == "avx512" else choose_strategy(m, 14336, 4096, features=()))
@@ -517,8 +527,11 @@ def test_avx2_is_refused_where_it_cannot_compile(monkeypatch):
 
 
 @pytest.mark.parametrize("k,n,fits", [(4096, 4096, True), (1536, 4100, True),
-                                      (4000, 4096, False), (4096, 4098, False)])
+                                      (4000, 4096, True), (64, 4096, False),
+                                      (4096, 4098, False)])
 def test_avx2_is_auto_only_where_its_shape_fits(k, n, fits):
+    """Where the packed K/4 is a multiple of 32 (K = 4000 is packed as 4096; 64 as 64)
+    and N of 4."""
     assert choose_strategy(1, k, n, features=(AVX2,)) == ("avx2" if fits else "addsub")
     assert choose_strategy(128, k, n, features=(AVX2,)) == ("avx2" if fits else "blocked")
     assert choose_strategy(None, k, n, features=(AVX2,)) == ("avx2" if fits else "dispatch")

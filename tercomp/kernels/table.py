@@ -23,9 +23,9 @@ row again.
 
     op               kernel        targets   feature      fits; where "auto" picks it
     ternary_matmul   avx512        llvm-cpu  avx512_vnni  KB % 64 == 0, N % 4 == 0, 4 KB <= 16384;
-                                                          every M where K/4 % 64 == 0
+                                                          every M where it fits
     ternary_matmul   avx2          llvm-cpu  avx2         KB % 32 == 0, N % 4 == 0, 4 KB <= 8192;
-                                                          every M where K/4 % 32 == 0
+                                                          every M where it fits
     ternary_matmul   dispatch-vnni CPU       avx512_vnni  every shape; M symbolic
     ternary_matmul   dispatch      CPU       -            every shape; M symbolic
     ternary_matmul   vnni          CPU       avx512_vnni  every shape; M <= 4
@@ -42,7 +42,10 @@ row again.
     slot_attention   cpu           llvm-cpu  -            as cached_attention; where it fits
 
 ("CPU" is llvm-cpu and llvm-cpu-generic; KB is the packed weights' bytes a row, 4 KB the
-padded K.) Without activation quantization the integer ternary kernels emit the exact
+padded K: padded_k makes every K above 256 a multiple of 256, so the avx512 row takes a
+conv's patch rows of K = 576 or 1152 as well, their x zero-padded by the quantize
+dispatch; before, "auto" asked K itself to be a multiple and gave such K the blocked
+kernel, 2-5x slower at batch 1: bench/RESULTS.md.) Without activation quantization the integer ternary kernels emit the exact
 f32 kernel (kernels/ternary/emitters.py).
 
 >>> choose("ternary_matmul", ternary_types(1, 4096, 4096), {"k": 4096, "n": 4096},
@@ -168,8 +171,8 @@ def _prefill(types, attrs):
 
 
 def avx2_fits(k: int, n: int) -> bool:
-    """Whether "auto" gives the avx2 ternary kernel a [N, K] weight (avx2.fits of K/4)."""
-    return avx2.fits(-(-k // 4), n)
+    """Whether the avx2 ternary kernel takes a [N, K] weight (avx2.fits of its packed K/4)."""
+    return avx2.fits(padded_k(k) // 4, n)
 
 
 def _avx2_fits(types, attrs):
@@ -178,14 +181,15 @@ def _avx2_fits(types, attrs):
 
 
 def _avx2_rule(types, attrs):
-    """every M where K/4 is a multiple of 32 and N of 4"""
+    """every M where the padded K/4 is a multiple of 32 and N of 4"""
     _, k, n = ternary_shape(types, attrs)
     return avx2_fits(k, n)
 
 
 def avx512_fits(k: int, n: int) -> bool:
-    """Whether "auto" gives the avx512 ternary kernel a [N, K] weight (avx512.fits of K/4)."""
-    return avx512.fits(-(-k // 4), n)
+    """Whether the avx512 ternary kernel takes a [N, K] weight (avx512.fits of its packed
+    K/4)."""
+    return avx512.fits(padded_k(k) // 4, n)
 
 
 def _avx512_fits(types, attrs):
@@ -194,7 +198,7 @@ def _avx512_fits(types, attrs):
 
 
 def _avx512_rule(types, attrs):
-    """every M where K/4 is a multiple of 64 and N of 4"""
+    """every M where the padded K/4 is a multiple of 64 and N of 4"""
     _, k, n = ternary_shape(types, attrs)
     return avx512_fits(k, n)
 

@@ -23,7 +23,7 @@ from .. import ternary_pack as tp
 from ..errors import TraceError, ConfigError
 from ..tracing import api as _t
 from ..tracing.conv_api import PADDING_HINT, resolve_padding
-from ..tracing.tracer import apply
+from ..tracing.tracer import Tracer, apply
 from .bitlinear import _traced
 from .conv import _check_channels, _check_rank, _shape, _tuple
 from .layers import _uniform
@@ -39,6 +39,12 @@ def patches(x, kernel, stride, pads, dilation):
                  padding=[list(p) for p in pads], dilation=list(dilation))
     shape = _shape(cols)                                                 # [N, *P, C, *K]
     return _t.reshape(cols, (-1, int(np.prod(shape[1 + nd:])))), list(shape[1:1 + nd])
+
+
+def _is_input(w) -> bool:
+    """Is the weight traced as an input of the function (a gradient's, a training step's),
+    not a constant that the ternary pass packs?"""
+    return isinstance(w, Tracer) and w.value.producer is None
 
 
 class _BitConvNd(Module):
@@ -89,6 +95,19 @@ class _BitConvNd(Module):
         # packs it through that reshape
         t = apply("ternarize", _traced(self.weight))
         g, o, k = self.groups, self.out_channels, int(rows.shape[-1]) // self.groups
+        if g == 1 and _is_input(self.weight):
+            # weights traced as inputs (a gradient, a training step: no constant to pack): the
+            # output straight in [N, out, *P] as a batched matmul W @ rows^T, no transpose
+            # after it. IREE fuses such a transpose into an f32 matmul and loses its
+            # data-tiled ukernel: 6x slower (bench/RESULTS.md)
+            if self.act_quant:
+                rows = apply("act_quant", rows)
+            rows = _t.reshape(rows, (-1, int(np.prod(out)), k))                     # [N, P, K]
+            y = _t.matmul(_t.reshape(t, (o, k)), rows, transpose_b=True)           # [N, out, P]
+            y = _t.reshape(y, (-1, o) + tuple(out))
+            if self.bias is not None:
+                y = y + _t.reshape(self.bias, (o,) + (1,) * self.nd)
+            return y
         if g == 1:
             if self.act_quant:
                 rows = apply("act_quant", rows)

@@ -27,6 +27,9 @@ from .conv import (Geometry, _aff, _check_input, _int_list, _np_pad, _np_type, _
                    _pad_input, _window)
 from .registry import OpDef, REQUIRED, register
 
+#: The discardable attribute that marks the im2col generic (its stride and dilation).
+PATCHES_ATTR = "tern.im2col"
+
 
 def im2col_geometry(x: TensorType, a: dict, opname="im2col") -> Geometry:
     nd = _check_input(x, opname, "x")
@@ -67,8 +70,15 @@ def _lower(ctx, op, xs):
     x_map = [_aff(0), _aff(c)] + [_aff(p[i]) * geo.stride[i] + _aff(k[i]) * geo.dilation[i]
                                   for i in range(nd)]
     out_t = op.results[0].type
-    return [ctx.generic([xp], [ir.AffineMap.get(n, 0, x_map)], out_t,
-                        ir.AffineMap.get_identity(n), [PARALLEL] * n, lambda v, _acc: v)]
+    y = ctx.generic([xp], [ir.AffineMap.get(n, 0, x_map)], out_t,
+                    ir.AffineMap.get_identity(n), [PARALLEL] * n, lambda v, _acc: v)
+    # the geometry, for a consumer that reads the patches from xp itself (the fused
+    # im2col + quantize dispatch of the avx ternary kernels: kernels/ternary/im2col_quant.py)
+    i64 = ir.IntegerType.get_signless(64)
+    y.owner.attributes[PATCHES_ATTR] = ir.DictAttr.get({
+        key: ir.ArrayAttr.get([ir.IntegerAttr.get(i64, int(v)) for v in vals])
+        for key, vals in (("stride", geo.stride), ("dilation", geo.dilation))})
+    return [y]
 
 
 def _vjp(b, op, cts):

@@ -19,16 +19,18 @@
       %zi8 = arith.constant dense<0> : vector<8xi32>
 %% endmacro
 {#
-  quantize_row: x[row, :] (x: %x, memref<?xKPxf32>) quantized into dst[dst_row, :] (i8) as
+  quantize_row: x[row, :] (x: %x, memref<?xKPxf32>, or memref<?xKXxf32> with `kx`, whose
+  columns %ckx bounds) quantized into dst[dst_row, :] (i8) as
   ternary_pack.act_quant does (roundeven(x * (127 / max(amax, eps))) clipped to +-127, in
   f32 and in that order, so the codes agree exactly); defines `sum` (the sum of the
   codes, i32) and `amc` (max(amax, eps): the codes times amc / 127 are x's
   approximation); `b` tags its other values.
 #}
-%% macro quantize_row(kp, b, row, dst, dst_row, dst_type, sum, amc)
+%% macro quantize_row(kp, b, row, dst, dst_row, dst_type, sum, amc, kx=none)
 %% set vf, vi, vb = "vector<8xf32>", "vector<8xi32>", "vector<8xi8>"
-%% set xt = "memref<?x%dxf32>" % kp
-          %amv{{ b }} = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zf8) -> ({{ vf }}) {
+%% set xt = "memref<?x%dxf32>" % (kp if kx is none else kx)
+%% set bound = "%ckp" if kx is none else "%ckx"
+          %amv{{ b }} = scf.for %k = %c0 to {{ bound }} step %c8 iter_args(%a = %zf8) -> ({{ vf }}) {
             %v = vector.load %x[{{ row }}, %k] : {{ xt }}, {{ vf }}
             %av = math.absf %v : {{ vf }}
             %an = arith.maximumf %a, %av : {{ vf }}
@@ -38,7 +40,7 @@
           {{ amc }} = arith.maximumf %amax{{ b }}, %eps : f32
           %qs{{ b }} = arith.divf %c127, {{ amc }} : f32
           %qsv{{ b }} = vector.broadcast %qs{{ b }} : f32 to {{ vf }}
-          %sxv{{ b }} = scf.for %k = %c0 to %ckp step %c8 iter_args(%a = %zi8) -> ({{ vi }}) {
+          %sxv{{ b }} = scf.for %k = %c0 to {{ bound }} step %c8 iter_args(%a = %zi8) -> ({{ vi }}) {
             %v = vector.load %x[{{ row }}, %k] : {{ xt }}, {{ vf }}
             %sc = arith.mulf %v, %qsv{{ b }} : {{ vf }}
             %rd = math.roundeven %sc : {{ vf }}

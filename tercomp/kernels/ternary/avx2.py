@@ -38,7 +38,8 @@ from iree.compiler.dialects import arith
 from ...ternary_pack import ACT_MAX
 from ...codegen.executables import dispatch, ensure_executable
 from ..template import render
-from .avx2_quant import quant_literals, quantized
+from . import im2col_quant
+from .avx2_quant import quant_literals, quantized, unpadded
 
 #: Output rows that share one pass over x.
 ROWS = 4
@@ -121,9 +122,11 @@ def emit_with(kern, prefix: str, text) -> ir.Value:
     ensure_executable(name, lambda: text(name, kern.n, kern.kb, offset, prequantized))
     m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
-    x = [kern.pad_k(kern.x)]
     if prequantized:
-        x = quantized(kern, x[0], m, dims)
+        x = im2col_quant.quantized(kern, m, dims) or quantized(
+            kern, kern.x if unpadded(kern) else kern.pad_k(kern.x), m, dims)
+    else:
+        x = [kern.pad_k(kern.x)]
     # the scale is an operand, not a constant of the executable: every layer of a shape
     # shares one executable
     wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))

@@ -28,19 +28,32 @@ def quant_literals() -> dict:
 QUANT_ROWS = 8
 
 
-def quantize_text(name: str, kb: int) -> str:
+def quantize_text(name: str, kb: int, kx: int | None = None) -> str:
     """The `stream.executable @name` (templates/ternary_avx2_quant.mlir) whose export
     quantizes x [M, 4 KB] f32 once for every matmul that reads it: q [M, 4 KB] i8 (the
     codes) and stats [M, 2] f32 (the codes' sum, exact in f32 below 2^24, and max(amax,
-    eps)), QUANT_ROWS rows a workgroup."""
-    return render("ternary_avx2_quant", name=name, kb=kb, rows=QUANT_ROWS, **quant_literals())
+    eps)), QUANT_ROWS rows a workgroup. `kx`: x is [M, kx] (kx < 4 KB, a multiple of 8),
+    the codes zero from column kx on."""
+    return render("ternary_avx2_quant", name=name, kb=kb, kx=kx, rows=QUANT_ROWS,
+                  **quant_literals())
+
+
+def unpadded(kern) -> bool:
+    """Whether the quantize dispatch reads x [M, K] unpadded (K below the packed 4 KB, a
+    multiple of 8) and writes the zero columns itself: no padded copy of x, which for a
+    convolution's patch rows (K = 576 of 768 for 3x3x64) cost a dispatch as long as
+    the quantization (bench/RESULTS.md)."""
+    return kern.k != kern.kp and kern.k % 8 == 0
 
 
 def quantized(kern, x: ir.Value, m: ir.Value, dims) -> list[ir.Value]:
     """[q, stats] of x from the quantize dispatch: the one already emitted for x in this
     block (matmuls that share an input, such as an attention block's q, k and v
-    projections, share its quantization), else a new one."""
-    qname = f"tern_avx2_quant_{kern.kb}"
+    projections, share its quantization), else a new one. x is [M, 4 KB], or [M, K]
+    where `unpadded(kern)`."""
+    kx = int(ir.RankedTensorType(x.type).get_dim_size(1))
+    kx = None if kx == 4 * kern.kb else kx
+    qname = f"tern_avx2_quant_{kern.kb}" + (f"_x{kx}" if kx is not None else "")
     callee = ir.ArrayAttr.get([ir.SymbolRefAttr.get([qname, qname])])
     block = ir.InsertionPoint.current.block
     for use in x.uses:
@@ -48,7 +61,7 @@ def quantized(kern, x: ir.Value, m: ir.Value, dims) -> list[ir.Value]:
         if (op.name == "flow.dispatch" and use.operand_number == 1      # after the workload
                 and op.attributes["entry_points"] == callee and op.block == block):
             return list(op.results)
-    ensure_executable(qname, lambda: quantize_text(qname, kern.kb))
+    ensure_executable(qname, lambda: quantize_text(qname, kern.kb, kx))
     return dispatch(qname, qname, [m], [x, m], dims,
                     [kern.ttype([4 * kern.kb], ir.IntegerType.get_signless(8)),
                      kern.ttype([2], kern.f32)], dims + dims)
