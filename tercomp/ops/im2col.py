@@ -23,12 +23,13 @@ from iree.compiler import ir
 
 from ..codegen.builders import PARALLEL
 from ..ir import TensorType, numpy_dtype
+# the attribute marking the im2col generic (its stride and dilation), defined beside the
+# kernel that reads it (kernels sit below ops)
+from ..kernels.ternary.im2col_quant import PATCHES_ATTR
 from .conv import (Geometry, _aff, _check_input, _int_list, _np_pad, _np_type, _np_window, _out_size,
                    _pad_input, _window)
 from .registry import OpDef, REQUIRED, register
 
-#: The discardable attribute that marks the im2col generic (its stride and dilation).
-PATCHES_ATTR = "tern.im2col"
 
 
 def im2col_geometry(x: TensorType, a: dict, opname="im2col") -> Geometry:

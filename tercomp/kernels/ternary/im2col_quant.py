@@ -29,6 +29,10 @@ LANES = 16
 #: IREE's 32 KiB default (3x3 at 512 channels: 18 KiB).
 MAX_K = 6144
 
+#: The discardable attribute that marks tern.im2col's generic lowering (ops/im2col.py
+#: writes it: its stride and dilation), which `patches_source` looks for.
+PATCHES_ATTR = "tern.im2col"
+
 
 def _owner(v: ir.Value):
     owner = v.owner
@@ -39,7 +43,6 @@ def patches_source(x: ir.Value):
     """(xp, (C, HP, WP), kernel, stride, dilation, out) where x [M, K] is the collapsed
     im2col generic of the padded input xp [N, C, *padded] (1-D convolutions as 2-D ones
     of height 1), else None."""
-    from ...ops.im2col import PATCHES_ATTR    # ops -> kernel table -> this module
     if not isinstance(x.owner, (ir.Operation, ir.OpView)) and not hasattr(x.owner, "name"):
         return None
     col = _owner(x)
