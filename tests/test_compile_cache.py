@@ -184,3 +184,35 @@ def test_compile_and_train_step_recompile_an_edited_model():
     assert (hit1, hit_t, hit2) == (False, False, True) and key1 == key2 != key_t
     assert net1 == net2 and abs(tanh - net1) > 1e-4
 
+
+
+def test_the_output_table_choice_is_remembered_by_the_bytes_it_was_made_from(monkeypatch,
+                                                                              tmp_path):
+    """compile_lm's "auto" output table: the probe runs once per (table, norm, tercomp)
+    and a cached compile reads its answer back; other bytes probe again, cache=False
+    always probes, and an unreadable memo is probed over."""
+    from tercomp import generate
+    from tercomp.nn import stored
+    monkeypatch.setenv("TERCOMP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(stored, "AUTO_INT8_MIN", 1)
+    calls = []
+    real = generate.choose_table
+    monkeypatch.setattr(generate, "choose_table", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((300, 64)).astype(np.float16)
+    norm = np.ones(64, np.float32)
+    first = generate._choose_table(w, norm, True)
+    again = generate._choose_table(w, norm, True)
+    assert len(calls) == 1 and first[0] == again[0] == real(w, norm)[0] and first[2] == again[2]
+    np.testing.assert_array_equal(first[1].values, again[1].values)
+    edited = w.copy()
+    edited[7, 3] += np.float16(0.5)
+    generate._choose_table(edited, norm, True)
+    generate._choose_table(w, norm * 2, True)
+    generate._choose_table(w, norm, False)
+    assert len(calls) == 4
+    memos = list((tmp_path / "output-table").iterdir())
+    assert len(memos) == 3          # w, the edited table, the other norm
+    for p in memos:
+        p.write_text("{not json")
+    assert generate._choose_table(w, norm, True)[0] == first[0] and len(calls) == 5
