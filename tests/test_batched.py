@@ -75,6 +75,32 @@ def test_slot_ops_on_vulkan():
                        ts=(1, 5), kv="float32")
 
 
+@pytest.mark.parametrize("kernel", ["cpu", "generic"])
+def test_slot_attention_with_a_window(kernel):
+    # a sliding-window layer's attention over slots: query t sees rows
+    # positions[t] - W + 1 .. positions[t] of its slot, as a float64 brute force computes
+    win = 5
+    def f(q, k, v, slots, pos):
+        return apply("slot_attention", q, k, v, slots, pos, scale=0.3, window=win, kernel=kernel)
+    m = tc.compile(f, tc.spec(("T", H, D), "float32"), tc.spec((N, S, KV, D), "float32"),
+                   tc.spec((N, S, KV, D), "float32"), tc.spec(("T",), "int32"),
+                   tc.spec(("T",), "int32"), cache=False)
+    q, k, v, _, slots, pos = _slot_case(9, seed=11, kv="float32")
+    g = H // KV
+    want = np.empty(q.shape)
+    for t, (b, p) in enumerate(zip(slots, pos)):
+        lo = max(0, p - win + 1)
+        kk = np.repeat(k[b, lo:p + 1].astype(np.float64), g, axis=1)
+        vv = np.repeat(v[b, lo:p + 1].astype(np.float64), g, axis=1)
+        sc = np.einsum("hd,shd->hs", q[t].astype(np.float64), kk) * 0.3
+        w = np.exp(sc - sc.max(-1, keepdims=True))
+        want[t] = np.einsum("hs,shd->hd", w / w.sum(-1, keepdims=True), vv)
+    ref = get("slot_attention").reference([q, k, v, slots, pos], {"scale": 0.3, "window": win})[0]
+    np.testing.assert_allclose(ref, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(m(q, k, v, slots, pos)), want, rtol=1e-5, atol=1e-5)
+    assert pos.max() >= win     # some query has rows outside its window
+
+
 def test_slot_attention_reads_only_its_slot_up_to_its_position():
     q, k, v, rows, slots, pos = _slot_case(4)
     ref = get("slot_attention").reference

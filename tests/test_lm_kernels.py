@@ -39,6 +39,56 @@ def test_cpu_attention_kernel_matches_reference(kv_dtype):
         np.testing.assert_allclose(exe(q, k, v, np.int32(start)), want, rtol=1e-5, atol=1e-5)
 
 
+def _windowed_attention(q, k, v, positions, scale, window):
+    """Brute force, float64: query t at positions[t] over rows max(0, p - window + 1)..p."""
+    g = q.shape[1] // k.shape[1]
+    out = np.empty(q.shape)
+    for t, p in enumerate(positions):
+        lo = max(0, p - window + 1)
+        kk = np.repeat(k[lo:p + 1].astype(np.float64), g, axis=1)
+        vv = np.repeat(v[lo:p + 1].astype(np.float64), g, axis=1)
+        sc = np.einsum("hd,shd->hs", q[t].astype(np.float64), kk) * scale
+        w = np.exp(sc - sc.max(-1, keepdims=True))
+        out[t] = np.einsum("hs,shd->hd", w / w.sum(-1, keepdims=True), vv)
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["cpu", "generic"])
+def test_sliding_window_attention_sees_only_the_window(kernel):
+    # a window of 300 over a 600-row cache: the cpu kernel's first chunk then starts
+    # off a 256-row chunk boundary; queries before, at and past the window's length
+    s, h, kv, d, win = 600, 4, 2, 16, 300
+    r = np.random.default_rng(5)
+    k = r.standard_normal((s, kv, d)).astype(np.float16)
+    v = r.standard_normal((s, kv, d)).astype(np.float16)
+
+    def attend(q, kc, vc, start):
+        return apply("cached_attention", q, kc, vc, start, scale=0.3, window=win, kernel=kernel)
+    specs = (tc.spec(("T", h, d)), tc.spec((s, kv, d), "float16"),
+             tc.spec((s, kv, d), "float16"), tc.spec((), "int32"))
+    exe = tc.compile(attend, *specs, cache=False)
+    graph = tc.trace(attend, *specs)
+    if kernel == "cpu":
+        run_filecheck(exe.ir("mlir"), """
+# CHECK: stream.executable private @tern_attention_4x2x16x600_f16_w300
+# CHECK: flow.dispatch @tern_attention_4x2x16x600_f16_w300
+""")
+    for t, start in ((1, 0), (1, 299), (1, 300), (3, 297), (1, 599), (40, 280)):
+        q = r.standard_normal((t, h, d)).astype(np.float32)
+        want = _windowed_attention(q, k, v, list(range(start, start + t)), 0.3, win)
+        np.testing.assert_allclose(tc.ops.interpret(graph, q, k, v, np.int32(start))[0], want,
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(exe(q, k, v, np.int32(start)), want, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_window_is_checked():
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(tc.TercompError, match="window must be a positive integer"):
+            tc.trace(lambda q, kc, start: apply("cached_attention", q, kc, kc, start, scale=1.0,
+                                                window=bad),
+                     tc.spec((1, 4, 8)), tc.spec((16, 2, 8)), tc.spec((), "int32"))
+
+
 def test_attention_kernel_is_checked():
     with pytest.raises(tc.TercompError, match="kernel must be one of generic, cpu"):
         tc.trace(lambda q, kc, start: apply("cached_attention", q, kc, kc, start, scale=1.0,

@@ -131,7 +131,7 @@ class Attention(nn.Module):
         k = apply_rope(k, cos, sin, self.rope_style)
         v = _norm(self.v_norm_in, x, self.v_proj).reshape(b, t, kv, d)
         if cache is not None:
-            out = cache.attend(q, k, v, scale=self.scale).reshape(b, t, h * d)
+            out = cache.attend(q, k, v, scale=self.scale, window=self.window).reshape(b, t, h * d)
             return self._out(out)
         # GQA without copies: the g query heads of a K/V head are stacked along the rows
         q = q.reshape(-1, t, kv, g, d).transpose((0, 2, 3, 1, 4)).reshape(-1, kv, g * t, d)
@@ -279,15 +279,7 @@ class BitNetLM(nn.Module):
             raise TraceError(f"BitNetLM expects token ids of shape [B, T], got {shape}")
         t = shape[1]
         c = self.config
-        sliding = c.layer_types is not None and "sliding_attention" in c.layer_types
         if cache is not None:
-            if sliding and cache.max_seq > c.sliding_window:
-                # the cached attention ops read every filled row; a window over the cache
-                # is not written yet, and below the window it changes nothing
-                raise UnsupportedError(f"a cache of {cache.max_seq} positions is longer than the "
-                                       f"model's sliding window of {c.sliding_window}, which "
-                                       f"cached attention does not apply yet",
-                                       hint=f"compile with max_seq <= {c.sliding_window}")
             pos = cache.positions(ids)
             tables = [tuple(_t.take(tab, pos, axis=0)
                             for tab in rope_tables(c, np.arange(cache.max_seq), local))

@@ -1,6 +1,8 @@
 """Writing a BitNetLM as GGUF (`save_gguf`): llama.cpp's `bitnet` architecture for a
-model with sub-norms, `llama` without, as TQ2_0; or bitnet.cpp's I2_S. The tensor names
-are gguf_io.py's tables (PROJECTIONS, NORMS), read and written alike.
+model with sub-norms, `llama` without, as TQ2_0; or bitnet.cpp's I2_S; the `qwen3` and
+`gemma3` families (BitNet's embedding models) as bitnet.cpp's embedding converter
+writes them. The tensor names are gguf_io.py's tables (PROJECTIONS, NORMS), read and
+written alike; a family's own keys come from its module (models/families).
 """
 from __future__ import annotations
 
@@ -47,6 +49,14 @@ def save_gguf(model: BitNetLM, path, ternary_type: str = "TQ2_0") -> None:
     `bitnet-b1.58` for relu2 (2B4T's graph) or `bitnet` for silu, f16 token embedding;
     every projection's input size must be a multiple of 128 (I2_S's block).
 
+    A `qwen3` / `gemma3` model (BitNet's embedding backbones) is written as bitnet.cpp's
+    utils/convert-bitnet-embedding-to-gguf.py writes it: arch `qwen3` / `gemma3`,
+    `attention.key_length` / `value_length`, `pooling_type`, the per-projection norms as
+    `blk.{i}.*_norm_in`, q/k norms, Gemma's norms (stored as 1 + w), tables and norms
+    F16 where F16 holds them exactly (else F32), projections I2_S or TQ2_0 with a
+    `.scale`; for Gemma3 also the keys that pin its graph (`attention.scale`,
+    `attention.sliding_window`, the per-layer `sliding_window_pattern`).
+
     The vocabulary is the loaded GGUF's, or the tokenizer's (BPE -> "gpt2", Unigram ->
     "llama"), or "no_vocab" (which llama.cpp refuses to load).
 
@@ -74,8 +84,11 @@ def save_gguf(model: BitNetLM, path, ternary_type: str = "TQ2_0") -> None:
 
 
 def _written_family(cfg):
-    """The family whose llama.cpp architecture computes this model: `bitnet` with the
-    sub-norms, `llama` without."""
+    """The family whose llama.cpp architecture computes this model: its own for a family
+    with its own keys (qwen3, gemma3), else `bitnet` with the sub-norms, `llama` without."""
+    own = families.by_name(cfg.family)
+    if own is not None and own.gguf_keys_out is not None:
+        return own
     return families.by_gguf_arch("bitnet" if cfg.sub_norms else "llama")
 
 
@@ -90,6 +103,9 @@ def _written_arch(cfg, family, ternary_type) -> str:
 def _check_writable(model, cfg, family, arch, ternary_type):
     """Refuse, before anything is written, a model the family's llama.cpp graph would
     compute differently."""
+    if family.unwritable is not None:
+        _check_backbone(model, cfg, family, ternary_type)
+        return
     if cfg.family in ("qwen3", "gemma3") or cfg.proj_norms or cfg.qk_norm or cfg.post_norms:
         raise UnsupportedError(f"save_gguf writes llama.cpp's 'bitnet' and 'llama' architectures; "
                                f"this {cfg.family!r} model (q/k norms, per-projection norms or "
@@ -126,11 +142,43 @@ def _check_writable(model, cfg, family, arch, ternary_type):
     if arch == "llama" and cfg.hidden_act != "silu":
         raise UnsupportedError(f"save_gguf: llama.cpp's 'llama' architecture computes silu; this "
                                f"model without sub-norms uses {cfg.hidden_act!r}")
+    _check_no_bias(model, arch)
+
+
+def _check_backbone(model, cfg, family, ternary_type):
+    why = family.unwritable(cfg, "gguf")
+    if why is not None:
+        raise UnsupportedError(f"save_gguf: llama.cpp's {family.gguf_arch!r} graph would compute "
+                               f"another network than this model: {why}",
+                               hint="keep the file it was loaded from")
+    if ternary_type == "I2_S":
+        narrow = sorted({k for k in (cfg.hidden_size, cfg.q_dim, cfg.intermediate_size)
+                         if k % tp.I2S_BLOCK})
+        if narrow:
+            raise UnsupportedError(f"save_gguf: I2_S stores rows of whole {tp.I2S_BLOCK}-weight "
+                                   f"blocks; this model has projections with {narrow[0]} inputs",
+                                   hint="save it with ternary_type='TQ2_0'")
+    _check_no_bias(model, family.gguf_arch)
+
+
+def _check_no_bias(model, arch):
     for i, layer in enumerate(model.layers):
         for g, (block, proj) in PROJECTIONS.items():
             if getattr(getattr(getattr(layer, block), proj), "bias", None) is not None:
                 raise UnsupportedError(f"save_gguf: layers.{i}.{block}.{proj} has a bias, which "
                                        f"the {arch!r} architecture does not have")
+
+
+def _f16_if_exact(x) -> np.ndarray:
+    """x as F16 where that holds every value (the converter's F16 tables and norms),
+    else F32 (the model's logits are kept either way); compared in bounded chunks."""
+    x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    flat = x.reshape(-1)
+    step = 1 << 20
+    if all(np.array_equal(flat[i:i + step].astype(np.float16).astype(np.float32),
+                          flat[i:i + step]) for i in range(0, flat.size, step)):
+        return x.astype(np.float16)
+    return x
 
 
 def _check_vocab(vocab: dict, path):
@@ -166,7 +214,10 @@ def _write(w, model, cfg, a, ternary_type):
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_rope_freq_base(float(cfg.rope_theta))
     w.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
+    if family.gguf_keys_out is not None:
+        for method, key, value in family.gguf_keys_out(cfg, a):
+            getattr(w, method)(key, value)
+    elif cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
     w.add_string(f"{a}.hidden_activation", cfg.hidden_act)
@@ -177,8 +228,11 @@ def _write(w, model, cfg, a, ternary_type):
     # f32 in a bitnet-architecture file (bitnet.cpp's quantizer writes f16, it reads
     # either): the file's logits are the model's
     table = f32 if family.gguf_arch == "bitnet" else (lambda x: f32(x).astype(np.float16))
+    norm = f32
+    if family.gguf_keys_out is not None:
+        table = norm = _f16_if_exact
     w.add_tensor("token_embd.weight", table(model.embed_tokens.weight))
-    w.add_tensor("output_norm.weight", f32(model.norm.weight))
+    w.add_tensor("output_norm.weight", norm(model.norm.weight))
     if model.lm_head is not None:
         w.add_tensor("output.weight", table(model.lm_head.weight))
     if a == "llama" and (cfg.rope_scaling is not None or cfg.rope_freq_factors is not None):
@@ -192,7 +246,7 @@ def _write(w, model, cfg, a, ternary_type):
         permute = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
     for i, layer in enumerate(model.layers):
         for g, path_ in _norms(cfg).items():
-            w.add_tensor(f"blk.{i}.{g}.weight", f32(_get(layer, path_).weight))
+            w.add_tensor(f"blk.{i}.{g}.weight", norm(_get(layer, path_).weight))
         for g, (block, proj) in PROJECTIONS.items():
             t, s = getattr(getattr(layer, block), proj).ternary()
             if g in permute:

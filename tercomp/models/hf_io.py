@@ -15,6 +15,11 @@ A projection is one of:
   is multiplied by weight_scale) whose values are ternary;
 - a plain float `weight`: an ordinary BitLinear, ternarized by absmean when compiled.
 
+The `qwen3` / `gemma3` families (BitNet's embedding models) add BitLinear's input norm
+of each projection (`*_proj.norm.weight`), q/k norms and Gemma's four layer norms
+(weights w of a (1 + w) norm), and a sentence-transformers Pooling module
+(modules.json, 1_Pooling/config.json) gives the pooling.
+
 Files are read with `safetensors.deserialize` (no pickle; BF16 is widened here, since
 NumPy has no bfloat16). `save_hf` writes the first form (packed codes + weight_scale,
 float32 tables and norms), which both transformers and `load_hf` read.
@@ -236,13 +241,17 @@ class _Tensors:
                                   f"config.json implies {list(shape)}")
         return arr
 
-    def float(self, name, shape, required=True):
+    def float(self, name, shape, required=True, offset: float = 0.0):
+        """The float tensor as float32 (plus `offset`, added in float64 and rounded once:
+        a float64 norm that save_hf wrote as w - 1 comes back as w exactly)."""
         arr = self.get(name, shape, required)
         if arr is None:
             return None
         if arr.dtype.kind != "f":
             raise CheckpointError(f"{self.t[name][1]}: tensor {name!r} has dtype {arr.dtype}; "
                                   f"expected a float tensor")
+        if offset:
+            return np.ascontiguousarray(np.asarray(arr, np.float64) + offset, dtype=np.float32)
         return np.ascontiguousarray(arr, dtype=np.float32)
 
     def projection(self, prefix, out_f, in_f):
@@ -370,8 +379,8 @@ def load_hf(directory) -> BitNetLM:
     h, ff = c.hidden_size, c.intermediate_size
     lm = BitNetLM(cfg, init=False)
     lm.embed_tokens.weight = ts.float("model.embed_tokens.weight", (c.vocab_size, h))
-    off = np.float32(family.hf_norm_offset)
-    lm.norm.weight = ts.float("model.norm.weight", (h,)) + off
+    off = float(family.hf_norm_offset)
+    lm.norm.weight = ts.float("model.norm.weight", (h,), offset=off)
     shapes = _projection_shapes(c)
     layer_norms = family.hf_layer_norms or _LLAMA_LAYER_NORMS
     for i, layer in enumerate(lm.layers):
@@ -380,11 +389,11 @@ def load_hf(directory) -> BitNetLM:
             owner = layer
             for a in path_[:-1]:
                 owner = getattr(owner, a)
-            getattr(owner, path_[-1]).weight = ts.float(f"{p}.{hf_name}.weight", (h,)) + off
+            getattr(owner, path_[-1]).weight = ts.float(f"{p}.{hf_name}.weight", (h,), offset=off)
         if c.qk_norm:
             for n in ("q_norm", "k_norm"):
                 getattr(layer.attn, n).weight = ts.float(f"{p}.self_attn.{n}.weight",
-                                                         (c.head_dim,)) + off
+                                                         (c.head_dim,), offset=off)
         if c.proj_norms:    # BitLinear's own RMSNorm: plain weights, never offset
             for hf_block, (block, projs) in _PROJ.items():
                 for proj in projs:
@@ -450,6 +459,8 @@ def _hf_config(model: BitNetLM) -> dict:
             "rope_theta", "hidden_act", "tie_word_embeddings", "max_position_embeddings")
     d = {"architectures": [family.hf_architectures[0]], "model_type": family.hf_model_types[0],
          **{k: getattr(cfg, k) for k in keep}}
+    if family.hf_config_out is not None:
+        d.update(family.hf_config_out(cfg))
     if cfg.rope_scaling is not None:
         d["rope_scaling"] = dict(cfg.rope_scaling)
     if cfg.rope_freq_factors is not None:       # a GGUF's rope_freqs: tercomp's own field
@@ -478,27 +489,56 @@ def save_hf(model: BitNetLM, directory) -> None:
     when the model has one. A model whose q/k rows follow llama.cpp's interleaved RoPE
     (loaded from a `llama` GGUF) is written in Hugging Face's rotate-half order.
 
+    A `qwen3` / `gemma3` model is written as `Qwen3ForCausalLM` / `Gemma3ForCausalLM`
+    (the family's config keys: layer types, window, `query_pre_attn_scalar`, ...) with
+    the same packed projections, each projection's input norm as
+    `*_proj.norm.weight`, the q/k norms, Gemma's norms as the w of its (1 + w) (float32,
+    or float64 where float32 would not give 1 + w back exactly), and, when the model
+    has a pooling, sentence-transformers' modules.json and 1_Pooling/config.json.
+
     >>> models.save_hf(lm, "out_dir"); lm2 = models.load("out_dir")
     """
     if not isinstance(model, BitNetLM):
         raise ConfigError(f"save_hf expects a models.BitNetLM, got {type(model).__name__}")
     cfg = model.config
-    if cfg.family in ("qwen3", "gemma3") or cfg.proj_norms or cfg.qk_norm or cfg.post_norms:
-        raise UnsupportedError(f"save_hf writes BitNet and llama-bitnet checkpoints; this "
-                               f"{cfg.family!r} model is not written yet",
+    family = families.by_name(cfg.family)
+    backbone = family is not None and family.unwritable is not None
+    if backbone:
+        why = family.unwritable(cfg, "hf")
+        if why is not None:
+            raise UnsupportedError(f"save_hf: transformers' {family.hf_architectures[0]} would "
+                                   f"compute another network than this model: {why}",
+                                   hint="keep the checkpoint it was loaded from")
+    elif cfg.family in ("qwen3", "gemma3") or cfg.proj_norms or cfg.qk_norm or cfg.post_norms:
+        raise UnsupportedError(f"save_hf: this {cfg.family!r} model has norms (per-projection, "
+                               f"q/k or Gemma's) that its family's checkpoints do not",
                                hint="keep the checkpoint it was loaded from")
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     f32 = lambda x: np.ascontiguousarray(np.asarray(x, dtype=np.float32))  # noqa: E731
+    off = family.hf_norm_offset if backbone else 0.0
+    norm = (lambda x: _offset_norm(x, off)) if off else f32     # noqa: E731
     st = {"model.embed_tokens.weight": f32(model.embed_tokens.weight),
-          "model.norm.weight": f32(model.norm.weight)}
+          "model.norm.weight": norm(model.norm.weight)}
     if model.lm_head is not None:
         st["lm_head.weight"] = f32(model.lm_head.weight)
     heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
+    layer_norms = (family.hf_layer_norms if backbone else ()) or _LLAMA_LAYER_NORMS
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}"
-        st[f"{p}.input_layernorm.weight"] = f32(layer.input_layernorm.weight)
-        st[f"{p}.post_attention_layernorm.weight"] = f32(layer.post_attention_layernorm.weight)
+        for hf_name, path_ in layer_norms:
+            owner = layer
+            for a in path_:
+                owner = getattr(owner, a)
+            st[f"{p}.{hf_name}.weight"] = norm(owner.weight)
+        if cfg.qk_norm:
+            for n in ("q_norm", "k_norm"):
+                st[f"{p}.self_attn.{n}.weight"] = norm(getattr(layer.attn, n).weight)
+        if cfg.proj_norms:      # BitLinear's own RMSNorm: plain weights
+            for hf_block, (block, projs) in _PROJ.items():
+                for proj in projs:
+                    st[f"{p}.{hf_block}.{proj}.norm.weight"] = f32(getattr(
+                        getattr(layer, block), proj.replace("_proj", "_norm_in")).weight)
         if cfg.sub_norms:
             st[f"{p}.self_attn.attn_sub_norm.weight"] = f32(layer.attn.attn_sub_norm.weight)
             st[f"{p}.mlp.ffn_sub_norm.weight"] = f32(layer.mlp.ffn_sub_norm.weight)
@@ -517,7 +557,39 @@ def save_hf(model: BitNetLM, directory) -> None:
                  safetensors_save(st, metadata={"format": "pt"}), "safetensors", CheckpointError)
     write_atomic(os.path.join(directory, "config.json"),
                  json.dumps(_hf_config(model), indent=2).encode(), "config", CheckpointError)
+    if cfg.pooling is not None:
+        _save_pooling(cfg, directory)
     _save_tokenizer(model.tokenizer, directory)
+
+
+def _offset_norm(w, off: float) -> np.ndarray:
+    """The checkpoint's w of a norm that multiplies by (off + w), from the stored off + w:
+    float32 where load_hf's float32(w + off) gives the stored weight back exactly, else
+    float64 (w - off is exact there)."""
+    stored = np.asarray(w, np.float32)
+    w64 = stored.astype(np.float64) - off
+    w32 = w64.astype(np.float32)
+    if np.array_equal((w32.astype(np.float64) + off).astype(np.float32), stored):
+        return np.ascontiguousarray(w32)
+    return np.ascontiguousarray(w64)
+
+
+def _save_pooling(cfg, directory):
+    """sentence-transformers' modules.json and 1_Pooling/config.json for cfg.pooling
+    (what _pooling reads)."""
+    mode = {v: k for k, v in _ST_POOLING.items()}[cfg.pooling]
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"}]
+    write_atomic(os.path.join(directory, "modules.json"), json.dumps(modules, indent=2).encode(),
+                 "modules", CheckpointError)
+    os.makedirs(os.path.join(directory, "1_Pooling"), exist_ok=True)
+    conf = {"word_embedding_dimension": cfg.hidden_size,
+            **{k: k == mode for k in ("pooling_mode_cls_token", "pooling_mode_mean_tokens",
+                                      "pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                                      "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")}}
+    write_atomic(os.path.join(directory, "1_Pooling", "config.json"),
+                 json.dumps(conf, indent=2).encode(), "pooling config", CheckpointError)
 
 
 def _save_tokenizer(tok, directory):

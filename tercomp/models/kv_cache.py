@@ -8,10 +8,12 @@ A decoder (models/bitnet.py) takes `cache=None` for the training / `tc.compile` 
     cache.max_seq                 rows of the cache per sequence (the rotary tables' length)
     cache.positions(ids)          absolute positions of the call's tokens, int32 [T]
                                   (ids [1, T]); the rotary tables are read at them
-    cache.layer(i).attend(q, k, v, scale)
+    cache.layer(i).attend(q, k, v, scale, window=None)
                                   writes this call's k, v [1, T, KV, D] of layer i into
                                   the cache and returns the causal attention of q
                                   [1, T, H, D] over every row filled so far [1, T, H, D]
+                                  (with `window` W, a sliding-window layer's: over the W
+                                  most recent rows up to each query's own position)
     cache.updated                 the written cache tensors, [k_0, v_0, k_1, v_1, ...],
                                   which the compiled step stores back (runtime/step_abi.py)
 
@@ -32,7 +34,7 @@ from ..tracing.tracer import apply
 
 
 class LayerCacheProtocol(Protocol):
-    def attend(self, q, k, v, scale: float): ...
+    def attend(self, q, k, v, scale: float, window: int | None = None): ...
 
 
 class KVCacheProtocol(Protocol):
@@ -77,8 +79,9 @@ class _LayerCache:
     def __init__(self, cache: KVCache, index: int):
         self.cache, self.index = cache, index
 
-    def attend(self, q, k, v, scale: float):
+    def attend(self, q, k, v, scale: float, window: int | None = None):
         c, i = self.cache, 2 * self.index
+        win = {} if window is None else {"window": int(window)}
         kv, d = k.shape[-2], k.shape[-1]
 
         def write(j, x):
@@ -90,7 +93,7 @@ class _LayerCache:
         c.updated[i], c.updated[i + 1] = kc, vc
         rows = q.reshape(-1, q.shape[-2], d)
         if c.slots is None:
-            out = apply("cached_attention", rows, kc, vc, c.start, scale=float(scale))
+            out = apply("cached_attention", rows, kc, vc, c.start, scale=float(scale), **win)
         else:
-            out = apply("slot_attention", rows, kc, vc, c.slots, c.pos, scale=float(scale))
+            out = apply("slot_attention", rows, kc, vc, c.slots, c.pos, scale=float(scale), **win)
         return out.reshape(*q.shape)

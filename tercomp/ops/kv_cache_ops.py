@@ -9,9 +9,10 @@ updated cache. The generation driver binds a step's cache inputs and outputs to 
   symbolic n is fine): the positions of a run of tokens.
 - `cache_write(cache [S, ...], rows [T, ...], start)`: the cache with rows
   start..start+T-1 replaced by `rows` (XLA's dynamic_update_slice along axis 0).
-- `cached_attention(q [T, H, D], k [S, KV, D], v [S, KV, D], start) {scale, kernel}`: causal
-  softmax attention of the T queries at absolute positions start..start+T-1 over the
-  cache rows 0..start+T-1 (query t sees rows 0..start+t). H must be a multiple of KV
+- `cached_attention(q [T, H, D], k [S, KV, D], v [S, KV, D], start) {scale, window, kernel}`:
+  causal softmax attention of the T queries at absolute positions start..start+T-1 over
+  the cache rows 0..start+T-1 (query t sees rows 0..start+t; with `window` W, a sliding
+  window layer's, only the W most recent of them, rows start+t-W+1..start+t). H must be a multiple of KV
   (grouped-query attention: query head h reads kv head h // (H / KV)). Only those
   start+T rows are read, so a decode step costs O(position), not O(S). `kernel` "cpu"
   (a module for llvm-cpu only; where it fits: D % 8 == 0, D <= 512, an f16 or f32
@@ -159,8 +160,25 @@ def _attn_infer(types, a):
     if not (is_static(h) and is_static(kv) and h % kv == 0 and q.shape[2] == k.shape[2]):
         raise TraceError(f"cached_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
                          "static multiple of the kv heads KV, and the head dims D equal")
+    check_window(a, "cached_attention")
     check_attr("cached_attention", types, a)
     return [q]
+
+
+def check_window(a: dict, opname: str):
+    """The `window` attribute: absent (None) or a positive int."""
+    w = a.get("window")
+    if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1):
+        raise TraceError(f"{opname}: window must be a positive integer (the rows a query "
+                         f"sees), got {w!r}")
+
+
+def window_allowed(keys, query_positions, window):
+    """[T, S] bool: key row s visible to the query at position p (s <= p, and with a
+    window W, s > p - W)."""
+    p = np.asarray(query_positions)[:, None]
+    ok = np.asarray(keys)[None, :] <= p
+    return ok if window is None else ok & (np.asarray(keys)[None, :] > p - int(window))
 
 
 
@@ -175,7 +193,7 @@ def _attn_ref(xs, a):
     kk = np.repeat(k[:n].astype(np.float64), g, axis=1)          # [n, H, D]
     vv = np.repeat(v[:n].astype(np.float64), g, axis=1)
     scores = np.einsum("thd,shd->hts", q.astype(np.float64), kk) * a["scale"]
-    allowed = np.arange(n)[None, :] <= (s0 + np.arange(t))[:, None]     # [t, n]
+    allowed = window_allowed(np.arange(n), s0 + np.arange(t), a.get("window"))   # [t, n]
     scores = np.where(allowed[None], scores, -np.inf)
     scores -= scores.max(-1, keepdims=True)
     p = np.exp(scores)
@@ -288,10 +306,17 @@ def _attn_lower(ctx, op, xs):
                       lambda x, y, acc: madd(x, widen(y), acc))
         neg_inf = scalar_const(float("-inf"), "f32")
 
+        window = op.attrs.get("window")
+
         def mask(x, _acc):
             ti = linalg.IndexOp(0).result
             si = linalg.IndexOp(3).result
-            ok = arith.CmpIOp(arith.CmpIPredicate.ule, si, arith.AddIOp(p, ti).result).result
+            pos = arith.AddIOp(p, ti).result
+            ok = arith.CmpIOp(arith.CmpIPredicate.ule, si, pos).result
+            if window is not None:      # s > pos - W, as s + W > pos (no negative index)
+                near = arith.CmpIOp(arith.CmpIPredicate.ugt,
+                                    arith.AddIOp(si, index_const(int(window))).result, pos).result
+                ok = arith.AndIOp(ok, near).result
             return arith.SelectOp(ok, arith.MulFOp(x, scale).result, neg_inf).result
         ident4 = "(t, c, g, s) -> (t, c, g, s)"
         scores = _generic([dot], [ident4, ident4], _empty(tkgs), [PARALLEL] * 4, mask)
@@ -317,9 +342,10 @@ def _attn_lower(ctx, op, xs):
 
 
 register(OpDef("cached_attention", "cache", _attn_infer, _attn_ref, num_operands=4,
-               attrs={"scale": REQUIRED, "kernel": "generic"}, lower=_attn_lower, differentiable=False,
-               nondiff_operands=(0, 1, 2, 3),
-               doc="causal attention of q at positions start.. over cache rows 0..start+T-1"))
+               attrs={"scale": REQUIRED, "window": None, "kernel": "generic"}, lower=_attn_lower,
+               differentiable=False, nondiff_operands=(0, 1, 2, 3),
+               doc="causal attention of q at positions start.. over cache rows 0..start+T-1 "
+                   "(the `window` most recent of them, if given)"))
 
 
 # -- rope ----------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ prompt; the "ragged batch" of vLLM's attention backends).
   updated in place in a global: measured 0.03 ms for a row of a 64 MiB cache). The
   pairs must be distinct.
 - `slot_attention(q [T, H, D], k [N, S, KV, D], v, slots [T], positions [T]) {scale,
-  kernel}`: causal softmax attention of query t over the rows 0..positions[t] of its
-  slot slots[t] (which this call's kv_scatter has written up to positions[t]).
+  window, kernel}`: causal softmax attention of query t over the rows 0..positions[t] of
+  its slot slots[t] (which this call's kv_scatter has written up to positions[t]); with
+  `window` W only the W most recent of them (a sliding-window layer).
   Grouped-query as cached_attention (ops/kv_cache_ops.py). `kernel` "cpu" (the kernel
   table's row, where it fits as cached_attention's) is the hand-written dispatch of
   kernels/attention/attention_cpu.py (rows past a query's position are never read);
@@ -30,7 +31,8 @@ from ..codegen.builders import PARALLEL, REDUCTION, elem_type, index_const, scal
 from ..errors import TraceError
 from ..ir import TensorType, is_static
 from ..ir.types import is_float
-from .kv_cache_ops import _empty, _filled, _fmt, _generic, _normalized, _softmax_parts
+from .kv_cache_ops import (_empty, _filled, _fmt, _generic, _normalized, _softmax_parts,
+                           check_window)
 from .registry import OpDef, REQUIRED, register
 from .shape_util import same_dim
 
@@ -117,6 +119,7 @@ def _attn_infer(types, a):
         raise TraceError(f"slot_attention: q {_fmt(q)} and k {_fmt(k)}: the heads H must be a "
                          "static multiple of the kv heads KV, and the head dims D equal")
     _check_index([slots, positions], "slot_attention", q.shape[0])
+    check_window(a, "slot_attention")
     check_attr("slot_attention", types, a)
     return [q]
 
@@ -125,10 +128,12 @@ def _attn_ref(xs, a):
     q, k, v, slots, positions = xs
     _check_rows(k, slots, positions, "slot_attention")
     g = q.shape[1] // k.shape[2]
+    win = a.get("window")
     out = np.empty(q.shape, q.dtype)
     for t, (b, p) in enumerate(zip(slots.tolist(), positions.tolist())):
-        kk = np.repeat(k[b, :p + 1].astype(np.float64), g, axis=1)       # [p+1, H, D]
-        vv = np.repeat(v[b, :p + 1].astype(np.float64), g, axis=1)
+        lo = 0 if win is None else max(0, p + 1 - int(win))
+        kk = np.repeat(k[b, lo:p + 1].astype(np.float64), g, axis=1)      # [rows, H, D]
+        vv = np.repeat(v[b, lo:p + 1].astype(np.float64), g, axis=1)
         s = np.einsum("hd,shd->hs", q[t].astype(np.float64), kk) * a["scale"]
         w = np.exp(s - s.max(-1, keepdims=True))
         w /= w.sum(-1, keepdims=True)
@@ -140,10 +145,11 @@ def _attn_lower(ctx, op, xs):
     q, k, v, slots, positions = xs
     qt, kt = op.operands[0].type, op.operands[1].type
     t = value_dim(q, 0)
-    return [_generic_attention(q, k, v, slots, positions, t, qt, kt, float(op.attrs["scale"]))]
+    return [_generic_attention(q, k, v, slots, positions, t, qt, kt, float(op.attrs["scale"]),
+                               op.attrs.get("window"))]
 
 
-def _generic_attention(q, k, v, slots, positions, t, qt, kt, scale):
+def _generic_attention(q, k, v, slots, positions, t, qt, kt, scale, window=None):
     """linalg: every query over all S rows of its slot (gathered with tensor.extract in
     the loop bodies), rows past its position masked; the heads as (kv head, group
     member), row statistics laid out [T, KV, G] (see ops/kv_cache_ops.py for why)."""
@@ -179,6 +185,10 @@ def _generic_attention(q, k, v, slots, positions, t, qt, kt, scale):
     def mask(x, p, _acc):
         si = arith.IndexCastOp(i32, linalg.IndexOp(3).result).result
         ok = arith.CmpIOp(arith.CmpIPredicate.sle, si, p).result
+        if window is not None:      # s > p - W, as s + W > p
+            w = arith.ConstantOp(i32, int(window)).result
+            near = arith.CmpIOp(arith.CmpIPredicate.sgt, arith.AddIOp(si, w).result, p).result
+            ok = arith.AndIOp(ok, near).result
         return arith.SelectOp(ok, arith.MulFOp(x, scale_v).result, neg_inf).result
     ident4 = "(t, c, g, s) -> (t, c, g, s)"
     scores = _generic([dot, positions], [ident4, "(t, c, g, s) -> (t)", ident4], _empty(tkgs),
@@ -192,6 +202,7 @@ def _generic_attention(q, k, v, slots, positions, t, qt, kt, scale):
 
 
 register(OpDef("slot_attention", "cache", _attn_infer, _attn_ref, num_operands=5,
-               attrs={"scale": REQUIRED, "kernel": "generic"}, lower=_attn_lower,
+               attrs={"scale": REQUIRED, "window": None, "kernel": "generic"}, lower=_attn_lower,
                differentiable=False, nondiff_operands=(0, 1, 2, 3, 4),
-               doc="causal attention of query t over rows 0..positions[t] of cache slot slots[t]"))
+               doc="causal attention of query t over rows 0..positions[t] of cache slot slots[t] "
+                   "(the `window` most recent of them, if given)"))

@@ -35,31 +35,38 @@ def fits(head_dim: int, kv_dtype: str) -> bool:
 
 
 def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: str,
-                    slots: int = 0) -> str:
+                    slots: int = 0, window: int = 0) -> str:
     """`stream.executable @name` (templates/attention.mlir): (q [T, H, D] f32, k, v
     [S, KV, D] kel, scale: f32, start: index, T: index) -> out [T, H, D] f32; with
     `slots` = N > 0 (the batched cache of ops/kv_slots.py) the caches are [N, S, KV, D]
     and `start` is replaced by two i32 [T] bindings: query t reads rows 0..positions[t]
-    of slot slots[t].
+    of slot slots[t]; with `window` = W > 0 a query reads only the W most recent of its
+    rows (a sliding-window layer: the rows before are never loaded).
 
     Written on 8-lane vectors with the D/8 lanes of a row unrolled (IREE's codegen of
     one D-wide vector spilled it lane by lane): q's row stays in registers for the dot
     products; exp runs 8 scores at a time over the chunk buffer; the weighted sum of V
     rows keeps one 8-lane accumulator per pass over the chunk's rows."""
     return render("attention", name=name, heads=heads, kv_heads=kv_heads, d=d, s=s, kel=kel,
-                  slots=slots, chunk=CHUNK)
+                  slots=slots, chunk=CHUNK, window=int(window or 0))
+
+
+def _suffix(window) -> str:
+    return f"_w{int(window)}" if window else ""
 
 
 def emit(q: ir.Value, k: ir.Value, v: ir.Value, start: ir.Value, t: ir.Value,
-         scale: float) -> ir.Value:
+         scale: float, window: int | None = None) -> ir.Value:
     """out [T, H, D] f32 for q tensor<? x H x D x f32> (T = the index value `t`), the caches
-    k, v tensor<S x KV x D x f16|f32> and the index value `start`."""
+    k, v tensor<S x KV x D x f16|f32> and the index value `start` (`window`: the rows a
+    query sees, None for all)."""
     qt, kt = ir.RankedTensorType(q.type), ir.RankedTensorType(k.type)
     heads, d = qt.get_dim_size(1), qt.get_dim_size(2)
     s, kv_heads = kt.get_dim_size(0), kt.get_dim_size(1)
     kel = str(kt.element_type)
-    name = f"tern_attention_{heads}x{kv_heads}x{d}x{s}_{kel}"
-    ensure_executable(name, lambda: executable_text(name, heads, kv_heads, d, s, kel))
+    name = f"tern_attention_{heads}x{kv_heads}x{d}x{s}_{kel}{_suffix(window)}"
+    ensure_executable(name, lambda: executable_text(name, heads, kv_heads, d, s, kel,
+                                                    window=window))
     dynamic = qt.is_dynamic_dim(0)
     dims = [t] if dynamic else []
     scale_v = arith.constant(ir.F32Type.get(), float(scale))
@@ -67,7 +74,7 @@ def emit(q: ir.Value, k: ir.Value, v: ir.Value, start: ir.Value, t: ir.Value,
 
 
 def emit_slots(q: ir.Value, k: ir.Value, v: ir.Value, slots: ir.Value, positions: ir.Value,
-               t: ir.Value, scale: float) -> ir.Value:
+               t: ir.Value, scale: float, window: int | None = None) -> ir.Value:
     """out [T, H, D] f32 for q tensor<? x H x D x f32>, the slot caches k, v
     tensor<N x S x KV x D x f16|f32> and the i32 [T] tensors `slots` and `positions`
     (ops/kv_slots.py's slot_attention)."""
@@ -75,8 +82,9 @@ def emit_slots(q: ir.Value, k: ir.Value, v: ir.Value, slots: ir.Value, positions
     heads, d = qt.get_dim_size(1), qt.get_dim_size(2)
     n, s, kv_heads = kt.get_dim_size(0), kt.get_dim_size(1), kt.get_dim_size(2)
     kel = str(kt.element_type)
-    name = f"tern_slot_attention_{heads}x{kv_heads}x{d}x{n}x{s}_{kel}"
-    ensure_executable(name, lambda: executable_text(name, heads, kv_heads, d, s, kel, slots=n))
+    name = f"tern_slot_attention_{heads}x{kv_heads}x{d}x{n}x{s}_{kel}{_suffix(window)}"
+    ensure_executable(name, lambda: executable_text(name, heads, kv_heads, d, s, kel, slots=n,
+                                                    window=window))
     dims = [t] if qt.is_dynamic_dim(0) else []
     idx_dims = [t] if ir.RankedTensorType(slots.type).is_dynamic_dim(0) else []
     scale_v = arith.constant(ir.F32Type.get(), float(scale))
@@ -93,10 +101,11 @@ def emit_cached(ctx, op, xs) -> list:
     t = None if is_static(t0) else value_dim(q, 0)
     p = scalar_index(start)
     t = index_const(int(t0)) if t is None else t
-    return [emit(q, k, v, p, t, float(op.attrs["scale"]))]
+    return [emit(q, k, v, p, t, float(op.attrs["scale"]), op.attrs.get("window"))]
 
 
 def emit_slot(ctx, op, xs) -> list:
     """The kernel table's slot_attention "cpu" row: `emit_slots`."""
     q, k, v, slots, positions = xs
-    return [emit_slots(q, k, v, slots, positions, value_dim(q, 0), float(op.attrs["scale"]))]
+    return [emit_slots(q, k, v, slots, positions, value_dim(q, 0), float(op.attrs["scale"]),
+                       op.attrs.get("window"))]

@@ -1,8 +1,10 @@
-{# params: name, heads, kv_heads, d, s, kel, slots, chunk #}
+{# params: name, heads, kv_heads, d, s, kel, slots, chunk, window #}
 {#
   (q [T, H, D] f32, k, v [S, KV, D] kel, scale: f32, start: index, T: index) ->
   out [T, H, D] f32; with `slots` = N > 0 the caches are [N, S, KV, D] and `start` is
   replaced by two i32 [T] bindings: query t reads rows 0..positions[t] of slot slots[t].
+  With `window` = W > 0 (a sliding-window layer) a query reads only the W most recent
+  of its rows: the chunks start at row max(0, last + 1 - W).
   One workgroup per query head; an online softmax over chunks of `chunk` cache rows,
   whose scores live in a stack buffer. Written on 8-lane vectors with the D/8 lanes of
   a row unrolled (D % 8 == 0).
@@ -66,7 +68,13 @@
         %last = arith.addi %p, %t : index
 %% endif
         %n = arith.addi %last, %c1 : index
-        %res:2 = scf.for %cs = %c0 to %n step %cchunk
+%% if window
+        %cwin = arith.constant {{ window }} : index
+        %wide = arith.cmpi ugt, %n, %cwin : index
+        %nw = arith.subi %n, %cwin : index
+        %first = arith.select %wide, %nw, %c0 : index
+%% endif
+        %res:2 = scf.for %cs = {{ "%first" if window else "%c0" }} to %n step %cchunk
             iter_args(%mx = %ninf, %l = %zero) -> (f32, f32) {
           %ceu = arith.addi %cs, %cchunk : index
           %ce = arith.minui %ceu, %n : index

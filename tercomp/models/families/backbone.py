@@ -73,6 +73,28 @@ def gguf_pooling(field, arch: str) -> dict:
     return {"pooling": GGUF_POOLING[v]}
 
 
+def unwritable(cfg, act: str, **options) -> str | None:
+    """Why a Qwen3 / Gemma3 file could not hold this config (its graph fixes the
+    activation `act`, the decoder `options`, unscaled RoPE on rotate-half pairs), or None."""
+    fixed = {"hidden_act": act, "sub_norms": False, "rope_style": "neox",
+             "rope_scaling": None, "rope_freq_factors": None, **options}
+    for k, want in fixed.items():
+        if getattr(cfg, k) != want:
+            return f"{k} is {getattr(cfg, k)!r}, where the {cfg.family} graph has {want!r}"
+    return None
+
+
+def gguf_keys_out(cfg, arch: str) -> list:
+    """The keys bitnet.cpp's embedding converter writes for both families: head_dim as
+    key/value length, the pooling type."""
+    keys = [("add_uint32", f"{arch}.attention.key_length", cfg.head_dim),
+            ("add_uint32", f"{arch}.attention.value_length", cfg.head_dim)]
+    if cfg.pooling is not None:
+        code = {v: k for k, v in GGUF_POOLING.items()}[cfg.pooling]
+        keys.append(("add_uint32", f"{arch}.pooling_type", code))
+    return keys
+
+
 def gguf_causal(field, arch: str) -> None:
     if field(f"{arch}.attention.causal", True) is False:
         raise ConfigError(f"key '{arch}.attention.causal': bidirectional attention is not "

@@ -53,6 +53,15 @@ class Family:
     #: the config must say it is ternary (quantization_config "bitnet") or the checkpoint
     #: carry BitLinear's per-projection norms: the architecture is a float model's too
     hf_needs_ternary_marker: bool = False
+    # -- writing (save_gguf / save_hf) the families whose converters write more keys ----
+    #: f(config, fmt) -> the reason the family's graph in a `fmt` ("gguf": llama.cpp's,
+    #: "hf": transformers') would compute another network than this config's, or None
+    #: (save_gguf / save_hf refuse with it)
+    unwritable: Callable | None = None
+    #: f(config, arch) -> [(gguf-py writer method, key, value)]: the family's own GGUF keys
+    gguf_keys_out: Callable | None = None
+    #: f(config) -> config.json keys beyond the common ones (hf_config's inverse)
+    hf_config_out: Callable | None = None
 
     def gguf_activation(self, tokenizer_pre, arch=None) -> str:
         """The activation of a GGUF of this family (architecture `arch`) without an

@@ -84,12 +84,47 @@ def _gguf_config(field, arch: str) -> dict:
     return out
 
 
+def _unwritable(cfg, fmt: str) -> str | None:
+    sliding = cfg.layer_types is not None and "sliding_attention" in cfg.layer_types
+    if fmt == "gguf" and sliding and cfg.rope_local_base_freq != _GGUF_SWA_ROPE_BASE:
+        return (f"its sliding layers' RoPE base is {cfg.rope_local_base_freq}, where "
+                f"llama.cpp's gemma3 graph has {_GGUF_SWA_ROPE_BASE}")
+    return backbone.unwritable(cfg, "gelu_pytorch_tanh", qk_norm=True, post_norms=True,
+                               scale_embeddings=True)
+
+
+def _gguf_keys_out(cfg, arch: str) -> list:
+    """The converter's keys, and those that say what this model's graph is where
+    llama.cpp's defaults would say otherwise: the attention scale, the window and each
+    layer's type (true = sliding; all false without sliding layers)."""
+    types = cfg.layer_types or ("full_attention",) * cfg.num_hidden_layers
+    keys = backbone.gguf_keys_out(cfg, arch) + [
+        ("add_float32", f"{arch}.attention.scale", cfg.attention_scale),
+        ("add_array", f"{arch}.attention.sliding_window_pattern",
+         [t == "sliding_attention" for t in types])]
+    if cfg.sliding_window is not None and "sliding_attention" in types:
+        keys.append(("add_uint32", f"{arch}.attention.sliding_window", cfg.sliding_window))
+    return keys
+
+
+def _hf_config_out(cfg) -> dict:
+    """Gemma3TextConfig's keys (hidden_activation, the window, every layer's type)."""
+    types = cfg.layer_types or ("full_attention",) * cfg.num_hidden_layers
+    return {"hidden_activation": cfg.hidden_act, "layer_types": list(types),
+            "sliding_window": cfg.sliding_window if "sliding_attention" in types else None,
+            "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.head_dim,
+            "rope_local_base_freq": cfg.rope_local_base_freq or cfg.rope_theta,
+            "final_logit_softcapping": None, "attn_logit_softcapping": None}
+
+
 FAMILY = Family(name="gemma3", gguf_arch="gemma3",
                 hf_architectures=("Gemma3ForCausalLM", "Gemma3TextModel"),
                 hf_model_types=("gemma3_text",), sub_norms=False, gguf_rope_style="neox",
                 options=(("qk_norm", True), ("post_norms", True), ("scale_embeddings", True)),
                 hf_config=_hf_config, gguf_config=_gguf_config, hf_norm_offset=1.0,
                 gguf_default_act="gelu_pytorch_tanh", hf_needs_ternary_marker=True,
+                unwritable=_unwritable, gguf_keys_out=_gguf_keys_out,
+                hf_config_out=_hf_config_out,
                 hf_layer_norms=(("input_layernorm", ("input_layernorm",)),
                                 ("pre_feedforward_layernorm", ("post_attention_layernorm",)),
                                 ("post_attention_layernorm", ("attn_post_norm",)),

@@ -22,6 +22,20 @@ def _hf_config(d: dict, source: str) -> dict:
     return {**backbone.common(d), **backbone.rope(d, source)}
 
 
+def _unwritable(cfg, fmt: str) -> str | None:
+    if cfg.layer_types is not None and "sliding_attention" in cfg.layer_types:
+        return "it has sliding-window layers"
+    if cfg.query_pre_attn_scalar is not None:
+        return "its attention scale is not head_dim**-0.5"
+    return backbone.unwritable(cfg, "silu", qk_norm=True, post_norms=False,
+                               scale_embeddings=False)
+
+
+def _hf_config_out(cfg) -> dict:
+    return {"use_sliding_window": False, "sliding_window": None,
+            "layer_types": ["full_attention"] * cfg.num_hidden_layers}
+
+
 def _gguf_config(field, arch: str) -> dict:
     backbone.gguf_causal(field, arch)
     return backbone.gguf_pooling(field, arch)
@@ -30,4 +44,6 @@ def _gguf_config(field, arch: str) -> dict:
 FAMILY = Family(name="qwen3", gguf_arch="qwen3", hf_architectures=("Qwen3ForCausalLM",
                 "Qwen3Model"), hf_model_types=("qwen3",), sub_norms=False,
                 gguf_rope_style="neox", options=(("qk_norm", True),), hf_config=_hf_config,
-                gguf_config=_gguf_config, hf_needs_ternary_marker=True)
+                gguf_config=_gguf_config, hf_needs_ternary_marker=True,
+                unwritable=_unwritable, gguf_keys_out=backbone.gguf_keys_out,
+                hf_config_out=_hf_config_out)
