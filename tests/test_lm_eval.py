@@ -3,8 +3,8 @@
 `tercomp serve` process on 127.0.0.1: a log-likelihood task (multiple choice) and a
 generate_until task, from small local task files. The harness must complete, its
 log-likelihoods must be the server's own scores of the same texts, and its generations
-the server's greedy answers. Skipped where lm_eval is not installed (the `test` extra
-installs it: `lm-eval[api]`, no torch)."""
+the server's greedy answers. Skipped where lm_eval is not installed (the `eval` extra
+installs it: `pip install -e '.[test,eval]'`, `lm-eval[api]`, no torch)."""
 import importlib.util
 import json
 import os
