@@ -276,12 +276,13 @@ def fmt_ms(s: float) -> str:
     return "-" if math.isnan(s) else f"{s * 1e3:.0f}"
 
 
-def format_sweep(rows: dict, ours: str = "tercomp serve") -> str:
+def format_sweep(rows: dict) -> str:
     """The sweep's table: for each client count, every server's aggregate generated
     tokens/s, time to first token (p50, p99) and inter-token latency (p50, p99) in ms,
-    and the requests that failed or came back short; then `ours` over the strongest
-    peer at that count (the most tokens/s): tokens/s (higher is better) and each latency
-    (lower is better). `rows` maps a server's name to {clients: summary()}.
+    and the requests that failed or came back short; then each of ours (a name that
+    starts with "tercomp") over the strongest peer at that count (the most tokens/s):
+    tokens/s (higher is better) and each latency (lower is better). `rows` maps a
+    server's name to {clients: summary()}.
 
     >>> s = dict(tokens_per_s=100.0, ttft_p50_s=0.1, ttft_p99_s=0.2, itl_p50_s=0.01,
     ...          itl_p99_s=0.03, errors=0, short=0, ok=4)
@@ -295,8 +296,9 @@ def format_sweep(rows: dict, ours: str = "tercomp serve") -> str:
           4  tercomp serve / ik     2.00x     1.00x     1.00x    1.00x    0.50x
     """
     levels = sorted({c for r in rows.values() for c in r})
-    peers_ = [n for n in rows if n != ours]
-    width = max([16] + [len(n) for n in rows] + [len(f"{ours} / {p}") for p in peers_])
+    ours = [n for n in rows if n.startswith("tercomp")]
+    peers_ = [n for n in rows if n not in ours]
+    width = max([16] + [len(n) for n in rows] + [len(f"{o} / {p}") for o in ours for p in peers_])
     keys = ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")
     lines = [(f"clients  {'server':{width}}  {'tok/s':>6}  TTFT p50  TTFT p99  ITL p50  "
               "ITL p99  ok/short/failed")]
@@ -310,13 +312,15 @@ def format_sweep(rows: dict, ours: str = "tercomp serve") -> str:
                          f"{fmt_ms(s['itl_p50_s']):>7}  {fmt_ms(s['itl_p99_s']):>7}  "
                          f"{str(s['ok']) + '/' + str(s['short']) + '/' + str(s['errors']):>15}")
         have = [p for p in peers_ if c in rows[p] and rows[p][c]["tokens_per_s"] > 0]
-        if c in rows.get(ours, {}) and have:
-            best = max(have, key=lambda p: rows[p][c]["tokens_per_s"])
-            o, p = rows[ours][c], rows[best][c]
+        best = max(have, key=lambda p: rows[p][c]["tokens_per_s"]) if have else None
+        for n in ours:
+            if best is None or c not in rows[n]:
+                continue
+            o, p = rows[n][c], rows[best][c]
 
             def ratio(k, w, o=o, p=p):
                 return f"{o[k] / p[k]:.2f}x".rjust(w) if p[k] > 0 else "-".rjust(w)
-            lines.append(f"{c:7d}  {ours + ' / ' + best:{width}}  {ratio('tokens_per_s', 6)}  "
+            lines.append(f"{c:7d}  {n + ' / ' + best:{width}}  {ratio('tokens_per_s', 6)}  "
                          + "  ".join(ratio(k, w) for k, w in zip(keys, (8, 8, 7, 7))))
     return "\n".join(lines)
 
@@ -363,6 +367,9 @@ def parse_args(argv=None):
                        help=f"--sweep: {name}'s build (llama-server, llama-quantize), made "
                             f"outside this repository")
     p.add_argument("--no-tercomp", action="store_true", help="--sweep: the peers alone")
+    p.add_argument("--step-tokens", default="default", metavar="LIST",
+                   help="--sweep: tercomp serve's --step-tokens, comma-separated, one "
+                        "tercomp row each; `default`: without the option (default: default)")
     p.add_argument("--dir", help="--sweep: where the GGUFs and logs go (default: a temporary "
                    "directory, removed at the end unless --keep)")
     p.add_argument("--keep", action="store_true", help="--sweep: keep the default directory "
@@ -410,6 +417,13 @@ def parse_args(argv=None):
         if a.system + a.prompt[1] + a.gen > a.max_seq:
             p.error(f"--max-seq {a.max_seq} holds no system prompt of {a.system}, a user part "
                     f"of up to {a.prompt[1]} and {a.gen} generated tokens")
+    try:
+        a.step_tokens = [None if t.strip() == "default" else int(t) for t in a.step_tokens.split(",")]
+    except ValueError:
+        p.error(f"--step-tokens: {a.step_tokens!r} is not a comma-separated list of token "
+                f"counts and `default`")
+    if any(t is not None and t < 1 for t in a.step_tokens):
+        p.error(f"--step-tokens: token counts must be >= 1, got {a.step_tokens}")
     big = a.sweep is not None
     for k, small, large in (("hidden", 512, 1536), ("layers", 4, 24), ("vocab", 1024, 32002)):
         if getattr(a, k) is None:
@@ -454,7 +468,9 @@ def sweep(a, lm) -> int:
     # field) so that every request generates --gen tokens, llama-server's prompt cache
     # on (tercomp ignores the field), the usage chunk asked for
     extra = {"ignore_eos": True, "cache_prompt": True, "stream_options": {"include_usage": True}}
-    servers = {} if a.no_tercomp else {"tercomp serve": None}
+    servers = {}
+    for t in [] if a.no_tercomp else a.step_tokens:
+        servers["tercomp serve" + ("" if t is None else f" --step-tokens {t}")] = t
     for name, path in files.items():
         servers[f"{name} llama-server"] = (name, path)
     print(f"CPU: {machine.cpu()}; {machine.load()} before the run")
@@ -465,12 +481,13 @@ def sweep(a, lm) -> int:
     rows, failed = {}, False
     for label, peer in servers.items():
         port = free_port()
-        log = os.path.join(a.dir, f"{label.split()[0]}-server.log")
+        log = os.path.join(a.dir, label.replace(" ", "").replace("-", "_") + ".log")
         try:
-            if peer is None:
+            if not isinstance(peer, tuple):             # tercomp serve, peer its step_tokens
                 proc = start_server(a.model, port, [
                     "--max-batch", str(a.max_batch), "--max-seq", str(a.max_seq),
-                    "--threads", str(a.threads), "--max-queue", str(4 * max(a.sweep))],
+                    "--threads", str(a.threads), "--max-queue", str(4 * max(a.sweep)),
+                    *([] if peer is None else ["--step-tokens", str(peer)])],
                     log=log, timeout=a.start_timeout)
             else:
                 name, path = peer

@@ -123,6 +123,8 @@ def test_options_with_a_peer_sweep_the_700m_shape(tmp_path):
     assert (a.hidden, a.ffn, a.layers, a.heads, a.vocab, a.threads) == \
         (1536, 4096, 24, 16, 32002, 2)
     assert bench.parse_args(["--sweep", "2,3"]).sweep == [2, 3]
+    assert a.step_tokens == [None]
+    assert bench.parse_args(["--sweep", "1", "--step-tokens", "default,16"]).step_tokens == [None, 16]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -132,6 +134,8 @@ def test_options_with_a_peer_sweep_the_700m_shape(tmp_path):
     (["--sweep", "1", "--url", "http://127.0.0.1:1/v1"], "not with --url"),
     (["--prompt", "9,3"], "--prompt: '9,3' needs 0 <= MIN <= MAX"),
     (["--no-tercomp", "--sweep", "1"], "give a peer"),
+    (["--sweep", "1", "--step-tokens", "default,x"], "--step-tokens: 'default,x' is not"),
+    (["--sweep", "1", "--step-tokens", "0"], "token counts must be >= 1"),
 ])
 def test_bad_options_say_what_is_wrong(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -162,6 +166,23 @@ def test_llama_server_runs_on_localhost_with_the_same_threads_and_slots():
     assert cmd[-2:] == ["--cache-reuse", "64"]
     lcpp = bench.peers.PEERS["llama.cpp"]
     assert "--cache-reuse" not in bench.llama_server_command("/b", lcpp, "/m", 1, 2, 8, 256, False)
+
+
+def test_every_tercomp_row_gets_a_ratio_to_the_strongest_peer_at_each_count():
+    def row(tps, itl99):
+        return dict(tokens_per_s=tps, ttft_p50_s=0.1, ttft_p99_s=0.2, itl_p50_s=0.01,
+                    itl_p99_s=itl99, errors=0, short=0, ok=4)
+    text = bench.format_sweep({
+        "tercomp serve": {1: row(80, 0.02), 8: row(180, 0.17)},
+        "tercomp serve --step-tokens 16": {1: row(80, 0.02), 8: row(150, 0.05)},
+        "ik": {1: row(70, 0.02), 8: row(130, 0.06)},
+        "lcpp": {1: row(90, 0.03), 8: row(70, 0.12)}})
+    ratios = {tuple(ln.split()[:5]): ln.split()[5:] for ln in text.splitlines() if " / " in ln}
+    assert ratios[("1", "tercomp", "serve", "/", "lcpp")][:1] == ["0.89x"]
+    assert ratios[("8", "tercomp", "serve", "/", "ik")] == ["1.38x", "1.00x", "1.00x", "1.00x",
+                                                           "2.83x"]
+    assert ratios[("8", "tercomp", "serve", "--step-tokens", "16")][2:] == \
+        ["1.15x", "1.00x", "1.00x", "1.00x", "0.83x"]
 
 
 def test_doctests():
