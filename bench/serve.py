@@ -78,6 +78,14 @@ def read_stream(lines, clock=time.perf_counter, t0: float | None = None) -> dict
         if "error" in chunk:
             raise RuntimeError(chunk["error"].get("message", chunk["error"]))
         usage = chunk.get("usage") or usage
+        if "choices" not in chunk and "content" in chunk:
+            # llama-server's own format (older builds answer /v1/completions with it):
+            # the text as `content`, the last chunk with `stop` and `tokens_predicted`
+            own = chunk
+            if own.get("stop") and own.get("tokens_predicted") is not None:
+                usage = {"completion_tokens": own["tokens_predicted"]}
+            chunk = {"choices": [{"text": own["content"], "finish_reason": (
+                own.get("stop_type") or "stop") if own.get("stop") else None}]}
         for c in chunk.get("choices") or ():
             ids = c.get("token_ids")
             n = len(ids) if ids is not None else len(c.get("text") or

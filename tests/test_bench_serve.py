@@ -65,6 +65,17 @@ def test_a_llama_server_stream_is_counted_by_its_text_and_its_usage():
     assert bench.read_stream(chat, clock=Clock([2.0]), t0=1.0)["times"] == [(1.0, 1)]
 
 
+def test_llama_servers_own_stream_format_counts_the_same():
+    # older llama-server builds answer /v1/completions in their own format
+    lines = sse([{"content": "\u4e01", "stop": False, "id_slot": 0},
+                 {"content": "\u4e02\u4e03", "stop": False, "id_slot": 0},
+                 {"content": "", "stop": True, "stop_type": "limit", "tokens_predicted": 3,
+                  "timings": {"predicted_n": 3}}])
+    out = bench.read_stream(lines, clock=Clock([0.5, 0.75]), t0=0.0)
+    assert out["count"] == 3 and out["times"] == [(0.5, 1), (0.75, 2)]
+    assert out["finish_reason"] == "limit" and out["ttft"] == 0.5
+
+
 def test_an_error_event_is_raised():
     lines = sse([{"error": {"message": "generation failed: boom", "type": "server_error"}}])
     with pytest.raises(RuntimeError, match="boom"):
