@@ -302,6 +302,32 @@ def test_a_long_prompt_does_not_stall_running_streams(batched, single):
     assert len(during) >= 9
 
 
+def test_a_step_token_budget_holds_prompt_chunks_to_what_decoding_leaves(batched, single,
+                                                                         monkeypatch):
+    # step_tokens=6: while a decodes, each step is its token and at most 5 of b's prompt
+    batched.reset()
+    sizes, forward = [], batched.forward
+
+    def counted(ids, *args):
+        sizes.append(len(ids))
+        return forward(ids, *args)
+    monkeypatch.setattr(batched, "forward", counted)
+    short = _prompts(1, seed=7, lo=3, hi=4)[0]
+    long = np.random.default_rng(8).integers(0, 96, 40).astype(np.int32)
+    with Engine(batched, chunk=32, step_tokens=6) as engine:
+        a = engine.submit(short, max_tokens=40)
+        next(iter(a))                               # a is decoding
+        start = len(sizes)
+        b = engine.submit(long, max_tokens=3)
+        ra, rb = a.result(60), b.result(60)
+        with pytest.raises(TercompError, match="step_tokens must be a positive int"):
+            Engine(batched, step_tokens=0, start=False)
+    np.testing.assert_array_equal(ra, single.generate(short, max_new_tokens=40))
+    np.testing.assert_array_equal(rb, single.generate(long, max_new_tokens=3))
+    assert max(sizes[start:]) == 6                  # 1 + 5 of b's 40 tokens: 8 steps
+    assert sizes[start:].count(6) == 8
+
+
 def test_the_queue_is_bounded(batched, single):
     batched.reset()
     p = _prompts(1, seed=9)[0]

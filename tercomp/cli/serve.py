@@ -3,8 +3,8 @@
     tercomp serve MODEL [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-seq N]
                   [--api-key KEY] [--threads N] [--max-queue N] [--max-body BYTES]
                   [--read-timeout S] [--keep-alive S] [--max-connections N] [--drain S]
-                  [--max-request-tokens N] [--embeddings] [--no-prefix-cache]
-                  [--speculative K]
+                  [--max-request-tokens N] [--step-tokens N] [--embeddings]
+                  [--no-prefix-cache] [--speculative K]
 
 MODEL is a .gguf file, a Hugging Face directory (compiled with max_batch slots), or an
 LM artifact (.tcm, served as it was compiled: `tercomp generate ... --save` or
@@ -66,6 +66,11 @@ def add_parser(sub):
     s.add_argument("--speculative", type=_draft, default=0, metavar="K",
                    help="a greedy request running alone drafts up to K tokens by prompt "
                         "lookup and verifies them in one step (same tokens; default 0: off)")
+    s.add_argument("--step-tokens", type=positive_int, metavar="N",
+                   help="while requests generate, tokens per engine step in all (theirs "
+                        "included): a new prompt is prefilled in chunks of what is left, so "
+                        "it does not stall their next tokens (default: 128-token chunks "
+                        "on top of theirs)")
     s.add_argument("--embeddings", action="store_true",
                    help="also compile MODEL (.gguf or Hugging Face directory) as an embedding "
                         "encoder and answer /v1/embeddings (pooling as the model file says)")
@@ -139,7 +144,7 @@ def run(args) -> int:
         print(f"note: {args.model} has one cache slot: requests run one at a time (compile "
               f"with max_batch, e.g. tercomp serve MODEL.gguf --max-batch 8)", file=sys.stderr)
     engine = Engine(gen, max_queue=args.max_queue, prefix_cache=not args.no_prefix_cache,
-                    num_draft=args.speculative)
+                    num_draft=args.speculative, step_tokens=args.step_tokens)
     name = args.name or model_name(args.model)
     app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body,
                      read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens,

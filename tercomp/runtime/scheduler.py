@@ -7,7 +7,10 @@ batched step function (runtime.batched) holding:
 - the next token of every running sequence (decode), and
 - a chunk of the prompt of sequences still being prefilled, up to `chunk` prompt
   tokens per step over all of them (chunked prefill: a long prompt does not stall
-  the running streams for its whole length, as vLLM's and llama-server's schedulers do).
+  the running streams for its whole length, as vLLM's and llama-server's schedulers do),
+  and, while any sequence decodes, no more than `step_tokens` tokens in all (vLLM's
+  max_num_batched_tokens: a step's time grows with its tokens, so a new prompt's
+  chunk would stall every running stream's next token; it waits for later steps).
 
 Prefix caching (on by default, as llama-server's `cache_prompt`): a slot keeps the
 tokens whose KV rows it holds after its request ends, and a new request takes the free
@@ -178,20 +181,24 @@ class _OneSlot:
 class Engine:
     """Continuous batching over `gen` (a BatchedLMGenerator; an LMGenerator runs one
     request at a time). `max_queue`: waiting requests beyond which submit raises
-    QueueFull; `chunk`: prompt tokens prefilled per step; `start=False` queues requests
-    until `start()` (a server warming up); `prefix_cache=False` forgets each slot's
-    tokens when its request ends (every prompt is prefilled in full); `num_draft=k` > 0
-    verifies up to k prompt-lookup drafts per step for a greedy request running alone."""
+    QueueFull; `chunk`: prompt tokens prefilled per step; `step_tokens`: while any
+    sequence decodes, the tokens of a step in all, its decode tokens included (prompt
+    chunks get what is left, at least one token; None: `chunk` on top of the decode
+    tokens); `start=False` queues requests until `start()` (a server warming up);
+    `prefix_cache=False` forgets each slot's tokens when its request ends (every prompt
+    is prefilled in full); `num_draft=k` > 0 verifies up to k prompt-lookup drafts per
+    step for a greedy request running alone."""
 
     def __init__(self, gen, max_queue: int = 256, chunk: int = 128, start: bool = True,
-                 prefix_cache: bool = True, num_draft: int = 0):
+                 prefix_cache: bool = True, num_draft: int = 0, step_tokens: int | None = None):
         if isinstance(gen, BatchedLMGenerator):
             self.gen = gen
         elif isinstance(gen, LMGenerator):
             self.gen, chunk = _OneSlot(gen), gen.max_seq    # its prefill is one call
         else:
             raise ConfigError(f"Engine needs a compiled LM (tc.compile_lm), got {type(gen).__name__}")
-        for what, v in (("max_queue", max_queue), ("chunk", chunk)):
+        for what, v in (("max_queue", max_queue), ("chunk", chunk),
+                        ("step_tokens", 1 if step_tokens is None else step_tokens)):
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ConfigError(f"Engine: {what} must be a positive int, got {v!r}")
         if isinstance(num_draft, bool) or not isinstance(num_draft, numbers.Integral) \
@@ -201,6 +208,7 @@ class Engine:
         self.num_draft = int(num_draft)
         self.model = gen
         self.max_queue, self.chunk = int(max_queue), int(chunk)
+        self.step_tokens = None if step_tokens is None else int(step_tokens)
         self.max_batch, self.max_seq, self.vocab_size = self.gen.max_batch, gen.max_seq, gen.vocab_size
         self._waiting: collections.deque = collections.deque()
         self._running: list[Request] = []
@@ -446,6 +454,8 @@ class Engine:
                 slots.append(r._slot)
                 positions.append(r.prompt.size + len(r.tokens) - 1)
         budget = self.chunk
+        if rows and self.step_tokens is not None:         # sequences decode: they come first
+            budget = min(budget, max(self.step_tokens - len(rows), 1))
         for r in self._running:
             if r._prefilled < r.prompt.size and budget > 0:
                 n = min(budget, r.prompt.size - r._prefilled)
