@@ -19,6 +19,7 @@ printed: the cosine between the two embeddings of every sequence (the same netwo
 
     python bench/embed.py                        # the 0.6B shape, 3 rounds
     python bench/embed.py --layers 4 --rounds 5  # a quicker look
+    python bench/embed.py --rounds 3 --numpy-rounds 1   # NumPy once (a loaded machine)
 """
 from __future__ import annotations
 
@@ -137,7 +138,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq", type=int, default=128, help="tokens per sequence")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--numpy-rounds", type=int, default=None,
+                    help="rounds that also time NumPy (default all)")
     args = ap.parse_args(argv)
+    args.numpy_rounds = args.rounds if args.numpy_rounds is None else args.numpy_rounds
+    if not 1 <= args.numpy_rounds <= args.rounds:
+        ap.error("--numpy-rounds must be from 1 to --rounds")
     print(f"{machine.cpu()}; {machine.load()} at the start")
     t0 = time.perf_counter()
     lm, ref = build(args.layers)
@@ -148,23 +154,30 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     enc = tc.compile_embed(lm, max_seq=args.seq, max_batch=args.batch)
     ours = enc(ids, lengths)                                   # compiles the module
-    print(f"compile + first call: {time.perf_counter() - t0:.1f} s")
-    theirs = reference(lm, ref, ids, lengths)
-    cos = np.sum(ours * theirs, axis=-1)
-    print(f"cosine tercomp / NumPy per sequence: min {cos.min():.5f}, mean {cos.mean():.5f}")
+    print(f"compile + first call: {time.perf_counter() - t0:.1f} s", flush=True)
     times = {"tercomp": [], "numpy f32": []}
-    for _ in range(args.rounds):
-        for name, fn in (("tercomp", lambda: enc(ids, lengths)),
-                         ("numpy f32", lambda: reference(lm, ref, ids, lengths))):
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    print(f"batch {args.batch} x {args.seq} tokens, {args.layers} layers, {args.rounds} "
-          f"rounds (median / best):")
+
+    def timed(name, fn):
+        t0 = time.perf_counter()
+        out = fn()
+        times[name].append(time.perf_counter() - t0)
+        print(f"  {name}: {times[name][-1]:.2f} s", flush=True)
+        return out
+    # interleaved: each round times tercomp once and NumPy once (the first NumPy pass
+    # also gives the cosine); `--numpy-rounds` can be fewer, NumPy being the slow one
+    for r in range(args.rounds):
+        timed("tercomp", lambda: enc(ids, lengths))
+        if r < args.numpy_rounds:
+            theirs = timed("numpy f32", lambda: reference(lm, ref, ids, lengths))
+            if r == 0:
+                cos = np.sum(ours * theirs, axis=-1)
+                print(f"cosine tercomp / NumPy per sequence: min {cos.min():.5f}, mean "
+                      f"{cos.mean():.5f}", flush=True)
+    print(f"batch {args.batch} x {args.seq} tokens, {args.layers} layers (median / best):")
     for name, ts in times.items():
         med, best = float(np.median(ts)), min(ts)
         print(f"  {name:10s} {med:8.2f} / {best:8.2f} s a batch = "
-              f"{args.batch / med:7.2f} / {args.batch / best:7.2f} embeddings/s")
+              f"{args.batch / med:7.2f} / {args.batch / best:7.2f} embeddings/s ({len(ts)} runs)")
     ratio = np.median(times["numpy f32"]) / np.median(times["tercomp"])
     print(f"tercomp is {ratio:.2f}x NumPy's embeddings/s (medians); {machine.load()} at the end")
     return 0
