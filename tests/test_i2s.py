@@ -89,9 +89,9 @@ def test_i2s_codec_is_the_documented_layout():
 
 
 
-def test_relayout_of_a_large_matrix_in_row_blocks_on_threads():
-    """A matrix past the threaded size is re-laid in row blocks on the pool (the last
-    block short) and a code 3 in any block is caught."""
+def test_relayout_of_a_large_matrix_in_row_blocks():
+    """A matrix of several row blocks is re-laid block by block (the last one short) and
+    a code 3 in any block is caught."""
     rng = np.random.default_rng(1)
     t = rng.integers(-1, 2, (2049, 2048)).astype(np.int8)
     packed = tp.from_i2_s(tp.to_i2_s(t), *t.shape)
