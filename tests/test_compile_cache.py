@@ -216,3 +216,22 @@ def test_the_output_table_choice_is_remembered_by_the_bytes_it_was_made_from(mon
     for p in memos:
         p.write_text("{not json")
     assert generate._choose_table(w, norm, True)[0] == first[0] and len(calls) == 5
+
+
+def test_a_fresh_entry_is_stamped_so_its_first_hit_does_not_hash_its_weights(lm_file, base,
+                                                                              monkeypatch):
+    """compile_cache.store writes an entry durably and stamps it verified: the hit that
+    follows maps it without hashing its weights."""
+    from tercomp.runtime import artifact, compile_cache
+    path = compile_cache.entry_path(base[1])
+    st = os.stat(path)
+    meta, _, weights = artifact.read(path)
+    assert artifact._stamped(artifact._stamp_path(path, st), meta["sha256"]["weights.irpa"])
+    size = memoryview(weights).cast("B").nbytes
+    hashed = []
+    real = artifact._digest
+    monkeypatch.setattr(artifact, "_digest", lambda d: hashed.append(len(memoryview(d).cast("B")))
+                        or real(d))
+    logits, meta = _logits(models.load(lm_file))
+    assert meta["cache_hit"] and hashed and size not in hashed
+    np.testing.assert_array_equal(logits, base[0])

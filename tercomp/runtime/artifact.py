@@ -398,6 +398,21 @@ def read(path: str) -> tuple:
     return meta, vmfb, weights
 
 
+def mark_verified(path: str) -> None:
+    """Stamp the artifact this process has just written, durably, at `path` (from the
+    module's own buffers, synced before it was moved into place) as verified, so that its
+    first read does not hash its weights again. Only for a durable write: a file that
+    could be damaged by a crash must keep being checked."""
+    try:
+        st = os.stat(path)
+        with zipfile.ZipFile(path) as zf:
+            digests = json.loads(zf.read(SIGNATURE).decode("utf-8")).get("sha256", {})
+    except (OSError, UnicodeDecodeError, *_ZIP_ERRORS):
+        return
+    if isinstance(digests, dict) and isinstance(digests.get(WEIGHTS), str):
+        _write_stamp(_stamp_path(path, st), digests[WEIGHTS])
+
+
 def _stamp_path(name: str, st) -> str | None:
     """Where the verified-once stamp of this file (path, size, mtime, inode) lives."""
     key = f"{os.path.realpath(name)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0{st.st_dev}"
