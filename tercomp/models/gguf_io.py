@@ -362,6 +362,9 @@ class _File:
             packed = tp.from_tq2_0(qs, n, k)
             if packed is None:
                 raise self.error(f"tensor {name!r}", "holds the invalid TQ2_0 code 3")
+            if d.size and (d == d[0]).all():    # one scale for all blocks (as converters write):
+                used = packed.view(np.uint64).any() if packed.size % 8 == 0 else packed.any()
+                return packed, self._one_scale(name, t, d[:1], np.array([used]))  # no block mask
             return packed, self._one_scale(name, t, d, (qs != 0x55).any(axis=1))
         if t.tensor_type == gguf.GGMLQuantizationType.TQ2_0:
             tern = _tq2_values(blocks)
