@@ -67,8 +67,12 @@ def missing_tools(bin_dir: str) -> list[str]:
 
 def char_tokens(vocab: int) -> list[str]:
     """One character per token, none of them a space or a byte token, so a string of them
-    tokenizes (SPM, no space prefix, no BOS) to exactly their ids."""
-    return [chr(0x4E00 + i) for i in range(vocab)]
+    tokenizes (SPM, no space prefix, no BOS) to exactly their ids: CJK ideographs from
+    U+4E00 up to the surrogates, then the private-use planes 15 and 16 (a 128k
+    vocabulary: 2B4T's, Llama 3's) without their non-characters."""
+    first = [chr(c) for c in range(0x4E00, min(0x4E00 + vocab, 0xD800))]
+    rest = (chr(c) for c in (*range(0xF0000, 0xFFFFE), *range(0x100000, 0x10FFFE)))
+    return first + [next(rest) for _ in range(vocab - len(first))]
 
 
 def float_projection(w, gguf, name, t, scale, arch):

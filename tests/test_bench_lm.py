@@ -120,3 +120,10 @@ def test_batched_bench_table_gives_aggregate_rates_per_batch():
     assert got == {1: (386.71, 92.89), 8: (352.5, 269.18)}
     with pytest.raises(ValueError, match="no result rows"):
         peers.parse_batched_bench("main: error: unable to load model")
+
+
+def test_char_tokens_cover_a_128k_vocabulary_in_utf8():
+    toks = peers.char_tokens(128256)
+    assert len(set(toks)) == 128256 and all(len(t) == 1 for t in toks)
+    assert toks[:3] == [chr(0x4E00), chr(0x4E01), chr(0x4E02)]   # the 32k files' tokens kept
+    "".join(toks).encode("utf-8")                                  # no surrogate
