@@ -305,7 +305,8 @@ def main():
     p.add_argument("--act", choices=["silu", "relu2"], default=None,
                    help="the FFN activation written as {arch}.hidden_activation (default: "
                         "none written, the family decides: silu)")
-    p.add_argument("--arch", choices=["bitnet", "llama"], default="bitnet")
+    p.add_argument("--arch", choices=["bitnet", "bitnet-25", "llama"], default="bitnet",
+                   help="bitnet-25: the arch BitNet's converter writes for 2B4T (relu2)")
     p.add_argument("--kv-heads", type=int, default=0, help="default: --heads")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--hidden", type=int, default=1536)
@@ -347,7 +348,7 @@ def main():
             32, 4096, 14336, 32, 8, 128256, "llama"
     elif a.preset == "2b4t":
         a.layers, a.hidden, a.ffn, a.heads, a.kv_heads, a.vocab, a.arch, a.act = \
-            30, 2560, 6912, 20, 5, 128256, "bitnet", "relu2"
+            30, 2560, 6912, 20, 5, 128256, "bitnet-25", None
     try:
         a.thread_list = [int(t) for t in a.threads.split(",")]
     except ValueError:
@@ -486,7 +487,7 @@ def report(a, given):
         embedding = next(np.asarray(t.data, np.float32) for t in reader.tensors
                          if t.name == "token_embd.weight")
         a.artifact = next(iter(runs.values()))[1]
-        if a.arch == "bitnet":
+        if a.arch in ("bitnet", "bitnet-25"):
             wrong = check_peers(a, given, files, embedding)
         else:       # llama-embedding's hidden states times an untied head: not wired here
             print("the logits check covers the bitnet arch only: peers unchecked")
