@@ -11,6 +11,7 @@ norms f32, file_type 40, no `*.scale` tensors and no activation key.
 
 The writer here is the test's own, written from those facts, not tercomp's."""
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -222,3 +223,39 @@ def test_rows_of_64_weight_blocks_and_unwritable_models(tmp_path):
                                               "projections with 320 inputs"):
         models.save_gguf(narrow, tmp_path / "n.gguf", ternary_type="I2_S")
     assert not (tmp_path / "l.gguf").exists() and not (tmp_path / "n.gguf").exists()
+
+
+def test_an_i2s_file_chats_as_its_tq2_0_twin(tmp_path, capsys):
+    """The README's I2_S line: a relu2 BitNet with a vocabulary and a chat template saved
+    as bitnet.cpp's I2_S and as TQ2_0 gives the same reply to `tercomp generate --chat`."""
+    from tokenizers import Tokenizer as BPE, decoders, models as bpe, pre_tokenizers, trainers
+    from tercomp.cli import main
+    from tercomp.models.tokenizer import Tokenizer
+    from tercomp.runtime.chat import ChatTemplate
+    tok = BPE(bpe.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["Hello! How are you today?"] * 8, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|user|>", "<|assistant|>", "<|end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    cfg = models.BitNetConfig(vocab_size=tok.get_vocab_size(), hidden_size=128,
+                              intermediate_size=256, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1,
+                              hidden_act="relu2", sub_norms=True, family="bitnet",
+                              rope_style="neox", tie_word_embeddings=True)
+    lm = models.BitNetLM(cfg)
+    lm.tokenizer = Tokenizer(tok, ChatTemplate(
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}", eos_token="<|end|>"))
+    replies = {}
+    for kind in ("I2_S", "TQ2_0"):
+        path = tmp_path / f"ggml-model-{kind.lower()}.gguf"
+        models.save_gguf(lm, path, ternary_type=kind)
+        capsys.readouterr()
+        assert main(["generate", str(path), "--chat", "Hello!", "-n", "12", "--no-cache"]) == 0
+        out, err = capsys.readouterr()
+        replies[kind] = (out, re.search(r"decode: (\d+) tokens", err).group(1))
+    assert models.gguf_io._File(tmp_path / "ggml-model-i2_s.gguf").field(
+        "general.architecture") == "bitnet-b1.58"
+    assert replies["I2_S"] == replies["TQ2_0"], replies
+    assert replies["I2_S"][0].strip() and int(replies["I2_S"][1]) > 0, replies
