@@ -127,3 +127,20 @@ def test_char_tokens_cover_a_128k_vocabulary_in_utf8():
     assert len(set(toks)) == 128256 and all(len(t) == 1 for t in toks)
     assert toks[:3] == [chr(0x4E00), chr(0x4E01), chr(0x4E02)]   # the 32k files' tokens kept
     "".join(toks).encode("utf-8")                                  # no surrogate
+
+
+def test_the_logits_check_follows_the_network_s_precision_floor():
+    """A shallow network (f16 and float32 KV caches agree closely) keeps the 0.99 bar; a
+    deep one whose f16 cache alone moves its logits to cosine 0.985 asks 1 - 3 x 0.015."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((4, 64))
+    one = base[:1]
+
+    def ref(noise):
+        moved = base + noise * rng.standard_normal(base.shape)
+        return {"batch": base, "one": one, "batch_f32kv": moved, "one_f32kv": moved[:1]}
+    floor, need = lm.check_floor(ref(1e-3))
+    assert floor < 1e-5 and need == lm.COS_MIN
+    floor, need = lm.check_floor(ref(0.18))          # cosine ~0.984
+    assert 0.01 < floor < 0.03 and need == pytest.approx(1 - 3 * floor)
