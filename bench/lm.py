@@ -515,13 +515,11 @@ def report(a, given):
     if files and runs:
         import gguf
         reader = gguf.GGUFReader(a.model)
+        head = "output.weight" if a.arch == "llama" else "token_embd.weight"   # llama: untied
         embedding = next(np.asarray(t.data, np.float32) for t in reader.tensors
-                         if t.name == "token_embd.weight")
+                         if t.name == head)
         a.artifact = next(iter(runs.values()))[1]
-        if a.arch in ("bitnet", "bitnet-25"):
-            wrong = check_peers(a, given, files, embedding)
-        else:       # llama-embedding's hidden states times an untied head: not wired here
-            print("the logits check covers the bitnet arch only: peers unchecked")
+        wrong = check_peers(a, given, files, embedding)
     builds = {}
     for name, path in files.items():
         runs[peers.PEERS[name].label] = (name, path)

@@ -161,8 +161,9 @@ def batched_bench(peer: Peer, bin_dir: str, path: str, threads: int, prompt: int
 def embedding_logits(peer: Peer, bin_dir: str, path: str, ids, embedding: np.ndarray,
                      threads: int) -> np.ndarray:
     """The peer's logits of the prompt `ids` at every position, the prompt in one batch:
-    the final norm's output (llama-embedding, no pooling, not normalized) times the tied
-    float16 embedding."""
+    the final norm's output (llama-embedding, no pooling, not normalized) times the
+    output table `embedding` (the tied float16 embedding, or a llama file's untied
+    `output.weight`)."""
     vocab, hidden = embedding.shape
     text = "".join(char_tokens(vocab)[i] for i in ids)
     out, _ = run([os.path.join(bin_dir, "llama-embedding"), "-m", path, "-p", text,
