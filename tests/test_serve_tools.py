@@ -30,6 +30,24 @@ NATIVE = ("{% if tools %}<|system|>TOOLS:{% for t in tools %}{{ t.function.name 
           "<|end|>{% else %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
           "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
+# Llama 3.1's way (cut down): tools as JSON in the user turn, calls as bare JSON objects
+# with "parameters", the python tag and the ipython role
+LLAMA31_TOOLS = ("{% for m in messages %}<|{{ m.role }}|>{% if tools and loop.last %}Given the "
+                 "following functions, respond with a JSON for a function call with its proper "
+                 "arguments: {\"name\": function name, \"parameters\": dictionary}."
+                 "{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}{% if m.tool_calls %}"
+                 "<|python_tag|>{% for c in m.tool_calls %}{{ {'name': c.function.name, "
+                 "'parameters': c.function.arguments} | tojson }}{% endfor %}{% elif m.role == "
+                 "'tool' %}<|ipython|>{{ m.content }}{% else %}{{ m.content }}{% endif %}<|end|>"
+                 "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+# Mistral's (v0.3, cut down): [AVAILABLE_TOOLS] before the last user turn, [TOOL_CALLS]
+MISTRAL = ("{% for m in messages %}{% if m.role == 'user' %}{% if tools and loop.last %}"
+           "[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]"
+           "{{ m.content }}[/INST]{% elif m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | "
+           "map(attribute='function') | list | tojson }}<|end|>{% elif m.role == 'tool' %}"
+           "[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{% else %}{{ m.content }}<|end|>"
+           "{% endif %}{% endfor %}")
+
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
                                             "days": {"enum": [1, 2, 3]}},
            "required": ["city", "days"], "additionalProperties": False}
@@ -63,13 +81,17 @@ def rendered(template, messages, tools):
 
 
 def test_probe_tells_templates_that_write_tools():
-    assert TemplateSupport.probe(ChatTemplate(PLAIN)) == (False, False)
-    assert TemplateSupport.probe(ChatTemplate(NATIVE)) == (True, True)
+    assert TemplateSupport.probe(ChatTemplate(PLAIN)) == (False, False, "hermes")
+    assert TemplateSupport.probe(ChatTemplate(NATIVE)) == (True, True, "hermes")
+    assert TemplateSupport.probe(ChatTemplate(LLAMA31_TOOLS)).syntax == "llama3_json"
+    assert TemplateSupport.probe(ChatTemplate(MISTRAL)).syntax == "mistral"
+    # a template that mentions [TOOL_CALLS] but never writes tools gets the generic format
+    assert TemplateSupport.probe(ChatTemplate(PLAIN + "{# [TOOL_CALLS] #}")).syntax == "hermes"
     # a template that refuses roles it does not know writes none of them
     strict = ChatTemplate("{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
                           "{{ raise_exception('bad role') }}{% endif %}{{ m.content }}"
                           "{% endfor %}")
-    assert TemplateSupport.probe(strict) == (False, False)
+    assert TemplateSupport.probe(strict) == (False, False, "hermes")
 
 
 def test_generic_format_for_a_template_that_ignores_tools():
@@ -427,3 +449,119 @@ def test_bad_tool_requests_are_400s_naming_the_field(base, client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
     r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, max_tokens=4)
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+LLAMA3_ANSWER = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}; '
+                 '{"name": "set_alarm", "parameters": "{\\"hour\\": 6}"}')
+MISTRAL_ANSWER = ('Let me check. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": '
+                  '"Oslo", "days": 2}}, {"name": "set_alarm", "arguments": {"hour": 6}}]')
+MISTRAL_V11 = 'Let me check.[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo", "days": 2}' \
+              '[TOOL_CALLS]set_alarm[ARGS]{"hour": 6}'
+
+
+@pytest.mark.parametrize("syntax, answer, content", [
+    ("llama3_json", LLAMA3_ANSWER, None),
+    ("llama3_json", LLAMA3_ANSWER[len("<|python_tag|>"):], None),
+    ("mistral", MISTRAL_ANSWER, "Let me check."),
+    ("mistral", MISTRAL_V11, "Let me check."),
+])
+def test_llama3_and_mistral_calls_split_the_same_whole_and_streamed(syntax, answer, content):
+    """vLLM's llama3_json and mistral parsers' formats: the calls, whole or in any
+    chunking, and the first call alone without parallel_tool_calls."""
+    names = {"get_weather", "set_alarm"}
+    calls = [("get_weather", {"city": "Oslo", "days": 2}), ("set_alarm", {"hour": 6})]
+    assert split(answer, names, syntax=syntax) == (content, calls)
+    assert split(answer, names, parallel=False, syntax=syntax) == (content, calls[:1])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        cuts = sorted(rng.choice(len(answer), size=10, replace=False))
+        p, events = ToolParser(names, syntax=syntax), []
+        for a, b in zip([0, *cuts], [*cuts, len(answer)]):
+            events += p.push(answer[a:b])
+        events += p.flush()
+        assert ("".join(v for k, v in events if k == "content") or None) == content
+        assert [v for k, v in events if k == "call"] == calls
+
+
+@pytest.mark.parametrize("syntax, answer", [
+    ("llama3_json", "Sure, it is sunny."),                               # plain text
+    ("llama3_json", 'The JSON is {"name": "get_weather", "parameters": {}}'),  # not first
+    ("llama3_json", '{"name": "launch", "parameters": {}}'),             # unknown tool
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Os'),  # cut short
+    ("llama3_json", '{"name": "get_weather", "parameters": {}} and more'),
+    ("mistral", "No [TOOL call here"),
+    ("mistral", 'x [TOOL_CALLS] [{"name": "get_weather", "arguments": {}}'),  # cut short
+    ("mistral", '[TOOL_CALLS]launch[ARGS]{}'),
+])
+def test_what_is_not_a_call_stays_content(syntax, answer):
+    assert split(answer, {"get_weather", "set_alarm"}, syntax=syntax) == (answer.strip(), [])
+
+
+@pytest.mark.parametrize("syntax", ["llama3_json", "mistral"])
+def test_forced_calls_in_the_template_s_syntax(syntax):
+    """tool_choice "required" in Llama 3.1's and Mistral's syntax: every answer the
+    grammar lets a random model write parses back into valid calls in that syntax."""
+    pytest.importorskip("llguidance")
+    from tercomp.serve.structured import Grammars
+    tok = tiny_tokenizer()
+    eos = tok.token_to_id("<|end|>")
+    tools = ChatRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=TOOLS).tools
+    grammar = Grammars(tok, tok.get_vocab_size(), eos).compile(
+        "lark", call_grammar(tools, None, parallel=True, syntax=syntax))
+    rng = np.random.default_rng(2)
+    schemas = {"get_weather": WEATHER, "set_alarm": ALARM}
+    for _ in range(4):
+        c, ids = grammar.constraint(), []
+        while not c.done:
+            logits = c.mask(rng.normal(size=tok.get_vocab_size()).astype(np.float32))
+            assert logits is not None, c.error
+            t = int(np.argmax(logits))
+            assert c.accept(t)
+            ids.append(t)
+            assert len(ids) < 600
+        text = tok.decode(ids)
+        content, calls = split(text, set(schemas), syntax=syntax)
+        assert content is None and calls, text
+        for name, args in calls:
+            jsonschema.validate(args, schemas[name])
+
+
+@pytest.fixture(scope="module")
+def llama3_client(tmp_path_factory):
+    """A server of the tiny model whose chat template writes tools in Llama 3.1's way."""
+    pytest.importorskip("openai")
+    pytest.importorskip("llguidance")
+    import openai
+    import tercomp as tc
+    from tercomp.models.tokenizer import Tokenizer
+    lm = S.tiny_lm(1024)
+    lm.tokenizer = Tokenizer(lm.tokenizer.inner, ChatTemplate(LLAMA31_TOOLS, eos_token="<|end|>"))
+    path = str(tmp_path_factory.mktemp("llama3tools") / "tiny.tcm")
+    tc.compile_lm(lm, max_seq=1024, max_batch=2).save(path)
+    port = S.bench.free_port()
+    proc = S.bench.start_server(path, port, ["--api-key", S.KEY])
+    try:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=S.KEY,
+                            max_retries=0, timeout=120)
+    finally:
+        S.bench.stop_server(proc)
+
+
+def test_a_llama3_template_s_calls_are_forced_and_parsed_in_its_syntax(llama3_client):
+    """The template asks for Llama 3.1's bare JSON calls: tool_choice "required" forces
+    one in that syntax and the answer (whole and streamed) comes back as tool_calls."""
+    kw = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, temperature=1.0,
+              seed=1, tool_choice="required", parallel_tool_calls=False,
+              logit_bias={str(S.EOS): 100})
+    r = llama3_client.chat.completions.create(**kw, logprobs=True)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None, c
+    calls = check_calls(c.message)
+    assert len(calls) == 1
+    raw = "".join(t.token for t in c.logprobs.content)      # what the model wrote
+    assert raw.lstrip().startswith('{"name":') and "<tool_call>" not in raw, raw
+    assert '"parameters":' in raw, raw
+    chunks = list(llama3_client.chat.completions.create(**kw, stream=True))
+    deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or ()]
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

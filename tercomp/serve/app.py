@@ -185,7 +185,8 @@ def create_app(engine, model_name: str, api_key: str | None = None,
                 {"content": model.chat_logprobs(piece.logged, piece.scores)}
 
         if body.stream:
-            parsers = [ToolParser(names, parallel) for _ in runs] if mode else None
+            parsers = [ToolParser(names, parallel, model.tool_syntax) for _ in runs] \
+                if mode else None
             sent = [0] * len(runs)
 
             def delta(i, run, piece, finish):
@@ -222,7 +223,7 @@ def create_app(engine, model_name: str, api_key: str | None = None,
             whole, finish = r.whole(), r.finish_reason
             msg = {"role": "assistant", "content": whole.text}
             if mode:
-                msg["content"], calls = split(whole.text, names, parallel)
+                msg["content"], calls = split(whole.text, names, parallel, model.tool_syntax)
                 if calls:
                     msg["tool_calls"] = [openai_call(*c) for c in calls]
                     finish = "tool_calls" if finish == "stop" else finish
@@ -421,7 +422,7 @@ async def _grammar(model: ServedModel, body, off_loop, tool_mode=None):
                                 f"cannot constrain the output too", param="tool_choice")
         spec = ("tools", "lark", call_grammar(body.tools, None if tool_mode == "required"
                                               else tool_mode, body.parallel_tool_calls
-                                              is not False))
+                                              is not False, model.tool_syntax))
     if spec is None:
         return None
     field, kind, value = spec

@@ -109,6 +109,14 @@ class ServedModel:
             raise APIError(400, e.message, param="messages") from None
         return self.encoder.encode_parts(parts, parse_special)
 
+    @property
+    def tool_syntax(self) -> str:
+        """The call syntax the tool prompt asks for (serve.tools.template_syntax): the
+        template's own where it writes tools, else the generic format's "hermes"."""
+        if self._support is None and self.template is not None:
+            self._support = TemplateSupport.probe(self.template)
+        return self._support.syntax if self._support is not None else "hermes"
+
     def chat_messages(self, messages, tools=None):
         """(messages as dicts, {"tools": ...} or {}) as the template is given them."""
         listed = [m.for_template() for m in messages]

@@ -18,11 +18,20 @@ calls as those blocks in its content, a tool's answers as a user message of
 `<tool_response>` blocks (`polyfill`). Whether a template handles them is found once by
 rendering probes (`TemplateSupport`).
 
-The answer: `<tool_call>` blocks holding a JSON object whose `name` is an offered tool
-are the calls (`ToolParser`, the same code for whole answers and streams), the text
-outside them the content; anything else (a block that is not JSON, an unknown name, one
-cut short by max_tokens) stays content. Other native call syntaxes (Llama 3.1's bare
-JSON, Mistral's `[TOOL_CALLS]`) are not parsed.
+The answer, in the syntax the prompt asked for (`template_syntax`: the generic format
+and Hermes/Qwen templates "hermes"; a template that writes tools itself in Llama 3.1's
+or Mistral's words "llama3_json" or "mistral", as vLLM's tool parsers of those names
+read them), is split into content and calls by `ToolParser`, the same code for whole
+answers and streams:
+- hermes: `<tool_call>` blocks holding a JSON object whose `name` is an offered tool
+  are the calls, the text outside them the content;
+- llama3_json: an answer that starts with a JSON object (or `<|python_tag|>`) is calls,
+  `{"name": ..., "parameters": {...}}` objects separated by ";";
+- mistral: the text before `[TOOL_CALLS]` is content, after it a JSON list of
+  `{"name": ..., "arguments": {...}}` (v0.3) or `name[ARGS]{...}` calls (v11).
+Anything else (text that is not JSON, an unknown name, a call cut short by max_tokens)
+stays content. "required" and a named tool_choice force a call in the same syntax
+(`call_grammar`).
 
     >>> p = ToolParser({"f"})
     >>> p.push('hi <tool_call>\\n{"name": "f", "arguments": {"x": 1}}\\n</tool_call>')
@@ -60,11 +69,34 @@ def call_text(name: str, arguments) -> str:
     return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CLOSE}"
 
 
+#: The call syntaxes a prompt may ask for (vLLM's tool-parser names).
+SYNTAXES = ("hermes", "llama3_json", "mistral")
+PYTHON_TAG, MISTRAL_TAG, MISTRAL_ARGS = "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]"
+
+
+def template_syntax(source: str) -> str:
+    """The call syntax a chat template that writes tools asks the model for: "mistral"
+    where it knows `[TOOL_CALLS]`, "llama3_json" where it knows Llama 3.1's
+    `<|python_tag|>` or `ipython` role, else "hermes" (`<tool_call>` blocks: Hermes,
+    Qwen 2.5 / 3 and the generic format).
+
+    >>> template_syntax("... [TOOL_CALLS] ..."), template_syntax("{{ '<tool_call>' }}")
+    ('mistral', 'hermes')
+    """
+    if MISTRAL_TAG in source:
+        return "mistral"
+    if PYTHON_TAG in source or "ipython" in source:
+        return "llama3_json"
+    return "hermes"
+
+
 class TemplateSupport(NamedTuple):
     """What a chat template renders itself: `tools` (the offered functions) and `calls`
-    (the history's assistant tool_calls; its tool messages with them)."""
+    (the history's assistant tool_calls; its tool messages with them), and the call
+    `syntax` its tool prompt asks for ("hermes" where the generic format is used)."""
     tools: bool
     calls: bool
+    syntax: str = "hermes"
 
     @classmethod
     def probe(cls, template) -> "TemplateSupport":
@@ -84,7 +116,8 @@ class TemplateSupport(NamedTuple):
             except ChatTemplateError:
                 return False
         tools = writes([user], tools=[tool])
-        return cls(tools, writes([user, call, answer, user], tools=[tool] if tools else None))
+        return cls(tools, writes([user, call, answer, user], tools=[tool] if tools else None),
+                   template_syntax(template.source) if tools else "hermes")
 
 
 def polyfill(messages: list) -> list:
@@ -127,20 +160,31 @@ def prepare(messages: list, tools: list | None, support: TemplateSupport):
     return [{"role": "system", "content": block}, *messages], None
 
 
-def call_grammar(tools: list, name: str | None = None, parallel: bool = True) -> str:
+def call_grammar(tools: list, name: str | None = None, parallel: bool = True,
+                 syntax: str = "hermes") -> str:
     """The Lark grammar (llguidance's, with its %json) of what "required" (`name` None)
-    or a named tool_choice allows: a <tool_call> block (or, with `parallel`, several,
-    a newline apart) whose JSON is {"name": one of the tools (that one), "arguments":
-    valid for its parameters}. `tools` are protocol.Tool."""
+    or a named tool_choice allows, in `syntax`: hermes, a <tool_call> block (or, with
+    `parallel`, several, a newline apart) whose JSON is {"name": one of the tools (that
+    one), "arguments": valid for its parameters}; llama3_json, such objects with
+    "parameters" for "arguments", "; " between them; mistral, `[TOOL_CALLS]` and a JSON
+    list of them (one item without `parallel`). `tools` are protocol.Tool."""
     chosen = [t.function for t in tools if name is None or t.function.name == name]
-    schemas = [{"type": "object", "properties": {"name": {"const": f.name},
-                                                 "arguments": f.schema()},
-                "required": ["name", "arguments"], "additionalProperties": False}
+    key = "parameters" if syntax == "llama3_json" else "arguments"
+    schemas = [{"type": "object", "properties": {"name": {"const": f.name}, key: f.schema()},
+                "required": ["name", key], "additionalProperties": False}
                for f in chosen]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    if syntax == "mistral":
+        listed = {"type": "array", "items": schema, "minItems": 1,
+                  **({} if parallel else {"maxItems": 1}), "x-guidance": JSON_OPTIONS}
+        return f"start: {json.dumps(MISTRAL_TAG + ' ')} %json {json.dumps(listed)}\n"
     schema = {**schema, "x-guidance": JSON_OPTIONS}
-    call = f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}"
-    return ('start: call ("\\n" call)*\n' if parallel else "start: call\n") + call + "\n"
+    if syntax == "llama3_json":
+        call, sep = f"call: %json {json.dumps(schema)}", json.dumps("; ")
+    else:
+        call = f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}"
+        sep = json.dumps("\n")
+    return (f"start: call ({sep} call)*\n" if parallel else "start: call\n") + call + "\n"
 
 
 def openai_call(name: str, arguments: dict) -> dict:
@@ -151,18 +195,28 @@ def openai_call(name: str, arguments: dict) -> dict:
 
 class ToolParser:
     """Splits generated text, as it comes, into content and calls: `push(text)` and, at
-    the end, `flush()` return [("content", text) | ("call", (name, arguments))]. Text
-    that may begin a <tool_call> is held until it does not; a block is a call when it
-    closes with a JSON object naming one of `names` (its `arguments` an object, or
-    absent: {}), else it is content. Content is trimmed as a whole (no leading or
-    trailing whitespace: what separates calls is not content). With `parallel` False
-    only the first call is kept (later ones are dropped)."""
+    the end, `flush()` return [("content", text) | ("call", (name, arguments))]. In the
+    hermes syntax, text that may begin a <tool_call> is held until it does not; a block
+    is a call when it closes with a JSON object naming one of `names` (its `arguments`
+    an object, or absent: {}), else it is content. In llama3_json, an answer whose first
+    text is `{` or `<|python_tag|>` is held to the end and is calls if it parses as
+    such, else content; in mistral, the text from `[TOOL_CALLS]` on likewise. Content is
+    trimmed as a whole (no leading or trailing whitespace: what separates calls is not
+    content). With `parallel` False only the first call is kept (later ones are
+    dropped)."""
 
-    def __init__(self, names, parallel: bool = True):
-        self.names, self.parallel = set(names), parallel
+    def __init__(self, names, parallel: bool = True, syntax: str = "hermes"):
+        if syntax not in SYNTAXES:
+            raise ValueError(f"unknown tool-call syntax {syntax!r}; one of {SYNTAXES}")
+        self.names, self.parallel, self.syntax = set(names), parallel, syntax
         self.buffer, self.space, self.started, self.calls = "", "", False, 0
+        self.held = False           # llama3_json / mistral: the rest is a call candidate
 
     def push(self, text: str) -> list:
+        if self.syntax == "llama3_json":
+            return self._push_llama3(text)
+        if self.syntax == "mistral":
+            return self._push_mistral(text)
         self.buffer += text
         out = []
         while True:
@@ -193,8 +247,55 @@ class ToolParser:
 
     def flush(self) -> list:
         out = []
+        if self.held:
+            calls = (_llama3_calls if self.syntax == "llama3_json" else _mistral_calls)(
+                self.buffer, self.names)
+            if calls is not None:
+                for call in calls[:None if self.parallel else 1]:
+                    out.append(("call", call))
+                    self.calls += 1
+                self.buffer = ""
         self._content(self.buffer, out)
         self.buffer = ""
+        return out
+
+    def _push_llama3(self, text: str) -> list:
+        """llama3_json: the answer's first text decides (a call starts with `{` or the
+        python tag); leading whitespace and a prefix of the tag are held for it."""
+        self.buffer += text
+        if self.held:
+            return []
+        if not self.started:
+            head = self.buffer.lstrip()
+            if not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG):
+                return []
+            if head.startswith("{") or head.startswith(PYTHON_TAG):
+                self.held = True
+                return []
+        out = []
+        self._content(self.buffer, out)
+        self.buffer = ""
+        return out
+
+    def _push_mistral(self, text: str) -> list:
+        """mistral: content up to `[TOOL_CALLS]` (a tail that may begin it held), the
+        rest held to the end."""
+        self.buffer += text
+        if self.held:
+            return []
+        out = []
+        at = self.buffer.find(MISTRAL_TAG)
+        if at >= 0:
+            self._content(self.buffer[:at], out)
+            self.buffer, self.held = self.buffer[at:], True
+            return out
+        at = len(self.buffer)
+        for k in range(min(len(MISTRAL_TAG) - 1, len(self.buffer)), 0, -1):
+            if self.buffer.endswith(MISTRAL_TAG[:k]):
+                at -= k
+                break
+        self._content(self.buffer[:at], out)
+        self.buffer = self.buffer[at:]
         return out
 
     def _call(self, block: str):
@@ -203,15 +304,7 @@ class ToolParser:
             obj = json.loads(m.group(1)) if m else None
         except ValueError:
             return None
-        if not isinstance(obj, dict) or obj.get("name") not in self.names:
-            return None
-        args = obj.get("arguments", {})
-        if isinstance(args, str):           # some models write the arguments as JSON text
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return None
-        return (obj["name"], args) if isinstance(args, dict) else None
+        return _named_call(obj, self.names)
 
     def _content(self, text: str, out: list) -> None:
         text = self.space + text
@@ -224,9 +317,79 @@ class ToolParser:
             out.append(("content", kept))
 
 
-def split(text: str, names, parallel: bool = True):
+def _named_call(obj, names, key: str = "arguments"):
+    """(name, arguments) of a parsed call object naming one of `names`, its arguments
+    under `key` (else "arguments" or "parameters", else {}) an object or JSON text of
+    one (some models write them as text); None if it is not such a call."""
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    args = obj.get(key, obj.get("arguments", obj.get("parameters", {})))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return (obj["name"], args) if isinstance(args, dict) else None
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _json_values(text: str, sep: str):
+    """The JSON values of `text` one after another, `sep` (and whitespace) between them;
+    None unless the whole text is such values."""
+    values, at = [], 0
+    while True:
+        while at < len(text) and text[at].isspace():
+            at += 1
+        if at == len(text):
+            return values or None
+        if values:
+            if not text.startswith(sep, at):
+                return None
+            at += len(sep)
+            while at < len(text) and text[at].isspace():
+                at += 1
+        try:
+            value, at = _DECODER.raw_decode(text, at)
+        except ValueError:
+            return None
+        values.append(value)
+
+
+def _llama3_calls(text: str, names):
+    """Llama 3.1's calls: an optional `<|python_tag|>`, then `{"name", "parameters"}`
+    objects separated by ";"; None unless every one is a call of `names`."""
+    text = text.strip()
+    if text.startswith(PYTHON_TAG):
+        text = text[len(PYTHON_TAG):]
+    calls = [_named_call(o, names, "parameters") for o in _json_values(text, ";") or ()]
+    return calls if calls and None not in calls else None
+
+
+def _mistral_calls(text: str, names):
+    """Mistral's calls after `[TOOL_CALLS]`: a JSON list of {"name", "arguments"}
+    (v0.3), or `name[ARGS]{...}` calls each after its own tag (v11); None unless every
+    one is a call of `names`."""
+    parts = [p.strip() for p in text.split(MISTRAL_TAG)[1:]]
+    if len(parts) == 1 and parts[0].startswith("["):
+        listed = _json_values(parts[0], ",")
+        if not listed or len(listed) != 1 or not isinstance(listed[0], list):
+            return None
+        calls = [_named_call(o, names) for o in listed[0]]
+    else:
+        calls = []
+        for p in parts:
+            name, tag, args = p.partition(MISTRAL_ARGS)
+            obj = _json_values(args, ",") if tag else None
+            calls.append(_named_call({"name": name.strip(), "arguments": obj[0]}, names)
+                         if obj and len(obj) == 1 else None)
+    return calls if calls and None not in calls else None
+
+
+def split(text: str, names, parallel: bool = True, syntax: str = "hermes"):
     """(content or None, [(name, arguments)]) of a whole answer."""
-    p = ToolParser(names, parallel)
+    p = ToolParser(names, parallel, syntax)
     events = p.push(text) + p.flush()
     content = "".join(v for k, v in events if k == "content")
     return content or None, [v for k, v in events if k == "call"]
