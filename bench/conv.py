@@ -10,7 +10,8 @@ ResNet-18's layout), global average pooling and a Linear head. tercomp's convs a
 nn.BitConv2d (ternary weights, int8 activations, packed 2-bit in the artifact), JAX's
 lax.conv_general_dilated in float32. Also reported: the resident memory a fresh process
 adds by loading the saved ternary artifact and running it once, against its packed
-weights.
+weights (less the IREE runtime's fixed cost and the call's activations:
+bench/artifact_memory.py).
 
     pip install jax                              # optional: without it only tercomp runs
     python bench/conv.py                         # 32x32 inputs, batch 1 and 32
@@ -22,7 +23,6 @@ import argparse
 import os
 import platform
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -156,17 +156,6 @@ def print_kernels(exe):
             print(f"  K {k:>5s}  N {n:>4s}  {s}")
 
 
-def resident_memory(path, size):
-    """(KiB the loaded artifact and one call add to a fresh process)."""
-    code = ("import sys, numpy as np, tercomp as tc\n"
-            "def rss():\n"
-            "    return int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])\n"
-            "x = np.ones((1, 3, %d, %d), np.float32); before = rss()\n"
-            "exe = tc.load(sys.argv[1]); exe(x); print(rss() - before)\n") % (size, size)
-    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True)
-    return int(out.stdout.strip().splitlines()[-1])
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=32)
@@ -211,9 +200,15 @@ def main(argv=None):
         path = os.path.join(d, "resnet.tcm")
         exe.save(path)
         packed = sum(m.out_channels * -(-m.weight[0].size // 4) for m in _bitconvs(model))
-        rss = resident_memory(path, args.size)
-        print(f"\nresident memory of the loaded artifact after one call: {rss / 1024:.1f} MiB; "
-              f"packed conv weights {packed / 2**20:.2f} MiB ({rss * 1024 / packed:.2f}x)")
+        import artifact_memory      # bench/artifact_memory.py
+        rows = artifact_memory.measure(path, (3, args.size, args.size), (1,))
+        act = artifact_memory.conv_activations(model, (3, args.size, args.size), 1)
+        own = rows["b1"]["VmRSS"] - rows["runtime"]["VmRSS"] - act
+        print(f"\nresident memory of the loaded artifact after a batch-1 call: {own:.1f} MiB "
+              f"({own * 2**20 / packed:.2f}x the {packed / 2**20:.2f} MiB of packed conv weights), "
+              f"beside the IREE runtime's fixed cost "
+              f"({rows['runtime']['VmRSS'] - rows['start']['VmRSS']:.1f} MiB a process) and the "
+              f"call's activations ({act:.1f} MiB); bench/artifact_memory.py --conv: by step")
 
     if args.train:
         model.train()

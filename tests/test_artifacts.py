@@ -1,8 +1,10 @@
 """Saved artifacts: format, round trips, damage detection, weights, runtime-only loading."""
 import io
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 
 import numpy as np
@@ -13,6 +15,9 @@ import mlp as mlp_sample  # samples/ is on sys.path (tests/conftest.py)
 from tercomp import nn
 from tercomp.runtime import artifact
 from tercomp.runtime.signature import Signature, TensorSig
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import artifact_memory  # noqa: E402  (bench/artifact_memory.py)
 
 
 def MLP():
@@ -366,38 +371,73 @@ class _Wide(nn.Module):
         return self.down(self.up(x))
 
 
-def test_a_loaded_artifact_holds_its_weights_once(tmp_path):
-    """tc.load runs the module over the mapped file: after calls at batch 1 and 128 the
-    process has grown by the packed weights (file pages, shared) and the runtime's own
-    buffers, not by a copy of the weights in anonymous memory (before: one copy at load
-    and another at the first call)."""
+def _check_weights_once(exe, sample_shape, batches, packed, activations, limit):
+    """Save `exe`, and in a fresh process (bench/artifact_memory.measure) load it and
+    call it at each batch size: the process's total growth (VmRSS: anonymous memory
+    and the file's pages alike, nothing excused) stays within `limit` x the `packed`
+    weights (MiB), plus two costs that are not the artifact's resident memory:
+
+    - the IREE runtime's fixed cost, which any IREE program pays once per process (the
+      instance, the local-task device and its workers, the first call's arenas),
+      measured in the same process by loading and calling a weightless artifact first;
+    - the activations of the call (`activations(batch)` MiB): the output the caller
+      holds, the input's device copy and the intermediates, which IREE's transient pool
+      keeps for the next call.
+
+    A copy of the weights (in anonymous memory, beside the file's pages) breaks it, and
+    the weights must be the file's pages (mapped, shared with the page cache), not a
+    copy in their place."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "a.tcm")
+        exe.save(path)
+        rows = artifact_memory.measure(path, sample_shape, batches)
+    start, runtime = rows["start"]["VmRSS"], rows["runtime"]["VmRSS"]
+    report = artifact_memory.report(rows, packed, {b: activations(b) for b in batches})
+    # the runtime's own cost stays small: 0.7 MiB with 64 KiB of IREE local memory a
+    # worker (4.5 MiB with IREE's default 2 MiB)
+    assert runtime - start < 2.5, report
+    assert rows["load"]["RssAnon"] - rows["runtime"]["RssAnon"] < 1.0, report    # no copy
+    for b in batches:
+        for step in (f"b{b}", f"b{b} again"):
+            grown = rows[step]["VmRSS"] - start
+            assert grown <= limit * packed + (runtime - start) + activations(b), (step, report)
+            mapped = rows[step]["RssFile"] - rows["runtime"]["RssFile"]
+            assert mapped >= 0.95 * packed, (step, report)         # the weights: the file
+    return rows
+
+
+def test_a_loaded_artifact_holds_its_weights_once():
+    """tc.load maps the file and IREE binds the inline weights in place: after calls at
+    batch 1 and 128 the process holds the packed weights once (the file's pages), not a
+    copy in anonymous memory (before: one copy at load and another at the first call).
+    Measured: 1.00x at batch 1, 1.0x after the activations at 128 (bench/RESULTS.md)."""
     exe = tc.compile(_Wide(), tc.spec(("B", 4096), "float32"), cache=False)
     assert exe.meta["weights"] == "inline"
-    path = str(tmp_path / "wide.tcm")
-    exe.save(path)
     packed = 2 * 4096 * 8192 / 4 / 2**20                     # MiB of 2-bit codes
-    script = (
-        "import json, sys, numpy as np\n"
-        "def mib(key):\n"
-        "    return next(int(l.split()[1]) for l in open('/proc/self/status')\n"
-        "                if l.startswith(key)) / 1024\n"
-        "import tercomp as tc\n"
-        "x = np.ones((128, 4096), np.float32)\n"
-        "rss, anon = mib('VmRSS'), mib('RssAnon')\n"
-        f"exe = tc.load({path!r})\n"
-        "out = {'load': mib('RssAnon') - anon}\n"
-        "for b in (1, 128):\n"
-        "    y = exe(x[:b])\n"
-        "    out[b] = (mib('VmRSS') - rss, mib('RssAnon') - anon)\n"
-        "print(json.dumps(out))\n")
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["load"] < 1.0, out                          # a copy would be 16 MiB
-    assert out["1"][1] < 0.6 * packed, out                  # no copy of the weights
-    for b in ("1", "128"):          # the file's pages once, beside the runtime's buffers
-        grown, anon = out[b]        # (at batch 128: activations of 128 x 8192 floats)
-        assert grown < 1.1 * packed + anon, (b, out)
+    _check_weights_once(exe, (4096,), (1, 128), packed, limit=1.1, activations=lambda b:
+                        artifact_memory.stack_activations(b, 4096, widest=8192))
+
+
+@pytest.mark.slow
+def test_issue_33s_artifact_holds_its_weights_once():
+    """Issue #33's artifact, 16 BitLinear 4096 x 4096 layers (64 MiB packed; a 25 s
+    compile, so -m slow: the test above checks the same at 16 MiB)."""
+    exe = tc.compile(artifact_memory.Stack(16, 4096), tc.spec(("B", 4096), "float32"),
+                     cache=False)
+    _check_weights_once(exe, (4096,), (1, 128), 64.0, limit=1.1, activations=lambda b:
+                        artifact_memory.stack_activations(b, 4096))
+
+
+def test_a_bad_task_local_memory_setting_is_named():
+    code = ("import numpy as np, tercomp as tc\n"
+            "exe = tc.compile(lambda a: tc.exp(a), tc.spec(('N',)))\n"
+            "try:\n"
+            "    exe(np.ones(2, np.float32))\n"
+            "except tc.ConfigError as e:\n"
+            "    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TERCOMP_TASK_LOCAL_MEMORY": "lots"})
+    assert "TERCOMP_TASK_LOCAL_MEMORY='lots' is not a number of bytes" in r.stdout, r.stdout + r.stderr
 
 
 class _WideConv(nn.Module):
@@ -412,34 +452,31 @@ class _WideConv(nn.Module):
         return x
 
 
-def test_a_loaded_conv_artifact_holds_its_weights_once(tmp_path):
-    """A ternary conv artifact as a BitLinear one (above): tc.load maps the file; after
-    calls at batch 1 and 8 the process has grown by the packed weights (file pages) and
-    the runtime's own buffers, with no anonymous copy of the weights."""
+def test_a_loaded_conv_artifact_holds_its_weights_once():
+    """A ternary conv artifact as a BitLinear one (above): the packed weights once,
+    after calls at batch 1 and 8, by the same rule."""
     nn.manual_seed(1)
-    exe = tc.compile(_WideConv(), tc.spec(("B", 1024, 4, 4), "float32"), cache=False)
-    path = str(tmp_path / "conv.tcm")
-    exe.save(path)
+    model = _WideConv()
+    exe = tc.compile(model, tc.spec(("B", 1024, 4, 4), "float32"), cache=False)
     packed = 4 * 1024 * 9216 / 4 / 2**20                     # MiB of 2-bit codes
-    script = (
-        "import json, sys, numpy as np\n"
-        "def mib(key):\n"
-        "    return next(int(l.split()[1]) for l in open('/proc/self/status')\n"
-        "                if l.startswith(key)) / 1024\n"
-        "import tercomp as tc\n"
-        "x = np.ones((8, 1024, 4, 4), np.float32)\n"
-        "rss, anon = mib('VmRSS'), mib('RssAnon')\n"
-        f"exe = tc.load({path!r})\n"
-        "out = {'load': mib('RssAnon') - anon}\n"
-        "for b in (1, 8):\n"
-        "    y = exe(x[:b])\n"
-        "    out[b] = (mib('VmRSS') - rss, mib('RssAnon') - anon)\n"
-        "print(json.dumps(out))\n")
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["load"] < 1.0, out                          # a copy would be 9 MiB
-    assert out["1"][1] < 0.6 * packed, out                  # the runtime's buffers, no copy
-    for b in ("1", "8"):
-        grown, anon = out[b]
-        assert grown < 1.1 * packed + anon, (b, out)
+    _check_weights_once(exe, (1024, 4, 4), (1, 8), packed, limit=1.1, activations=lambda b:
+                        artifact_memory.conv_activations(model, (1024, 4, 4), b))
+
+
+@pytest.mark.slow
+def test_the_conv_benchs_resnet_holds_its_weights_once():
+    """Issue #34: bench/conv.py's ternary ResNet (1.17 MiB packed) <= 1.2x its packed
+    weights after calls at batch 1 and 2, less its activations (3.3 MiB a sample: the
+    int8 patches and f32 output of every conv). Measured: 1.13x and 1.0x. A 20 s
+    compile, so -m slow (the test above checks the same rule on a wide conv stack)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import conv as bench_conv
+    nn.manual_seed(0)
+    model = bench_conv.ResNet(1)
+    model(np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32))
+    model.eval()
+    exe = tc.compile(model, tc.spec(("B", 3, 32, 32)), cache=False)
+    packed = sum(m.out_channels * -(-m.weight[0].size // 4)
+                 for m in bench_conv._bitconvs(model)) / 2**20
+    _check_weights_once(exe, (3, 32, 32), (1, 2), packed, limit=1.2, activations=lambda b:
+                        artifact_memory.conv_activations(model, (3, 32, 32), b))

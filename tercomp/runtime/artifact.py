@@ -53,6 +53,7 @@ import json
 import mmap
 import os
 import struct
+import weakref
 import zipfile
 import zlib
 
@@ -374,6 +375,21 @@ class _MapReader(io.RawIOBase):
         return len(data)
 
 
+# The read-only maps of artifact files that read() made: their pages can leave this
+# process's map at any time and come back from the page cache as they were (an anonymous
+# map's could not: madvise(MADV_DONTNEED) zeroes those).
+FILE_MAPS = weakref.WeakSet()
+
+
+def release_pages(data) -> None:
+    """Drop the pages of the artifact file that `data` views (a map read() made) from
+    this process's map; they come back from the page cache when next read. Anything
+    else is left alone."""
+    obj = data.obj if isinstance(data, memoryview) else data
+    if obj in FILE_MAPS and hasattr(mmap, "MADV_DONTNEED") and not obj.closed:
+        obj.madvise(mmap.MADV_DONTNEED)
+
+
 def read(path: str) -> tuple:
     """read_bytes() of the file at `path` (a regular file within the size limit), mapped
     read-only: the weights stay in the page cache, bound in place by IREE."""
@@ -393,6 +409,12 @@ def read(path: str) -> tuple:
         raise ArtifactError(f"{name} changed while it was read")
     stamp = _stamp_path(name, st)
     meta, vmfb, weights = read_bytes(mapped, name, verified=lambda d: _stamped(stamp, d))
+    if isinstance(mapped, mmap.mmap):
+        # Checking the digests touched every page: drop them from this process's map
+        # (the page cache keeps them), so that what stays resident is what the module
+        # reads, not all of the file (bench/artifact_memory.py)
+        FILE_MAPS.add(mapped)
+        release_pages(mapped)
     if weights is not None and stamp is not None:
         _write_stamp(stamp, meta["sha256"][WEIGHTS])
     return meta, vmfb, weights

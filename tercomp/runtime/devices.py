@@ -35,6 +35,15 @@ KNOWN_DRIVERS = ("local-task", "local-sync", "vulkan", "cuda")
 _present: dict = {}          # driver -> whether a device of it exists (probed once)
 _task_threads: list = []     # [n] once the local-task pool exists (n None: IREE's default)
 
+# Bytes of "local memory" IREE's task executor gives each worker for dispatches that
+# declare some (GPU-style workgroup memory). IREE's default is 2 MiB a worker, allocated
+# and zeroed when the pool is made: 4 MiB of a 2-worker process's resident memory, 32 MiB
+# at 16 workers. llvm-cpu code keeps its tiles on the worker's stack and declares none
+# (tercomp's dispatches, the ternary kernels included, run with 4 KiB); a dispatch that
+# needs more fails loudly ("dispatch requires N b of local memory"), it is not wrong.
+# TERCOMP_TASK_LOCAL_MEMORY overrides it (bytes; 0: IREE's default).
+TASK_WORKER_LOCAL_MEMORY = 64 * 1024
+
 
 def driver_present(driver: str) -> bool:
     """Whether this process can open a device of `driver` (the driver is compiled into
@@ -92,7 +101,9 @@ def _configure_task_threads(threads: int | None):
             uri.startswith("local-task") for uri in getattr(system_setup, "_GLOBAL_DEVICES_BY_URI", {})):
         _task_threads.append(None)         # someone else's iree.runtime code made the pool
     if not _task_threads:
-        rt_flags.parse_flags(f"--task_topology_group_count={threads or 0}")
+        local = _local_memory()
+        rt_flags.parse_flags(f"--task_topology_group_count={threads or 0}",
+                             *([f"--task_worker_local_memory={local}"] if local else []))
         _task_threads.append(threads)
     elif threads is not None and _task_threads[0] != threads:
         have = _task_threads[0] or "IREE's default number of"
@@ -100,6 +111,16 @@ def _configure_task_threads(threads: int | None):
                           f"threads; IREE sizes it once per process, so threads={threads} "
                           "cannot take effect",
                           hint="pass threads= to the first compile or load of the process")
+
+
+def _local_memory() -> int:
+    value = os.environ.get("TERCOMP_TASK_LOCAL_MEMORY", "").strip()
+    if not value:
+        return TASK_WORKER_LOCAL_MEMORY
+    if not value.isdigit():
+        raise ConfigError(f"TERCOMP_TASK_LOCAL_MEMORY={value!r} is not a number of bytes",
+                          hint="unset it, or give bytes of local memory per worker (0: IREE's default)")
+    return int(value)
 
 
 def open_device(device: str, threads: int | None = None):
