@@ -217,6 +217,13 @@ def test_a_slot_does_not_disturb_the_others(batched):
     (lambda g: g.forward([1, 2], [0, 0], [9, 11]), "consecutive"),
     (lambda g: g.forward([1], [0], [MAX_SEQ]), "past the cache"),
     (lambda g: g.forward([1], [0], [3], rows=[1]), "rows must pick"),
+    (lambda g: g.copy_prefix(0, 0, 1), "both slot 0"),
+    (lambda g: g.copy_prefix(0, 1, MAX_SEQ), "rows must be an int from 0 to"),
+    (lambda g: g.copy_prefix(0, 1, 2, start=1), r"start must be an int from 0 to 0 \(the rows"),
+    (lambda g: g.copy_prefix(0, 4, 1), "slot must be an int from 0 to 3"),
+    (lambda g: g.copy_prefixes([(0, 1, 2, 0), (0, 1, 2, 0)]), "repeat a destination"),
+    (lambda g: g.copy_prefixes([(0, 1, 2, 0), (1, 0, 0, 0)]), "into a source slot"),
+    (lambda g: g.copy_prefixes([(0, 1)]), "a move is"),
 ])
 def test_bad_calls_change_nothing(batched, call, match):
     batched.reset()
@@ -233,9 +240,52 @@ def test_bad_calls_change_nothing(batched, call, match):
 def test_a_saved_batched_generator_loads_as_one(batched, tmp_path):
     batched.save(tmp_path / "b.tcm")
     back = tc.load(tmp_path / "b.tcm")
-    assert isinstance(back, BatchedLMGenerator) and back.max_batch == 4
+    assert isinstance(back, BatchedLMGenerator) and back.max_batch == 4 and back.can_copy
     p = _prompts(1, seed=4)[0]
     np.testing.assert_array_equal(back.prefill(p, slot=2), batched.prefill(p, slot=2))
+    back.copy_prefix(2, 0, p.size - 1)                   # the saved module copies rows too
+    np.testing.assert_array_equal(back.decode(int(p[-1]), slot=0), batched.prefill(p)[-1])
+
+
+def _check_copies(gen, seed):
+    """copy_prefix gives a slot the rows prefill would compute there: its next tokens'
+    logits are those of the whole prompt's prefill; the source is untouched."""
+    gen.reset()
+    rng = np.random.default_rng(seed)
+    p = rng.integers(0, 96, 30).astype(np.int32)
+    want = gen.prefill(p, slot=0)
+    gen.prefill(rng.integers(0, 96, 40), slot=1)          # other rows in the destination
+    gen.prefill(rng.integers(0, 96, 9), slot=2)
+    gen.copy_prefix(0, 1, 12)
+    assert gen.filled.tolist()[:3] == [30, 12, 9]
+    np.testing.assert_allclose(gen.forward(p[12:], [1] * 18, np.arange(12, 30)), want[12:],
+                               rtol=1e-5, atol=1e-5)
+    # several moves in one call; a destination that shares rows 0..4 gets rows 5.. only
+    gen.prefill(p[:5], slot=2)
+    gen.copy_prefixes([(0, 2, 25, 5), (0, 1, 20, 0)])
+    assert gen.filled.tolist()[:3] == [30, 20, 25]
+    got = gen.forward(np.concatenate([p[25:], p[20:]]), [2] * 5 + [1] * 10,
+                      np.concatenate([np.arange(25, 30), np.arange(20, 30)]))
+    np.testing.assert_allclose(got, np.concatenate([want[25:], want[20:]]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gen.decode(7, slot=0), gen.prefill(np.append(p, 7), slot=3)[-1],
+                               rtol=1e-5, atol=1e-5)
+    gen.copy_prefix(0, 3, 0)                                # no rows: the slot holds none
+    assert gen.filled[3] == 0
+
+
+def test_copy_prefix_gives_the_rows_prefill_computes(batched, single):
+    _check_copies(batched, 41)
+    # and those of a single-stream generator
+    p = np.random.default_rng(41).integers(0, 96, 30).astype(np.int32)
+    batched.copy_prefix(0, 3, 20)
+    np.testing.assert_allclose(batched.forward(p[20:], [3] * 10, np.arange(20, 30)),
+                               single.prefill(p)[20:], rtol=1e-5, atol=1e-5)
+
+
+def test_copy_prefix_of_f32_caches(lm):
+    gen = tc.compile_lm(lm, max_seq=MAX_SEQ, max_batch=4, kv_dtype="float32")
+    assert gen.kv_dtype == "f32" and gen.can_copy
+    _check_copies(gen, 42)
 
 
 def test_max_batch_is_checked(lm):
