@@ -572,6 +572,55 @@ def test_a_request_takes_the_free_slot_with_the_longest_shared_prefix(batched, s
         assert r.cached_tokens == 0 and len(r.prompt_scores) == chats[0].size
 
 
+def test_concurrent_requests_copy_a_running_prefix_with_the_same_tokens(batched, single):
+    """Six requests with one 24-token system prompt arriving together on 4 slots: the
+    first prefills it, the next three wait for it and copy its rows into their slots
+    (one chunk of 8 short of the prefix: 16 rows, MIN_SHARED), the last two find it in
+    a freed slot; every request's tokens are single-stream generation's (one sampled
+    with its seed), and the counters add up."""
+    rng = np.random.default_rng(43)
+    system = rng.integers(0, 96, 24)
+    prompts = [np.concatenate([system, rng.integers(0, 96, k)]).astype(np.int32)
+               for k in (3, 5, 2, 6, 4, 7)]
+    kws = [dict(temperature=0.8, seed=5) if i == 2 else {} for i in range(6)]
+    want = [single.generate(p, max_new_tokens=5, **kw) for p, kw in zip(prompts, kws)]
+    results = {}
+    for share in (True, False):
+        with Engine(batched, chunk=8, start=False, prefix_cache=share) as engine:
+            reqs = [engine.submit(p, max_tokens=5, **kw) for p, kw in zip(prompts, kws)]
+            engine.start()
+            for r, w in zip(reqs, want):
+                np.testing.assert_array_equal(r.result(60), w)
+            results[share] = [r.cached_tokens for r in reqs], engine.stats()
+    cached, stats = results[True]
+    assert cached[0] == 0 and cached[1:4] == [16] * 3 and min(cached[4:]) >= 24
+    assert stats["prompt_tokens_copied_total"] == 48
+    assert stats["prompt_tokens_cached_total"] == sum(cached)
+    assert stats["prompt_tokens_total"] == sum(p.size for p in prompts)
+    cached, stats = results[False]
+    assert cached == [0] * 6 and stats["prompt_tokens_copied_total"] == 0
+
+
+def test_a_request_copies_the_rows_of_a_sequence_still_decoding(batched, single):
+    """A prompt that continues a running request's prompt and first generated tokens
+    gets those rows (the generated ones too) from its slot, or from the slot once
+    freed; its tokens are single-stream generation's."""
+    rng = np.random.default_rng(44)
+    p = rng.integers(0, 96, 18).astype(np.int32)
+    with Engine(batched, chunk=8) as engine:
+        a = engine.submit(p, max_tokens=24)
+        first = []
+        for tok in a:
+            first.append(tok)
+            if len(first) == 4:
+                break
+        q = np.concatenate([p, first[:3], rng.integers(0, 96, 5)]).astype(np.int32)
+        b = engine.submit(q, max_tokens=6)
+        np.testing.assert_array_equal(b.result(60), single.generate(q, max_new_tokens=6))
+        assert b.cached_tokens == p.size + 3
+        np.testing.assert_array_equal(a.result(60), single.generate(p, max_new_tokens=24))
+
+
 # -- speculative decoding of a request served alone ---------------------------------------------
 @pytest.mark.parametrize("which", ["batched", "single"])
 def test_a_request_alone_decodes_speculatively_with_greedy_tokens(which, batched, single):
