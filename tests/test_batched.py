@@ -601,6 +601,24 @@ def test_concurrent_requests_copy_a_running_prefix_with_the_same_tokens(batched,
     assert cached == [0] * 6 and stats["prompt_tokens_copied_total"] == 0
 
 
+def test_a_waiting_request_copies_from_the_slot_its_leader_freed(batched, single):
+    """A request waits for the one computing its prefix, which ends with its prefill
+    (max_tokens=0) and frees its slot: the rows are copied from that free slot."""
+    rng = np.random.default_rng(45)
+    system = rng.integers(0, 96, 30)
+    lead = np.append(system, 7).astype(np.int32)
+    p = np.concatenate([system, rng.integers(0, 96, 10)]).astype(np.int32)
+    with Engine(batched, chunk=32, start=False) as engine:
+        a = engine.submit(lead, max_tokens=0)
+        b = engine.submit(p, max_tokens=5)
+        engine.start()
+        np.testing.assert_array_equal(b.result(60), single.generate(p, max_new_tokens=5))
+        assert a.result(60).size == 0 and a.cached_tokens == 0 and b.cached_tokens == 30
+        stats = engine.stats()
+    assert stats["prompt_tokens_copied_total"] == 30
+    assert stats["prompt_tokens_total"] == lead.size + p.size
+
+
 def test_a_request_copies_the_rows_of_a_sequence_still_decoding(batched, single):
     """A prompt that continues a running request's prompt and first generated tokens
     gets those rows (the generated ones too) from its slot, or from the slot once

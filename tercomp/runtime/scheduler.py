@@ -424,36 +424,42 @@ class Engine:
 
     def _share(self) -> set:
         """Copy into each request still prefilling the rows of its prompt's prefix that
-        a running sequence holds beyond its own (one copy_rows call for all, each
-        source's rows as they were before it); returns the ids of those that wait this
-        step for an earlier request to compute more of their prefix (the first of any
-        chain of them always runs)."""
+        another slot holds beyond its own: a running sequence's, or a free slot's (a
+        sequence that finished after this request took its slot). One copy_rows call
+        for all, each source's rows as they were before it. Returns the ids of the
+        requests that wait this step for an earlier one to compute more of their
+        prefix (the first of any chain of them always runs)."""
         if not self.prefix_cache or not self._copies:
             return set()
         todo = [r for r in self._running
                 if r._prefilled < r.prompt.size and r.prompt_logprobs is None]
         if not todo:
             return set()
+        if self.gen.calls != self._calls:    # someone else ran the generator: rows unknown
+            self._cached = [c[:0] for c in self._cached]
         held = {q.id: self._held(q) for q in self._running}
+        sources = [(q._slot, held[q.id]) for q in self._running] + \
+            [(s, self._cached[s]) for s in self._free]
         moves, wait = [], set()
         for r in todo:
             want, have = r.prompt[:-1], r._prefilled
-            src, rows, ahead = None, have, False
-            for i, q in enumerate(self._running):
-                if q is r:
-                    ahead = True            # the requests after r: copied from, never waited for
-                    continue
-                n = _common_prefix(held[q.id], want)
+            src, rows = None, have
+            for slot, tokens in sources:
+                n = _common_prefix(tokens, want) if slot != r._slot else 0
                 if n > rows:
-                    src, rows = q, n
-                # an earlier request whose prefill will compute more of r's prefix
-                if not ahead and q._prefilled < q.prompt.size and q.id not in wait \
-                        and _common_prefix(q.prompt, want) >= max(rows, have) + MIN_SHARED \
-                        and _common_prefix(q.prompt, want) > held[q.id].size:
-                    wait.add(r.id)
+                    src, rows = slot, n
             if src is not None and rows - have >= MIN_SHARED and r._slot not in \
-                    {m[0] for m in moves} and src._slot not in {m[1] for m in moves}:
-                moves.append((src._slot, r._slot, rows, have))
+                    {m[0] for m in moves} and src not in {m[1] for m in moves}:
+                moves.append((src, r._slot, rows, have))
+                have = rows
+            for q in self._running:     # an earlier request computing more of r's prefix
+                if q is r:
+                    break
+                common = _common_prefix(q.prompt, want)
+                if q._prefilled < q.prompt.size and q.id not in wait \
+                        and common > held[q.id].size and common >= have + MIN_SHARED:
+                    wait.add(r.id)
+                    break
         if moves:
             self.gen.copy_prefixes(moves)
             self._calls = self.gen.calls
