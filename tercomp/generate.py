@@ -7,6 +7,9 @@ decode alike:
 
     step(ids: i32 [T], start: i32, rows: i32 [L]) -> logits [L, vocab]
 
+(a batched module, max_batch > 1, also has `copy_rows`, which copies KV rows between
+slots: runtime/step_abi.py, runtime.BatchedLMGenerator.copy_prefix).
+
 T is dynamic: a prompt is one call, a decoded token a call with T = 1 (the ternary
 "dispatch" strategies pick the GEMV by the row count at run time). `rows` picks the
 positions of the call whose logits are computed (all of them for teacher-forced logits,

@@ -582,7 +582,7 @@ def test_concurrent_requests_copy_a_running_prefix_with_the_same_tokens(batched,
     system = rng.integers(0, 96, 24)
     prompts = [np.concatenate([system, rng.integers(0, 96, k)]).astype(np.int32)
                for k in (3, 5, 2, 6, 4, 7)]
-    kws = [dict(temperature=0.8, seed=5) if i == 2 else {} for i in range(6)]
+    kws = [{"temperature": 0.8, "seed": 5} if i == 2 else {} for i in range(6)]
     want = [single.generate(p, max_new_tokens=5, **kw) for p, kw in zip(prompts, kws)]
     results = {}
     for share in (True, False):
