@@ -18,10 +18,10 @@ slot whose tokens share the longest prefix with its prompt and prefills only the
 (a chat's next turn: only the new messages). Running sequences share theirs too (a
 module with copy_rows, BatchedLMGenerator.copy_prefix): before each step, a request
 still prefilling copies, on the device, the rows of its prompt's prefix that a running
-sequence's slot holds and its own does not, and waits while an earlier request is
-still computing more of that prefix (clients sending one system prompt at once: the
-first prefills it, the others copy it and prefill only their own part; all the
-step's copies are one call). A prefix shorter than MIN_SHARED tokens is computed
+sequence's slot (or a free one) holds and its own does not, and waits while an earlier
+request is still computing more of that prefix (clients sending one system prompt at
+once: the first prefills it, the others copy it and prefill only their own part; all
+the step's copies are one call). A prefix shorter than MIN_SHARED tokens is computed
 rather than waited for. The rows past the shared prefix need no clearing: attention
 reads a slot's rows up to each token's own position, and the new prompt's chunks
 overwrite them in order. A request asking for `prompt_logprobs` needs the logits of
@@ -72,7 +72,7 @@ from .speculative import DraftSchedule, accepted, prompt_lookup
 
 _DONE = object()
 
-#: the fewest prompt tokens a request copies from a running sequence's slot, or waits
+#: the fewest prompt tokens a request copies from another slot, or waits
 #: for while an earlier request computes them (fewer cost less to prefill in the step)
 MIN_SHARED = 16
 
