@@ -7,6 +7,9 @@ decode alike:
 
     step(ids: i32 [T], start: i32, rows: i32 [L]) -> logits [L, vocab]
 
+(a batched module, max_batch > 1, also has `copy_rows`, which copies KV rows between
+slots: runtime/step_abi.py, runtime.BatchedLMGenerator.copy_prefix).
+
 T is dynamic: a prompt is one call, a decoded token a call with T = 1 (the ternary
 "dispatch" strategies pick the GEMV by the row count at run time). `rows` picks the
 positions of the call whose logits are computed (all of them for teacher-forced logits,
@@ -46,6 +49,7 @@ from .lowering import Entry, StateVar, to_stateful_mlir
 from .codegen.targets import WITH_16BIT_STORAGE
 from .errors import ConfigError, UnsupportedError
 from .ir import TensorType
+from .ir.digest import digest
 from .models.bitnet import BitNetLM
 from .models.kv_cache import KVCache
 from .nn.stored import StoredTable, choose_table
@@ -53,7 +57,7 @@ from .passes import Dumper
 from .passes.check_numerics import enabled as numerics_enabled
 from .runtime.batched import BatchedLMGenerator
 from .runtime.generator import KV_DTYPES, LMGenerator
-from .runtime.step_abi import StepABI
+from .runtime.step_abi import COPY, COPY_INPUTS, StepABI
 from .tracing import api as _t
 from .tracing import spec, trace
 
@@ -113,6 +117,20 @@ class _Step(nn.Module):
         h = self.lm.hidden_states(ids.reshape(1, -1), cache=cache)          # [1, T, hidden]
         last = _t.take(h.reshape(-1, h.shape[-1]), rows, axis=0)             # [L, hidden]
         return self.lm.logits(last), cache.updated
+
+
+def _copy_rows(src, dst, positions, caches):
+    """copy_rows (runtime/step_abi.py): every cache [N, S, KV, D] with row positions[r]
+    of slot dst[r] set to row positions[r] of slot src[r] (R rows, R dynamic: a copy of
+    a prompt prefix moves its rows only). The rows are gathered from the cache as it was
+    (`take` over its [N * S] rows), then written with kv_scatter, the step's own write."""
+    n, s = caches[0].shape[0], caches[0].shape[1]
+    at = src * s + positions                                     # i32 [R]: flat row index
+    out = []
+    for c in caches:
+        rows = _t.take(c.reshape(n * s, *c.shape[2:]), at, axis=0)          # [R, KV, D]
+        out.append(_t.apply("kv_scatter", c, rows, dst, positions))
+    return out
 
 
 class _BatchStep(_Step):
@@ -243,17 +261,23 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
     # forward, whatever code it runs, and every weight it reads.
     graph = trace(step, *[spec(s, "int32") for s in abi.input_shapes],
                   [spec(cache_type.shape, kv)] * n, name=f"{abi.function}_body")
-    exe = build(_pipeline(abi, n, cache_type, ternary, opts, numerics), graph, opts,
+    copy = None
+    if abi.batched:
+        copy = trace(_copy_rows, *[spec(("R",), "int32")] * len(COPY_INPUTS),
+                     [spec(cache_type.shape, kv)] * n, name=f"{COPY}_body")
+    exe = build(_pipeline(abi, n, cache_type, ternary, opts, numerics, copy), graph, opts,
                 dumper=dumper, cache=cache, meta={"lm": lm_meta}, hit_meta={"lm": lm_meta},
                 stage=f"the IREE compile of the LM for {', '.join(opts.names)}")
     return wrap(exe)
 
 
 def _pipeline(abi: StepABI, n_caches: int, cache_type, ternary, opts: BuildOptions,
-              numerics: bool) -> Pipeline:
+              numerics: bool, copy=None) -> Pipeline:
     """compile_lm's Pipeline: the ternary pass (unless "off"), the kernels pass, simplify
     (and check_numerics); the step lowered as the exported function of `abi` over one
-    mutable global per cache, bound as the ABI says. A cache hit skips the passes."""
+    mutable global per cache, bound as the ABI says, and with a batched ABI the traced
+    `copy` (copy_rows: no weights, no passes) as a second function over the same
+    globals. A cache hit skips the passes."""
     names = opts.names
     passes = ([] if ternary == "off" else [("ternary", {"strategy": ternary, "targets": names})]) \
         + [("kernels", {"targets": names}), "simplify"]
@@ -262,12 +286,18 @@ def _pipeline(abi: StepABI, n_caches: int, cache_type, ternary, opts: BuildOptio
     state = [StateVar(name, cache_type) for name in abi.cache_names(n_caches)]
     bind_in, bind_out = abi.bind_inputs(n_caches), abi.bind_outputs(n_caches)
 
+    entries = []
+    if copy is not None:
+        entries.append(Entry(COPY, copy, abi.bind_inputs(n_caches, len(COPY_INPUTS)),
+                             abi.bind_outputs(n_caches, 0)))
+
     def lower(g, ctx, params):
-        return to_stateful_mlir([Entry(abi.function, g, bind_in, bind_out)], state, ctx,
-                                params=params, targets=names)
+        return to_stateful_mlir([Entry(abi.function, g, bind_in, bind_out), *entries], state,
+                                ctx, params=params, targets=names)
     return Pipeline("compile_lm", tuple(passes), lower,
                     lower_key=repr((abi, cache_type, sorted(bind_in.items()),
-                                    sorted(bind_out.items()))),
+                                    sorted(bind_out.items()),
+                                    copy and digest(copy))),
                     weights="irpa", function=abi.function, stages_on_hit=False,
                     stage_prefix=f"{abi.function}.")
 

@@ -217,6 +217,13 @@ def test_a_slot_does_not_disturb_the_others(batched):
     (lambda g: g.forward([1, 2], [0, 0], [9, 11]), "consecutive"),
     (lambda g: g.forward([1], [0], [MAX_SEQ]), "past the cache"),
     (lambda g: g.forward([1], [0], [3], rows=[1]), "rows must pick"),
+    (lambda g: g.copy_prefix(0, 0, 1), "both slot 0"),
+    (lambda g: g.copy_prefix(0, 1, MAX_SEQ), "rows must be an int from 0 to"),
+    (lambda g: g.copy_prefix(0, 1, 2, start=1), r"start must be an int from 0 to 0 \(the rows"),
+    (lambda g: g.copy_prefix(0, 4, 1), "slot must be an int from 0 to 3"),
+    (lambda g: g.copy_prefixes([(0, 1, 2, 0), (0, 1, 2, 0)]), "repeat a destination"),
+    (lambda g: g.copy_prefixes([(0, 1, 2, 0), (1, 0, 0, 0)]), "into a source slot"),
+    (lambda g: g.copy_prefixes([(0, 1)]), "a move is"),
 ])
 def test_bad_calls_change_nothing(batched, call, match):
     batched.reset()
@@ -233,9 +240,52 @@ def test_bad_calls_change_nothing(batched, call, match):
 def test_a_saved_batched_generator_loads_as_one(batched, tmp_path):
     batched.save(tmp_path / "b.tcm")
     back = tc.load(tmp_path / "b.tcm")
-    assert isinstance(back, BatchedLMGenerator) and back.max_batch == 4
+    assert isinstance(back, BatchedLMGenerator) and back.max_batch == 4 and back.can_copy
     p = _prompts(1, seed=4)[0]
     np.testing.assert_array_equal(back.prefill(p, slot=2), batched.prefill(p, slot=2))
+    back.copy_prefix(2, 0, p.size - 1)                   # the saved module copies rows too
+    np.testing.assert_array_equal(back.decode(int(p[-1]), slot=0), batched.prefill(p)[-1])
+
+
+def _check_copies(gen, seed):
+    """copy_prefix gives a slot the rows prefill would compute there: its next tokens'
+    logits are those of the whole prompt's prefill; the source is untouched."""
+    gen.reset()
+    rng = np.random.default_rng(seed)
+    p = rng.integers(0, 96, 30).astype(np.int32)
+    want = gen.prefill(p, slot=0)
+    gen.prefill(rng.integers(0, 96, 40), slot=1)          # other rows in the destination
+    gen.prefill(rng.integers(0, 96, 9), slot=2)
+    gen.copy_prefix(0, 1, 12)
+    assert gen.filled.tolist()[:3] == [30, 12, 9]
+    np.testing.assert_allclose(gen.forward(p[12:], [1] * 18, np.arange(12, 30)), want[12:],
+                               rtol=1e-5, atol=1e-5)
+    # several moves in one call; a destination that shares rows 0..4 gets rows 5.. only
+    gen.prefill(p[:5], slot=2)
+    gen.copy_prefixes([(0, 2, 25, 5), (0, 1, 20, 0)])
+    assert gen.filled.tolist()[:3] == [30, 20, 25]
+    got = gen.forward(np.concatenate([p[25:], p[20:]]), [2] * 5 + [1] * 10,
+                      np.concatenate([np.arange(25, 30), np.arange(20, 30)]))
+    np.testing.assert_allclose(got, np.concatenate([want[25:], want[20:]]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gen.decode(7, slot=0), gen.prefill(np.append(p, 7), slot=3)[-1],
+                               rtol=1e-5, atol=1e-5)
+    gen.copy_prefix(0, 3, 0)                                # no rows: the slot holds none
+    assert gen.filled[3] == 0
+
+
+def test_copy_prefix_gives_the_rows_prefill_computes(batched, single):
+    _check_copies(batched, 41)
+    # and those of a single-stream generator
+    p = np.random.default_rng(41).integers(0, 96, 30).astype(np.int32)
+    batched.copy_prefix(0, 3, 20)
+    np.testing.assert_allclose(batched.forward(p[20:], [3] * 10, np.arange(20, 30)),
+                               single.prefill(p)[20:], rtol=1e-5, atol=1e-5)
+
+
+def test_copy_prefix_of_f32_caches(lm):
+    gen = tc.compile_lm(lm, max_seq=MAX_SEQ, max_batch=4, kv_dtype="float32")
+    assert gen.kv_dtype == "f32" and gen.can_copy
+    _check_copies(gen, 42)
 
 
 def test_max_batch_is_checked(lm):
@@ -520,6 +570,73 @@ def test_a_request_takes_the_free_slot_with_the_longest_shared_prefix(batched, s
         r = engine.submit(chats[0], max_tokens=1, prompt_logprobs=1)
         r.result(60)
         assert r.cached_tokens == 0 and len(r.prompt_scores) == chats[0].size
+
+
+def test_concurrent_requests_copy_a_running_prefix_with_the_same_tokens(batched, single):
+    """Six requests with one 24-token system prompt arriving together on 4 slots: the
+    first prefills it, the next three wait for it and copy its rows into their slots
+    (one chunk of 8 short of the prefix: 16 rows, MIN_SHARED), the last two find it in
+    a freed slot; every request's tokens are single-stream generation's (one sampled
+    with its seed), and the counters add up."""
+    rng = np.random.default_rng(43)
+    system = rng.integers(0, 96, 24)
+    prompts = [np.concatenate([system, rng.integers(0, 96, k)]).astype(np.int32)
+               for k in (3, 5, 2, 6, 4, 7)]
+    kws = [{"temperature": 0.8, "seed": 5} if i == 2 else {} for i in range(6)]
+    want = [single.generate(p, max_new_tokens=5, **kw) for p, kw in zip(prompts, kws)]
+    results = {}
+    for share in (True, False):
+        with Engine(batched, chunk=8, start=False, prefix_cache=share) as engine:
+            reqs = [engine.submit(p, max_tokens=5, **kw) for p, kw in zip(prompts, kws)]
+            engine.start()
+            for r, w in zip(reqs, want):
+                np.testing.assert_array_equal(r.result(60), w)
+            results[share] = [r.cached_tokens for r in reqs], engine.stats()
+    cached, stats = results[True]
+    assert cached[0] == 0 and cached[1:4] == [16] * 3 and min(cached[4:]) >= 24
+    assert stats["prompt_tokens_copied_total"] == 48
+    assert stats["prompt_tokens_cached_total"] == sum(cached)
+    assert stats["prompt_tokens_total"] == sum(p.size for p in prompts)
+    cached, stats = results[False]
+    assert cached == [0] * 6 and stats["prompt_tokens_copied_total"] == 0
+
+
+def test_a_waiting_request_copies_from_the_slot_its_leader_freed(batched, single):
+    """A request waits for the one computing its prefix, which ends with its prefill
+    (max_tokens=0) and frees its slot: the rows are copied from that free slot."""
+    rng = np.random.default_rng(45)
+    system = rng.integers(0, 96, 30)
+    lead = np.append(system, 7).astype(np.int32)
+    p = np.concatenate([system, rng.integers(0, 96, 10)]).astype(np.int32)
+    with Engine(batched, chunk=32, start=False) as engine:
+        a = engine.submit(lead, max_tokens=0)
+        b = engine.submit(p, max_tokens=5)
+        engine.start()
+        np.testing.assert_array_equal(b.result(60), single.generate(p, max_new_tokens=5))
+        assert a.result(60).size == 0 and a.cached_tokens == 0 and b.cached_tokens == 30
+        stats = engine.stats()
+    assert stats["prompt_tokens_copied_total"] == 30
+    assert stats["prompt_tokens_total"] == lead.size + p.size
+
+
+def test_a_request_copies_the_rows_of_a_sequence_still_decoding(batched, single):
+    """A prompt that continues a running request's prompt and first generated tokens
+    gets those rows (the generated ones too) from its slot, or from the slot once
+    freed; its tokens are single-stream generation's."""
+    rng = np.random.default_rng(44)
+    p = rng.integers(0, 96, 18).astype(np.int32)
+    with Engine(batched, chunk=8) as engine:
+        a = engine.submit(p, max_tokens=24)
+        first = []
+        for tok in a:
+            first.append(tok)
+            if len(first) == 4:
+                break
+        q = np.concatenate([p, first[:3], rng.integers(0, 96, 5)]).astype(np.int32)
+        b = engine.submit(q, max_tokens=6)
+        np.testing.assert_array_equal(b.result(60), single.generate(q, max_new_tokens=6))
+        assert b.cached_tokens == p.size + 3
+        np.testing.assert_array_equal(a.result(60), single.generate(p, max_new_tokens=24))
 
 
 # -- speculative decoding of a request served alone ---------------------------------------------

@@ -288,6 +288,39 @@ def test_a_chat_s_next_turn_reuses_the_cached_prefix(ref, base, client):
     assert metric(base, "tercomp_prefix_cache_tokens") >= len(second)
 
 
+def test_concurrent_chats_with_one_system_prompt_share_its_rows(ref, base, client):
+    """Four clients at once (the server's slots), one long system prompt, each its own
+    question: those arriving while another's request runs copy the system prompt's
+    rows from its slot (tercomp_prompt_tokens_copied_total) or find them in a freed one;
+    every answer is still the single-stream generator's, and /metrics counts the
+    tokens each usage reports as cached."""
+    system = "the brown fox and the quick world " * 6 + "hello"
+    questions = ["hello world", "the quick fox", "brown brown hello", "world the fox"]
+    template = ChatTemplate.from_dict(ref.chat_template)
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+             for q in questions]
+    ids = [ref.tokenizer.encode(template.render(m, add_generation_prompt=True),
+                                add_special_tokens=False).ids for m in chats]
+    shared = min(next(i for i, (a, b) in enumerate(zip(ids[0], x)) if a != b) for x in ids[1:])
+    assert shared >= 40
+    before = {k: metric(base, f"tercomp_prompt_tokens_{k}_total") for k in ("cached", "copied")}
+    barrier = threading.Barrier(len(chats))
+
+    def ask(messages):
+        barrier.wait(30)
+        return client.chat.completions.create(model="tiny", messages=messages, max_tokens=24,
+                                              temperature=0)
+    with cf.ThreadPoolExecutor(len(chats)) as pool:
+        answers = list(pool.map(ask, chats))
+    for r, x in zip(answers, ids):
+        assert r.choices[0].message.content == expected(ref, x, 24)[1]
+        assert r.usage.prompt_tokens == len(x)
+    cached = sorted(r.usage.prompt_tokens_details.cached_tokens for r in answers)
+    assert all(c >= shared - 16 for c in cached[1:])      # all but the first reuse it
+    assert metric(base, "tercomp_prompt_tokens_cached_total") - before["cached"] == sum(cached)
+    assert metric(base, "tercomp_prompt_tokens_copied_total") > before["copied"]
+
+
 # -- log-probabilities ------------------------------------------------------------------------
 
 def log_softmax(logits):

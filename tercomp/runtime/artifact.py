@@ -19,9 +19,9 @@ uncompressed, each once, and no others:
     - `content_hash`: sha256 over those digests, a name for the artifact's content
     - `weights_scope`: parameter scope of `weights.irpa` (when present)
     - `lm` (a compiled language model, tc.compile_lm): `config` (the model's
-      hyperparameters), `max_seq`, `kv_dtype`, `entries` (["step"]), `step_inputs` and
-      `tokenizer` (the tokenizer.json text, or null); tc.load then returns an
-      LMGenerator (tercomp.runtime.generator)
+      hyperparameters), `max_seq`, `kv_dtype`, `entries` (["step"], with "copy_rows"
+      where batched), `step_inputs` and `tokenizer` (the tokenizer.json text, or
+      null); tc.load then returns an LMGenerator (tercomp.runtime.generator)
 - `weights.irpa` (optional): the parameters the module reads, in IREE's archive format,
   stored last and starting at a multiple of ALIGN bytes in the file (its local header
   is padded with an extra field, as Android's zipalign pads), so that tc.load maps the

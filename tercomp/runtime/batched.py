@@ -18,6 +18,12 @@ device-state API:
     >>> b = gen.prefill([4, 5], slot=1)[-1]
     >>> logits = gen.step([int(a.argmax()), int(b.argmax())], slots=[0, 1])   # [2, vocab]
     >>> gen.free(1)
+    >>> gen.copy_prefix(0, 1, 3)       # slot 1 now holds slot 0's rows 0..2: [1, 2, 3]
+    >>> gen.decode(4, slot=1)          # as prefill([1, 2, 3, 4], slot=1) would give
+
+`copy_prefix` runs the module's second function, copy_rows (runtime/step_abi.py): a
+new request whose prompt begins as a running sequence's does copies that sequence's
+rows instead of computing them again (runtime.Engine's prefix sharing).
 """
 from __future__ import annotations
 
@@ -25,9 +31,9 @@ import numbers
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import ExecutionError, InputError, UnsupportedError
 from .generator import LMGenerator, _ids
-from .step_abi import STEP, StepABI
+from .step_abi import COPY, STEP, StepABI
 
 
 class BatchedLMGenerator(LMGenerator):
@@ -43,6 +49,7 @@ class BatchedLMGenerator(LMGenerator):
         super().__init__(exe)
         self.max_batch = int(exe.meta["lm"]["max_batch"])
         self.filled = np.zeros(self.max_batch, np.int64)
+        self._copy = None
 
     # -- the one entry point -------------------------------------------------------------
     def forward(self, ids, slots, positions, rows=None) -> np.ndarray:
@@ -135,6 +142,71 @@ class BatchedLMGenerator(LMGenerator):
         if isinstance(token, (bool, np.bool_)) or not isinstance(token, (numbers.Integral, np.ndarray)):
             raise InputError(f"decode: the token must be an int, got {type(token).__name__}")
         return self._step_slots(np.reshape(token, -1), [slot])[0]
+
+    @property
+    def can_copy(self) -> bool:
+        """Whether the module has copy_rows (an artifact saved by an older tercomp has
+        not: copy_prefix then raises UnsupportedError)."""
+        return COPY in self.exe.meta["lm"].get("entries", ())
+
+    def copy_prefix(self, src: int, dst: int, rows: int, start: int = 0) -> None:
+        """Copy rows `start`..`rows`-1 of slot `src` (at most the rows it holds) to the
+        same rows of slot `dst` (another slot, holding at least `start` rows: those it
+        already shares with `src`), in every layer's K and V cache; `dst` then holds
+        `rows` rows (whatever it held past them is dropped). One call of copy_rows, on
+        the device: the rows never come to the host."""
+        self.copy_prefixes([(src, dst, rows, start)])
+
+    def copy_prefixes(self, moves) -> None:
+        """copy_prefix of every (src, dst, rows, start) of `moves` in ONE call: the
+        destinations distinct, and none of them a source (each source's rows are read
+        as they were before the call)."""
+        with self._exclusive("copy_prefixes"):
+            moves = [self._move(m) for m in moves]
+            dsts = [m[1] for m in moves]
+            if len(set(dsts)) != len(dsts) or set(dsts) & {m[0] for m in moves}:
+                raise InputError(f"copy_prefixes: moves {moves} repeat a destination or copy "
+                                 f"into a source slot", hint="one call per chain of copies")
+            if not self.can_copy:
+                raise UnsupportedError("copy_prefix: this module has no copy_rows function "
+                                       "(compiled by an older tercomp)",
+                                       hint="compile it again with tc.compile_lm(max_batch=N)")
+            pos = [np.arange(start, rows, dtype=np.int32) for _, _, rows, start in moves]
+            n = sum(p.size for p in pos)
+            if n:
+                if self._copy is None:
+                    self._copy = self.exe.function(COPY)
+                self.calls += 1
+                try:
+                    self._copy(np.repeat(np.array([m[0] for m in moves], np.int32),
+                                         [p.size for p in pos]),
+                               np.repeat(np.array(dsts, np.int32), [p.size for p in pos]),
+                               np.concatenate(pos))
+                except Exception as e:
+                    raise ExecutionError(f"the IREE runtime failed copying KV rows on "
+                                         f"{self.exe.device}: {e}") from None
+            for _, dst, rows, _ in moves:
+                self.filled[dst] = rows
+
+    def _move(self, move) -> tuple:
+        """(src, dst, rows, start) checked against the slots' filled rows."""
+        try:
+            src, dst, rows, start = move
+        except (TypeError, ValueError):
+            raise InputError(f"copy_prefixes: a move is (src, dst, rows, start), got "
+                             f"{move!r}") from None
+        src, dst = self._slot(src), self._slot(dst)
+        if src == dst:
+            raise InputError(f"copy_prefix: source and destination are both slot {src}")
+        for what, v, hi, held in (("rows", rows, int(self.filled[src]), "source"),
+                                  ("start", start, int(self.filled[dst]), "destination")):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) \
+                    or not 0 <= v <= hi:
+                raise InputError(f"copy_prefix: {what} must be an int from 0 to {hi} (the "
+                                 f"rows the {held} slot holds), got {v!r}")
+        if start > rows:
+            raise InputError(f"copy_prefix: start {start} is past rows {rows}")
+        return src, dst, int(rows), int(start)
 
     def free(self, slot: int) -> None:
         """Forget the sequence in `slot` (its rows are overwritten by the next one)."""

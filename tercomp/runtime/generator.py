@@ -112,7 +112,7 @@ class LMGenerator:
         `max_batch` > 1 for a batched generator (runtime.batched), whose step takes
         StepABI(batched=True)'s inputs."""
         return {"config": dict(config), "max_seq": int(max_seq), "kv_dtype": kv_dtype,
-                "entries": [STEP], "max_batch": int(max_batch),
+                "entries": StepABI.of(max_batch).entries, "max_batch": int(max_batch),
                 "step_inputs": list(StepABI.of(max_batch).inputs),
                 "tokenizer": tokenizer, "chat": chat}
 

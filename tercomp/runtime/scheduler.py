@@ -15,10 +15,17 @@ batched step function (runtime.batched) holding:
 Prefix caching (on by default, as llama-server's `cache_prompt`): a slot keeps the
 tokens whose KV rows it holds after its request ends, and a new request takes the free
 slot whose tokens share the longest prefix with its prompt and prefills only the rest
-(a chat's next turn: only the new messages). The rows past the shared prefix need no
-clearing: attention reads a slot's rows up to each token's own position, and the new
-prompt's chunks overwrite them in order. A request asking for `prompt_logprobs` needs
-the logits of every prompt token and reuses nothing.
+(a chat's next turn: only the new messages). Running sequences share theirs too (a
+module with copy_rows, BatchedLMGenerator.copy_prefix): before each step, a request
+still prefilling copies, on the device, the rows of its prompt's prefix that a running
+sequence's slot (or a free one) holds and its own does not, and waits while an earlier
+request is still computing more of that prefix (clients sending one system prompt at
+once: the first prefills it, the others copy it and prefill only their own part; all
+the step's copies are one call). A prefix shorter than MIN_SHARED tokens is computed
+rather than waited for. The rows past the shared prefix need no clearing: attention
+reads a slot's rows up to each token's own position, and the new prompt's chunks
+overwrite them in order. A request asking for `prompt_logprobs` needs the logits of
+every prompt token and reuses nothing.
 
 Speculative decoding (`num_draft=k`, off by default) for a request served alone: while
 it is the only one running and nothing waits, a greedy request without penalties,
@@ -65,6 +72,10 @@ from .speculative import DraftSchedule, accepted, prompt_lookup
 
 _DONE = object()
 
+#: the fewest prompt tokens a request copies from another slot, or waits
+#: for while an earlier request computes them (fewer cost less to prefill in the step)
+MIN_SHARED = 16
+
 
 class QueueFull(TercompError):
     """The engine's queue of waiting requests is full (a server answers 429)."""
@@ -87,7 +98,8 @@ class Request:
     (None for prompt[0], which nothing predicts), complete once the prompt is
     prefilled. Log-probabilities are `log_softmax` of the model's logits, before any
     sampling transform (vLLM's raw logprobs). `cached_tokens`: the prompt tokens whose
-    KV rows came from the prefix cache (set when the request gets its slot)."""
+    KV rows came from the prefix cache (set when the request gets its slot, and grown
+    by rows copied from a running sequence while it prefills)."""
     id: int
     prompt: np.ndarray
     max_tokens: int
@@ -216,6 +228,8 @@ class Engine:
         self.prefix_cache = bool(prefix_cache)
         # the tokens whose KV rows each free slot holds (the prefix cache)
         self._cached = [np.zeros(0, np.int32) for _ in range(self.max_batch)]
+        # running sequences share their rows (a module with copy_rows)
+        self._copies = bool(getattr(self.gen, "can_copy", False))
         self._calls = self.gen.calls        # the generator's step calls after our last one
         self._cv = threading.Condition()
         self._ids = itertools.count()
@@ -225,6 +239,7 @@ class Engine:
         self._failed: BaseException | None = None
         self.counters = {"requests_total": 0, "requests_finished": 0, "requests_rejected": 0,
                          "prompt_tokens_total": 0, "prompt_tokens_cached_total": 0,
+                         "prompt_tokens_copied_total": 0,
                          "generated_tokens_total": 0, "steps_total": 0,
                          "draft_tokens_total": 0, "draft_tokens_accepted_total": 0,
                          "step_seconds_total": 0.0, "ttft_seconds_total": 0.0}
@@ -299,7 +314,8 @@ class Engine:
     def stats(self) -> dict:
         """Counters and the current queue: waiting, running, free slots, and
         `prefix_cache_tokens` (the tokens free slots hold for reuse). Of
-        `prompt_tokens_total`, `prompt_tokens_cached_total` came from the prefix cache."""
+        `prompt_tokens_total`, `prompt_tokens_cached_total` came from the prefix cache,
+        `prompt_tokens_copied_total` of those from a running sequence's slot."""
         with self._cv:
             return {**self.counters, "waiting": len(self._waiting), "running": len(self._running),
                     "slots": self.max_batch, "free_slots": len(self._free),
@@ -397,6 +413,66 @@ class Engine:
         self._cached[best] = self._cached[best][:0]
         return best, reuse
 
+    def _held(self, q: Request) -> np.ndarray:
+        """The tokens of running request `q` whose KV rows its slot holds: the prompt
+        prefilled so far, or the prompt and every generated token but the last (a slot
+        just taken may hold stale rows past the prefix it reuses: not counted)."""
+        n = min(int(self.gen.filled[q._slot]), q._prefilled + max(len(q.tokens) - 1, 0))
+        if n <= q.prompt.size:
+            return q.prompt[:n]
+        return np.concatenate([q.prompt, np.array(q.tokens[:n - q.prompt.size], np.int32)])
+
+    def _share(self) -> set:
+        """Copy into each request still prefilling the rows of its prompt's prefix that
+        another slot holds beyond its own: a running sequence's, or a free slot's (a
+        sequence that finished after this request took its slot). One copy_rows call
+        for all, each source's rows as they were before it. Returns the ids of the
+        requests that wait this step for an earlier one to compute more of their
+        prefix (the first of any chain of them always runs)."""
+        if not self.prefix_cache or not self._copies:
+            return set()
+        todo = [r for r in self._running
+                if r._prefilled < r.prompt.size and r.prompt_logprobs is None]
+        if not todo:
+            return set()
+        if self.gen.calls != self._calls:    # someone else ran the generator: rows unknown
+            self._cached = [c[:0] for c in self._cached]
+        held = {q.id: self._held(q) for q in self._running}
+        sources = [(q._slot, held[q.id]) for q in self._running] + \
+            [(s, self._cached[s]) for s in self._free]
+        moves, wait = [], set()
+        for r in todo:
+            want, have = r.prompt[:-1], r._prefilled
+            src, rows = None, have
+            for slot, tokens in sources:
+                n = _common_prefix(tokens, want) if slot != r._slot else 0
+                if n > rows:
+                    src, rows = slot, n
+            if src is not None and rows - have >= MIN_SHARED and r._slot not in \
+                    {m[0] for m in moves} and src not in {m[1] for m in moves}:
+                moves.append((src, r._slot, rows, have))
+                have = rows
+            for q in self._running:     # an earlier request computing more of r's prefix
+                if q is r:
+                    break
+                common = _common_prefix(q.prompt, want)
+                if q._prefilled < q.prompt.size and q.id not in wait \
+                        and common > held[q.id].size and common >= have + MIN_SHARED:
+                    wait.add(r.id)
+                    break
+        if moves:
+            self.gen.copy_prefixes(moves)
+            self._calls = self.gen.calls
+            by_slot = {r._slot: r for r in todo}
+            for _, dst, rows, have in moves:
+                r = by_slot[dst]
+                r._prefilled = rows
+                r.cached_tokens += rows - have
+                for key in ("prompt_tokens_total", "prompt_tokens_cached_total",
+                            "prompt_tokens_copied_total"):
+                    self.counters[key] += rows - have
+        return wait
+
     def _drop_cancelled(self):
         for r in [r for r in self._running if r._cancel]:
             self._finish(r, "cancelled")
@@ -456,8 +532,9 @@ class Engine:
         budget = self.chunk
         if rows and self.step_tokens is not None:         # sequences decode: they come first
             budget = min(budget, max(self.step_tokens - len(rows), 1))
+        wait = self._share()
         for r in self._running:
-            if r._prefilled < r.prompt.size and budget > 0:
+            if r._prefilled < r.prompt.size and budget > 0 and r.id not in wait:
                 n = min(budget, r.prompt.size - r._prefilled)
                 first = r._prefilled
                 ids.extend(r.prompt[first:first + n].tolist())

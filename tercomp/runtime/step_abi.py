@@ -14,6 +14,15 @@ them after its named inputs and returns their new values after the logits, and t
 exported function binds both to the globals (lowering/state.py), so a caller passes the
 named inputs only.
 
+A batched module (max_batch > 1) has a second function over the same globals, which
+copies KV rows between slots (runtime.Engine shares a running sequence's prompt prefix
+with a new request through it):
+
+    copy_rows(src i32[R], dst i32[R], positions i32[R])
+        row positions[r] of slot src[r] -> row positions[r] of slot dst[r], every cache
+
+The (dst, position) pairs must be distinct and none of them a source row.
+
     >>> abi = StepABI.of(max_batch=1)
     >>> abi.inputs, abi.bind_inputs(4)
     (('ids', 'start', 'rows'), {3: 'kv0', 4: 'kv1', 5: 'kv2', 6: 'kv3'})
@@ -22,8 +31,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: the one exported function of a compiled LM
+#: the exported function of a compiled LM
 STEP = "step"
+#: a batched LM's KV row copy between slots
+COPY = "copy_rows"
+#: copy_rows' named inputs (i32 [R] each), before the caches
+COPY_INPUTS = ("src", "dst", "positions")
 
 _SINGLE = (("ids", ("T",)), ("start", ()), ("rows", ("L",)))
 _BATCHED = (("ids", ("T",)), ("slots", ("T",)), ("positions", ("T",)), ("rows", ("L",)))
@@ -58,14 +71,22 @@ class StepABI:
     def cache_names(n_caches: int) -> list:
         return [f"kv{i}" for i in range(n_caches)]
 
-    def bind_inputs(self, n_caches: int) -> dict:
-        """{traced input index: cache global}: the caches follow the named inputs."""
-        return {len(self.inputs) + i: name for i, name in enumerate(self.cache_names(n_caches))}
+    def bind_inputs(self, n_caches: int, named: int | None = None) -> dict:
+        """{traced input index: cache global}: the caches follow the `named` inputs
+        (default the step's)."""
+        first = len(self.inputs) if named is None else named
+        return {first + i: name for i, name in enumerate(self.cache_names(n_caches))}
 
     @staticmethod
-    def bind_outputs(n_caches: int) -> dict:
-        """{traced output index: cache global}: the caches follow the logits."""
-        return {1 + i: name for i, name in enumerate(StepABI.cache_names(n_caches))}
+    def bind_outputs(n_caches: int, first: int = 1) -> dict:
+        """{traced output index: cache global}: the caches follow the logits (`first`
+        1), or are every output (`first` 0: copy_rows)."""
+        return {first + i: name for i, name in enumerate(StepABI.cache_names(n_caches))}
+
+    @property
+    def entries(self) -> list:
+        """The module's exported functions: the step, and copy_rows where batched."""
+        return [self.function, COPY] if self.batched else [self.function]
 
     def cache_shape(self, max_batch: int, max_seq: int, kv_heads: int, head_dim: int) -> tuple:
         rows = (max_seq, kv_heads, head_dim)

@@ -11,6 +11,8 @@ replicas) live in one process.
     tercomp_http_errors_total{status}      answered with an error (4xx, 5xx)
     tercomp_prompt_tokens_total, tercomp_generation_tokens_total
     tercomp_prompt_tokens_cached_total     prompt tokens whose KV rows the prefix cache held
+                                           (a free slot's, or copied from a running one)
+    tercomp_prompt_tokens_copied_total     ... of which copied from a running sequence's slot
     tercomp_prefix_cache_hit_rate          ... over all prompt tokens (0 to 1)
     tercomp_prefix_cache_tokens            tokens the free slots hold for reuse
     tercomp_draft_tokens_total             speculative drafts verified (--speculative)
@@ -35,6 +37,8 @@ _COUNTERS = [
     ("prompt_tokens", "prompt_tokens_total", "prompt tokens (prefilled or reused)"),
     ("prompt_tokens_cached", "prompt_tokens_cached_total",
      "prompt tokens whose KV rows were reused from the prefix cache"),
+    ("prompt_tokens_copied", "prompt_tokens_copied_total",
+     "prompt tokens of those whose KV rows were copied from a running sequence's slot"),
     ("generation_tokens", "generated_tokens_total", "tokens generated"),
     ("draft_tokens", "draft_tokens_total", "speculative draft tokens verified"),
     ("draft_tokens_accepted", "draft_tokens_accepted_total",
