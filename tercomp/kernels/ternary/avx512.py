@@ -29,18 +29,26 @@ shuffles and adds leaves sum p in lane p (45 instructions, against about 12 a su
 reduced alone, which at K = 1536, 6 chunks of 64 bytes, cost as many instructions as
 the products), dequantized on 16 lanes at once and stored 2 floats a row of x.
 
-Conclusions on a 2-core Xeon (Emerald Rapids class: two 512-bit vpdpbusd a cycle) with
-AVX-512 VNNI (bench/RESULTS.md): the GEMM loop of 8 x 2 rows with gf2p8affineqb and
-the reduction tree against the earlier one (blocks of 4 x 2 rows, 2 accumulators a
-pair, each sum reduced alone), same runs: 8x1536x4096 min 0.188 against 0.242 ms,
-128x1536x4096 min 2.3 against 3.6 ms; the tree alone (blocks of 4) took 0.197;
-8 x 1 rows with the scaled decode, and 8 x 2 with the shift decode, between the two.
-Blocks of 2 rows made 2, 6 and 7 rows of x 15-20% faster than the GEMV loop for the
-remainder. Against avx2: 2-3x faster at 8 and 16 rows of x and 1.6-1.9x at 128
-before these changes; decode (M = 1, memory-bound) measured alike; vpdpbusd on zmm
-issues as often as on ymm here (twice the products an instruction), and a ymm GEMV
-loop measured alike with the zmm one, so the kernel uses zmm throughout. The GEMV
-loop's 4 sums reduced by the tree measured alike with its own reductions (left so).
+Conclusions on a 2-core Xeon (Emerald Rapids class, two 512-bit vpdpbusd a cycle per
+core) with AVX-512 VNNI, 2026-11-27, a machine at load 7-9 (bench/RESULTS.md): this GEMM
+loop against the one before it (blocks of 4 rows x 2 weight rows, two accumulators a
+pair, each sum reduced alone) in the same runs, min / median ms of a call: 8x1536x1536
+0.108 / 0.133 against 0.126 / 0.173, 8x1536x4096 0.236 / 0.402 against 0.270 / 0.519,
+8x4096x1536 0.225 / 0.326 against 0.290 / 0.392, 128x1536x4096 2.31 / 15.3 against
+3.22 / 15.6, 512x1536x4096 39.9 / 63.2 against 54.0 / 77.8; M = 1 (the GEMV loop, not
+changed) alike; the 700M batched generator's step at 8 sequences 1.2x faster and a
+128-token prefill 1.23x. What did not help: the reduction tree alone (blocks of 4)
+took 0.197 ms at 8x1536x4096 where this loop took 0.188; 8 rows x 1 weight row with
+the scaled decode (0.220), the shift decode with 8 x 2 (0.194), 16 rows x 1 weight row
+at 128 rows (slower), prefetching 4, 12, 16 or 32 rows ahead, tiles of 8, 16 or 64
+rows, 2, 4 or 16 workgroups: alike or slower. The tree on the GEMV loop's 4 sums
+measured alike with its own reductions (left so: decode is bound by memory). The
+products are now near the port bound at K = 1536 with warm weights: 64 vpdpbusd + 8
+gf2p8affineqb a step on the two vector ports, 36 cycles for 64 products.
+Against avx2 (before these changes): 2-3x faster at 8 and 16 rows of x and 1.6-1.9x
+at 128; vpdpbusd on zmm issues as often as on ymm here (twice the products an
+instruction), and a ymm GEMV loop measured alike with the zmm one, so the kernel uses
+zmm throughout.
 
 Needs: llvm-cpu on a host with AVX-512 VNNI (avx512bw comes with it), K/4 a multiple
 of 64 and N a multiple of 4 (`fits`, the kernel table row's condition: the table gives
@@ -66,11 +74,13 @@ ROWS = avx2.ROWS
 #: decoded a step, accumulators a (weight row, row of x) pair). The rows of x go in
 #: blocks of 8 while 8 are left, then of 4, then of 2, the last one (if any) through the
 #: GEMV loop, so every batch from 2 rows up reads each weight chunk once per block.
-#: 8 x 2 with one accumulator a pair: 16 accumulators, 8 code vectors and the x row in
-#: flight (26 of the 32 zmm registers, no spills), 64 vpdpbusd to 8 decode instructions
-#: (gf2p8affineqb) a step; each chunk decoded once at M = 8, where blocks of 4 decoded it
-#: twice. The small blocks keep two accumulators a pair (chains of two vpdpbusd: with
-#: 8 or fewer pairs a chain of four would wait on vpdpbusd's latency).
+#: 8 x 2 with one accumulator a pair: 16 accumulators, the 2 rows' bytes, a plane of
+#: each decoded at a time, the x vector and the 4 bit matrices in registers (no spills
+#: in the dumped assembly), 64 vpdpbusd to 8 gf2p8affineqb a step; each chunk decoded
+#: once at M = 8, where blocks of 4 decoded it twice. The small blocks keep two
+#: accumulators a pair (chains of two vpdpbusd: with 8 or fewer pairs a chain of four
+#: would wait on vpdpbusd's latency). Blocks of 2 made 2, 6 and 7 rows of x 15-20%
+#: faster than the GEMV loop for those rows (bench/RESULTS.md).
 BLOCKS = ((8, 2, 1), (4, 2, 2), (2, 2, 2))
 #: The smallest block: batches below it (a decode) take the GEMV loop only.
 MB = BLOCKS[-1][0]
