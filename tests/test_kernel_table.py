@@ -82,6 +82,17 @@ def test_the_compile_cache_key_follows_the_table(monkeypatch):
     assert kt.table_key(["vulkan"]) == kt.table_key(["vulkan"])
 
 
+def test_the_compile_cache_key_follows_the_features_kernels_choose_code_by(monkeypatch):
+    """The avx512 ternary GEMM decodes with gf2p8affineqb only where the host has GFNI:
+    hosts with and without it (the same table rows) get different keys."""
+    with_gfni = frozenset({"avx2", "avx512f", "avx512_vnni", "gfni"})
+    monkeypatch.setattr(kt, "host_cpu_features", lambda: with_gfni)
+    key = kt.table_key(["llvm-cpu"])
+    monkeypatch.setattr(kt, "host_cpu_features", lambda: with_gfni - {"gfni"})
+    assert kt.table_key(["llvm-cpu"]) != key
+    assert kt.table_key(["vulkan"]) == kt.table_key(["vulkan"])
+
+
 # ------------------------------------------------------------------ the table decides alone
 def _packed(k, n):
     return pack_ternary(np.zeros((n, k), np.int8)).view(np.int8)

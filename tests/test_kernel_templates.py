@@ -145,38 +145,64 @@ CHECK:         %q0_0 = arith.andi %raw0_0, %three : vector<32xi8>
 
 
 def test_ternary_avx512():
-    check(ternary_avx512.executable_text("tern_avx512_gemv_8x64_offset_q", 8, 64, True, True), """
+    check(ternary_avx512.executable_text("tern_avx512_gemv_8x64_offset_q", 8, 64, True, True,
+                                         gfni=True), """
 CHECK-LABEL: stream.executable private @tern_avx512_gemv_8x64_offset_q
 CHECK:   %g = arith.select %big, %many, %few : index
 CHECK:   func.func @tern_avx512_gemv_8x64_offset_q(%bq: !stream.binding, %bs: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
-CHECK:     %cg = arith.constant 2 : index
+CHECK:     %cg0 = arith.constant 2 : index
+CHECK:     %cmb0 = arith.constant 8 : index
+CHECK:     %cmb2 = arith.constant 2 : index
 CHECK:     %ctile = arith.constant 32 : index
 CHECK:     %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?x256xi8>{%m}
-CHECK:     %three = arith.constant dense<50529027> : vector<16xi32>
+CHECK:     %gfa0q = arith.constant dense<72620543991349248> : vector<8xi64>
+CHECK:     %gfa3q = arith.constant dense<4647714815446351872> : vector<8xi64>
+CHECK:     %mend0 = arith.addi %c0, %mlen0 : index
+CHECK:     %mleft1 = arith.subi %m, %mend0 : index
+CHECK:     %mend2 = arith.addi %mend1, %mlen2 : index
 CHECK:     scf.for %rt = %r0 to %r1 step %ctile
-CHECK:       scf.for %mrow = %c0 to %mfull step %cmb
-CHECK:         %fm3 = arith.mulf %amc3, %wscale : f32
-CHECK:         scf.for %r = %rt to %rtend step %cg
-CHECK:           %acc:16 = scf.for %c = %c0 to %ckb step %cc iter_args(%a0_0 = %z32, %b0_0 = %z32,
+CHECK:       scf.for %mrow = %c0 to %mend0 step %cmb0
+CHECK:         %fm7 = arith.mulf %amc7, %wscale : f32
+CHECK:         %sumv = vector.from_elements %sx0, %sx0, %sx1, %sx1, %sx2, %sx2, %sx3, %sx3, %sx4, %sx4, %sx5, %sx5, %sx6, %sx6, %sx7, %sx7 : vector<16xi32>
+CHECK:         scf.for %r = %rt to %rtend step %cg0
+CHECK:           %acc:16 = scf.for %c = %c0 to %ckb step %cc iter_args(%a0_0 = %z32, %a1_0 = %z32, %a0_1 = %z32,
 CHECK:             %raw0b = vector.load %w[%rowraw0, %c] : memref<8x64xi8>, vector<64xi8>
 CHECK:             memref.prefetch %w[%preraw0, %c], read, locality<3>, data : memref<8x64xi8>
-CHECK-NOT:         %u0 =
-CHECK:             %t0 = arith.shrui %raw0, %s4 : vector<16xi32>
-CHECK:             %qw0_3 = arith.andi %t0, %twelve : vector<16xi32>
-CHECK:             %q0_3 = vector.bitcast %qw0_3 : vector<16xi32> to vector<64xi8>
-CHECK:             %x3_3 = vector.load %xq[%xr3, %xo3_3] : memref<?x256xi8>, vector<64xi8>
-CHECK:             %nb0_3 = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"(%pb0_3, %q0_3, %x3_3) : (vector<16xi32>, vector<64xi8>, vector<64xi8>) -> vector<16xi32>
-CHECK:           %sh0_3 = arith.shli %acc#6, %two32 : vector<16xi32>
-CHECK:           %all0_3 = arith.addi %sh0_3, %acc#7 : vector<16xi32>
-CHECK:           %dif0_3 = arith.subi %red0_3, %sx3 : i32
-CHECK:           memref.store %y0_3, %o[%ocol0_3, %orow0_3] : memref<?x8xf32>
-CHECK:           %sh1_3 = arith.shli %acc#14, %two32 : vector<16xi32>
-CHECK:           %orow1_3 = affine.apply affine_map<(d0) -> (d0 + 1)>(%r)
-CHECK:     scf.for %mrow = %mfull to %m step %c1
+CHECK:             %q0_3 = llvm.call_intrinsic "llvm.x86.vgf2p8affineqb.512"(%raw0b, %gfa3, %gfb) : (vector<64xi8>, vector<64xi8>, i8) -> vector<64xi8>
+CHECK:             %x7_3 = vector.load %xq[%xr7, %xo7_3] : memref<?x256xi8>, vector<64xi8>
+CHECK:             %na1_7 = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"(%pc1_7, %q1_3, %x7_3) : (vector<16xi32>, vector<64xi8>, vector<64xi8>) -> vector<16xi32>
+CHECK:           %sr0_0l = vector.shuffle %acc#0, %acc#1 [0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29]
+CHECK:           %sr1_0l = vector.shuffle %sr0_0, %sr0_1 [0, 1, 16, 17,
+CHECK:           %sr2_0l = vector.shuffle %sr1_0, %sr1_1 [0, 1, 2, 3, 8, 9, 10, 11, 16,
+CHECK:           %sr3_0 = arith.addi %sr3_0l, %sr3_0h : vector<16xi32>
+CHECK:           %sdif = arith.subi %sr3_0, %sumv : vector<16xi32>
+CHECK:           %y7 = vector.extract_strided_slice %sy offsets = [14], sizes = [2], strides = [1] : vector<16xf32> to vector<2xf32>
+CHECK:           vector.store %y7, %o[%ocol7, %r] : memref<?x8xf32>, vector<2xf32>
+CHECK:       scf.for %mrow = %mend0 to %mend1 step %cmb1
+CHECK:           %acc:16 = scf.for %c = %c0 to %ckb step %cc iter_args(%a0_0 = %z32, %b0_0 = %z32,
+CHECK:           %all7 = arith.addi %acc#14, %acc#15 : vector<16xi32>
+CHECK:       scf.for %mrow = %mend1 to %mend2 step %cmb2
+CHECK:           %acc:8 = scf.for
+CHECK:     scf.for %mrow = %mend2 to %m step %c1
 CHECK:       scf.for %rj = %r0 to %rqend step %c1
 CHECK:           memref.prefetch %w[%preraw3, %c], read, locality<3>, data : memref<8x64xi8>
+CHECK:           %qw3_1 = arith.andi %raw3, %twelve : vector<16xi32>
 CHECK:           %nb3_0 = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"(%pb3_0, %q3_3, %x0_3)
-CHECK:         memref.store %y3_0, %o[%ocol3_0, %rq3] : memref<?x8xf32>
+CHECK:         memref.store %y3, %o[%mrow, %rq3] : memref<?x8xf32>
+""")
+    # without GFNI (or on signed codes) the GEMM loop decodes each plane with a shift and an and
+    check(ternary_avx512.executable_text("tern_avx512_gemv_8x64_q", 8, 64, False, True,
+                                         gfni=True), """
+CHECK-NOT:   vgf2p8affineqb
+CHECK:       %u0 = arith.subi %lp0, %hi0 : vector<16xi32>
+CHECK:       %t0_3 = arith.shrui %u0, %s6 : vector<16xi32>
+CHECK:       %qw0_3 = arith.andi %t0_3, %three : vector<16xi32>
+""")
+    check(ternary_avx512.executable_text("tern_avx512_gemv_8x64_offset_q", 8, 64, True, True,
+                                         gfni=False), """
+CHECK-NOT:   vgf2p8affineqb
+CHECK:       %t0_2 = arith.shrui %raw0, %s4 : vector<16xi32>
+CHECK:       %qw0_2 = arith.andi %t0_2, %three : vector<16xi32>
 """)
     check(ternary_avx512.executable_text("tern_avx512_gemv_8x64", 8, 64), """
 CHECK:   func.func @tern_avx512_gemv_8x64(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)

@@ -18,6 +18,7 @@ iree_rt = pytest.importorskip("iree.runtime")
 from iree.compiler import ir  # noqa: E402
 from iree.compiler.dialects import arith, func  # noqa: E402
 
+from tercomp.kernels.ternary import avx512  # noqa: E402
 from tercomp.kernels.ternary import blocked as ternary_blocked  # noqa: E402
 from tercomp.codegen.iree_session import (HOST_CPU_FLAGS, build_and_compile,  # noqa: E402
                                           new_session)
@@ -424,8 +425,12 @@ needs_vnni = pytest.mark.skipif(VNNI not in host_cpu_features(),
     (3, 4093, 12, "offset", None),              # K % 4 != 0, the decode's own quantization
     (5, 1536, 20, "offset", None),              # a block of 4 rows of x and a GEMV row
     (16, 2048, 36, "signed", None),             # 4 blocks; 36 rows: workgroups of 8, 4, none
-    (DYN, 16384, 8, "offset", (1, 4, 5, 16, 128)),  # the largest K; 1..32 blocks, a remainder
-    (DYN, 1280, 68, "signed", (1, 3, 13, 128)),     # 68 rows: a partial tile of 16 rows
+    (DYN, 16384, 8, "offset", (1, 4, 5, 16, 128)),  # the largest K; 1..16 blocks, a remainder
+    (DYN, 1280, 68, "signed", (1, 3, 13, 128)),     # 68 rows: a partial tile of 32 rows
+    # blocks of 8, 4 and 2 rows of x and the GEMV row in every combination (M = 2..15,
+    # a batched decode's sizes), 1536 x 4096 as in the 700M model's projections
+    (DYN, 1536, 4096, "offset", (2, 3, 6, 7, 8, 15)),
+    (DYN, 1024, 40, "signed", (8, 14)),
     # K below the packed 768 / 1024: the quantize dispatch reads x unpadded and writes
     # the zero columns (a 3x3x64 conv's patch rows; K = 1000); K % 8 != 0: a padded copy
     (DYN, 576, 64, "offset", (1, 4, 7, 33)),
@@ -438,6 +443,15 @@ def test_avx512_matches_reference(m, k, n, codes, batches):
     most of x small, M in whole blocks of 4 rows of x (the GEMM loop over tiles of 16
     weight rows), remainders (the GEMV loop) and both, against the reference, exactly."""
     _check_kernel_exactly("avx512", m, k, n, codes, batches or [m])
+
+
+@needs_vnni
+def test_avx512_gemm_without_gfni_matches_reference(monkeypatch):
+    """On an AVX-512 VNNI host without GFNI (Cascade Lake) the GEMM loop decodes each
+    plane with a shift and an and instead of gf2p8affineqb: the same numbers, exactly,
+    in blocks of 8, 4 and 2 rows and the GEMV row."""
+    monkeypatch.setattr(avx512, "host_cpu_features", lambda: frozenset({VNNI}))
+    _check_kernel_exactly("avx512", DYN, 1536, 36, "offset", (7, 8, 11))
 
 
 @needs_vnni

@@ -440,11 +440,21 @@ def flags(used: Sequence[KernelRow], targets: Sequence[str]) -> list[str]:
     return out
 
 
+#: Host features a row's kernel reads to choose its own code within the row (the avx512
+#: ternary GEMM decodes with gf2p8affineqb where the host has GFNI; the widening
+#: output-layer kernel multiplies 4 rows of x at a time with AVX-512): a compile-cache
+#: key says which of them the host has, so a cached module never holds instructions
+#: the host lacks.
+KERNEL_FEATURES = ("gfni", "avx512f")
+
+
 def table_key(targets: Sequence[str]) -> str:
     """What of the table a compile for `targets` on this host depends on, for a compile
     cache key taken before tracing: the rows available to it (feature present), each with
-    its flags. Any edit to a rule changes tercomp's source digest as well."""
+    its flags, and which of KERNEL_FEATURES the host has. Any edit to a rule changes
+    tercomp's source digest as well."""
     features = target_features(targets)
-    return repr([(r.op, r.kernel, r.feature, r.flags, r.fits.__name__,
-                  r.picks.__name__ if r.picks else None) for r in TABLE
-                 if r.available(targets, features)])
+    return repr(([(r.op, r.kernel, r.feature, r.flags, r.fits.__name__,
+                   r.picks.__name__ if r.picks else None) for r in TABLE
+                  if r.available(targets, features)],
+                 [f for f in KERNEL_FEATURES if f in features]))
