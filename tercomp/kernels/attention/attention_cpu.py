@@ -28,6 +28,14 @@ from ...ir import is_static
 from ..template import render
 
 CHUNK = 256
+#: Rows ahead whose K and V lines a query's loops prefetch (0: none). A head's D values
+#: are 3 lines (f16, D = 96) out of every KV * D row, so its rows are strided by a few
+#: KiB and the hardware prefetchers (which stop at a 4 KiB page) miss nearly every one:
+#: the loops waited on DRAM row by row. Measured at the 700M shape, position 130, 2
+#: threads (bench/timeline.py, bench/RESULTS.md 2026-11-27): the attention of a batched
+#: step of 8 slots 136 -> 57 ms, of a decode step 13.5 -> 3.3 ms (medians, a loaded
+#: machine); a 128-token prefill (its rows in cache) unchanged.
+PREFETCH = 8
 
 
 def fits(head_dim: int, kv_dtype: str) -> bool:
@@ -48,7 +56,8 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
     products; exp runs 8 scores at a time over the chunk buffer; the weighted sum of V
     rows keeps one 8-lane accumulator per pass over the chunk's rows."""
     return render("attention", name=name, heads=heads, kv_heads=kv_heads, d=d, s=s, kel=kel,
-                  slots=slots, chunk=CHUNK, window=int(window or 0))
+                  slots=slots, chunk=CHUNK, window=int(window or 0),
+                  prefetch=PREFETCH)
 
 
 def _suffix(window) -> str:
