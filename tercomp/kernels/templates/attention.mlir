@@ -1,4 +1,4 @@
-{# params: name, heads, kv_heads, d, s, kel, slots, chunk, window, prefetch #}
+{# params: name, heads, kv_heads, d, s, kel, slots, chunk, window, prefetch, vgroup #}
 {#
   (q [T, H, D] f32, k, v [S, KV, D] kel, scale: f32, start: index, T: index) ->
   out [T, H, D] f32; with `slots` = N > 0 the caches are [N, S, KV, D] and `start` is
@@ -131,22 +131,33 @@
           }
           %l0 = arith.mulf %l, %corr : f32
           %l1 = arith.addf %l0, %lc : f32
-%% for i in range(lanes)
+{# the weighted sum of the chunk's V rows: rows outer, `vgroup` lanes inner, one
+   accumulator each (the lanes' FMA chains interleave instead of one chain of 4-cycle
+   FMAs per lane; each lane still sums its rows in order) #}
+%% for g0 in range(0, lanes, vgroup)
+%%   set gl = range(g0, [g0 + vgroup, lanes]|min)
+%%   set gtypes = ([v8] * gl|length)|join(", ")
+%%   for i in gl
           %a{{ i }} = vector.load %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
           %as{{ i }} = arith.mulf %a{{ i }}, %corrv : {{ v8 }}
-          %w{{ i }} = scf.for %s = %cs to %ce step %c1 iter_args(%wa = %as{{ i }}) -> ({{ v8 }}) {
-%%   if i == 0
+%%   endfor
+          %w{{ g0 }}:{{ gl|length }} = scf.for %s = %cs to %ce step %c1 iter_args(<% for i in gl %>%wa{{ i }} = %as{{ i }}{{ ", " if not loop.last }}<% endfor %>) -> ({{ gtypes }}) {
+%%   if g0 == 0
 {{ prefetch_row("%v") }}
 %%   endif
             %j = arith.subi %s, %cs : index
             %e = memref.load %sc[%j] : {{ st }}
             %eb = vector.broadcast %e : f32 to {{ v8 }}
-            %vr = vector.load %v[{{ row }}, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
-            {{ widen("%vf", "%vr") }}
-            %wn = vector.fma %eb, %vf, %wa : {{ v8 }}
-            scf.yield %wn : {{ v8 }}
+%%   for i in gl
+            %vr{{ i }} = vector.load %v[{{ row }}, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
+            {{ widen("%%vf%d" % i, "%%vr%d" % i) }}
+            %wn{{ i }} = vector.fma %eb, %vf{{ i }}, %wa{{ i }} : {{ v8 }}
+%%   endfor
+            scf.yield <% for i in gl %>%wn{{ i }}{{ ", " if not loop.last }}<% endfor %> : {{ gtypes }}
           }
-          vector.store %w{{ i }}, %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
+%%   for i in gl
+          vector.store %w{{ g0 }}#{{ loop.index0 }}, %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
+%%   endfor
 %% endfor
           scf.yield %mn, %l1 : f32, f32
         }
