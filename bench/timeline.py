@@ -15,12 +15,16 @@ tokens, one per slot, each at --pos; B > 1 only) and a --prompt-token prefill
   pool; `iree-profile dispatch --dispatch_events` reads them back), medians over the
   --iters calls; with the weight bytes each matmul kind reads per token and the GB/s
   that makes;
-- their sum against the wall time of the call three ways: the command buffer's span
-  (first dispatch start to last dispatch end: the sum's remainder there is the barriers
-  between dispatches), iree-benchmark-module's time per call (no profiling: adds the
-  runtime's per-call cost: submission, argument buffers, the logits' transfer), and the
-  generator's own call from Python (`gen.extend` / `gen.forward` / `gen.prefill`: adds
-  tercomp's checks, the binding and the logits' copy), --rounds each, interleaved.
+- their sum against the wall time of the call: the command buffer's span (first
+  dispatch start to last dispatch end; the remainder is the barriers and gaps between
+  dispatches, negative where independent dispatches overlap, e.g. a prefill's q/k/v
+  matmuls) and the profiled calls' mean time (the rest: the runtime's per-call cost,
+  submission, argument buffers, the logits' transfer); then, --rounds times
+  interleaved, iree-benchmark-module's time per call without the profiler and the
+  generator's own call from Python (`gen.extend` / `gen.forward` / `gen.prefill`:
+  tercomp's checks, the binding and the logits' copy on top). On a shared machine
+  compare only numbers of one run: the profiled pass and the rounds run at different
+  moments.
 
 Numbers are WARM: the same call repeated, so the weights' pages are mapped and the KV
 rows and activations may sit in cache; the weights (hundreds of MB) do not fit in any
@@ -78,7 +82,9 @@ def kind(name: str, vocab: int) -> tuple[str, str]:
         return "rms_norm", name
     if "rope" in name:
         return "rope", name
-    if re.search(r"scatter|cache_write|update_slice|insert_slice", name):
+    # the batched cache's rows go in by iree_linalg_ext.scatter; the single one's
+    # (tensor.insert_slice into the global) by IREE's copy dispatch, `slow_memcpy`
+    if re.search(r"scatter|cache_write|update_slice|insert_slice|memcpy", name):
         return "kv_write", name
     if re.search(r"gemv|gemm|matmul|ternary|tl_", name) and name.startswith("tern_"):
         return "ternary", name
@@ -259,18 +265,19 @@ def main(argv=None):
                 continue
             reps = 3 if tokens > 16 else 10
             prof = os.path.join(tmp, "p.ireeprof")
-            bench_module(vmfb, irpa, scope, inputs, a.threads, a.iters, profile=prof)
+            profiled = bench_module(vmfb, irpa, scope, inputs, a.threads, a.iters, profile=prof)
             names, kinds, dsum, span, count, n = per_call(dispatch_events(prof), vocab)
             mod, py = [], []
             for _ in range(a.rounds):      # interleaved: module alone, then from Python
                 mod.append(bench_module(vmfb, irpa, scope, inputs, a.threads, reps))
                 py += py_times(fn, 1, reps)
             restore()
-            report(label, tokens, names, kinds, dsum, span, count, n, mod, py, vocab, a.events)
+            report(label, tokens, names, kinds, dsum, span, count, n, profiled, mod, py, vocab,
+                   a.events)
     print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} (1 and 5 min)")
 
 
-def report(label, tokens, names, kinds, dsum, span, count, n, mod, py, vocab, events):
+def report(label, tokens, names, kinds, dsum, span, count, n, profiled, mod, py, vocab, events):
     ms = 1e3
     med = statistics.median
     print(f"\n== {label}: {sum(count.values())} dispatches a call ({n} profiled calls, "
@@ -296,11 +303,11 @@ def report(label, tokens, names, kinds, dsum, span, count, n, mod, py, vocab, ev
           f"{wb / tokens / 1e6:8.2f} {wb / dsum / 1e9:6.1f}")
     print(f"  {'command buffer span (+ barriers, gaps)':<44} {span * ms:8.3f}  "
           f"(+{(span - dsum) * ms:.3f})")
+    print(f"  {'the profiled calls, mean (+ runtime)':<44} {profiled * ms:8.3f}  "
+          f"(+{(profiled - span) * ms:.3f})")
     mm, pm = med(mod), med(py)
-    print(f"  {'iree-benchmark-module call (+ runtime)':<44} {mm * ms:8.3f}  "
-          f"(+{(mm - span) * ms:.3f}; min {min(mod) * ms:.3f})")
-    print(f"  {'generator call from Python (+ Python)':<44} {pm * ms:8.3f}  "
-          f"(+{(pm - mm) * ms:.3f}; min {min(py) * ms:.3f})")
+    print(f"  interleaved, median / min: iree-benchmark-module {mm * ms:.3f} / {min(mod) * ms:.3f}, "
+          f"the generator from Python {pm * ms:.3f} / {min(py) * ms:.3f} (Python +{(pm - mm) * ms:.3f})")
     print(f"  -> {tokens / pm:.1f} tokens/s from Python; weights {wb / tokens / 1e6:.1f} MB a "
           f"token at {wb / pm / 1e9:.1f} GB/s over the whole call")
 
