@@ -18,6 +18,7 @@
 {# the columns of a head's row that start its 64-byte lines #}
 %% set lines = range(0, d, 64 // ebytes)
 %% set kt = "memref<%dx%dx%dx%dx%s>" % (slots, s, kv_heads, d, kel) if slots else "memref<%dx%dx%dx%s>" % (s, kv_heads, d, kel)
+{# the cache row of position %s: [%s] or [%slot, %s] #}
 %% set row = "%slot, %s" if slots else "%s"
 %% set prow = "%slot, %sp" if slots else "%sp"
 {# prefetch(cache): the head's row `prefetch` rows ahead of %s (the last row %last at
