@@ -28,6 +28,21 @@ from ...ir import is_static
 from ..template import render
 
 CHUNK = 256
+#: Rows ahead whose K and V lines a query's loops prefetch (0: none). A head's D values
+#: are 3 lines (f16, D = 96) out of every KV * D row, so its rows are strided by a few
+#: KiB and the hardware prefetchers (which stop at a 4 KiB page) miss nearly every one:
+#: the loops waited on DRAM row by row. Measured at the 700M shape, position 130, 2
+#: threads (bench/timeline.py, bench/RESULTS.md 2026-11-27): the attention of a batched
+#: step of 8 slots 136 -> 57 ms, of a decode step 13.5 -> 3.3 ms (medians, a loaded
+#: machine); a 128-token prefill (its rows in cache) unchanged.
+PREFETCH = 8
+#: Lanes (8 floats each) of the V accumulator that one pass over a chunk's rows keeps
+#: in registers: 8 independent FMA chains, 8 + 2 vector registers (AVX2 has 16). One
+#: lane a pass (1) was a chain of dependent 4-cycle FMAs per lane: measured at the 700M
+#: shape, 2 threads, the attention of a 128-token prefill 308 -> 227 ms (medians, all 24
+#: layers, a loaded machine: bench/RESULTS.md 2026-11-27); the sums are unchanged (each
+#: lane still adds its rows in order).
+VGROUP = 8
 
 
 def fits(head_dim: int, kv_dtype: str) -> bool:
@@ -46,9 +61,11 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
     Written on 8-lane vectors with the D/8 lanes of a row unrolled (IREE's codegen of
     one D-wide vector spilled it lane by lane): q's row stays in registers for the dot
     products; exp runs 8 scores at a time over the chunk buffer; the weighted sum of V
-    rows keeps one 8-lane accumulator per pass over the chunk's rows."""
+    rows keeps VGROUP 8-lane accumulators per pass over the chunk's rows; each row's K
+    and V lines are prefetched PREFETCH rows ahead."""
     return render("attention", name=name, heads=heads, kv_heads=kv_heads, d=d, s=s, kel=kel,
-                  slots=slots, chunk=CHUNK, window=int(window or 0))
+                  slots=slots, chunk=CHUNK, window=int(window or 0),
+                  prefetch=PREFETCH, vgroup=VGROUP)
 
 
 def _suffix(window) -> str:

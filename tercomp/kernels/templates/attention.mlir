@@ -1,4 +1,4 @@
-{# params: name, heads, kv_heads, d, s, kel, slots, chunk, window #}
+{# params: name, heads, kv_heads, d, s, kel, slots, chunk, window, prefetch, vgroup #}
 {#
   (q [T, H, D] f32, k, v [S, KV, D] kel, scale: f32, start: index, T: index) ->
   out [T, H, D] f32; with `slots` = N > 0 the caches are [N, S, KV, D] and `start` is
@@ -14,9 +14,25 @@
 %% set v8 = "vector<8xf32>"
 %% set vk = "vector<8x%s>" % kel
 %% set qt = "memref<?x%dx%dxf32>" % (heads, d)
-{# the cache row of position %s: [%s] or [%slot, %s] #}
+%% set ebytes = 4 if kel == "f32" else 2
+{# the columns of a head's row that start its 64-byte lines #}
+%% set lines = range(0, d, 64 // ebytes)
 %% set kt = "memref<%dx%dx%dx%dx%s>" % (slots, s, kv_heads, d, kel) if slots else "memref<%dx%dx%dx%s>" % (s, kv_heads, d, kel)
+{# the cache row of position %s: [%s] or [%slot, %s] #}
 %% set row = "%slot, %s" if slots else "%s"
+%% set prow = "%slot, %sp" if slots else "%sp"
+{# prefetch(cache): the head's row `prefetch` rows ahead of %s (the last row %last at
+   most): a head's D values are a few lines out of each KV * D row, so rows are strided
+   by KV * D and the hardware prefetchers, which stop at a 4 KiB page, miss them #}
+%% macro prefetch_row(cache)
+%%   if prefetch
+            %sa = arith.addi %s, %cpf : index
+            %sp = arith.minui %sa, %last : index
+%%     for c in lines
+            memref.prefetch {{ cache }}[{{ prow }}, %kh, %col_l{{ c }}], read, locality<3>, data : {{ kt }}
+%%     endfor
+%%   endif
+%% endmacro
 %% set bindings = "%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, " ~ ("%bs: !stream.binding, %bp: !stream.binding, %bo: !stream.binding, %scale: f32, %m: index" if slots else "%bo: !stream.binding, %scale: f32, %p: index, %m: index")
 %% set st = "memref<%dxf32>" % chunk
 %% set at = "memref<%dxf32>" % d
@@ -34,6 +50,10 @@
 %% for i in range(lanes)
       %col{{ i }} = arith.constant {{ 8 * i }} : index
 %% endfor
+%% for c in lines
+      %col_l{{ c }} = arith.constant {{ c }} : index
+%% endfor
+      %cpf = arith.constant {{ prefetch }} : index
       %cchunk = arith.constant {{ chunk }} : index
       %cgroup = arith.constant {{ heads // kv_heads }} : index
       %ninf = arith.constant 0xFF800000 : f32
@@ -80,6 +100,7 @@
           %ce = arith.minui %ceu, %n : index
           %len = arith.subi %ce, %cs : index
           %cm = scf.for %s = %cs to %ce step %c1 iter_args(%m1 = %ninf) -> (f32) {
+{{ prefetch_row("%k") }}
 %% for i in range(lanes)
             %k{{ i }} = vector.load %k[{{ row }}, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
             {{ widen("%%kf%d" % i, "%%k%d" % i) }}
@@ -111,19 +132,33 @@
           }
           %l0 = arith.mulf %l, %corr : f32
           %l1 = arith.addf %l0, %lc : f32
-%% for i in range(lanes)
+{# the weighted sum of the chunk's V rows: rows outer, `vgroup` lanes inner, one
+   accumulator each (the lanes' FMA chains interleave instead of one chain of 4-cycle
+   FMAs per lane; each lane still sums its rows in order) #}
+%% for g0 in range(0, lanes, vgroup)
+%%   set gl = range(g0, [g0 + vgroup, lanes]|min)
+%%   set gtypes = ([v8] * gl|length)|join(", ")
+%%   for i in gl
           %a{{ i }} = vector.load %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
           %as{{ i }} = arith.mulf %a{{ i }}, %corrv : {{ v8 }}
-          %w{{ i }} = scf.for %s = %cs to %ce step %c1 iter_args(%wa = %as{{ i }}) -> ({{ v8 }}) {
+%%   endfor
+          %w{{ g0 }}:{{ gl|length }} = scf.for %s = %cs to %ce step %c1 iter_args(<% for i in gl %>%wa{{ i }} = %as{{ i }}{{ ", " if not loop.last }}<% endfor %>) -> ({{ gtypes }}) {
+%%   if g0 == 0
+{{ prefetch_row("%v") }}
+%%   endif
             %j = arith.subi %s, %cs : index
             %e = memref.load %sc[%j] : {{ st }}
             %eb = vector.broadcast %e : f32 to {{ v8 }}
-            %vr = vector.load %v[{{ row }}, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
-            {{ widen("%vf", "%vr") }}
-            %wn = vector.fma %eb, %vf, %wa : {{ v8 }}
-            scf.yield %wn : {{ v8 }}
+%%   for i in gl
+            %vr{{ i }} = vector.load %v[{{ row }}, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
+            {{ widen("%%vf%d" % i, "%%vr%d" % i) }}
+            %wn{{ i }} = vector.fma %eb, %vf{{ i }}, %wa{{ i }} : {{ v8 }}
+%%   endfor
+            scf.yield <% for i in gl %>%wn{{ i }}{{ ", " if not loop.last }}<% endfor %> : {{ gtypes }}
           }
-          vector.store %w{{ i }}, %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
+%%   for i in gl
+          vector.store %w{{ g0 }}#{{ loop.index0 }}, %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
+%%   endfor
 %% endfor
           scf.yield %mn, %l1 : f32, f32
         }
