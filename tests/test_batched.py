@@ -129,7 +129,8 @@ def test_slot_attention_dispatches_the_cpu_kernel():
 @pytest.mark.parametrize("dtype", ["float16", "int8"])
 def test_output_layer_kernel_at_every_batch_size(dtype):
     """dense_avx2 shares each widened weight vector between up to 4 rows of x on
-    AVX-512 hosts; every M (whole blocks and remainders) matches the reference."""
+    AVX-512 hosts; every M (whole blocks and every remainder, a batched decode's 8 rows
+    among them) matches the reference."""
     rng = np.random.default_rng(0)
     table = StoredTable.from_weight(rng.standard_normal((100, 64)).astype(np.float32), dtype)
 
@@ -142,7 +143,7 @@ def test_output_layer_kernel_at_every_batch_size(dtype):
             return apply("widening_matmul", x, self.t.values, *scale, kernel="avx2")
     m = tc.compile(Head(), tc.spec(("M", 64), "float32"), cache=False)
     w = table.values.astype(np.float64) * (table.scale[:, None] if dtype == "int8" else 1)
-    for rows in (1, 3, 4, 5, 8, 9, 16):
+    for rows in (1, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 20):
         x = rng.standard_normal((rows, 64)).astype(np.float32)
         np.testing.assert_allclose(m(x), x @ w.T, rtol=1e-4, atol=1e-4)
 

@@ -104,6 +104,7 @@ CHECK:       %acc:8 = scf.for %c = %c0 to %ck step %cl
 CHECK:         memref.prefetch %w[%prewh0, %c], read, locality<3>, data : memref<40x32xi8>
 CHECK:         %wf0 = arith.sitofp %wh0 : vector<16xi8> to vector<16xf32>
 CHECK:         %n0_1 = vector.fma %wf0, %xv1, %a0_1 : vector<16xf32>
+CHECK:       %y3_1 = vector.reduction <add>, %acc#7 fastmath<reassoc> : vector<16xf32> into f32
 CHECK:       %ys3_1 = arith.mulf %y3_1, %s3 : f32
 CHECK:     scf.for %mi = %mwhole to %m step %c1
 CHECK:   scf.for %rt = %rg to %r1 step %c1

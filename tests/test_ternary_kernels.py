@@ -581,7 +581,7 @@ def test_widening_matmul_matches_numpy(kernel):
 # CHECK: stream.executable private @[[NAME:tern_avx2_{el}_gemv_{n}x48(_m[0-9]+)?]]
 # CHECK: flow.dispatch @[[NAME]]::@[[NAME]][%{{{{.*}}}}](%arg0, %{{{{.*}}}}) : (tensor<?x48xf32>{{%{{{{.*}}}}}}, tensor<{n}x48x{el}>, {f"tensor<{n}xf32>, " if sc is not None else ""}index) -> tensor<?x{n}xf32>
 """)
-        for b in (1, 3, 9):
+        for b in (1, 3, 8, 9, 13):
             x = rng.standard_normal((b, 48)).astype(np.float32)
             ref = x.astype(np.float64) @ w.astype(np.float64).T
             if sc is not None:

@@ -10,10 +10,19 @@ token at the 700M shape, and without data tiling its generic GEMV ran at ~5 GB/s
         for each row m of x:
             acc_r += f32(W[r, k:k+16]) * x[m, k:k+16]      16 lanes, 2 FMA chains a row
             (each row's bytes prefetched two rows of its quarter ahead)
-        y[m, r] = sum(acc_r)
+        y[m, r] = sum(acc_r)        a shuffle tree (fastmath<reassoc>)
 
 The rows are split into about 32 workgroups. M may be anything (a prefill that wants
 every position's logits re-reads each row group from L1 per row of x).
+
+From M = 4 on, the cost is the arithmetic, not the table's reads (at M = 8 ~4x M = 1's
+CPU time on the 2-core Xeon VM). The sums in lane order took 16 dependent `vaddss` an
+output (~15% of the instructions at M = 8); the tree takes 4 adds,
+10-15% less CPU time at M = 8 and 128, M = 1 alike. Blocks of 8 rows of x (2 weight
+rows x 8, 16 accumulators, no spill) widen each weight vector once at M = 8 but measured
+no faster there and 5-15% slower at M = 128, likely because 8 rows of x (48 KiB at
+K = 1536) fill the 48 KiB L1 where 4 leave room for the weights (bench/RESULTS.md,
+`bench/output_layer.py`).
 """
 from __future__ import annotations
 

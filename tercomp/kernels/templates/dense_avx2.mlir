@@ -56,7 +56,7 @@
             %s{{ i }} = memref.load %sc[{{ orow }}] : memref<?xf32>
 %%     endif
 %%     for j in range(mblock)
-            %y{{ i }}_{{ j }} = vector.reduction <add>, %acc#{{ i * mblock + j }} : {{ vf }} into f32
+            %y{{ i }}_{{ j }} = vector.reduction <add>, %acc#{{ i * mblock + j }} fastmath<reassoc> : {{ vf }} into f32
 %%       if el == "i8"
             %ys{{ i }}_{{ j }} = arith.mulf %y{{ i }}_{{ j }}, %s{{ i }} : f32
             memref.store %ys{{ i }}_{{ j }}, %o[%xm{{ j }}, {{ orow }}] : {{ ot }}
