@@ -205,7 +205,7 @@ def _avx512_rule(types, attrs):
 
 def _tall_fits(types, attrs):
     """x [M, K] with M a multiple of 16 (static, or a symbolic M's factor), packed
-    weights [N, KB] with KB a multiple of 16 (4 KB <= 6144) and N of 4"""
+    weights [N, KB] with 4 KB <= 6144 and N a multiple of 4"""
     return avx512_tall.fits(types[0].shape[0], _packed_bytes(types), int(attrs["n"]))
 
 
@@ -257,7 +257,7 @@ def _attention_cpu_fits(types, attrs):
 
 #: Where "auto" gives a ternary matmul the avx512-tall kernel (M the rows' known factor):
 #: measured against avx512 on bench/conv.py's shapes (bench/RESULTS.md).
-TALL_MIN_M = 64
+TALL_MIN_M = 16
 TALL_MAX_N = 512
 
 _T = "ternary_matmul"

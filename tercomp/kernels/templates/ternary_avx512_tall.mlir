@@ -1,4 +1,4 @@
-{# params: name, n, kb, offset, rows, blocks, groups #}
+{# params: name, n, kb, offset, positions, rows, blocks, groups #}
 {#
   The "avx512-tall" ternary matmul (see ternary/avx512_tall.py for the why): rows of x
   in the vector lanes, for M much larger than N. x comes from ternary_lanes_quant.mlir's
@@ -12,7 +12,9 @@
 
   (u8 x s8 products, 4 to an i32 lane, each lane one row of x: no horizontal sum), and
   y[16 b + l, r] = (acc[r][b][l] - sum_l) * amc_l * wscale, stored transposed (`rows`
-  floats a row). Workgroups split M, `groups` superblocks of `blocks` blocks each; all of
+  floats a row); with `positions` (P, a multiple of 16: x the patch rows of a
+  convolution, M = images x P) y is stored as [M / P, N, P] instead, a block's 16 lanes
+  16 neighbouring floats (the convolution's NCHW output, no transpose after it). Workgroups split M, `groups` superblocks of `blocks` blocks each; all of
   N is done by each, its weights (N x kb bytes) read from L1/L2 for every superblock.
 #}
 %% import "lib.mlir" as lib
@@ -22,7 +24,7 @@
 %% set qt = "memref<?x%dxi8>" % (64 * kb)
 %% set st = "memref<?x32xf32>"
 %% set wt = "memref<%dx%dxi8>" % (n, kb)
-%% set ot = "memref<?x%dxf32>" % n
+%% set ot = "memref<?x%dx%dxf32>" % (n, positions) if positions else "memref<?x%dxf32>" % n
 %% set bt = "memref<%dx%dxi32>" % (rows, kb)
 %% set tt, trt, vr = "vector<%dx16xf32>" % rows, "vector<16x%dxf32>" % rows, "vector<%dxf32>" % rows
 {# superblock: `nb` blocks of 16 rows of x from block %sb on against weight rows %rg .. %rg + rows (decoded in %wdec) #}
@@ -57,21 +59,34 @@
           %sx{{ b }} = arith.fptosi %sxf{{ b }} : {{ vf }} to {{ v32 }}
           %amc{{ b }} = vector.load %xs[%blk{{ b }}, %c16] : {{ st }}, {{ vf }}
           %fm{{ b }} = arith.mulf %amc{{ b }}, %wsv : {{ vf }}
-%%     set ns = namespace(t="%ztile")
+%%     if positions
+          %row{{ b }} = affine.apply affine_map<(d0) -> (d0 * 16)>(%blk{{ b }})
+          %img{{ b }} = affine.apply affine_map<(d0) -> (d0 floordiv {{ positions }})>(%row{{ b }})
+          %pos{{ b }} = affine.apply affine_map<(d0) -> (d0 mod {{ positions }})>(%row{{ b }})
+%%     else
+%%       set ns = namespace(t="%ztile")
+%%     endif
 %%     for r in range(rows)
           %d{{ r }}_{{ b }} = arith.subi %acc#{{ r * nb + b }}, %sx{{ b }} : {{ v32 }}
           %f{{ r }}_{{ b }} = arith.sitofp %d{{ r }}_{{ b }} : {{ v32 }} to {{ vf }}
           %y{{ r }}_{{ b }} = arith.mulf %f{{ r }}_{{ b }}, %fm{{ b }} : {{ vf }}
+%%       if positions
+          %oc{{ r }}_{{ b }} = affine.apply affine_map<(d0) -> (d0 + {{ r }})>(%rg)
+          vector.store %y{{ r }}_{{ b }}, %o[%img{{ b }}, %oc{{ r }}_{{ b }}, %pos{{ b }}] : {{ ot }}, {{ vf }}
+%%       else
           %t{{ r }}_{{ b }} = vector.insert %y{{ r }}_{{ b }}, {{ ns.t }} [{{ r }}] : {{ vf }} into {{ tt }}
-%%       set ns.t = "%%t%d_%d" % (r, b)
+%%         set ns.t = "%%t%d_%d" % (r, b)
+%%       endif
 %%     endfor
+%%     if not positions
           %tr{{ b }} = vector.transpose {{ ns.t }}, [1, 0] : {{ tt }} to {{ trt }}
           %row{{ b }} = affine.apply affine_map<(d0) -> (d0 * 16)>(%blk{{ b }})
-%%     for l in range(16)
+%%       for l in range(16)
           %e{{ b }}_{{ l }} = vector.extract %tr{{ b }}[{{ l }}] : {{ vr }} from {{ trt }}
           %or{{ b }}_{{ l }} = affine.apply affine_map<(d0) -> (d0 + {{ l }})>(%row{{ b }})
           vector.store %e{{ b }}_{{ l }}, %o[%or{{ b }}_{{ l }}, %rg] : {{ ot }}, {{ vr }}
-%%     endfor
+%%       endfor
+%%     endif
 %%   endfor
 %% endmacro
 %% call lib.executable(name, "%bq: !stream.binding, %bs: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index", per_group=16 * blocks * groups)
@@ -98,12 +113,21 @@
 %% endif
       %s12 = arith.constant dense<12> : {{ v32 }}
       %s18 = arith.constant dense<18> : {{ v32 }}
+%% if kb % 16
+      %zb16 = arith.constant dense<0> : vector<16xi8>
+%% endif
       %wsv = vector.broadcast %wscale : f32 to {{ vf }}
       %mb = arith.divui %m, %c16 : index
       %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> {{ qt }}{%mb}
       %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> {{ st }}{%mb}
       %w = stream.binding.subspan %bw[%c0] : !stream.binding -> {{ wt }}
+%% if positions
+      %cpos = arith.constant {{ positions }} : index
+      %nimg = arith.divui %m, %cpos : index
+      %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {{ ot }}{%nimg}
+%% else
       %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {{ ot }}{%m}
+%% endif
       %wdec = memref.alloca() : {{ bt }}
       %wg = stream.dispatch.workgroup.id[0] : index
       %b0 = arith.muli %wg, %cper : index
@@ -115,9 +139,17 @@
       %bfull = arith.addi %b0, %nfb : index
       scf.for %rg = %c0 to %cn step %crows {
         scf.for %cd = %c0 to %ckb step %c16 {
+%% if kb % 16
+          %left = arith.subi %ckb, %cd : index
+          %dmask = vector.create_mask %left : vector<16xi1>
+%% endif
 %% for r in range(rows)
           %r{{ r }} = affine.apply affine_map<(d0) -> (d0 + {{ r }})>(%rg)
+%% if kb % 16
+          %u{{ r }} = vector.maskedload %w[%r{{ r }}, %cd], %dmask, %zb16 : {{ wt }}, vector<16xi1>, vector<16xi8> into vector<16xi8>
+%% else
           %u{{ r }} = vector.load %w[%r{{ r }}, %cd] : {{ wt }}, vector<16xi8>
+%% endif
 %% if offset
           %z{{ r }} = arith.extui %u{{ r }} : vector<16xi8> to {{ v32 }}
 %% else
@@ -135,7 +167,11 @@
           %o2_{{ r }} = arith.ori %t12_{{ r }}, %t18_{{ r }} : {{ v32 }}
           %o3_{{ r }} = arith.ori %o1_{{ r }}, %o2_{{ r }} : {{ v32 }}
           %dec{{ r }} = arith.andi %o3_{{ r }}, %m3 : {{ v32 }}
+%% if kb % 16
+          vector.maskedstore %wdec[%c{{ r }}, %cd], %dmask, %dec{{ r }} : {{ bt }}, vector<16xi1>, {{ v32 }}
+%% else
           vector.store %dec{{ r }}, %wdec[%c{{ r }}, %cd] : {{ bt }}, {{ v32 }}
+%% endif
 %% endfor
         }
         scf.for %sb = %b0 to %bfull step %cnb {

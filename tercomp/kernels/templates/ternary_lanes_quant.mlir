@@ -92,7 +92,7 @@
         %amv = scf.for %col = %c0 to %ck step %c1 iter_args(%a = %zf) -> ({{ vf }}) {
           {{ column("a", "%col") | indent(10) }}
           %av = math.absf %va : {{ vf }}
-          %an = arith.maximumf %a, %av : {{ vf }}
+          %an = arith.maximumf %a, %av fastmath<nnan> : {{ vf }}
           scf.yield %an : {{ vf }}
         }
         %amc = arith.maximumf %amv, %eps : {{ vf }}
@@ -115,7 +115,7 @@
           %col{{ j }} = affine.apply affine_map<(d0) -> (d0 + {{ j * kb }})>(%cb)
           {{ column("p%d" % j, "%%col%d" % j) | indent(10) }}
           %sc{{ j }} = arith.mulf %vp{{ j }}, %qs : {{ vf }}
-          %rd{{ j }} = math.roundeven %sc{{ j }} : {{ vf }}
+          %rd{{ j }} = llvm.call_intrinsic "llvm.roundeven.v16f32"(%sc{{ j }}) : ({{ vf }}) -> {{ vf }}
           %lo{{ j }} = arith.maximumf %rd{{ j }}, %lov : {{ vf }}
           %cq{{ j }} = arith.minimumf %lo{{ j }}, %hiv : {{ vf }}
           %qi{{ j }} = arith.fptosi %cq{{ j }} : {{ vf }} to {{ vi }}

@@ -26,8 +26,7 @@ block's 16 rows are one vector load a column where they are 16 neighbouring outp
 positions at stride 1, else a gather.
 
 Needs: llvm-cpu on a host with AVX-512 VNNI, M a multiple of 16 (a static M, or a
-symbolic one whose factor is: `m_multiple`), KB a multiple of 16, N of ROWS, 4 KB at
-most MAX_KP (the decoded rows and the column table fit the stack).
+symbolic one whose factor is: `m_multiple`), N a multiple of ROWS, 4 KB at most MAX_KP (the decoded rows and the column table fit the stack).
 """
 from __future__ import annotations
 
@@ -37,6 +36,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, tensor
 
 from ...ternary_pack import ACT_MAX
+from ...codegen.builders import PARALLEL, generic
 from ...codegen.executables import dispatch, ensure_executable
 from ..template import render
 from . import im2col_quant
@@ -77,17 +77,17 @@ def m_multiple(m) -> int:
 def fits(m, k_bytes: int, n: int) -> bool:
     """Whether the kernel takes x [M, K] against a [N, KB] packed matrix (`m`: M as the
     IR holds it, static or symbolic)."""
-    return (m_multiple(m) % LANES == 0 and k_bytes % 16 == 0 and n % ROWS == 0
-            and 4 * k_bytes <= MAX_KP)
+    return m_multiple(m) % LANES == 0 and n % ROWS == 0 and 4 * k_bytes <= MAX_KP
 
 
-def executable_text(name: str, n: int, kb: int, offset: bool = True) -> str:
+def executable_text(name: str, n: int, kb: int, offset: bool = True, positions: int = 0) -> str:
     """The `stream.executable @name` (templates/ternary_avx512_tall.mlir): for q and stats
     from `quantize_text`'s dispatch, w [N, KB] i8 (the offset codes w + 1 when `offset`,
     else the signed codes) and `wscale` (the ternary scale / 127), out [M, N] f32 =
-    dequant(act_quant(x) @ T^T)."""
-    return render("ternary_avx512_tall", name=name, n=n, kb=kb, offset=offset, rows=ROWS,
-                  blocks=BLOCKS, groups=GROUPS)
+    dequant(act_quant(x) @ T^T); with `positions` P (x a convolution's patch rows, P a
+    multiple of 16), out [M / P, N, P] (the same values, the convolution's layout)."""
+    return render("ternary_avx512_tall", name=name, n=n, kb=kb, offset=offset,
+                  positions=positions, rows=ROWS, blocks=BLOCKS, groups=GROUPS)
 
 
 def quantize_text(name: str, kb: int, k: int, image, kernel, stride, dilation, out) -> str:
@@ -107,12 +107,12 @@ def _index(v: int) -> ir.Value:
     return arith.constant(ir.IndexType.get(), v)
 
 
-def quantized(kern, m: ir.Value, dims) -> list[ir.Value]:
+def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
     """[q, stats] of the matmul's x in the tall kernel's layout, typed as the avx2
     quantize dispatch's [M, 4 KB] i8 and [M, 2] f32 (the same bytes): from the padded
-    input where x is a convolution's im2col, else from x."""
-    found = im2col_quant.patches_source(kern.x)
-    if found is not None and kern.k <= MAX_KP:
+    input where x is a convolution's im2col (`found`: im2col_quant.patches_source of x),
+    else from x."""
+    if found is not None:
         xp, image, kernel, stride, dilation, out = found
         c, hp, wp = image
     else:
@@ -139,11 +139,28 @@ def emit(kern) -> ir.Value:
     """y [M, N] f32 for the `TernaryBuilder` `kern` (activation quantization on): the
     quantize dispatch, then the tall matmul's."""
     offset = kern.codes == "offset"
-    name = f"tern_avx512_tall_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
-    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset))
+    found = im2col_quant.patches_source(kern.x)
+    positions = found[-1][0] * found[-1][1] if found is not None else 0
+    if positions % LANES:
+        positions = 0
+    name = (f"tern_avx512_tall_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
+            + (f"_p{positions}" if positions else ""))
+    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset, positions))
     m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
-    x = quantized(kern, m, dims)
+    x = quantized(kern, m, dims, found)
     wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))
-    return dispatch(name, name, [m], [*x, kern.weights(), wscale, m], dims * len(x),
-                    kern.ttype([kern.n], kern.f32), dims)
+    args = [*x, kern.weights(), wscale, m]
+    if not positions:
+        return dispatch(name, name, [m], args, dims * len(x), kern.ttype([kern.n], kern.f32), dims)
+    # the convolution's [images, N, P] from the kernel, viewed as [M, N] by a transpose
+    # that the transpose back to NCHW after the matmul (nn.BitConv2d's) cancels in IREE
+    nimg = [arith.divui(m, _index(positions))] if dims else []
+    imgs = ir.ShapedType.get_dynamic_size() if dims else kern.m // positions
+    y = dispatch(name, name, [m], args, dims * len(x),
+                 ir.RankedTensorType.get([imgs, kern.n, positions], kern.f32), nimg)
+    t_type = ir.RankedTensorType.get([imgs, positions, kern.n], kern.f32)
+    init = tensor.empty([*nimg, positions, kern.n] if dims else [imgs, positions, kern.n], kern.f32)
+    maps = [ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(d) for d in dd]) for dd in ((0, 2, 1), (0, 1, 2))]
+    yt = generic(t_type, [y], init, maps, [PARALLEL] * 3, lambda v, _acc: v)
+    return tensor.collapse_shape(kern.ttype([kern.n], kern.f32), yt, [[0, 1], [2]])
