@@ -59,12 +59,11 @@
           %sx{{ b }} = arith.fptosi %sxf{{ b }} : {{ vf }} to {{ v32 }}
           %amc{{ b }} = vector.load %xs[%blk{{ b }}, %c16] : {{ st }}, {{ vf }}
           %fm{{ b }} = arith.mulf %amc{{ b }}, %wsv : {{ vf }}
+%%     set ns = namespace(t="%ztile")
 %%     if positions
           %row{{ b }} = affine.apply affine_map<(d0) -> (d0 * 16)>(%blk{{ b }})
           %img{{ b }} = affine.apply affine_map<(d0) -> (d0 floordiv {{ positions }})>(%row{{ b }})
           %pos{{ b }} = affine.apply affine_map<(d0) -> (d0 mod {{ positions }})>(%row{{ b }})
-%%     else
-%%       set ns = namespace(t="%ztile")
 %%     endif
 %%     for r in range(rows)
           %d{{ r }}_{{ b }} = arith.subi %acc#{{ r * nb + b }}, %sx{{ b }} : {{ v32 }}

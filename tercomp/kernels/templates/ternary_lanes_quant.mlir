@@ -106,11 +106,11 @@
 %%       do planes.append(j)
 %%     endif
 %%   endfor
+%%   set acc = namespace(d="", s="%sa")
 %%   if planes
         %cl{{ s }} = arith.constant {{ lo_c }} : index
         %ch{{ s }} = arith.constant {{ hi_c }} : index
         %sum{{ s }} = scf.for %cb = %cl{{ s }} to %ch{{ s }} step %c1 iter_args(%sa = {{ ns.sum }}) -> ({{ vi }}) {
-%%     set acc = namespace(d="", s="%sa")
 %%     for j in planes
           %col{{ j }} = affine.apply affine_map<(d0) -> (d0 + {{ j * kb }})>(%cb)
           {{ column("p%d" % j, "%%col%d" % j) | indent(10) }}
