@@ -264,8 +264,8 @@ CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 64)>()[%m]
 CHECK:     %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?x4096xi8>{%mb}
 CHECK:     affine_map<(d0) -> ((d0 floordiv 9) * 324 + ((d0 mod 9) floordiv 3) * 18 + (d0 mod 3) * 1)>
 CHECK:     %base = affine.apply affine_map<(d0) -> ((d0 floordiv 256) * 5184 + ((d0 mod 256) floordiv 16) * 18 + (d0 mod 16) * 1)>(%row0)
-CHECK:       %va = vector.load %x[%aa] : memref<?xf32>, vector<16xf32>
-CHECK:       arith.maximumf %a, %av fastmath<nnan> : vector<16xf32>
+CHECK:       %va3 = vector.load %x[%aa3] : memref<?xf32>, vector<16xf32>
+CHECK:       arith.maximumf %a3, %av3 fastmath<nnan,nsz> : vector<16xf32>
 CHECK:     %qs = arith.divf %c127, %amc : vector<16xf32>
 CHECK:     %sum0 = scf.for %cb = %cl0 to %ch0 step %c1
 CHECK:       %rd2 = llvm.call_intrinsic "llvm.roundeven.v16f32"(%sc2)
@@ -279,7 +279,7 @@ CHECK:     vector.store %amc, %xs[%blk, %c16] : memref<?x32xf32>, vector<16xf32>
     check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 18, 18), (3, 3), (2, 2), (1, 1),
                                             (8, 8)), """
 CHECK:     %lb = memref.alloca() : memref<16xi32>
-CHECK:       %va = vector.gather %x[%oa][%lbv], %all, %zf
+CHECK:       %va0 = vector.gather %x[%oa0][%lbv], %all, %zf
 """)
 
 

@@ -47,6 +47,8 @@
       %c16 = arith.constant 16 : index
       %cblocks = arith.constant {{ blocks }} : index
       %ck = arith.constant {{ k }} : index
+      %c4 = arith.constant 4 : index
+      %ck4 = arith.constant {{ k - k % 4 }} : index
       %eps = arith.constant dense<{{ eps }}> : {{ vf }}
       %c127 = arith.constant dense<{{ c127 }}> : {{ vf }}
       %lov = arith.constant dense<{{ lo }}> : {{ vf }}
@@ -89,10 +91,22 @@
         }
         %lbv = vector.load %lb[%c0] : memref<16xi32>, {{ vi }}
 %% endif
-        %amv = scf.for %col = %c0 to %ck step %c1 iter_args(%a = %zf) -> ({{ vf }}) {
+        %am:4 = scf.for %col = %c0 to %ck4 step %c4 iter_args(%a0 = %zf, %a1 = %zf, %a2 = %zf, %a3 = %zf) -> ({{ vf }}, {{ vf }}, {{ vf }}, {{ vf }}) {
+%% for u in range(4)
+          %cu{{ u }} = affine.apply affine_map<(d0) -> (d0 + {{ u }})>(%col)
+          {{ column("a%d" % u, "%%cu%d" % u) | indent(10) }}
+          %av{{ u }} = math.absf %va{{ u }} : {{ vf }}
+          %an{{ u }} = arith.maximumf %a{{ u }}, %av{{ u }} fastmath<nnan,nsz> : {{ vf }}
+%% endfor
+          scf.yield %an0, %an1, %an2, %an3 : {{ vf }}, {{ vf }}, {{ vf }}, {{ vf }}
+        }
+        %am01 = arith.maximumf %am#0, %am#1 fastmath<nnan,nsz> : {{ vf }}
+        %am23 = arith.maximumf %am#2, %am#3 fastmath<nnan,nsz> : {{ vf }}
+        %am4 = arith.maximumf %am01, %am23 fastmath<nnan,nsz> : {{ vf }}
+        %amv = scf.for %col = %ck4 to %ck step %c1 iter_args(%a = %am4) -> ({{ vf }}) {
           {{ column("a", "%col") | indent(10) }}
           %av = math.absf %va : {{ vf }}
-          %an = arith.maximumf %a, %av fastmath<nnan> : {{ vf }}
+          %an = arith.maximumf %a, %av fastmath<nnan,nsz> : {{ vf }}
           scf.yield %an : {{ vf }}
         }
         %amc = arith.maximumf %amv, %eps : {{ vf }}
