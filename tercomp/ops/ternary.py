@@ -100,43 +100,10 @@ def _act_quant_reference(xs, a):
     return [(xq / s).astype(xs[0].dtype)]
 
 
-def _patch_rows_source(x):
-    """(x_in, im2col attrs) where x is a convolution's patch rows, im2col(x_in) reshaped
-    to [N * P, C * K] (no dilation, padding at most half the kernel), else None."""
-    op = x.producer
-    if op is None or op.opname != "reshape" or x.type.rank != 2:
-        return None
-    col = op.operands[0].producer
-    if col is None or col.opname != "im2col":
-        return None
-    a = col.attrs
-    nd = len(a["kernel"])
-    if any(d != 1 for d in a["dilation"]) or any(
-            lo > k // 2 or hi > k // 2 for (lo, hi), k in zip(a["padding"], a["kernel"])):
-        return None
-    if col.results[0].type.rank != 2 + 2 * nd:
-        return None
-    return col.operands[0], a
-
-
 def _act_quant_decompose(b, operands, attrs):
     (x,) = operands
     dt = x.dtype
-    found = _patch_rows_source(x)
-    if found is not None:
-        # a patch row's absmax is the max over its window of the input's absmax over
-        # channels: a channel reduction and a max_pool, where the row reduction over the
-        # im2col (which IREE fuses into a strided 9-reads-an-element reduction) took
-        # 0.36 s a call on a 64-channel 3x3 layer at batch 32 (bench/RESULTS.md). Equal:
-        # max is exact, and a window's zero padding (im2col's) or -inf (max_pool's)
-        # changes nothing once max(amax, eps) is taken, |x| >= 0.
-        x_in, a = found
-        chan = b.max(b.abs(x_in), axes=[1], keepdims=True)                   # [N, 1, *S]
-        pooled = b.max_pool(chan, window=list(a["kernel"]), stride=list(a["stride"]),
-                            padding=[list(p) for p in a["padding"]])          # [N, 1, *P]
-        amax = b.reshape(pooled, shape=[-1, 1])
-    else:
-        amax = b.max(b.abs(x), axes=[x.type.rank - 1], keepdims=True)
+    amax = b.max(b.abs(x), axes=[x.type.rank - 1], keepdims=True)
     top = float(tp.ACT_MAX)
     s = b.div(b.scalar(top, dt), b.maximum(amax, b.scalar(tp.ACT_EPS, dt)))
     xq = b.minimum(b.maximum(b.round(b.mul(x, s)), b.scalar(-top, dt)), b.scalar(top, dt))
