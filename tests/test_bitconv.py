@@ -154,6 +154,35 @@ def test_tall_kernel_matches_the_layer(x_shape, kw, spec):
         np.testing.assert_allclose(exe(x[:batch]), layer(x[:batch]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cin, size, kw", [
+    (8, 10, dict(kernel_size=3, padding=1)),
+    (8, 11, dict(kernel_size=3, stride=2, padding=1)),
+    (8, 9, dict(kernel_size=1, stride=2)),
+    (4, 7, dict(kernel_size=3)),
+    (4, 9, dict(kernel_size=3, padding=2, dilation=2)),
+])
+def test_compiled_value_and_gradients_match_the_layer(cin, size, kw):
+    """With the weights traced as inputs (a gradient), the compiled value and gradients
+    (x's through im2col's VJP, the unslices of its cotangent's planes) are the eager
+    layer's, at every batch: strides, a 1x1, no padding, dilation."""
+    nn.manual_seed(9)
+    layer = nn.BitConv2d(cin, 6, **kw)
+
+    def loss(m, x):
+        y = m(x)
+        return tc.sum(y * y * tc.sum(x))
+    f = tc.value_and_grad(loss, argnums=(0, 1))
+    exe = tc.compile(f, layer, tc.spec(("B", cin, size, size)), cache=False)
+    x = np.random.default_rng(13).standard_normal((3, cin, size, size)).astype(np.float32)
+    x[0, :, 2] = 30.0
+    for batch in (1, 3):
+        (v, (gm, gx)), (wv, (wgm, wgx)) = exe(layer, x[:batch]), f(layer, x[:batch])
+        np.testing.assert_allclose(v, wv, rtol=1e-5)
+        np.testing.assert_allclose(gx, wgx, rtol=1e-4, atol=1e-5 * np.abs(wgx).max())
+        for k in wgm:
+            np.testing.assert_allclose(gm[k], wgm[k], rtol=1e-4, atol=1e-5 * np.abs(wgm[k]).max())
+
+
 def test_straight_through_gradients_and_a_training_step():
     nn.manual_seed(4)
     layer = nn.BitConv2d(3, 4, 3, padding=1)
