@@ -129,7 +129,7 @@ def test_patches_are_quantized_from_the_padded_input_in_one_dispatch(cls, x_shap
     ((2, 16, 8, 8), dict(padding=1), "B"),               # 8 a row: each block gathered
     ((2, 8, 32, 32), dict(stride=2, padding=1), "B"),    # stride 2: gathered
     ((2, 32, 8, 8), dict(kernel_size=1, stride=2), "B"), # 1x1, K = 32
-    ((2, 3, 16, 16), dict(padding=1), "B"),              # K = 27 (a stem): KB = 7
+    ((2, 3, 16, 16), dict(padding=1), "B"),              # K = 27 (a stem): KB = 8
     ((4, 8, 6, 6), dict(padding=1), 4),                  # 36 positions, M = 144: blocks
                                                          # across images, [M, N] out
 ])

@@ -172,6 +172,13 @@ def test_offset_codes_are_w_plus_one_in_the_same_layout():
     np.testing.assert_array_equal(
         ternary_matmul_reference(x, off, 301, 0.5, True, codes="offset"),
         ternary_matmul_reference(x, packed, 301, 0.5, True))
+    # rows of 8 bytes and of 3 (K = 27 and 9) whose whole matrix is a multiple of 8 bytes
+    for k in (27, 9):
+        t = random_ternary(rng, 16, k)
+        off = to_offset_codes(pack_ternary(t))
+        kb = off.shape[1]
+        codes = np.stack([(off >> (2 * j)) & 3 for j in range(4)], axis=1).reshape(16, 4 * kb)
+        np.testing.assert_array_equal(codes[:, :k].astype(np.int8) - 1, t)
     with pytest.raises(TercompError, match="code format 'tq2'"):
         ternary_matmul_reference(x, packed, 301, 0.5, True, codes="tq2")
 
@@ -444,8 +451,9 @@ def test_avx512_matches_reference(m, k, n, codes, batches):
 @pytest.mark.parametrize("m,k,n,codes", [
     (16, 256, 8, "signed"),         # one block of 16 rows of x, signed codes remapped
     (80, 1152, 12, "offset"),       # a superblock of 4 blocks and one more; plane 3 partial
-    (272, 27, 4, "offset"),         # 17 blocks over two workgroups; KB = 7: masked decode
+    (272, 27, 4, "offset"),         # 17 blocks over two workgroups; KB = 8: masked decode
     (32, 4608, 8, "signed"),        # a 3x3x512 conv's K
+    (48, 9, 8, "offset"),           # KB = 4: a row shorter than the decode's 16 bytes
 ])
 def test_avx512_tall_matches_reference(m, k, n, codes):
     """The rows-in-lanes kernel for M >> N (x [M, K] not from a convolution: its
