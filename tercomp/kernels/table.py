@@ -22,6 +22,8 @@ ConfigError when the op is made, never a silent fallback; the lowering never che
 row again.
 
     op               kernel        targets   feature      fits; where "auto" picks it
+    ternary_matmul   avx512-tall   llvm-cpu  avx512_vnni  M % 16 == 0 (a symbolic M's factor),
+                                                          N % 4 == 0, 4 KB <= 6144; N <= 512
     ternary_matmul   avx512        llvm-cpu  avx512_vnni  KB % 64 == 0, N % 4 == 0, 4 KB <= 16384;
                                                           every M where it fits
     ternary_matmul   avx2          llvm-cpu  avx2         KB % 32 == 0, N % 4 == 0, 4 KB <= 8192;
