@@ -110,9 +110,9 @@ def _vjp(b, op, cts):
                            steps=[1, 1] + list(geo.stride))
         total = spread if total is None else b.add(total, spread)
     if any(lo or hi for lo, hi in geo.pads):
+        ends = [lo + int(s) for (lo, _), s in zip(geo.pads, geo.in_size)]
         total = b.slice(total, starts=[0, 0] + [lo for lo, _ in geo.pads],
-                        stops=[SLICE_END, SLICE_END] + [lo + int(s) for (lo, _), s in zip(geo.pads, geo.in_size)],
-                        steps=[1] * (2 + nd))
+                        stops=[SLICE_END, SLICE_END] + ends, steps=[1] * (2 + nd))
     return [total]
 
 
