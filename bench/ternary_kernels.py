@@ -34,15 +34,14 @@ from iree.compiler.dialects import arith, func, linalg, tensor  # noqa: E402
 from tercomp.codegen.iree_session import HOST_CPU_FLAGS, compile_module, new_session  # noqa: E402
 from tercomp.kernels.table import host_cpu_features, ternary_types  # noqa: E402
 from tercomp.kernels.ternary.strategies import (STRATEGIES, choose_strategy,  # noqa: E402
-                                                emit_ternary_matmul, strategy_flags,
-                                                weight_codes)
+                                                emit_ternary_matmul, strategy_flags)
 from tercomp.ternary_pack import absmean_ternarize, pack_ternary, to_offset_codes  # noqa: E402
 
 SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 4096, 4096)]
 # (strategy, act_quant, 2-bit codes): avx512 and avx2 on the offset codes the ternary pass
 # stores for them, and on the signed codes (remapped in registers, as for a weight passed
 # at run time)
-VARIANTS = [("avx512", True, "offset"), ("avx512", True, "signed"),
+VARIANTS = [("avx512-tall", True, "offset"), ("avx512", True, "offset"), ("avx512", True, "signed"),
             ("avx2", True, "offset"), ("avx2", True, "signed"), ("addsub", True, "signed"),
             ("vnni", True, "signed"), ("int8", True, "signed"), ("f32", True, "signed"),
             ("f32", False, "signed")]
@@ -144,7 +143,7 @@ def run(m: int, k: int, n: int, n_layers: int, rounds: int, rng, only=None,
             continue            # e.g. avx2 on a host without AVX2
         if not row.fits(ternary_types(m, k, n), {"k": k, "n": n}):
             continue            # the kernel does not take this shape
-        if codes != weight_codes(strategy, k, n) and codes != "signed":
+        if codes != STRATEGIES[strategy].codes and codes != "signed":
             continue            # the shape does not fit the kernel that reads them
         recode = to_offset_codes if codes == "offset" else (lambda p: p)
         variants.append((strategy + ("" if aq else " noquant") + f" ({codes} codes)",

@@ -356,8 +356,8 @@ def to_offset_codes(packed: np.ndarray) -> np.ndarray:
     [[146]]
     """
     p = _check_packed(packed)
-    if p.flags.c_contiguous and p.size % 8 == 0:     # 8 bytes at a time
-        w = p.view(np.uint64)
+    if p.flags.c_contiguous and p.size % 8 == 0:     # 8 bytes at a time (of the whole
+        w = p.reshape(-1).view(np.uint64)             # matrix: rows of 7 bytes too)
         lo, hi = w & _W55, (w >> np.uint64(1)) & _W55
         # signed 0b00 -> 0b01, 0b01 -> 0b10, 0b10 -> 0b00, 0b11 stays
         out = (~(lo | hi) & _W55) | (lo << np.uint64(1)) | (lo & hi)

@@ -87,7 +87,7 @@ def test_the_packed_artifact_computes_the_layer():
     run_filecheck(exe.ir("ternary"), """
 CHECK-LABEL: func.func @forward(%x: tensor<?x3x8x8xf32>
 CHECK:       %[[P:.*]] = "tern.constant"() {value = dense_resource<__elided__> : tensor<8x{{(8|16|32)}}xi8>}
-CHECK:       "tern.ternary_matmul"(%{{.*}}, %[[P]]) {act_quant = true, k = 27 : i64, n = 8 : i64
+CHECK:       "tern.ternary_matmul"(%{{.*}}, %[[P]]) {act_quant = true, {{(codes = "offset", )?}}k = 27 : i64, n = 8 : i64
 CHECK-NOT:   "tern.conv"
 CHECK:       "tern.ternarize"
 CHECK:       "tern.matmul"{{.*}}tensor<2x?x36xf32>, tensor<2x4x36xf32>
@@ -113,13 +113,74 @@ def test_patches_are_quantized_from_the_padded_input_in_one_dispatch(cls, x_shap
         pytest.skip("the host has neither kernel for this K")
     exe = tc.compile(layer, tc.spec(("B",) + x_shape[1:]), cache=False)
     mlir = exe.ir("mlir")
-    assert "tern_im2col_quant_" in mlir and "tern_avx2_quant_" not in mlir
+    # (the avx512-tall kernel's own dispatch where M is whole blocks of 16 rows: 4x4 outputs)
+    assert ("tern_im2col_quant_" in mlir or "tern_lanes_quant_" in mlir) \
+        and "tern_avx2_quant_" not in mlir
     x = np.random.default_rng(11).standard_normal(x_shape).astype(np.float32) * 2
     x[0, :, 1] = 50.0                                   # an outlier in some patches only
     for batch in (1, 3):
         want = np_bitconv(layer, x[:batch], kw.get("stride", 1), kw.get("padding", 0)) \
             if kw.get("dilation", 1) == 1 else layer(x[:batch])
         np.testing.assert_allclose(exe(x[:batch]), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape, kw, spec", [
+    ((3, 8, 16, 16), dict(padding=1), "B"),              # 16 positions a row: vector loads
+    ((2, 16, 8, 8), dict(padding=1), "B"),               # 8 a row: each block gathered
+    ((2, 8, 32, 32), dict(stride=2, padding=1), "B"),    # stride 2: gathered
+    ((2, 32, 8, 8), dict(kernel_size=1, stride=2), "B"), # 1x1, K = 32
+    ((2, 3, 16, 16), dict(padding=1), "B"),              # K = 27 (a stem): KB = 8
+    ((4, 8, 6, 6), dict(padding=1), 4),                  # 36 positions, M = 144: blocks
+                                                         # across images, [M, N] out
+])
+def test_tall_kernel_matches_the_layer(x_shape, kw, spec):
+    """Where M is whole blocks of 16 patch rows, the avx512-tall kernel takes the patch
+    matmul (rows of x in the vector lanes, its own quantize dispatch from the padded
+    input, the output in NCHW where each image's positions are whole blocks): the
+    layer's numbers at every batch."""
+    from tercomp.kernels.table import VNNI, host_cpu_features
+    if VNNI not in host_cpu_features():
+        pytest.skip("host CPU lacks AVX-512 VNNI")
+    nn.manual_seed(8)
+    kw = dict(kw)
+    layer = nn.BitConv2d(x_shape[1], 12, kw.pop("kernel_size", 3), **kw)
+    shape = (spec,) + x_shape[1:] if spec == "B" else x_shape
+    exe = tc.compile(layer, tc.spec(shape), cache=False)
+    assert 'strategy = "avx512-tall"' in exe.ir("ternary")
+    assert "tern_lanes_quant_" in exe.ir("mlir")
+    x = np.random.default_rng(12).standard_normal(x_shape).astype(np.float32) * 2
+    x[0, :, 1] = 40.0
+    for batch in ((1, x_shape[0]) if spec == "B" else (x_shape[0],)):
+        np.testing.assert_allclose(exe(x[:batch]), layer(x[:batch]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cin, size, kw", [
+    (8, 10, dict(kernel_size=3, padding=1)),
+    (8, 11, dict(kernel_size=3, stride=2, padding=1)),
+    (8, 9, dict(kernel_size=1, stride=2)),
+    (4, 7, dict(kernel_size=3)),
+    (4, 9, dict(kernel_size=3, padding=2, dilation=2)),
+])
+def test_compiled_value_and_gradients_match_the_layer(cin, size, kw):
+    """With the weights traced as inputs (a gradient), the compiled value and gradients
+    (x's through im2col's VJP, the unslices of its cotangent's planes) are the eager
+    layer's, at every batch: strides, a 1x1, no padding, dilation."""
+    nn.manual_seed(9)
+    layer = nn.BitConv2d(cin, 6, **kw)
+
+    def loss(m, x):
+        y = m(x)
+        return tc.sum(y * y * tc.sum(x))
+    f = tc.value_and_grad(loss, argnums=(0, 1))
+    exe = tc.compile(f, layer, tc.spec(("B", cin, size, size)), cache=False)
+    x = np.random.default_rng(13).standard_normal((3, cin, size, size)).astype(np.float32)
+    x[0, :, 2] = 30.0
+    for batch in (1, 3):
+        (v, (gm, gx)), (wv, (wgm, wgx)) = exe(layer, x[:batch]), f(layer, x[:batch])
+        np.testing.assert_allclose(v, wv, rtol=1e-5)
+        np.testing.assert_allclose(gx, wgx, rtol=1e-4, atol=1e-5 * np.abs(wgx).max())
+        for k in wgm:
+            np.testing.assert_allclose(gm[k], wgm[k], rtol=1e-4, atol=1e-5 * np.abs(wgm[k]).max())
 
 
 def test_straight_through_gradients_and_a_training_step():

@@ -10,6 +10,7 @@ from tercomp.kernels.dense import widening_avx2 as dense_avx2
 from tercomp.kernels.rows import rows_cpu
 from tercomp.kernels.ternary import avx2 as ternary_avx2
 from tercomp.kernels.ternary import avx512 as ternary_avx512
+from tercomp.kernels.ternary import avx512_tall as ternary_avx512_tall
 from tercomp.kernels.ternary import avx2_quant as ternary_avx2_quant
 from tercomp.kernels.ternary import im2col_quant as ternary_im2col_quant
 from tercomp.errors import TercompError
@@ -17,7 +18,7 @@ from tercomp.errors import TercompError
 ir = pytest.importorskip("iree.compiler.ir")
 
 KERNELS = ["attention", "dense_avx2", "rms_norm", "rope", "ternary_avx2", "ternary_avx2_quant",
-           "ternary_avx512", "ternary_im2col_quant"]
+           "ternary_avx512", "ternary_avx512_tall", "ternary_im2col_quant", "ternary_lanes_quant"]
 
 
 def test_every_template_declares_exactly_the_parameters_it_reads():
@@ -240,6 +241,72 @@ CHECK:   scf.for %k = %c0 to %ckx step %c8
 CHECK:     vector.load %x[%row, %k] : memref<?x40xf32>, vector<8xf32>
 CHECK:   scf.for %k = %ckx to %ckp step %c8
 CHECK:     vector.store %zb8, %q[%row, %k] : memref<?x64xi8>, vector<8xi8>
+""")
+
+
+def test_ternary_avx512_tall():
+    """Rows of x in the lanes: workgroups over M (16 x 4 x 4 rows each), each weight row
+    group of 4 decoded to one i32 a packed byte on the stack, 4 x 4 vpdpbusd a column
+    with the weights broadcast, and (64 positions an image) the output stored as
+    [images, N, P], 16 floats a store."""
+    check(ternary_avx512_tall.executable_text("tern_avx512_tall_8x64_offset_p64", 8, 64, True, 64), """
+CHECK-LABEL: stream.executable private @tern_avx512_tall_8x64_offset_p64
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 256)>()[%m]
+CHECK:   func.func @tern_avx512_tall_8x64_offset_p64(%bq: !stream.binding, %bs: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
+CHECK:     %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?x4096xi8>{%mb}
+CHECK:     %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x32xf32>{%mb}
+CHECK:     %o = stream.binding.subspan %bo[%c0] : !stream.binding -> memref<?x8x64xf32>{%nimg}
+CHECK:     %wdec = memref.alloca() : memref<4x64xi32>
+CHECK:     scf.for %rg = %c0 to %cn step %crows
+CHECK:       %dec0 = arith.andi %o3_0, %m3 : vector<16xi32>
+CHECK:       scf.for %sb = %b0 to %bfull step %cnb
+CHECK:         %acc:16 = scf.for %cb = %c0 to %ckb step %c1
+CHECK:           %x3 = vector.load %xq[%blk3, %qo] : memref<?x4096xi8>, vector<64xi8>
+CHECK:           %ws3 = memref.load %wdec[%c3, %cb] : memref<4x64xi32>
+CHECK:           %n3_3 = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"(%a3_3, %w3, %x3)
+CHECK:         %pos0 = affine.apply affine_map<(d0) -> (d0 mod 64)>(%row0)
+CHECK:         vector.store %y0_0, %o[%img0, %oc0_0, %pos0] : memref<?x8x64xf32>, vector<16xf32>
+CHECK:       scf.for %sb = %bfull to %b1 step %c1
+CHECK:         %acc:4 = scf.for %cb = %c0 to %ckb step %c1
+""")
+    # signed codes remapped in the decode; [M, N] out: a 4x16 tile transposed to rows
+    check(ternary_avx512_tall.executable_text("t", 8, 7, False, 0), """
+CHECK:     %o = stream.binding.subspan %bo[%c0] : !stream.binding -> memref<?x8xf32>{%m}
+CHECK:       %dmask = vector.create_mask %left : vector<16xi1>
+CHECK:       %u0 = vector.maskedload %w[%r0, %cd], %dmask, %zb16
+CHECK:       %z0 = arith.subi %lp0, %hi0 : vector<16xi32>
+CHECK:         %tr0 = vector.transpose %t3_0, [1, 0] : vector<4x16xf32> to vector<16x4xf32>
+CHECK:         vector.store %e0_15, %o[%or0_15, %rg] : memref<?x8xf32>, vector<4xf32>
+""")
+
+
+def test_ternary_lanes_quant():
+    """The tall kernel's quantize dispatch: 3x3 stride 1 over [N, 16, 18, 18] (16x16
+    outputs), each block's column one vector load at its image, row and x; K = 144 of
+    KB = 64: planes 0-1 whole, plane 2 on columns below 16, plane 3 zero."""
+    check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 18, 18), (3, 3), (1, 1), (1, 1),
+                                            (16, 16)), """
+CHECK-LABEL: stream.executable private @q
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 64)>()[%m]
+CHECK:     %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?x4096xi8>{%mb}
+CHECK:     affine_map<(d0) -> ((d0 floordiv 9) * 324 + ((d0 mod 9) floordiv 3) * 18 + (d0 mod 3) * 1)>
+CHECK:     %base = affine.apply affine_map<(d0) -> ((d0 floordiv 256) * 5184 + ((d0 mod 256) floordiv 16) * 18 + (d0 mod 16) * 1)>(%row0)
+CHECK:       %va3 = vector.load %x[%aa3] : memref<?xf32>, vector<16xf32>
+CHECK:       arith.maximumf %a3, %av3 fastmath<nnan,nsz> : vector<16xf32>
+CHECK:     %qs = arith.divf %c127, %amc : vector<16xf32>
+CHECK:     %sum0 = scf.for %cb = %cl0 to %ch0 step %c1
+CHECK:       %rd2 = llvm.call_intrinsic "llvm.roundeven.v16f32"(%sc2)
+CHECK-NOT:   %col3
+CHECK:       vector.store %db, %q[%blk, %qo] : memref<?x4096xi8>, vector<64xi8>
+CHECK:     %sum1 = scf.for %cb = %cl1 to %ch1 step %c1 iter_args(%sa = %sum0)
+CHECK-NOT:   %col2
+CHECK:     vector.store %amc, %xs[%blk, %c16] : memref<?x32xf32>, vector<16xf32>
+""")
+    # a stride of 2: each block's lanes gathered from their own bases
+    check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 18, 18), (3, 3), (2, 2), (1, 1),
+                                            (8, 8)), """
+CHECK:     %lb = memref.alloca() : memref<16xi32>
+CHECK:       %va0 = vector.gather %x[%oa0][%lbv], %all, %zf
 """)
 
 

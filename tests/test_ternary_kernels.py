@@ -173,6 +173,13 @@ def test_offset_codes_are_w_plus_one_in_the_same_layout():
     np.testing.assert_array_equal(
         ternary_matmul_reference(x, off, 301, 0.5, True, codes="offset"),
         ternary_matmul_reference(x, packed, 301, 0.5, True))
+    # rows of 8 bytes and of 3 (K = 27 and 9) whose whole matrix is a multiple of 8 bytes
+    for k in (27, 9):
+        t = random_ternary(rng, 16, k)
+        off = to_offset_codes(pack_ternary(t))
+        kb = off.shape[1]
+        codes = np.stack([(off >> (2 * j)) & 3 for j in range(4)], axis=1).reshape(16, 4 * kb)
+        np.testing.assert_array_equal(codes[:, :k].astype(np.int8) - 1, t)
     with pytest.raises(TercompError, match="code format 'tq2'"):
         ternary_matmul_reference(x, packed, 301, 0.5, True, codes="tq2")
 
@@ -455,6 +462,42 @@ def test_avx512_gemm_without_gfni_matches_reference(monkeypatch):
 
 
 @needs_vnni
+@pytest.mark.parametrize("m,k,n,codes", [
+    (16, 256, 8, "signed"),         # one block of 16 rows of x, signed codes remapped
+    (80, 1152, 12, "offset"),       # a superblock of 4 blocks and one more; plane 3 partial
+    (272, 27, 4, "offset"),         # 17 blocks over two workgroups; KB = 8: masked decode
+    (32, 4608, 8, "signed"),        # a 3x3x512 conv's K
+    (48, 9, 8, "offset"),           # KB = 4: a row shorter than the decode's 16 bytes
+])
+def test_avx512_tall_matches_reference(m, k, n, codes):
+    """The rows-in-lanes kernel for M >> N (x [M, K] not from a convolution: its
+    quantize dispatch gathers the rows of each block), on signed and offset codes,
+    against the reference, exactly."""
+    _check_kernel_exactly("avx512-tall", m, k, n, codes, [m])
+
+
+@needs_vnni
+def test_avx512_tall_takes_an_m_of_whole_blocks_of_16_only():
+    """"auto" gives the tall kernel an M whose known factor (static, or a symbolic M's
+    coefficient) is a multiple of 16, with N at most 512; other M, or wider N, keep
+    avx512. Asked for by name, an M that is not a multiple of 16 is refused."""
+    import sympy
+    from tercomp.ir import TensorType
+    b = sympy.Symbol("B")
+    for m, want in [(16, "avx512-tall"), (1024 * b, "avx512-tall"), (8, "avx512"),
+                    (72 * b, "avx512"), (b, "avx512")]:
+        types = [TensorType((m, 576), "f32"), TensorType((64, 192), "i8")]
+        assert kernel_table.choose("ternary_matmul", types, {"k": 576, "n": 64},
+                                   features=[VNNI]).kernel == want, m
+    types = [TensorType((1024 * b, 1536), "f32"), TensorType((4096, 384), "i8")]
+    assert kernel_table.choose("ternary_matmul", types, {"k": 1536, "n": 4096},
+                               features=[VNNI]).kernel == "avx512"
+    packed = pack_ternary(random_ternary(np.random.default_rng(0), 8, 256))
+    with pytest.raises(TercompError, match="'avx512-tall' cannot emit"):
+        _emit_with("tensor<24x256xf32>", packed, 256, 8, "avx512-tall")
+
+
+@needs_vnni
 def test_avx512_dispatches_its_executable_only_where_its_shape_fits():
     """One stream.executable per weight shape, multiplying with vpdpbusd, after the avx2
     kernel's quantize dispatch. Where its shape does not fit, "avx512" asked for by name is
@@ -512,7 +555,9 @@ def test_auto_takes_avx512_only_on_a_host_with_avx512_vnni(features, fast):
         assert choose_strategy(m, 1536, 4096, features=features) == fast
         # a 3x3 conv's patch rows at 128 and 64 channels: packed K 1280 and 768
         assert choose_strategy(m, 1152, 4096, features=features) == fast
-        assert choose_strategy(m, 576, 64, features=features) == fast
+        # (M a multiple of 16 and N <= 512: the rows-in-lanes kernel, where there is VNNI)
+        assert choose_strategy(m, 576, 64, features=features) == (
+            "avx512-tall" if fast == "avx512" and m and m % 16 == 0 else fast)
         # packed K/4 = 32, a multiple of 32 but not of 64
         assert choose_strategy(m, 128, 4096, features=features) == "avx2"
         # Llama-3-8B's down projection: past the avx2 kernel's largest K
@@ -617,8 +662,8 @@ def test_every_strategy_is_in_one_table():
     an emitter."""
     assert TABLE == kernel_table.rows("ternary_matmul")
     assert NAMES == tuple(r.kernel for r in TABLE)
-    assert {"dispatch-vnni", "dispatch", "avx512", "avx2", "vnni", "blocked", "addsub",
-            "int8", "f32"} == set(NAMES)
+    assert {"dispatch-vnni", "dispatch", "avx512-tall", "avx512", "avx2", "vnni", "blocked",
+            "addsub", "int8", "f32"} == set(NAMES)
     for r in TABLE:
         assert r.targets and r.why and callable(r.emit.kernel) and callable(r.fits)
         assert r.codes in ("signed", "offset")

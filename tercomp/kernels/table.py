@@ -22,6 +22,8 @@ ConfigError when the op is made, never a silent fallback; the lowering never che
 row again.
 
     op               kernel        targets   feature      fits; where "auto" picks it
+    ternary_matmul   avx512-tall   llvm-cpu  avx512_vnni  M % 16 == 0 (a symbolic M's factor),
+                                                          N % 4 == 0, 4 KB <= 6144; N <= 512
     ternary_matmul   avx512        llvm-cpu  avx512_vnni  KB % 64 == 0, N % 4 == 0, 4 KB <= 16384;
                                                           every M where it fits
     ternary_matmul   avx2          llvm-cpu  avx2         KB % 32 == 0, N % 4 == 0, 4 KB <= 8192;
@@ -66,7 +68,7 @@ from .attention import attention_cpu
 from .dense import widening_avx2
 from .host import host_cpu_features
 from .rows import rows_cpu
-from .ternary import avx2, avx512
+from .ternary import avx2, avx512, avx512_tall
 from .ternary import emitters as te
 from .ternary.emitters import GEMV_MAX_M, TernaryEmit
 
@@ -203,6 +205,19 @@ def _avx512_rule(types, attrs):
     return avx512_fits(k, n)
 
 
+def _tall_fits(types, attrs):
+    """x [M, K] with M a multiple of 16 (static, or a symbolic M's factor), packed
+    weights [N, KB] with 4 KB <= 6144 and N a multiple of 4"""
+    return avx512_tall.fits(types[0].shape[0], _packed_bytes(types), int(attrs["n"]))
+
+
+def _tall_rule(types, attrs):
+    """M a multiple of 16 (or a symbolic M's factor) and at least TALL_MIN_M, N at most
+    TALL_MAX_N: a convolution's patch rows"""
+    m = avx512_tall.m_multiple(types[0].shape[0])
+    return _tall_fits(types, attrs) and m >= TALL_MIN_M and int(attrs["n"]) <= TALL_MAX_N
+
+
 def _always(types, attrs):
     """every shape"""
     return True
@@ -242,9 +257,19 @@ def _attention_cpu_fits(types, attrs):
     return is_static(q.shape[-1]) and attention_cpu.fits(int(q.shape[-1]), k.dtype)
 
 
+#: Where "auto" gives a ternary matmul the avx512-tall kernel (M the rows' known factor):
+#: measured against avx512 on bench/conv.py's shapes (bench/RESULTS.md).
+TALL_MIN_M = 16
+TALL_MAX_N = 512
+
 _T = "ternary_matmul"
 #: THE table. Order matters within an op: the pass takes the first row that fits.
 TABLE = (
+    KernelRow(_T, "avx512-tall", HOST, VNNI, _tall_fits, TernaryEmit(te.AVX512_TALL),
+              "rows of x in the vector lanes (no horizontal sum an output), workgroups over "
+              "M: a convolution's patch rows (M >> N), where the avx512 kernel's "
+              "reductions cost as much as its products",
+              needs_feature=True, picks=_tall_rule, codes="offset"),
     KernelRow(_T, "avx512", HOST, VNNI, _avx512_fits, TernaryEmit(te.AVX512),
               "the avx2 kernel on 512-bit vectors, products reduced with vpdpbusd (no i16 "
               "stage); on an AVX-512 VNNI host faster than avx2 at every M measured",

@@ -12,9 +12,8 @@ one strided slice per kernel offset, a stack, a transpose), which took twice its
 (bench/RESULTS.md: 82 ms against 41 ms for a 3x3 128-channel layer's patches at batch
 32, 16x16) and a dispatch per kernel offset.
 
-It is linear; its VJP is conv_transpose of the cotangent (as [N, C * K, *P]) with a
-constant one-hot depthwise weight ([C * K, 1, *K], groups = C, w[c*K + j, 0, k] = 1 where
-j is k's flat index): the col2im, in the conv ops, so grad-of-grad stays in them.
+It is linear; its VJP (the col2im) is a sum of unslices of the cotangent's planes, one
+per kernel offset, whose own VJPs are slices, so grad-of-grad stays in the shape ops.
 """
 from __future__ import annotations
 
@@ -22,13 +21,14 @@ import numpy as np
 from iree.compiler import ir
 
 from ..codegen.builders import PARALLEL
-from ..ir import TensorType, numpy_dtype
+from ..ir import TensorType
 # the attribute marking the im2col generic (its stride and dilation), defined beside the
 # kernel that reads it (kernels sit below ops)
 from ..kernels.ternary.im2col_quant import PATCHES_ATTR
 from .conv import (Geometry, _aff, _check_input, _int_list, _np_pad, _np_type, _np_window, _out_size,
                    _pad_input, _window)
 from .registry import OpDef, REQUIRED, register
+from .shape_util import SLICE_END, dim_to_attr
 
 
 
@@ -83,21 +83,37 @@ def _lower(ctx, op, xs):
 
 
 def _vjp(b, op, cts):
+    """The col2im: x's cotangent is the sum, over the kernel offsets k, of the cotangent's
+    [N, C, *P] plane at k put back where im2col took it from the padded input (an
+    unslice: zeros with the plane at k*d + p*s), cropped to the input. One read of each
+    plane a kernel offset (IREE fuses the unslices' fills, copies and adds), where the
+    conv_transpose of a one-hot depthwise weight it replaced reduced over C * K inputs
+    per output, 9x the work at 3x3 and the training step's largest dispatches
+    (bench/RESULTS.md)."""
     x, g = op.operands[0], cts[0]
     geo = im2col_geometry(x.type, op.attrs)
-    nd, c, kt = geo.nd, int(x.type.shape[1]), int(np.prod(geo.kernel))
-    # [N, *P, C, *K] -> [N, C, *K, *P] -> [N, C * K, *P]
+    nd = geo.nd
+    # [N, *P, C, *K] -> [N, C, *K, *P]
     g = b.transpose(g, perm=[0, 1 + nd] + list(range(2 + nd, 2 + 2 * nd)) + list(range(1, 1 + nd)))
-    shape = [g.type.shape[0], c * kt] + list(geo.out_size)
-    g = b.reshape(g, shape=[d if isinstance(d, (int, np.integer)) else str(d) for d in shape])
-    onehot = np.zeros((c * kt, 1) + geo.kernel, numpy_dtype(x.dtype))
-    for ci in range(c):
-        for j, kk in enumerate(np.ndindex(*geo.kernel)):
-            onehot[(ci * kt + j, 0) + kk] = 1.0
-    w = b.constant(onehot, name="col2im")
-    return [b.conv_transpose(g, w, stride=list(geo.stride), padding=[list(q) for q in geo.pads],
-                             dilation=list(geo.dilation), groups=c,
-                             output_padding=list(geo.output_padding))]
+    lead = [dim_to_attr(d) for d in x.type.shape[:2]]
+    padded = [int(s) + lo + hi for s, (lo, hi) in zip(geo.in_size, geo.pads)]
+    total = None
+    for kk in np.ndindex(*geo.kernel):
+        plane = b.slice(g, starts=[0, 0, *kk] + [0] * nd,
+                        stops=[SLICE_END, SLICE_END, *(k + 1 for k in kk)] + [SLICE_END] * nd,
+                        steps=[1] * (2 + 2 * nd))
+        plane = b.reshape(plane, shape=lead + [int(p) for p in geo.out_size])
+        starts = [k * d for k, d in zip(kk, geo.dilation)]
+        spread = b.unslice(plane, shape=lead + padded, starts=[0, 0] + starts,
+                           stops=[SLICE_END, SLICE_END] + [st + (int(p) - 1) * s + 1 for st, p, s in
+                                                           zip(starts, geo.out_size, geo.stride)],
+                           steps=[1, 1] + list(geo.stride))
+        total = spread if total is None else b.add(total, spread)
+    if any(lo or hi for lo, hi in geo.pads):
+        ends = [lo + int(s) for (lo, _), s in zip(geo.pads, geo.in_size)]
+        total = b.slice(total, starts=[0, 0] + [lo for lo, _ in geo.pads],
+                        stops=[SLICE_END, SLICE_END] + ends, steps=[1] * (2 + nd))
+    return [total]
 
 
 register(OpDef("im2col", "conv", _infer, _reference,

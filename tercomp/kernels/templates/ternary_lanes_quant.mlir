@@ -1,0 +1,168 @@
+{# params: name, kb, k, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, contiguous, blocks, eps, c127, lo, hi #}
+{#
+  The quantize dispatch of the "avx512-tall" ternary kernel (ternary_avx512_tall.mlir):
+  the rows of x quantized as ternary_pack.act_quant does (roundeven(x * (127 / max(amax,
+  eps))) clipped to +-127, the same f32 operations in the same order as the avx2
+  kernel's quantize dispatches), 16 rows at a time, one row a vector lane, into the
+  tall kernel's layout: for block b of 16 rows and packed column cb (0 <= cb < kb),
+  64 bytes q[b, cb] whose lane l (4 bytes) holds the codes of row 16 b + l at columns
+  cb, cb + kb, cb + 2 kb, cb + 3 kb (the four planes of a packed weight byte; zero from
+  column k on); stats[b] = 16 code sums (f32, exact below 2^24), then 16 max(amax, eps).
+  Both are the byte sizes of the avx2 quantize dispatch's q [M, 4 kb] and stats [M, 2].
+
+  x is a convolution's padded input [N, C, HP, WP] flattened (M = N * OH * OW patch
+  rows, column (c KH + i) KW + j of row (n, y, x) at x[n, c, y sh + i dh, x sw + j dw]),
+  or a plain x [M, K] as the same with C = K and 1x1 images and kernel. A column of a
+  block is a vector load where its 16 rows are 16 consecutive positions of one output
+  row at stride 1 (`contiguous`: OW % 16 == 0, sw == 1), else a gather. Every block
+  lies in one image (OH OW % 16 == 0: the kernel row's condition on M).
+#}
+%% import "lib.mlir" as lib
+%% set kp = 4 * kb
+%% set vol = c * hp * wp
+%% set vf, vi, vb, vm = "vector<16xf32>", "vector<16xi32>", "vector<64xi8>", "vector<16xi1>"
+%% set xt = "memref<?xf32>"
+%% set qt = "memref<?x%dxi8>" % (64 * kb)
+%% set st = "memref<?x32xf32>"
+%% set ot = "memref<%dxi32>" % k
+{# the 16 values of column `col` (an index) of the block: %v{tag} #}
+%% macro column(tag, col)
+%oi{{ tag }} = memref.load %off[{{ col }}] : {{ ot }}
+%o{{ tag }} = arith.index_cast %oi{{ tag }} : i32 to index
+%% if contiguous
+%a{{ tag }} = arith.addi %base, %o{{ tag }} : index
+%v{{ tag }} = vector.load %x[%a{{ tag }}] : {{ xt }}, {{ vf }}
+%% else
+%v{{ tag }} = vector.gather %x[%o{{ tag }}][%lbv], %all, %zf : {{ xt }}, {{ vi }}, {{ vm }}, {{ vf }} into {{ vf }}
+%% endif
+%% endmacro
+%% set lims = []
+%% for j in range(4)
+%%   do lims.append([[k - j * kb, kb]|min, 0]|max)
+%% endfor
+%% set cuts = ([0, kb] + lims)|unique|sort
+%% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index", per_group=16 * blocks)
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c16 = arith.constant 16 : index
+      %cblocks = arith.constant {{ blocks }} : index
+      %ck = arith.constant {{ k }} : index
+      %c4 = arith.constant 4 : index
+      %ck4 = arith.constant {{ k - k % 4 }} : index
+      %eps = arith.constant dense<{{ eps }}> : {{ vf }}
+      %c127 = arith.constant dense<{{ c127 }}> : {{ vf }}
+      %lov = arith.constant dense<{{ lo }}> : {{ vf }}
+      %hiv = arith.constant dense<{{ hi }}> : {{ vf }}
+      %zf = arith.constant dense<0.0> : {{ vf }}
+      %zi = arith.constant dense<0> : {{ vi }}
+      %ff = arith.constant dense<255> : {{ vi }}
+%% for j in range(1, 4)
+      %sh{{ j }} = arith.constant dense<{{ 8 * j }}> : {{ vi }}
+%% endfor
+      %all = vector.constant_mask [16] : {{ vm }}
+      %mb = arith.divui %m, %c16 : index
+      %xlen = affine.apply affine_map<(d0) -> (d0 * {{ vol }})>(%nimg)
+      %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {{ xt }}{%xlen}
+      %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {{ qt }}{%mb}
+      %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> {{ st }}{%mb}
+      %off = memref.alloca() : {{ ot }}
+      scf.for %col = %c0 to %ck step %c1 {
+        %oc = affine.apply affine_map<(d0) -> ((d0 floordiv {{ kh * kw }}) * {{ hp * wp }} + ((d0 mod {{ kh * kw }}) floordiv {{ kw }}) * {{ dh * wp }} + (d0 mod {{ kw }}) * {{ dw }})>(%col)
+        %oci = arith.index_cast %oc : index to i32
+        memref.store %oci, %off[%col] : {{ ot }}
+      }
+%% if not contiguous
+      %lb = memref.alloca() : memref<16xi32>
+%% endif
+      %wg = stream.dispatch.workgroup.id[0] : index
+      %b0 = arith.muli %wg, %cblocks : index
+      %b1u = arith.addi %b0, %cblocks : index
+      %b1 = arith.minui %b1u, %mb : index
+      scf.for %blk = %b0 to %b1 step %c1 {
+%% if contiguous
+        %row0 = arith.muli %blk, %c16 : index
+        %base = affine.apply affine_map<(d0) -> ((d0 floordiv {{ oh * ow }}) * {{ vol }} + ((d0 mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + (d0 mod {{ ow }}) * {{ sw }})>(%row0)
+%% else
+        scf.for %l = %c0 to %c16 step %c1 {
+          %row = affine.apply affine_map<(d0, d1) -> (d0 * 16 + d1)>(%blk, %l)
+          %lbase = affine.apply affine_map<(d0) -> ((d0 floordiv {{ oh * ow }}) * {{ vol }} + ((d0 mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + (d0 mod {{ ow }}) * {{ sw }})>(%row)
+          %lbi = arith.index_cast %lbase : index to i32
+          memref.store %lbi, %lb[%l] : memref<16xi32>
+        }
+        %lbv = vector.load %lb[%c0] : memref<16xi32>, {{ vi }}
+%% endif
+        %am:4 = scf.for %col = %c0 to %ck4 step %c4 iter_args(%a0 = %zf, %a1 = %zf, %a2 = %zf, %a3 = %zf) -> ({{ vf }}, {{ vf }}, {{ vf }}, {{ vf }}) {
+%% for u in range(4)
+          %cu{{ u }} = affine.apply affine_map<(d0) -> (d0 + {{ u }})>(%col)
+          {{ column("a%d" % u, "%%cu%d" % u) | indent(10) }}
+          %av{{ u }} = math.absf %va{{ u }} : {{ vf }}
+          %an{{ u }} = arith.maximumf %a{{ u }}, %av{{ u }} fastmath<nnan,nsz> : {{ vf }}
+%% endfor
+          scf.yield %an0, %an1, %an2, %an3 : {{ vf }}, {{ vf }}, {{ vf }}, {{ vf }}
+        }
+        %am01 = arith.maximumf %am#0, %am#1 fastmath<nnan,nsz> : {{ vf }}
+        %am23 = arith.maximumf %am#2, %am#3 fastmath<nnan,nsz> : {{ vf }}
+        %am4 = arith.maximumf %am01, %am23 fastmath<nnan,nsz> : {{ vf }}
+        %amv = scf.for %col = %ck4 to %ck step %c1 iter_args(%a = %am4) -> ({{ vf }}) {
+          {{ column("a", "%col") | indent(10) }}
+          %av = math.absf %va : {{ vf }}
+          %an = arith.maximumf %a, %av fastmath<nnan,nsz> : {{ vf }}
+          scf.yield %an : {{ vf }}
+        }
+        %amc = arith.maximumf %amv, %eps : {{ vf }}
+        %qs = arith.divf %c127, %amc : {{ vf }}
+%% set ns = namespace(sum="%zi")
+%% for s in range(cuts|length - 1)
+%%   set lo_c, hi_c = cuts[s], cuts[s + 1]
+%%   set planes = []
+%%   for j in range(4)
+%%     if lims[j] >= hi_c
+%%       do planes.append(j)
+%%     endif
+%%   endfor
+%%   set acc = namespace(d="", s="%sa")
+%%   if planes
+        %cl{{ s }} = arith.constant {{ lo_c }} : index
+        %ch{{ s }} = arith.constant {{ hi_c }} : index
+        %sum{{ s }} = scf.for %cb = %cl{{ s }} to %ch{{ s }} step %c1 iter_args(%sa = {{ ns.sum }}) -> ({{ vi }}) {
+%%     for j in planes
+          %col{{ j }} = affine.apply affine_map<(d0) -> (d0 + {{ j * kb }})>(%cb)
+          {{ column("p%d" % j, "%%col%d" % j) | indent(10) }}
+          %sc{{ j }} = arith.mulf %vp{{ j }}, %qs : {{ vf }}
+          %rd{{ j }} = llvm.call_intrinsic "llvm.roundeven.v16f32"(%sc{{ j }}) : ({{ vf }}) -> {{ vf }}
+          %lo{{ j }} = arith.maximumf %rd{{ j }}, %lov : {{ vf }}
+          %cq{{ j }} = arith.minimumf %lo{{ j }}, %hiv : {{ vf }}
+          %qi{{ j }} = arith.fptosi %cq{{ j }} : {{ vf }} to {{ vi }}
+          %s{{ j }} = arith.addi {{ acc.s }}, %qi{{ j }} : {{ vi }}
+%%       set acc.s = "%%s%d" % j
+          %qm{{ j }} = arith.andi %qi{{ j }}, %ff : {{ vi }}
+%%       if j == 0
+%%         set acc.d = "%qm0"
+%%       else
+          %qsh{{ j }} = arith.shli %qm{{ j }}, %sh{{ j }} : {{ vi }}
+          %d{{ j }} = arith.ori {{ acc.d }}, %qsh{{ j }} : {{ vi }}
+%%         set acc.d = "%%d%d" % j
+%%       endif
+%%     endfor
+          %db = vector.bitcast {{ acc.d }} : {{ vi }} to {{ vb }}
+          %qo = affine.apply affine_map<(d0) -> (d0 * 64)>(%cb)
+          vector.store %db, %q[%blk, %qo] : {{ qt }}, {{ vb }}
+          scf.yield {{ acc.s }} : {{ vi }}
+        }
+%%     set ns.sum = "%%sum%d" % s
+%%   endif
+%% endfor
+%% if lims[0] < kb
+        %zb = arith.constant dense<0> : {{ vb }}
+        %cz = arith.constant {{ lims[0] }} : index
+        %ckb = arith.constant {{ kb }} : index
+        scf.for %cb = %cz to %ckb step %c1 {
+          %qo = affine.apply affine_map<(d0) -> (d0 * 64)>(%cb)
+          vector.store %zb, %q[%blk, %qo] : {{ qt }}, {{ vb }}
+        }
+%% endif
+        %sumf = arith.sitofp {{ ns.sum }} : {{ vi }} to {{ vf }}
+        vector.store %sumf, %xs[%blk, %c0] : {{ st }}, {{ vf }}
+        vector.store %amc, %xs[%blk, %c16] : {{ st }}, {{ vf }}
+      }
+%% endcall

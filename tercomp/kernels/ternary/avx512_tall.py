@@ -1,0 +1,168 @@
+"""The "avx512-tall" ternary matmul kernel: for M much larger than N (a convolution's
+patch rows: M = batch x output positions, N = the output channels), the rows of x in
+the vector lanes instead of K.
+
+The avx512 kernel (`avx512`) puts 64 bytes of K in a vector and sums each output's 16
+i32 lanes at the end: a horizontal reduction and a scalar store per output, which at a
+conv's short K (576-4608) and small N costs about as much as the products. Measured on
+bench/conv.py's shapes (bench/RESULTS.md): M = 8192, K = 1280, N = 128 ran at a quarter
+of the products per second that 128 x 1536 x 4096 reaches. Here each lane is one row
+of x, so nothing is reduced across lanes:
+
+    q[b, cb]   64 bytes: lane l = the int8 codes of row 16 b + l at columns cb + j KB
+               (j = 0..3, the four planes of packed weight byte cb), written by this
+               kernel's quantize dispatch (templates/ternary_lanes_quant.mlir)
+    wdec[r, cb] = the 4 offset codes (w + 1) of packed byte cb of weight row r, one a
+               byte (decoded once a workgroup per ROWS weight rows, on its stack)
+    acc[r][b] += vpdpbusd(broadcast(wdec[r, cb]), q[b, cb])
+
+and y[16 b + l, r] = (acc - sum of row's codes) * max|x| / 127 * scale per lane,
+transposed in registers and stored ROWS floats a row. Workgroups split M (the avx512
+kernel splits N), so the weights of a small N stay in L1/L2 for every block of x.
+
+The quantize dispatch reads a convolution's padded input directly where x is its
+im2col (as `im2col_quant` does for the avx512 kernel), a plain x [M, K] otherwise; a
+block's 16 rows are one vector load a column where they are 16 neighbouring output
+positions at stride 1, else a gather.
+
+Needs: llvm-cpu on a host with AVX-512 VNNI, M a multiple of 16 (a static M, or a
+symbolic one whose factor is: `m_multiple`), N a multiple of ROWS, 4 KB at most MAX_KP
+(the decoded rows and the column table fit the stack). Where the table picks it: N at
+most 512 (at an LLM's 128 x 1536 x 4096 the avx512 kernel measured 4x faster).
+"""
+from __future__ import annotations
+
+import numpy as np
+import sympy
+from iree.compiler import ir
+from iree.compiler.dialects import arith, tensor
+
+from ...ternary_pack import ACT_MAX
+from ...codegen.builders import PARALLEL, generic
+from ...codegen.executables import dispatch, ensure_executable
+from ..template import render
+from . import im2col_quant
+from .avx2_quant import quant_literals
+
+#: Rows of x a vector (one a lane) and so the multiple M must be.
+LANES = 16
+#: Weight rows a step: ROWS x BLOCKS accumulators, BLOCKS x vectors, ROWS broadcasts.
+ROWS = 4
+#: Blocks of 16 rows of x a step.
+BLOCKS = 4
+#: Steps of BLOCKS blocks a workgroup (the workgroup's x, 16 x BLOCKS x GROUPS rows of
+#: KB x 4 bytes, is read from L2 once per ROWS weight rows).
+GROUPS = 4
+#: Blocks of 16 rows a workgroup of the quantize dispatch.
+QUANT_BLOCKS = 4
+#: The largest padded K: the decoded weight rows (ROWS x KB x 4 bytes) and the quantize
+#: dispatch's column table (4 bytes a column) on the stack, 24 KiB each at 6144, within
+#: IREE's 32 KiB default (3x3 at 512 channels: K = 4608).
+MAX_KP = 6144
+
+
+def m_multiple(m) -> int:
+    """The largest integer factor known of a matmul's M: M itself when static, the
+    coefficient of a symbolic one (1024*B -> 1024), 1 for anything else.
+
+    >>> m_multiple(96), m_multiple(sympy.Symbol("B") * 1024), m_multiple("M")
+    (96, 1024, 1)
+    """
+    if isinstance(m, (int, np.integer)):
+        return int(m)
+    if isinstance(m, str):
+        return 1
+    coeff, _ = sympy.sympify(m).as_coeff_Mul()
+    return int(coeff) if coeff.is_Integer and coeff > 0 else 1
+
+
+def fits(m, k_bytes: int, n: int) -> bool:
+    """Whether the kernel takes x [M, K] against a [N, KB] packed matrix (`m`: M as the
+    IR holds it, static or symbolic)."""
+    return m_multiple(m) % LANES == 0 and n % ROWS == 0 and 4 * k_bytes <= MAX_KP
+
+
+def executable_text(name: str, n: int, kb: int, offset: bool = True, positions: int = 0) -> str:
+    """The `stream.executable @name` (templates/ternary_avx512_tall.mlir): for q and stats
+    from `quantize_text`'s dispatch, w [N, KB] i8 (the offset codes w + 1 when `offset`,
+    else the signed codes) and `wscale` (the ternary scale / 127), out [M, N] f32 =
+    dequant(act_quant(x) @ T^T); with `positions` P (x a convolution's patch rows, P a
+    multiple of 16), out [M / P, N, P] (the same values, the convolution's layout)."""
+    return render("ternary_avx512_tall", name=name, n=n, kb=kb, offset=offset,
+                  positions=positions, rows=ROWS, blocks=BLOCKS, groups=GROUPS)
+
+
+def quantize_text(name: str, kb: int, k: int, image, kernel, stride, dilation, out) -> str:
+    """The `stream.executable @name` (templates/ternary_lanes_quant.mlir) whose export
+    quantizes the patch rows [N * OH * OW, k] of the padded input [N, C, HP, WP]
+    (`image` = (C, HP, WP)) of a convolution with `kernel`, `stride`, `dilation` and
+    output positions `out` (a plain x [M, k]: image (k, 1, 1), the rest 1) into the tall
+    kernel's q and stats."""
+    (c, hp, wp), (kh, kw), (sh, sw), (dh, dw), (oh, ow) = image, kernel, stride, dilation, out
+    return render("ternary_lanes_quant", name=name, kb=kb, k=k, c=c, hp=hp, wp=wp, kh=kh,
+                  kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow,
+                  contiguous=(sw == 1 and ow % LANES == 0), blocks=QUANT_BLOCKS,
+                  **quant_literals())
+
+
+def _index(v: int) -> ir.Value:
+    return arith.constant(ir.IndexType.get(), v)
+
+
+def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
+    """[q, stats] of the matmul's x in the tall kernel's layout, typed as the avx2
+    quantize dispatch's [M, 4 KB] i8 and [M, 2] f32 (the same bytes): from the padded
+    input where x is a convolution's im2col (`found`: im2col_quant.patches_source of x),
+    else from x."""
+    if found is not None:
+        xp, image, kernel, stride, dilation, out = found
+        c, hp, wp = image
+    else:
+        xp, c, hp, wp = kern.x, kern.k, 1, 1
+        kernel, stride, dilation, out = (1, 1), (1, 1), (1, 1), (1, 1)
+    vol = c * hp * wp
+    xt = ir.RankedTensorType(xp.type)
+    dyn = xt.is_dynamic_dim(0)
+    flat_t = ir.RankedTensorType.get(
+        [ir.ShapedType.get_dynamic_size() if dyn else xt.get_dim_size(0) * vol], xt.element_type)
+    flat = tensor.collapse_shape(flat_t, xp, [list(range(xt.rank))])
+    nimg = tensor.dim(xp, _index(0)) if dyn else _index(xt.get_dim_size(0))
+    arg_dims = [arith.muli(nimg, _index(vol))] if dyn else []
+    geo = "x".join(map(str, (c, hp, wp))) + "_k%dx%d_s%dx%d_d%dx%d" % (*kernel, *stride, *dilation)
+    name = f"tern_lanes_quant_{kern.kb}_{kern.k}_c{geo}"
+    ensure_executable(name, lambda: quantize_text(name, kern.kb, kern.k, (c, hp, wp), kernel,
+                                                  stride, dilation, out))
+    return dispatch(name, name, [m], [flat, nimg, m], arg_dims,
+                    [kern.ttype([4 * kern.kb], ir.IntegerType.get_signless(8)),
+                     kern.ttype([2], kern.f32)], dims + dims)
+
+
+def emit(kern) -> ir.Value:
+    """y [M, N] f32 for the `TernaryBuilder` `kern` (activation quantization on): the
+    quantize dispatch, then the tall matmul's."""
+    offset = kern.codes == "offset"
+    found = im2col_quant.patches_source(kern.x)
+    positions = found[-1][0] * found[-1][1] if found is not None else 0
+    if positions % LANES:
+        positions = 0
+    name = (f"tern_avx512_tall_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
+            + (f"_p{positions}" if positions else ""))
+    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset, positions))
+    m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
+    dims = list(kern.m_values)
+    x = quantized(kern, m, dims, found)
+    wscale = arith.constant(kern.f32, float(np.float32(kern.scale / ACT_MAX)))
+    args = [*x, kern.weights(), wscale, m]
+    if not positions:
+        return dispatch(name, name, [m], args, dims * len(x), kern.ttype([kern.n], kern.f32), dims)
+    # the convolution's [images, N, P] from the kernel, viewed as [M, N] by a transpose
+    # that the transpose back to NCHW after the matmul (nn.BitConv2d's) cancels in IREE
+    nimg = [arith.divui(m, _index(positions))] if dims else []
+    imgs = ir.ShapedType.get_dynamic_size() if dims else kern.m // positions
+    y = dispatch(name, name, [m], args, dims * len(x),
+                 ir.RankedTensorType.get([imgs, kern.n, positions], kern.f32), nimg)
+    t_type = ir.RankedTensorType.get([imgs, positions, kern.n], kern.f32)
+    init = tensor.empty([*nimg, positions, kern.n] if dims else [imgs, positions, kern.n], kern.f32)
+    maps = [ir.AffineMap.get(3, 0, [ir.AffineDimExpr.get(d) for d in dd]) for dd in ((0, 2, 1), (0, 1, 2))]
+    yt = generic(t_type, [y], init, maps, [PARALLEL] * 3, lambda v, _acc: v)
+    return tensor.collapse_shape(kern.ttype([kern.n], kern.f32), yt, [[0, 1], [2]])
