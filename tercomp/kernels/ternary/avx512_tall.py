@@ -70,9 +70,9 @@ def m_multiple(m) -> int:
     """
     if isinstance(m, (int, np.integer)):
         return int(m)
-    if isinstance(m, str):
+    if not isinstance(m, sympy.Expr):       # a name ("M"), or anything else: no factor known
         return 1
-    coeff, _ = sympy.sympify(m).as_coeff_Mul()
+    coeff, _ = m.as_coeff_Mul()
     return int(coeff) if coeff.is_Integer and coeff > 0 else 1
 
 
