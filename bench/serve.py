@@ -376,8 +376,8 @@ def parse_args(argv=None):
                             f"outside this repository")
     p.add_argument("--no-tercomp", action="store_true", help="--sweep: the peers alone")
     p.add_argument("--step-tokens", default="default", metavar="LIST",
-                   help="--sweep: tercomp serve's --step-tokens, comma-separated, one "
-                        "tercomp row each; `default`: without the option (default: default)")
+                   help="--sweep: tercomp serve's --step-tokens (0: no budget), comma-separated, "
+                        "one tercomp row each; `default`: without the option (default: default)")
     p.add_argument("--dir", help="--sweep: where the GGUFs and logs go (default: a temporary "
                    "directory, removed at the end unless --keep)")
     p.add_argument("--keep", action="store_true", help="--sweep: keep the default directory "
@@ -430,8 +430,8 @@ def parse_args(argv=None):
     except ValueError:
         p.error(f"--step-tokens: {a.step_tokens!r} is not a comma-separated list of token "
                 f"counts and `default`")
-    if any(t is not None and t < 1 for t in a.step_tokens):
-        p.error(f"--step-tokens: token counts must be >= 1, got {a.step_tokens}")
+    if any(t is not None and t < 0 for t in a.step_tokens):
+        p.error(f"--step-tokens: token counts must be >= 0 (0: no budget), got {a.step_tokens}")
     big = a.sweep is not None
     for k, small, large in (("hidden", 512, 1536), ("layers", 4, 24), ("vocab", 1024, 32002)):
         if getattr(a, k) is None:

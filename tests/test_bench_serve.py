@@ -136,6 +136,7 @@ def test_options_with_a_peer_sweep_the_700m_shape(tmp_path):
     assert bench.parse_args(["--sweep", "2,3"]).sweep == [2, 3]
     assert a.step_tokens == [None]
     assert bench.parse_args(["--sweep", "1", "--step-tokens", "default,16"]).step_tokens == [None, 16]
+    assert bench.parse_args(["--sweep", "1", "--step-tokens", "0,default"]).step_tokens == [0, None]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -146,7 +147,7 @@ def test_options_with_a_peer_sweep_the_700m_shape(tmp_path):
     (["--prompt", "9,3"], "--prompt: '9,3' needs 0 <= MIN <= MAX"),
     (["--no-tercomp", "--sweep", "1"], "give a peer"),
     (["--sweep", "1", "--step-tokens", "default,x"], "--step-tokens: 'default,x' is not"),
-    (["--sweep", "1", "--step-tokens", "0"], "token counts must be >= 1"),
+    (["--sweep", "1", "--step-tokens", "-1"], "token counts must be >= 0"),
 ])
 def test_bad_options_say_what_is_wrong(argv, message, capsys):
     with pytest.raises(SystemExit):

@@ -26,6 +26,17 @@ from .model import open_model, open_model_and_encoder
 DEFAULT_MAX_BATCH = 8
 
 
+
+#: The default step budget a slot: 8 slots step at most 16 tokens while streams decode.
+STEP_TOKENS_PER_SLOT = 2
+
+
+def _step_tokens(text: str) -> int:
+    """--step-tokens: a non-negative int (0: no budget)."""
+    if text != "0":
+        return positive_int(text)
+    return 0
+
 def add_parser(sub):
     """Add the `serve` command to the subparsers `sub`."""
     s = sub.add_parser("serve", help="serve a language model over OpenAI's HTTP API",
@@ -62,15 +73,16 @@ def add_parser(sub):
     s.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt in full (default: a prompt sharing a prefix with "
                         "a finished sequence in a free slot reuses its KV rows, as "
-                        "llama-server's cache_prompt)")
+                        "llama-server's cache_prompt, and one sharing it with a running "
+                        "sequence copies them)")
     s.add_argument("--speculative", type=_draft, default=0, metavar="K",
                    help="a greedy request running alone drafts up to K tokens by prompt "
                         "lookup and verifies them in one step (same tokens; default 0: off)")
-    s.add_argument("--step-tokens", type=positive_int, metavar="N",
+    s.add_argument("--step-tokens", type=_step_tokens, metavar="N",
                    help="while requests generate, tokens per engine step in all (theirs "
                         "included): a new prompt is prefilled in chunks of what is left, so "
-                        "it does not stall their next tokens (default: 128-token chunks "
-                        "on top of theirs)")
+                        "it does not stall their next tokens (default: twice the slots; 0: "
+                        "no budget, a new prompt's 128-token chunks on top of theirs)")
     s.add_argument("--embeddings", action="store_true",
                    help="also compile MODEL (.gguf or Hugging Face directory) as an embedding "
                         "encoder and answer /v1/embeddings (pooling as the model file says)")
@@ -143,8 +155,11 @@ def run(args) -> int:
     if batch == 1:
         print(f"note: {args.model} has one cache slot: requests run one at a time (compile "
               f"with max_batch, e.g. tercomp serve MODEL.gguf --max-batch 8)", file=sys.stderr)
+    # the step budget: twice the slots unless told (measured against llama-server's p99
+    # inter-token latency at 1-16 clients, bench/RESULTS.md); 0 turns it off
+    budget = STEP_TOKENS_PER_SLOT * batch if args.step_tokens is None else args.step_tokens or None
     engine = Engine(gen, max_queue=args.max_queue, prefix_cache=not args.no_prefix_cache,
-                    num_draft=args.speculative, step_tokens=args.step_tokens)
+                    num_draft=args.speculative, step_tokens=budget)
     name = args.name or model_name(args.model)
     app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body,
                      read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens,
