@@ -114,6 +114,9 @@ class World:
         sys.stderr.write(f"\ntercomp.TercompError: rank {self.rank}: {message}\n")
         sys.stderr.flush()
         if self.comm is not None:
+            # MPICH's launcher kills every rank on Abort, and its proxies may stop before
+            # they have forwarded what this rank just wrote: give them a moment to drain
+            time.sleep(0.5)
             self.comm.Abort(1)
         os._exit(1)
 

@@ -54,5 +54,6 @@ def test_profile_of_a_module_reads_back(tmp_path):
     names, kinds, dsum, span, count, n = timeline.per_call(subs, VOCAB)
     assert n == 3 and sum(count.values()) >= 2
     assert all(name.startswith("main_dispatch_") for name in names)
-    assert np.isclose(dsum, sum(names.values())) and 0 < dsum <= span * 1.5
+    # the median of the calls' sums, and the sum of each name's median: near, not equal
+    assert np.isclose(dsum, sum(names.values()), rtol=0.25) and 0 < dsum <= span * 1.5
     assert kinds["other"] == dsum
