@@ -117,12 +117,57 @@ def test_slot_attention_reads_only_its_slot_up_to_its_position():
 
 def test_slot_attention_dispatches_the_cpu_kernel():
     run_filecheck(_slot_module("cpu").ir("mlir"), """
-# CHECK: stream.executable private @tern_slot_attention_4x2x16x3x16_f16
+# CHECK: stream.executable private @tern_slot_attention_rows_4x2x16x3x16_f16
+# CHECK:   workgroups(%[[M:.*]]: index)
+# CHECK:   arith.muli %[[M]], %{{.*}} : index
 # CHECK:   memref.load %{{.*}}[%{{.*}}] : memref<?xi32>
 # CHECK:   vector.load %{{.*}}[%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}] : memref<3x16x2x16xf16>, vector<8xf16>
 # CHECK: iree_linalg_ext.scatter
-# CHECK: flow.dispatch @tern_slot_attention_4x2x16x3x16_f16
+# CHECK: flow.dispatch @tern_slot_attention_rows_4x2x16x3x16_f16
 """)
+
+
+def _brute_slot_attention(q, k, v, slots, pos, scale, window=0):
+    g = q.shape[1] // k.shape[2]
+    want = np.empty(q.shape)
+    for t, (b, p) in enumerate(zip(slots, pos)):
+        lo = max(0, p - window + 1) if window else 0
+        kk = np.repeat(k[b, lo:p + 1].astype(np.float64), g, axis=1)
+        vv = np.repeat(v[b, lo:p + 1].astype(np.float64), g, axis=1)
+        sc = np.einsum("hd,shd->hs", q[t].astype(np.float64), kk) * scale
+        w = np.exp(sc - sc.max(-1, keepdims=True))
+        want[t] = np.einsum("hs,shd->hd", w / w.sum(-1, keepdims=True), vv)
+    return want
+
+
+@pytest.mark.parametrize("kv_heads,prefetch,window,kv", [
+    (2, 8, 0, "float16"), (4, 0, 0, "float32"), (2, 0, 11, "float16"), (1, 3, 0, "float16")])
+def test_slot_attention_row_kernel_over_many_chunks(monkeypatch, kv_heads, prefetch, window, kv):
+    # the row-wise slot kernel (attention_rows.mlir: a workgroup per query and group of KV
+    # heads, rows 4 a step) with chunks of 8 rows: ragged positions per query (1..47, most
+    # not a multiple of 4 or 8, several chunks), GQA and one query head per KV head,
+    # with and without software prefetch, against a float64 brute force
+    from tercomp.kernels.attention import attention_cpu
+    monkeypatch.setattr(attention_cpu, "SCORE_BYTES", 8 * 4 * (H // attention_cpu.row_groups(kv_heads)))
+    monkeypatch.setattr(attention_cpu, "ROW_PREFETCH", prefetch)
+    n, s, d = 3, 48, 16
+    win = {"window": window} if window else {}
+    def f(q, k, v, slots, pos):
+        return apply("slot_attention", q, k, v, slots, pos, scale=0.3, kernel="cpu", **win)
+    m = tc.compile(f, tc.spec(("T", H, d), "float32"), tc.spec((n, s, kv_heads, d), kv),
+                   tc.spec((n, s, kv_heads, d), kv), tc.spec(("T",), "int32"),
+                   tc.spec(("T",), "int32"), cache=False)
+    hg = H // attention_cpu.row_groups(kv_heads)
+    assert f"memref<{hg}x8xf32>" in m.ir("mlir")     # the chunks' scores: 8 rows
+    rng = np.random.default_rng(kv_heads + prefetch)
+    k = rng.standard_normal((n, s, kv_heads, d)).astype(kv)
+    v = rng.standard_normal((n, s, kv_heads, d)).astype(kv)
+    for t, pos in [(1, [0]), (1, [46]), (7, [1, 2, 3, 9, 17, 30, 47])]:
+        q = rng.standard_normal((t, H, d)).astype(np.float32)
+        slots = rng.integers(0, n, t).astype(np.int32)
+        pos = np.array(pos, np.int32)
+        want = _brute_slot_attention(q, k, v, slots, pos, 0.3, window)
+        np.testing.assert_allclose(np.asarray(m(q, k, v, slots, pos)), want, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.skipif(AVX2 not in host_cpu_features(), reason="host CPU lacks AVX2")

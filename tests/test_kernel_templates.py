@@ -17,7 +17,7 @@ from tercomp.errors import TercompError
 
 ir = pytest.importorskip("iree.compiler.ir")
 
-KERNELS = ["attention", "dense_avx2", "rms_norm", "rope", "ternary_avx2", "ternary_avx2_quant",
+KERNELS = ["attention", "attention_rows", "dense_avx2", "rms_norm", "rope", "ternary_avx2", "ternary_avx2_quant",
            "ternary_avx512", "ternary_avx512_tall", "ternary_im2col_quant", "ternary_lanes_quant"]
 
 
@@ -83,12 +83,16 @@ CHECK:     %dsum = arith.addf %d1, %d0 : vector<8xf32>
 CHECK:     math.exp %xd : vector<8xf32>
 CHECK:     vector.store %g1, %o[%t, %h, %col1]
 """)
-    check(attention_cpu.executable_text("tern_slot_attention", 4, 4, 8, 16, "f32", slots=3), """
-CHECK:   func.func @tern_slot_attention(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bs: !stream.binding, %bp: !stream.binding, %bo: !stream.binding, %scale: f32, %m: index)
+    check(attention_cpu.rows_text("tern_slot_attention_rows", 4, 4, 8, 16, "f32", 3), """
+CHECK:   %g = arith.muli %m, %times : index
+CHECK:   func.func @tern_slot_attention_rows(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bs: !stream.binding, %bp: !stream.binding, %bo: !stream.binding, %scale: f32, %m: index)
 CHECK:     %slot = arith.index_cast %slot32 : i32 to index
-CHECK:     %k0 = vector.load %k[%slot, %s, %kh, %col0] : memref<3x16x4x8xf32>, vector<8xf32>
-CHECK:     %kf0 = arith.addf %k0, %z8 : vector<8xf32>
-CHECK:     %dsum = arith.addf %d0, %z8 : vector<8xf32>
+CHECK:     %rr3 = arith.minui %rs3, %last : index
+CHECK:     memref.prefetch %k[%slot, %sp0, %pk0, %pcol0]
+CHECK:     %k3_0 = vector.load %k[%slot, %rr3, %kv, %col0] : memref<3x16x4x8xf32>, vector<8xf32>
+CHECK:     %kf3_0 = arith.addf %k3_0, %z8 : vector<8xf32>
+CHECK:     memref.store %ninf, %sc[%hh, %j] : memref<2x256xf32>
+CHECK:     %a4_0 = vector.fma %eb3, %vf3_0, %a3_0 : vector<8xf32>
 """)
 
 

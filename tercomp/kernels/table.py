@@ -316,7 +316,8 @@ TABLE = (
               "one dispatch per step with an online softmax over chunks of the cache, for "
               "every T (no scf.if on T)"),
     KernelRow("slot_attention", "cpu", HOST, None, _attention_cpu_fits, attention_cpu.emit_slot,
-              "the cached_attention kernel over a cache of slots"),
+              "a workgroup per (query, group of KV heads) reading each cache row's group of "
+              "heads contiguously, 4 rows a step, with an online softmax per head"),
 )
 
 #: The value of an op's kernel attribute that asks the pass to choose: "auto" for the

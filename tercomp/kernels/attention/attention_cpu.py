@@ -16,6 +16,17 @@ softmax of flash attention, rescaled once per chunk):
 
 The scores of a chunk live in a CHUNK-float stack buffer, so the cache length does not
 bound the stack. Only rows 0..start+T-1 are read: a step's cost grows with the position.
+
+`slot_attention` (the batched generator's caches [N, S, KV, D], one query a sequence)
+has a kernel of its own, `rows_text` (templates/attention_rows.mlir): one workgroup per
+(query, group of KV / row_groups(KV) KV heads), which reads each cache row's group of
+heads side by side (contiguous) instead of one head's D values out of every KV * D row.
+The per-head kernel's rows are KV * D apart (3 KiB at the 700M shape), past what the
+hardware prefetchers follow, so each row's lines waited on memory: a batched step of 8
+sequences spent 8.3x a single sequence's attention time on it, at ~12 GB/s. Rows are
+taken 4 at a time (K: one q load per 4 dot products; V: one accumulator load and store
+per 4 rows); the chunk's scores are padded to 8 with -inf, so rows past a query's
+position read its last row with weight 0.
 """
 from __future__ import annotations
 
@@ -43,6 +54,11 @@ PREFETCH = 8
 #: layers, a loaded machine: bench/RESULTS.md 2026-11-27); the sums are unchanged (each
 #: lane still adds its rows in order).
 VGROUP = 8
+#: Rows ahead whose lines the slot caches' kernel (attention_rows.mlir, rows read whole)
+#: prefetches (0: none). Measured at the 700M shape (bench/RESULTS.md 2026-11-27 20:00):
+#: 8 rows ahead 0.63-0.70x the per-head kernel's time (median of paired calls), none
+#: 0.84-1.07x.
+ROW_PREFETCH = 8
 
 
 def fits(head_dim: int, kv_dtype: str) -> bool:
@@ -50,13 +66,12 @@ def fits(head_dim: int, kv_dtype: str) -> bool:
 
 
 def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: str,
-                    slots: int = 0, window: int = 0) -> str:
+                    window: int = 0) -> str:
     """`stream.executable @name` (templates/attention.mlir): (q [T, H, D] f32, k, v
     [S, KV, D] kel, scale: f32, start: index, T: index) -> out [T, H, D] f32; with
-    `slots` = N > 0 (the batched cache of ops/kv_slots.py) the caches are [N, S, KV, D]
-    and `start` is replaced by two i32 [T] bindings: query t reads rows 0..positions[t]
-    of slot slots[t]; with `window` = W > 0 a query reads only the W most recent of its
-    rows (a sliding-window layer: the rows before are never loaded).
+    `window` = W > 0 a query reads only the W most recent of its rows (a sliding-window
+    layer: the rows before are never loaded). The slot caches of the batched generator
+    have their own kernel (`rows_text`).
 
     Written on 8-lane vectors with the D/8 lanes of a row unrolled (IREE's codegen of
     one D-wide vector spilled it lane by lane): q's row stays in registers for the dot
@@ -64,8 +79,33 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
     rows keeps VGROUP 8-lane accumulators per pass over the chunk's rows; each row's K
     and V lines are prefetched PREFETCH rows ahead."""
     return render("attention", name=name, heads=heads, kv_heads=kv_heads, d=d, s=s, kel=kel,
-                  slots=slots, chunk=CHUNK, window=int(window or 0),
+                  chunk=CHUNK, window=int(window or 0),
                   prefetch=PREFETCH, vgroup=VGROUP)
+
+
+#: Stack bytes a workgroup of the row-wise slot kernel gives its chunk's scores (the
+#: chunk length follows from it and the heads of a group).
+SCORE_BYTES = 16384
+
+
+def row_groups(kv_heads: int) -> int:
+    """Workgroups a query of the row-wise slot kernel splits its KV heads into: the
+    smallest divisor of kv_heads above 1 (two threads' work for one query), or 1."""
+    return next((g for g in range(2, kv_heads + 1) if kv_heads % g == 0), 1)
+
+
+def rows_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: str, slots: int,
+              window: int = 0) -> str:
+    """`stream.executable @name` (templates/attention_rows.mlir): the slot caches'
+    attention with one workgroup per (query, group of KV heads), reading each cache row's
+    group of heads as one contiguous run: (q [T, H, D] f32, k, v [N, S, KV, D] kel,
+    slots, positions: i32 [T], scale: f32, T: index) -> out [T, H, D] f32."""
+    groups = row_groups(kv_heads)
+    hg = heads // groups
+    chunk = max(8, min(CHUNK, SCORE_BYTES // 4 // hg // 8 * 8))
+    return render("attention_rows", name=name, heads=heads, kv_heads=kv_heads, d=d, s=s,
+                  kel=kel, slots=slots, groups=groups, chunk=chunk, window=int(window or 0),
+                  prefetch=ROW_PREFETCH)
 
 
 def _suffix(window) -> str:
@@ -99,9 +139,8 @@ def emit_slots(q: ir.Value, k: ir.Value, v: ir.Value, slots: ir.Value, positions
     heads, d = qt.get_dim_size(1), qt.get_dim_size(2)
     n, s, kv_heads = kt.get_dim_size(0), kt.get_dim_size(1), kt.get_dim_size(2)
     kel = str(kt.element_type)
-    name = f"tern_slot_attention_{heads}x{kv_heads}x{d}x{n}x{s}_{kel}{_suffix(window)}"
-    ensure_executable(name, lambda: executable_text(name, heads, kv_heads, d, s, kel, slots=n,
-                                                    window=window))
+    name = f"tern_slot_attention_rows_{heads}x{kv_heads}x{d}x{n}x{s}_{kel}{_suffix(window)}"
+    ensure_executable(name, lambda: rows_text(name, heads, kv_heads, d, s, kel, n, window))
     dims = [t] if qt.is_dynamic_dim(0) else []
     idx_dims = [t] if ir.RankedTensorType(slots.type).is_dynamic_dim(0) else []
     scale_v = arith.constant(ir.F32Type.get(), float(scale))

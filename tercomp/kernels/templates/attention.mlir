@@ -1,8 +1,7 @@
-{# params: name, heads, kv_heads, d, s, kel, slots, chunk, window, prefetch, vgroup #}
+{# params: name, heads, kv_heads, d, s, kel, chunk, window, prefetch, vgroup #}
 {#
   (q [T, H, D] f32, k, v [S, KV, D] kel, scale: f32, start: index, T: index) ->
-  out [T, H, D] f32; with `slots` = N > 0 the caches are [N, S, KV, D] and `start` is
-  replaced by two i32 [T] bindings: query t reads rows 0..positions[t] of slot slots[t].
+  out [T, H, D] f32 (the slot caches of the batched generator: attention_rows.mlir).
   With `window` = W > 0 (a sliding-window layer) a query reads only the W most recent
   of its rows: the chunks start at row max(0, last + 1 - W).
   One workgroup per query head; an online softmax over chunks of `chunk` cache rows,
@@ -17,10 +16,7 @@
 %% set ebytes = 4 if kel == "f32" else 2
 {# the columns of a head's row that start its 64-byte lines #}
 %% set lines = range(0, d, 64 // ebytes)
-%% set kt = "memref<%dx%dx%dx%dx%s>" % (slots, s, kv_heads, d, kel) if slots else "memref<%dx%dx%dx%s>" % (s, kv_heads, d, kel)
-{# the cache row of position %s: [%s] or [%slot, %s] #}
-%% set row = "%slot, %s" if slots else "%s"
-%% set prow = "%slot, %sp" if slots else "%sp"
+%% set kt = "memref<%dx%dx%dx%s>" % (s, kv_heads, d, kel)
 {# prefetch(cache): the head's row `prefetch` rows ahead of %s (the last row %last at
    most): a head's D values are a few lines out of each KV * D row, so rows are strided
    by KV * D and the hardware prefetchers, which stop at a 4 KiB page, miss them #}
@@ -29,11 +25,11 @@
             %sa = arith.addi %s, %cpf : index
             %sp = arith.minui %sa, %last : index
 %%     for c in lines
-            memref.prefetch {{ cache }}[{{ prow }}, %kh, %col_l{{ c }}], read, locality<3>, data : {{ kt }}
+            memref.prefetch {{ cache }}[%sp, %kh, %col_l{{ c }}], read, locality<3>, data : {{ kt }}
 %%     endfor
 %%   endif
 %% endmacro
-%% set bindings = "%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, " ~ ("%bs: !stream.binding, %bp: !stream.binding, %bo: !stream.binding, %scale: f32, %m: index" if slots else "%bo: !stream.binding, %scale: f32, %p: index, %m: index")
+%% set bindings = "%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bo: !stream.binding, %scale: f32, %p: index, %m: index"
 %% set st = "memref<%dxf32>" % chunk
 %% set at = "memref<%dxf32>" % d
 %% macro widen(dst, src)
@@ -64,10 +60,6 @@
       %k = stream.binding.subspan %bk[%c0] : !stream.binding -> {{ kt }}
       %v = stream.binding.subspan %bv[%c0] : !stream.binding -> {{ kt }}
       %o = stream.binding.subspan %bo[%c0] : !stream.binding -> {{ qt }}{%m}
-%% if slots
-      %sl = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?xi32>{%m}
-      %pos = stream.binding.subspan %bp[%c0] : !stream.binding -> memref<?xi32>{%m}
-%% endif
       %sc = memref.alloca() : {{ st }}
       %acc = memref.alloca() : {{ at }}
       %h = stream.dispatch.workgroup.id[0] : index
@@ -79,14 +71,7 @@
 %% for i in range(lanes)
         vector.store %z8, %acc[%col{{ i }}] : {{ at }}, {{ v8 }}
 %% endfor
-%% if slots
-        %slot32 = memref.load %sl[%t] : memref<?xi32>
-        %slot = arith.index_cast %slot32 : i32 to index
-        %last32 = memref.load %pos[%t] : memref<?xi32>
-        %last = arith.index_cast %last32 : i32 to index
-%% else
         %last = arith.addi %p, %t : index
-%% endif
         %n = arith.addi %last, %c1 : index
 %% if window
         %cwin = arith.constant {{ window }} : index
@@ -102,7 +87,7 @@
           %cm = scf.for %s = %cs to %ce step %c1 iter_args(%m1 = %ninf) -> (f32) {
 {{ prefetch_row("%k") }}
 %% for i in range(lanes)
-            %k{{ i }} = vector.load %k[{{ row }}, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
+            %k{{ i }} = vector.load %k[%s, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
             {{ widen("%%kf%d" % i, "%%k%d" % i) }}
             %d{{ i }} = vector.fma %q{{ i }}, %kf{{ i }}, {{ "%z8" if i < 2 else "%%d%d" % (i - 2) }} : {{ v8 }}
 %% endfor
@@ -150,7 +135,7 @@
             %e = memref.load %sc[%j] : {{ st }}
             %eb = vector.broadcast %e : f32 to {{ v8 }}
 %%   for i in gl
-            %vr{{ i }} = vector.load %v[{{ row }}, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
+            %vr{{ i }} = vector.load %v[%s, %kh, %col{{ i }}] : {{ kt }}, {{ vk }}
             {{ widen("%%vf%d" % i, "%%vr%d" % i) }}
             %wn{{ i }} = vector.fma %eb, %vf{{ i }}, %wa{{ i }} : {{ v8 }}
 %%   endfor

@@ -2,11 +2,12 @@
 {#
   executable: `stream.executable private @name` with one export `@name` over a workgroup
   count along x: `groups` workgroups; or with `per_group`, ceil(m / per_group) of them;
+  or with `times`, m * times;
   or with `few`, `many`, `m_min`: `many` when m >= m_min, else `few`. Its function takes
   `bindings` (stream bindings and scalars; the last one `%m: index`, the workload, whose
   name the export uses too) and runs the body of the call block before `return`.
 #}
-%% macro executable(name, bindings, groups=none, per_group=none, few=none, many=none, m_min=none)
+%% macro executable(name, bindings, groups=none, per_group=none, few=none, many=none, m_min=none, times=none)
 stream.executable private @{{ name }} {
   stream.executable.export public @{{ name }} workgroups(%m: index) -> (index, index, index) {
     %c1 = arith.constant 1 : index
@@ -18,6 +19,9 @@ stream.executable private @{{ name }} {
     %g = arith.select %big, %many, %few : index
 %% elif groups is not none
     %g = arith.constant {{ groups }} : index
+%% elif times is not none
+    %times = arith.constant {{ times }} : index
+    %g = arith.muli %m, %times : index
 %% else
     %g = affine.apply affine_map<()[s0] -> (s0 ceildiv {{ per_group }})>()[%m]
 %% endif
