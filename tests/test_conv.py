@@ -8,6 +8,7 @@ import pytest
 
 import tercomp as tc
 from conftest import run_filecheck
+from tercomp.runtime.devices import driver_present
 
 rng = np.random.default_rng(3)
 
@@ -263,6 +264,42 @@ def test_a_ternary_cnn_builds_forward_gradient_and_training_step_for_gpus(target
     model.eval()
     fwd = tc.compile(model, specs[0], target=target)
     assert step.exe.targets == grad.targets == fwd.targets == [target]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not driver_present("vulkan"),
+                    reason="no Vulkan device (apt-get install mesa-vulkan-drivers)")
+def test_a_ternary_cnn_on_vulkan_computes_what_the_cpu_does():
+    """Forward, gradient and three training steps of the BitConv2d + BatchNorm + pooling
+    network on Vulkan (lavapipe: ~1 min of IREE compiles) against the same on the CPU."""
+    from test_bitconv import Net
+    from tercomp import nn
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 4, 4).astype(np.int32)
+    specs = (tc.spec(("B", 3, 8, 8)), tc.spec(("B",), "int32"))
+
+    def ce(m, x, y):
+        return tc.cross_entropy(m(x), y)
+
+    got = {}
+    for target in ("llvm-cpu", "vulkan"):
+        nn.manual_seed(0)
+        model = Net()
+        grads = tc.compile(tc.grad(ce), model, *specs, target=target)(model, x, y)
+        step = tc.compile_train_step(ce, model, tc.optim.AdamW(1e-2), *specs, target=target)
+        losses = [float(step(x, y)) for _ in range(3)]
+        model.eval()
+        fwd = tc.compile(model, specs[0], target=target)
+        assert fwd.targets == step.exe.targets == [target]
+        got[target] = losses, fwd(x), grads
+    (l_cpu, f_cpu, g_cpu), (l_vk, f_vk, g_vk) = got["llvm-cpu"], got["vulkan"]
+    np.testing.assert_allclose(l_vk, l_cpu, rtol=1e-5)
+    assert l_cpu[2] < l_cpu[0]                    # it trains
+    np.testing.assert_allclose(f_vk, f_cpu, rtol=1e-4, atol=1e-5)
+    assert set(g_vk) == set(g_cpu)
+    for name in g_cpu:
+        np.testing.assert_allclose(g_vk[name], g_cpu[name], rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_im2col_lowers_to_one_parallel_generic_over_the_padded_input():
