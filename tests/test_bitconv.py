@@ -132,6 +132,8 @@ def test_patches_are_quantized_from_the_padded_input_in_one_dispatch(cls, x_shap
     ((2, 3, 16, 16), dict(padding=1), "B"),              # K = 27 (a stem): KB = 8
     ((4, 8, 6, 6), dict(padding=1), 4),                  # 36 positions, M = 144: blocks
                                                          # across images, [M, N] out
+    ((2, 64, 16, 16), dict(padding=1), "B"),             # K = 576 in planes of 144
+    ((16, 64, 9, 9), dict(stride=2, padding=1), 16),     # K = 576, odd size, stride 2
 ])
 def test_tall_kernel_matches_the_layer(x_shape, kw, spec):
     """Where M is whole blocks of 16 patch rows, the avx512-tall kernel takes the patch

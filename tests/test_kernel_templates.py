@@ -260,14 +260,14 @@ CHECK:     %wdec = memref.alloca() : memref<4x64xi32>
 CHECK:     scf.for %rg = %c0 to %cn step %crows
 CHECK:       %dec0 = arith.andi %o3_0, %m3 : vector<16xi32>
 CHECK:       scf.for %sb = %b0 to %bfull step %cnb
-CHECK:         %acc:16 = scf.for %cb = %c0 to %ckb step %c1
+CHECK:         %acc:16 = scf.for %cb = %c0 to %ckq step %c1
 CHECK:           %x3 = vector.load %xq[%blk3, %qo] : memref<?x4096xi8>, vector<64xi8>
 CHECK:           %ws3 = memref.load %wdec[%c3, %cb] : memref<4x64xi32>
 CHECK:           %n3_3 = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"(%a3_3, %w3, %x3)
 CHECK:         %pos0 = affine.apply affine_map<(d0) -> (d0 mod 64)>(%row0)
 CHECK:         vector.store %y0_0, %o[%img0, %oc0_0, %pos0] : memref<?x8x64xf32>, vector<16xf32>
 CHECK:       scf.for %sb = %bfull to %b1 step %c1
-CHECK:         %acc:4 = scf.for %cb = %c0 to %ckb step %c1
+CHECK:         %acc:4 = scf.for %cb = %c0 to %ckq step %c1
 """)
     # signed codes remapped in the decode; [M, N] out: a 4x16 tile transposed to rows
     check(ternary_avx512_tall.executable_text("t", 8, 7, False, 0), """
@@ -277,6 +277,22 @@ CHECK:       %u0 = vector.maskedload %w[%r0, %cd], %dmask, %zb16
 CHECK:       %z0 = arith.subi %lp0, %hi0 : vector<16xi32>
 CHECK:         %tr0 = vector.transpose %t3_0, [1, 0] : vector<4x16xf32> to vector<16x4xf32>
 CHECK:         vector.store %e0_15, %o[%or0_15, %rg] : memref<?x8xf32>, vector<4xf32>
+""")
+    # K = 576 packed in 192 bytes a row, q in planes of 144: the products run over 144
+    # bytes, the decode regroups column c + j 144 from packed byte (c + j 144) mod 192,
+    # plane (c + j 144) div 192
+    check(ternary_avx512_tall.executable_text("t", 8, 192, True, 0, 144), """
+CHECK:     %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?x9216xi8>{%mb}
+CHECK:     %wdec = memref.alloca() : memref<4x144xi32>
+CHECK:       scf.for %cd = %c0 to %ckq step %c16
+CHECK:         %cc3 = affine.apply affine_map<(d0) -> (d0 + 432)>(%cd)
+CHECK:         %pb3 = affine.apply affine_map<(d0) -> (d0 mod 192)>(%cc3)
+CHECK:         %pl3 = affine.apply affine_map<(d0) -> ((d0 floordiv 192) * 2)>(%cc3)
+CHECK:         %u0_3 = vector.load %w[%r0, %pb3] : memref<8x192xi8>, vector<16xi8>
+CHECK:         %e0_3 = arith.shrui %z0_3, %psh3 : vector<16xi32>
+CHECK:         %g0_3 = arith.shli %f0_3, %b24 : vector<16xi32>
+CHECK:         vector.store %dec0, %wdec[%c0, %cd] : memref<4x144xi32>, vector<16xi32>
+CHECK:         %acc:16 = scf.for %cb = %c0 to %ckq step %c1
 """)
 
 

@@ -82,13 +82,29 @@ def fits(m, k_bytes: int, n: int) -> bool:
     return m_multiple(m) % LANES == 0 and n % ROWS == 0 and 4 * k_bytes <= MAX_KP
 
 
-def executable_text(name: str, n: int, kb: int, offset: bool = True, positions: int = 0) -> str:
+def q_columns(k: int, kb: int) -> int:
+    """KQ, the bytes a row of x takes in the kernel's q (4 KQ columns of K, a quarter in
+    each plane): K / 4 rounded up to 16 where that is below the packed KB (K = 576 packs
+    to KB = 192, three planes of K and one of zeros: KQ = 144, no products on the
+    padding), else KB.
+
+    >>> q_columns(576, 192), q_columns(1152, 320), q_columns(2304, 576), q_columns(27, 8)
+    (144, 288, 576, 8)
+    """
+    kq = -(-(-(-k // 4)) // LANES) * LANES
+    return kq if kq < kb and kb % LANES == 0 else kb
+
+
+def executable_text(name: str, n: int, kb: int, offset: bool = True, positions: int = 0,
+                    kq: int | None = None) -> str:
     """The `stream.executable @name` (templates/ternary_avx512_tall.mlir): for q and stats
     from `quantize_text`'s dispatch, w [N, KB] i8 (the offset codes w + 1 when `offset`,
     else the signed codes) and `wscale` (the ternary scale / 127), out [M, N] f32 =
     dequant(act_quant(x) @ T^T); with `positions` P (x a convolution's patch rows, P a
-    multiple of 16), out [M / P, N, P] (the same values, the convolution's layout)."""
-    return render("ternary_avx512_tall", name=name, n=n, kb=kb, offset=offset,
+    multiple of 16), out [M / P, N, P] (the same values, the convolution's layout).
+    `kq` (`q_columns`, default KB): the bytes a row of q, whose columns the weights are
+    regrouped to on decode."""
+    return render("ternary_avx512_tall", name=name, n=n, kb=kb, kq=kq or kb, offset=offset,
                   positions=positions, rows=ROWS, blocks=BLOCKS, groups=GROUPS)
 
 
@@ -110,8 +126,8 @@ def _index(v: int) -> ir.Value:
 
 
 def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
-    """[q, stats] of the matmul's x in the tall kernel's layout, typed as the avx2
-    quantize dispatch's [M, 4 KB] i8 and [M, 2] f32 (the same bytes): from the padded
+    """[q, stats] of the matmul's x in the tall kernel's layout, typed as [M, 4 KQ] i8
+    (KQ: `q_columns`) and [M, 2] f32 (the same bytes): from the padded
     input where x is a convolution's im2col (`found`: im2col_quant.patches_source of x),
     else from x."""
     if found is not None:
@@ -129,11 +145,12 @@ def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
     nimg = tensor.dim(xp, _index(0)) if dyn else _index(xt.get_dim_size(0))
     arg_dims = [arith.muli(nimg, _index(vol))] if dyn else []
     geo = "x".join(map(str, (c, hp, wp))) + "_k%dx%d_s%dx%d_d%dx%d" % (*kernel, *stride, *dilation)
-    name = f"tern_lanes_quant_{kern.kb}_{kern.k}_c{geo}"
-    ensure_executable(name, lambda: quantize_text(name, kern.kb, kern.k, (c, hp, wp), kernel,
+    kq = q_columns(kern.k, kern.kb)
+    name = f"tern_lanes_quant_{kq}_{kern.k}_c{geo}"
+    ensure_executable(name, lambda: quantize_text(name, kq, kern.k, (c, hp, wp), kernel,
                                                   stride, dilation, out))
     return dispatch(name, name, [m], [flat, nimg, m], arg_dims,
-                    [kern.ttype([4 * kern.kb], ir.IntegerType.get_signless(8)),
+                    [kern.ttype([4 * kq], ir.IntegerType.get_signless(8)),
                      kern.ttype([2], kern.f32)], dims + dims)
 
 
@@ -145,9 +162,10 @@ def emit(kern) -> ir.Value:
     positions = found[-1][0] * found[-1][1] if found is not None else 0
     if positions % LANES:
         positions = 0
+    kq = q_columns(kern.k, kern.kb)
     name = (f"tern_avx512_tall_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
-            + (f"_p{positions}" if positions else ""))
-    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset, positions))
+            + (f"_q{kq}" if kq != kern.kb else "") + (f"_p{positions}" if positions else ""))
+    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset, positions, kq))
     m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
     x = quantized(kern, m, dims, found)
