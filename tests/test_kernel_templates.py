@@ -17,8 +17,9 @@ from tercomp.errors import TercompError
 
 ir = pytest.importorskip("iree.compiler.ir")
 
-KERNELS = ["attention", "dense_avx2", "rms_norm", "rope", "ternary_avx2", "ternary_avx2_quant",
-           "ternary_avx512", "ternary_avx512_tall", "ternary_im2col_quant", "ternary_lanes_quant"]
+KERNELS = ["attention", "dense_avx2", "rms_norm", "rope", "ternary_amax_map", "ternary_avx2",
+           "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall", "ternary_im2col_quant",
+           "ternary_lanes_quant"]
 
 
 def test_every_template_declares_exactly_the_parameters_it_reads():
@@ -323,6 +324,46 @@ CHECK:     vector.store %amc, %xs[%blk, %c16] : memref<?x32xf32>, vector<16xf32>
                                             (8, 8)), """
 CHECK:     %lb = memref.alloca() : memref<16xi32>
 CHECK:       %va0 = vector.gather %x[%oa0][%lbv], %all, %zf
+""")
+    # with the absmax map: 9 loads of the map a block (its image, row and x), no K loop
+    check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 18, 18), (3, 3), (1, 1), (1, 1),
+                                            (16, 16), amap=True), """
+CHECK:   func.func @q(%bx: !stream.binding, %ba: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index)
+CHECK:     %xa = stream.binding.subspan %ba[%c0] : !stream.binding -> memref<?xf32>{%alen}
+CHECK:     %abase = affine.apply affine_map<(d0) -> ((d0 floordiv 256) * 324 + ((d0 mod 256) floordiv 16) * 18 + (d0 mod 16) * 1)>(%row0)
+CHECK:     %aa8 = affine.apply affine_map<(d0) -> (d0 + 38)>(%abase)
+CHECK:     %am8 = arith.maximumf %am7, %va8
+CHECK:     %amc = arith.maximumf %am8, %eps
+CHECK-NOT: %am:4
+CHECK:     %qs = arith.divf %c127, %amc
+""")
+    # stride 2 with the map: the map gathered from each lane's own base
+    check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 18, 18), (3, 3), (2, 2), (1, 1),
+                                            (8, 8), amap=True), """
+CHECK:       %labase = affine.apply affine_map<(d0) -> ((d0 floordiv 64) * 324 + ((d0 mod 64) floordiv 8) * 36 + (d0 mod 8) * 2)>(%row)
+CHECK:     %ao4 = arith.constant 19 : index
+CHECK:     %va4 = vector.gather %xa[%ao4][%lbav], %all, %zf
+""")
+
+
+def test_ternary_amax_map():
+    """The absmax map over the channels: 16 positions a vector, 4 accumulators over C,
+    the last chunk of HW = 100 masked."""
+    from tercomp.kernels.template import render
+    check(render("ternary_amax_map", name="a", c=8, hw=100, units=16), """
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 16)>()[%m]
+CHECK:     %xb = affine.apply affine_map<(d0) -> ((d0 floordiv 7) * 800 + (d0 mod 7) * 16)>(%u)
+CHECK:     %mask = vector.create_mask %left
+CHECK:     %am:4 = scf.for %ch = %c0 to %cc step %cacc
+CHECK:       %xa3 = affine.apply affine_map<(d0, d1) -> (d0 + (d1 + 3) * 100)>(%xb, %ch)
+CHECK:       %v3 = vector.maskedload %x[%xa3], %mask, %zf
+CHECK:       %an3 = arith.maximumf %a3, %av3 fastmath<nnan,nsz>
+CHECK:     vector.maskedstore %a[%ab], %mask, %amv
+""")
+    check(render("ternary_amax_map", name="a", c=3, hw=64, units=16), """
+CHECK:     %am:1 = scf.for
+CHECK:       %v0 = vector.load %x[%xa0]
+CHECK:     vector.store %amv, %a[%ab]
 """)
 
 

@@ -1,4 +1,4 @@
-{# params: name, kb, k, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, contiguous, blocks, eps, c127, lo, hi #}
+{# params: name, kb, k, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, contiguous, amap, blocks, eps, c127, lo, hi #}
 {#
   The quantize dispatch of the "avx512-tall" ternary kernel (ternary_avx512_tall.mlir):
   the rows of x quantized as ternary_pack.act_quant does (roundeven(x * (127 / max(amax,
@@ -16,6 +16,11 @@
   block is a vector load where its 16 rows are 16 consecutive positions of one output
   row at stride 1 (`contiguous`: OW % 16 == 0, sw == 1), else a gather. Every block
   lies in one image (OH OW % 16 == 0: the kernel row's condition on M).
+
+  With `amap`, a second input a [N, HP, WP] holds max over the channels of |x| at each
+  padded position (avx512_tall.amax_map), and a row's absmax is the max of a over the
+  kernel's KH KW positions (the same number: max is exact and associative), so the
+  absmax reads KH KW values a row instead of K.
 #}
 %% import "lib.mlir" as lib
 %% set kp = 4 * kb
@@ -37,11 +42,13 @@
 %% endif
 %% endmacro
 %% set lims = []
+%% set na = namespace(a="%zf")
 %% for j in range(4)
 %%   do lims.append([[k - j * kb, kb]|min, 0]|max)
 %% endfor
 %% set cuts = ([0, kb] + lims)|unique|sort
-%% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index", per_group=16 * blocks)
+%% set abind = "%ba: !stream.binding, " if amap else ""
+%% call lib.executable(name, "%bx: !stream.binding, " ~ abind ~ "%bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index", per_group=16 * blocks)
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c16 = arith.constant 16 : index
@@ -65,6 +72,10 @@
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {{ xt }}{%xlen}
       %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {{ qt }}{%mb}
       %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> {{ st }}{%mb}
+%% if amap
+      %alen = affine.apply affine_map<(d0) -> (d0 * {{ hp * wp }})>(%nimg)
+      %xa = stream.binding.subspan %ba[%c0] : !stream.binding -> {{ xt }}{%alen}
+%% endif
       %off = memref.alloca() : {{ ot }}
       scf.for %col = %c0 to %ck step %c1 {
         %oc = affine.apply affine_map<(d0) -> ((d0 floordiv {{ kh * kw }}) * {{ hp * wp }} + ((d0 mod {{ kh * kw }}) floordiv {{ kw }}) * {{ dh * wp }} + (d0 mod {{ kw }}) * {{ dw }})>(%col)
@@ -73,6 +84,9 @@
       }
 %% if not contiguous
       %lb = memref.alloca() : memref<16xi32>
+%%   if amap
+      %lba = memref.alloca() : memref<16xi32>
+%%   endif
 %% endif
       %wg = stream.dispatch.workgroup.id[0] : index
       %b0 = arith.muli %wg, %cblocks : index
@@ -88,9 +102,37 @@
           %lbase = affine.apply affine_map<(d0) -> ((d0 floordiv {{ oh * ow }}) * {{ vol }} + ((d0 mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + (d0 mod {{ ow }}) * {{ sw }})>(%row)
           %lbi = arith.index_cast %lbase : index to i32
           memref.store %lbi, %lb[%l] : memref<16xi32>
+%%   if amap
+          %labase = affine.apply affine_map<(d0) -> ((d0 floordiv {{ oh * ow }}) * {{ hp * wp }} + ((d0 mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + (d0 mod {{ ow }}) * {{ sw }})>(%row)
+          %labi = arith.index_cast %labase : index to i32
+          memref.store %labi, %lba[%l] : memref<16xi32>
+%%   endif
         }
         %lbv = vector.load %lb[%c0] : memref<16xi32>, {{ vi }}
+%%   if amap
+        %lbav = vector.load %lba[%c0] : memref<16xi32>, {{ vi }}
+%%   endif
 %% endif
+%% if amap
+%%   if contiguous
+        %abase = affine.apply affine_map<(d0) -> ((d0 floordiv {{ oh * ow }}) * {{ hp * wp }} + ((d0 mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + (d0 mod {{ ow }}) * {{ sw }})>(%row0)
+%%   endif
+%%   for i in range(kh)
+%%     for j in range(kw)
+%%       set t = i * kw + j
+%%       if contiguous
+        %aa{{ t }} = affine.apply affine_map<(d0) -> (d0 + {{ i * dh * wp + j * dw }})>(%abase)
+        %va{{ t }} = vector.load %xa[%aa{{ t }}] : {{ xt }}, {{ vf }}
+%%       else
+        %ao{{ t }} = arith.constant {{ i * dh * wp + j * dw }} : index
+        %va{{ t }} = vector.gather %xa[%ao{{ t }}][%lbav], %all, %zf : {{ xt }}, {{ vi }}, {{ vm }}, {{ vf }} into {{ vf }}
+%%       endif
+        %am{{ t }} = arith.maximumf {{ na.a }}, %va{{ t }} fastmath<nnan,nsz> : {{ vf }}
+%%       set na.a = "%%am%d" % t
+%%     endfor
+%%   endfor
+        %amc = arith.maximumf {{ na.a }}, %eps : {{ vf }}
+%% else
         %am:4 = scf.for %col = %c0 to %ck4 step %c4 iter_args(%a0 = %zf, %a1 = %zf, %a2 = %zf, %a3 = %zf) -> ({{ vf }}, {{ vf }}, {{ vf }}, {{ vf }}) {
 %% for u in range(4)
           %cu{{ u }} = affine.apply affine_map<(d0) -> (d0 + {{ u }})>(%col)
@@ -110,6 +152,7 @@
           scf.yield %an : {{ vf }}
         }
         %amc = arith.maximumf %amv, %eps : {{ vf }}
+%% endif
         %qs = arith.divf %c127, %amc : {{ vf }}
 %% set ns = namespace(sum="%zi")
 %% for s in range(cuts|length - 1)

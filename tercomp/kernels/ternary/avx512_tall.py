@@ -108,21 +108,51 @@ def executable_text(name: str, n: int, kb: int, offset: bool = True, positions: 
                   positions=positions, rows=ROWS, blocks=BLOCKS, groups=GROUPS)
 
 
-def quantize_text(name: str, kb: int, k: int, image, kernel, stride, dilation, out) -> str:
+def quantize_text(name: str, kb: int, k: int, image, kernel, stride, dilation, out,
+                  amap: bool = False) -> str:
     """The `stream.executable @name` (templates/ternary_lanes_quant.mlir) whose export
     quantizes the patch rows [N * OH * OW, k] of the padded input [N, C, HP, WP]
     (`image` = (C, HP, WP)) of a convolution with `kernel`, `stride`, `dilation` and
     output positions `out` (a plain x [M, k]: image (k, 1, 1), the rest 1) into the tall
-    kernel's q and stats."""
+    kernel's q and stats. With `amap` the export takes `amax_map`'s [N, HP, WP] after
+    the input and each row's absmax is the max of its kernel's positions there."""
     (c, hp, wp), (kh, kw), (sh, sw), (dh, dw), (oh, ow) = image, kernel, stride, dilation, out
     return render("ternary_lanes_quant", name=name, kb=kb, k=k, c=c, hp=hp, wp=wp, kh=kh,
                   kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow,
-                  contiguous=(sw == 1 and ow % LANES == 0), blocks=QUANT_BLOCKS,
+                  contiguous=(sw == 1 and ow % LANES == 0), amap=amap, blocks=QUANT_BLOCKS,
                   **quant_literals())
 
 
 def _index(v: int) -> ir.Value:
     return arith.constant(ir.IndexType.get(), v)
+
+
+#: Chunks of 16 positions a workgroup of the absmax map's dispatch.
+MAP_UNITS = 16
+
+
+def amax_map(xp: ir.Value, nimg: ir.Value, dyn: bool) -> ir.Value:
+    """[N * HP * WP] f32: max over the channels of |xp| at each position of the padded
+    input xp [N, C, HP, WP] (templates/ternary_amax_map.mlir; as a linalg reduction
+    IREE put the channels innermost: a strided read, 20 ms at batch 32 against the
+    quantize's own). A patch row's absmax is the max of this over the kernel's
+    positions: the quantize dispatch reads KH KW values a row instead of C KH KW (a
+    3x3x64 conv: 9 for 576)."""
+    xt = ir.RankedTensorType(xp.type)
+    c, hw = xt.get_dim_size(1), xt.get_dim_size(2) * xt.get_dim_size(3)
+    name = f"tern_amax_map_c{c}_hw{hw}"
+    ensure_executable(name, lambda: render("ternary_amax_map", name=name, c=c, hw=hw,
+                                           units=MAP_UNITS))
+    flat_t = ir.RankedTensorType.get(
+        [ir.ShapedType.get_dynamic_size() if dyn else xt.get_dim_size(0) * c * hw],
+        xt.element_type)
+    flat = tensor.collapse_shape(flat_t, xp, [list(range(xt.rank))])
+    units = arith.muli(nimg, _index(-(-hw // LANES)))
+    out_t = ir.RankedTensorType.get(
+        [ir.ShapedType.get_dynamic_size() if dyn else xt.get_dim_size(0) * hw], xt.element_type)
+    return dispatch(name, name, [units], [flat, nimg, units],
+                    [arith.muli(nimg, _index(c * hw))] if dyn else [], out_t,
+                    [arith.muli(nimg, _index(hw))] if dyn else [])
 
 
 def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
@@ -146,10 +176,15 @@ def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
     arg_dims = [arith.muli(nimg, _index(vol))] if dyn else []
     geo = "x".join(map(str, (c, hp, wp))) + "_k%dx%d_s%dx%d_d%dx%d" % (*kernel, *stride, *dilation)
     kq = q_columns(kern.k, kern.kb)
-    name = f"tern_lanes_quant_{kq}_{kern.k}_c{geo}"
+    amap = found is not None and kernel[0] * kernel[1] > 1
+    name = f"tern_lanes_quant_{kq}_{kern.k}_c{geo}" + ("_amap" if amap else "")
     ensure_executable(name, lambda: quantize_text(name, kq, kern.k, (c, hp, wp), kernel,
-                                                  stride, dilation, out))
-    return dispatch(name, name, [m], [flat, nimg, m], arg_dims,
+                                                  stride, dilation, out, amap))
+    args = [flat]
+    if amap:
+        args.append(amax_map(xp, nimg, dyn))
+        arg_dims = arg_dims + ([arith.muli(nimg, _index(hp * wp))] if dyn else [])
+    return dispatch(name, name, [m], [*args, nimg, m], arg_dims,
                     [kern.ttype([4 * kq], ir.IntegerType.get_signless(8)),
                      kern.ttype([2], kern.f32)], dims + dims)
 
