@@ -23,7 +23,13 @@ kernel splits N), so the weights of a small N stay in L1/L2 for every block of x
 The quantize dispatch reads a convolution's padded input directly where x is its
 im2col (as `im2col_quant` does for the avx512 kernel), a plain x [M, K] otherwise; a
 block's 16 rows are one vector load a column where they are 16 neighbouring output
-positions at stride 1, else a gather.
+positions at stride 1, else a gather. Two measured savings (bench/RESULTS.md,
+2026-11-27 19:40-20:00): q holds 4 KQ columns (`q_columns`: K / 4 rounded up to 16),
+not the packed 4 KB, the decode regrouping the weights to match (K = 576 packs to 768,
+whose fourth plane is padding: a quarter of the products were on zeros); and a patch
+row's absmax is the max over its kernel's positions of a per-position map of max |x|
+over the channels (`amax_map`, one small dispatch), the same number in KH KW reads
+instead of K.
 
 Needs: llvm-cpu on a host with AVX-512 VNNI, M a multiple of 16 (a static M, or a
 symbolic one whose factor is: `m_multiple`), N a multiple of ROWS, 4 KB at most MAX_KP
