@@ -139,13 +139,13 @@ MAP_UNITS = 16
 
 def amax_map(xp: ir.Value, nimg: ir.Value, dyn: bool) -> ir.Value:
     """[N * HP * WP] f32: max over the channels of |xp| at each position of the padded
-    input xp [N, C, HP, WP] (templates/ternary_amax_map.mlir; as a linalg reduction
+    input xp [N, C, HP, WP] or [N, C, WP] (templates/ternary_amax_map.mlir; as a linalg reduction
     IREE put the channels innermost: a strided read, 20 ms at batch 32 against the
     quantize's own). A patch row's absmax is the max of this over the kernel's
     positions: the quantize dispatch reads KH KW values a row instead of C KH KW (a
     3x3x64 conv: 9 for 576)."""
     xt = ir.RankedTensorType(xp.type)
-    c, hw = xt.get_dim_size(1), xt.get_dim_size(2) * xt.get_dim_size(3)
+    c, hw = xt.get_dim_size(1), int(np.prod([xt.get_dim_size(i) for i in range(2, xt.rank)]))
     name = f"tern_amax_map_c{c}_hw{hw}"
     ensure_executable(name, lambda: render("ternary_amax_map", name=name, c=c, hw=hw,
                                            units=MAP_UNITS))
