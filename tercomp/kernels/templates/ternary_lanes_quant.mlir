@@ -1,9 +1,12 @@
-{# params: name, kb, k, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, contiguous, amap, blocks, eps, c127, lo, hi #}
+{# params: name, kb, k, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, contiguous, amap, blocks, eps, c127 #}
 {#
   The quantize dispatch of the "avx512-tall" ternary kernel (ternary_avx512_tall.mlir):
   the rows of x quantized as ternary_pack.act_quant does (roundeven(x * (127 / max(amax,
   eps))) clipped to +-127, the same f32 operations in the same order as the avx2
-  kernel's quantize dispatches), 16 rows at a time, one row a vector lane, into the
+  kernel's quantize dispatches, less the clip: |x| <= max(amax, eps) = a, so
+  |x * fl(127 / a)| <= 127 (1 + 2^-24)^2, which rounds to at most 127.00002 and
+  roundeven to 127: the clip never changes a code (a NaN stays a NaN either way)), 16
+  rows at a time, one row a vector lane, into the
   tall kernel's layout: for block b of 16 rows and packed column cb (0 <= cb < kb),
   64 bytes q[b, cb] whose lane l (4 bytes) holds the codes of row 16 b + l at columns
   cb, cb + kb, cb + 2 kb, cb + 3 kb (the four planes of a packed weight byte; zero from
@@ -58,8 +61,6 @@
       %ck4 = arith.constant {{ k - k % 4 }} : index
       %eps = arith.constant dense<{{ eps }}> : {{ vf }}
       %c127 = arith.constant dense<{{ c127 }}> : {{ vf }}
-      %lov = arith.constant dense<{{ lo }}> : {{ vf }}
-      %hiv = arith.constant dense<{{ hi }}> : {{ vf }}
       %zf = arith.constant dense<0.0> : {{ vf }}
       %zi = arith.constant dense<0> : {{ vi }}
       %ff = arith.constant dense<255> : {{ vi }}
@@ -173,9 +174,7 @@
           {{ column("p%d" % j, "%%col%d" % j) | indent(10) }}
           %sc{{ j }} = arith.mulf %vp{{ j }}, %qs : {{ vf }}
           %rd{{ j }} = llvm.call_intrinsic "llvm.roundeven.v16f32"(%sc{{ j }}) : ({{ vf }}) -> {{ vf }}
-          %lo{{ j }} = arith.maximumf %rd{{ j }}, %lov : {{ vf }}
-          %cq{{ j }} = arith.minimumf %lo{{ j }}, %hiv : {{ vf }}
-          %qi{{ j }} = arith.fptosi %cq{{ j }} : {{ vf }} to {{ vi }}
+          %qi{{ j }} = arith.fptosi %rd{{ j }} : {{ vf }} to {{ vi }}
           %s{{ j }} = arith.addi {{ acc.s }}, %qi{{ j }} : {{ vi }}
 %%       set acc.s = "%%s%d" % j
           %qm{{ j }} = arith.andi %qi{{ j }}, %ff : {{ vi }}

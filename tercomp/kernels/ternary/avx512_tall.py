@@ -126,7 +126,7 @@ def quantize_text(name: str, kb: int, k: int, image, kernel, stride, dilation, o
     return render("ternary_lanes_quant", name=name, kb=kb, k=k, c=c, hp=hp, wp=wp, kh=kh,
                   kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow,
                   contiguous=(sw == 1 and ow % LANES == 0), amap=amap, blocks=QUANT_BLOCKS,
-                  **quant_literals())
+                  **{k: v for k, v in quant_literals().items() if k in ('eps', 'c127')})
 
 
 def _index(v: int) -> ir.Value:
