@@ -97,7 +97,8 @@ def q_columns(k: int, kb: int) -> int:
     >>> q_columns(576, 192), q_columns(1152, 320), q_columns(2304, 576), q_columns(27, 8)
     (144, 288, 576, 8)
     """
-    kq = -(-(-(-k // 4)) // LANES) * LANES
+    quarter = (k + 3) // 4
+    kq = (quarter + LANES - 1) // LANES * LANES
     return kq if kq < kb and kb % LANES == 0 else kb
 
 
