@@ -132,6 +132,8 @@ def test_patches_are_quantized_from_the_padded_input_in_one_dispatch(cls, x_shap
     ((2, 3, 16, 16), dict(padding=1), "B"),              # K = 27 (a stem): KB = 8
     ((4, 8, 6, 6), dict(padding=1), 4),                  # 36 positions, M = 144: blocks
                                                          # across images, [M, N] out
+    ((2, 64, 16, 16), dict(padding=1), "B"),             # K = 576 in planes of 144
+    ((16, 64, 9, 9), dict(stride=2, padding=1), 16),     # K = 576, odd size, stride 2
 ])
 def test_tall_kernel_matches_the_layer(x_shape, kw, spec):
     """Where M is whole blocks of 16 patch rows, the avx512-tall kernel takes the patch
@@ -143,15 +145,34 @@ def test_tall_kernel_matches_the_layer(x_shape, kw, spec):
         pytest.skip("host CPU lacks AVX-512 VNNI")
     nn.manual_seed(8)
     kw = dict(kw)
-    layer = nn.BitConv2d(x_shape[1], 12, kw.pop("kernel_size", 3), **kw)
+    ksize = kw.pop("kernel_size", 3)
+    layer = nn.BitConv2d(x_shape[1], 12, ksize, **kw)
     shape = (spec,) + x_shape[1:] if spec == "B" else x_shape
     exe = tc.compile(layer, tc.spec(shape), cache=False)
     assert 'strategy = "avx512-tall"' in exe.ir("ternary")
     assert "tern_lanes_quant_" in exe.ir("mlir")
+    assert ("tern_amax_map_" in exe.ir("mlir")) == (ksize > 1)     # 3x3: the absmax map
     x = np.random.default_rng(12).standard_normal(x_shape).astype(np.float32) * 2
     x[0, :, 1] = 40.0
     for batch in ((1, x_shape[0]) if spec == "B" else (x_shape[0],)):
         np.testing.assert_allclose(exe(x[:batch]), layer(x[:batch]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [dict(padding=1), dict(padding=2, dilation=2)])
+def test_tall_kernel_takes_a_1d_conv_with_its_absmax_map(kw):
+    """A BitConv1d whose patch rows are whole blocks of 16 (64 positions): the tall
+    kernel with the per-position absmax map over a [N, C, W] input (no height), an
+    outlier in one position only: the layer's numbers."""
+    from tercomp.kernels.table import VNNI, host_cpu_features
+    if VNNI not in host_cpu_features():
+        pytest.skip("host CPU lacks AVX-512 VNNI")
+    nn.manual_seed(3)
+    layer = nn.BitConv1d(16, 8, 3, **kw)
+    exe = tc.compile(layer, tc.spec(("B", 16, 64)), cache=False)
+    assert 'strategy = "avx512-tall"' in exe.ir("ternary") and "_amap" in exe.ir("mlir")
+    x = np.random.default_rng(1).standard_normal((3, 16, 64)).astype(np.float32)
+    x[0, :, 5] = 30.0
+    np.testing.assert_allclose(exe(x), layer(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("cin, size, kw", [

@@ -17,8 +17,9 @@ from tercomp.errors import TercompError
 
 ir = pytest.importorskip("iree.compiler.ir")
 
-KERNELS = ["attention", "attention_rows", "dense_avx2", "rms_norm", "rope", "ternary_avx2", "ternary_avx2_quant",
-           "ternary_avx512", "ternary_avx512_tall", "ternary_im2col_quant", "ternary_lanes_quant"]
+KERNELS = ["attention", "attention_rows", "dense_avx2", "rms_norm", "rope", "ternary_amax_map",
+           "ternary_avx2", "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall",
+           "ternary_im2col_quant", "ternary_lanes_quant"]
 
 
 def test_every_template_declares_exactly_the_parameters_it_reads():
@@ -264,14 +265,14 @@ CHECK:     %wdec = memref.alloca() : memref<4x64xi32>
 CHECK:     scf.for %rg = %c0 to %cn step %crows
 CHECK:       %dec0 = arith.andi %o3_0, %m3 : vector<16xi32>
 CHECK:       scf.for %sb = %b0 to %bfull step %cnb
-CHECK:         %acc:16 = scf.for %cb = %c0 to %ckb step %c1
+CHECK:         %acc:16 = scf.for %cb = %c0 to %ckq step %c1
 CHECK:           %x3 = vector.load %xq[%blk3, %qo] : memref<?x4096xi8>, vector<64xi8>
 CHECK:           %ws3 = memref.load %wdec[%c3, %cb] : memref<4x64xi32>
 CHECK:           %n3_3 = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"(%a3_3, %w3, %x3)
 CHECK:         %pos0 = affine.apply affine_map<(d0) -> (d0 mod 64)>(%row0)
 CHECK:         vector.store %y0_0, %o[%img0, %oc0_0, %pos0] : memref<?x8x64xf32>, vector<16xf32>
 CHECK:       scf.for %sb = %bfull to %b1 step %c1
-CHECK:         %acc:4 = scf.for %cb = %c0 to %ckb step %c1
+CHECK:         %acc:4 = scf.for %cb = %c0 to %ckq step %c1
 """)
     # signed codes remapped in the decode; [M, N] out: a 4x16 tile transposed to rows
     check(ternary_avx512_tall.executable_text("t", 8, 7, False, 0), """
@@ -281,6 +282,22 @@ CHECK:       %u0 = vector.maskedload %w[%r0, %cd], %dmask, %zb16
 CHECK:       %z0 = arith.subi %lp0, %hi0 : vector<16xi32>
 CHECK:         %tr0 = vector.transpose %t3_0, [1, 0] : vector<4x16xf32> to vector<16x4xf32>
 CHECK:         vector.store %e0_15, %o[%or0_15, %rg] : memref<?x8xf32>, vector<4xf32>
+""")
+    # K = 576 packed in 192 bytes a row, q in planes of 144: the products run over 144
+    # bytes, the decode regroups column c + j 144 from packed byte (c + j 144) mod 192,
+    # plane (c + j 144) div 192
+    check(ternary_avx512_tall.executable_text("t", 8, 192, True, 0, 144), """
+CHECK:     %xq = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?x9216xi8>{%mb}
+CHECK:     %wdec = memref.alloca() : memref<4x144xi32>
+CHECK:       scf.for %cd = %c0 to %ckq step %c16
+CHECK:         %cc3 = affine.apply affine_map<(d0) -> (d0 + 432)>(%cd)
+CHECK:         %pb3 = affine.apply affine_map<(d0) -> (d0 mod 192)>(%cc3)
+CHECK:         %pl3 = affine.apply affine_map<(d0) -> ((d0 floordiv 192) * 2)>(%cc3)
+CHECK:         %u0_3 = vector.load %w[%r0, %pb3] : memref<8x192xi8>, vector<16xi8>
+CHECK:         %e0_3 = arith.shrui %z0_3, %psh3 : vector<16xi32>
+CHECK:         %g0_3 = arith.shli %f0_3, %b24 : vector<16xi32>
+CHECK:         vector.store %dec0, %wdec[%c0, %cd] : memref<4x144xi32>, vector<16xi32>
+CHECK:         %acc:16 = scf.for %cb = %c0 to %ckq step %c1
 """)
 
 
@@ -311,6 +328,46 @@ CHECK:     vector.store %amc, %xs[%blk, %c16] : memref<?x32xf32>, vector<16xf32>
                                             (8, 8)), """
 CHECK:     %lb = memref.alloca() : memref<16xi32>
 CHECK:       %va0 = vector.gather %x[%oa0][%lbv], %all, %zf
+""")
+    # with the absmax map: 9 loads of the map a block (its image, row and x), no K loop
+    check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 18, 18), (3, 3), (1, 1), (1, 1),
+                                            (16, 16), amap=True), """
+CHECK:   func.func @q(%bx: !stream.binding, %ba: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index)
+CHECK:     %xa = stream.binding.subspan %ba[%c0] : !stream.binding -> memref<?xf32>{%alen}
+CHECK:     %abase = affine.apply affine_map<(d0) -> ((d0 floordiv 256) * 324 + ((d0 mod 256) floordiv 16) * 18 + (d0 mod 16) * 1)>(%row0)
+CHECK:     %aa8 = affine.apply affine_map<(d0) -> (d0 + 38)>(%abase)
+CHECK:     %am8 = arith.maximumf %am7, %va8
+CHECK:     %amc = arith.maximumf %am8, %eps
+CHECK-NOT: %am:4
+CHECK:     %qs = arith.divf %c127, %amc
+""")
+    # stride 2 with the map: the map gathered from each lane's own base
+    check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 18, 18), (3, 3), (2, 2), (1, 1),
+                                            (8, 8), amap=True), """
+CHECK:       %labase = affine.apply affine_map<(d0) -> ((d0 floordiv 64) * 324 + ((d0 mod 64) floordiv 8) * 36 + (d0 mod 8) * 2)>(%row)
+CHECK:     %ao4 = arith.constant 19 : index
+CHECK:     %va4 = vector.gather %xa[%ao4][%lbav], %all, %zf
+""")
+
+
+def test_ternary_amax_map():
+    """The absmax map over the channels: 16 positions a vector, 4 accumulators over C,
+    the last chunk of HW = 100 masked."""
+    from tercomp.kernels.template import render
+    check(render("ternary_amax_map", name="a", c=8, hw=100, units=16), """
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 16)>()[%m]
+CHECK:     %xb = affine.apply affine_map<(d0) -> ((d0 floordiv 7) * 800 + (d0 mod 7) * 16)>(%u)
+CHECK:     %mask = vector.create_mask %left
+CHECK:     %am:4 = scf.for %ch = %c0 to %cc step %cacc
+CHECK:       %xa3 = affine.apply affine_map<(d0, d1) -> (d0 + (d1 + 3) * 100)>(%xb, %ch)
+CHECK:       %v3 = vector.maskedload %x[%xa3], %mask, %zf
+CHECK:       %an3 = arith.maximumf %a3, %av3 fastmath<nnan,nsz>
+CHECK:     vector.maskedstore %a[%ab], %mask, %amv
+""")
+    check(render("ternary_amax_map", name="a", c=3, hw=64, units=16), """
+CHECK:     %am:1 = scf.for
+CHECK:       %v0 = vector.load %x[%xa0]
+CHECK:     vector.store %amv, %a[%ab]
 """)
 
 

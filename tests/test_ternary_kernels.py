@@ -464,7 +464,10 @@ def test_avx512_gemm_without_gfni_matches_reference(monkeypatch):
 @needs_vnni
 @pytest.mark.parametrize("m,k,n,codes", [
     (16, 256, 8, "signed"),         # one block of 16 rows of x, signed codes remapped
-    (80, 1152, 12, "offset"),       # a superblock of 4 blocks and one more; plane 3 partial
+    (80, 1152, 12, "offset"),       # a superblock of 4 blocks and one more; K in planes
+                                    # of 288 (q_columns), the weights regrouped from 320
+    (64, 576, 8, "signed"),         # a 3x3x64 conv's K: planes of 144, not the packed 192
+    (32, 600, 4, "offset"),         # planes of 160 (K / 4 = 150 rounded up) from 256
     (272, 27, 4, "offset"),         # 17 blocks over two workgroups; KB = 8: masked decode
     (32, 4608, 8, "signed"),        # a 3x3x512 conv's K
     (48, 9, 8, "offset"),           # KB = 4: a row shorter than the decode's 16 bytes

@@ -47,7 +47,9 @@ row again.
 padded K: padded_k makes every K above 256 a multiple of 256, so the avx512 row takes a
 conv's patch rows of K = 576 or 1152 as well, their x zero-padded by the quantize
 dispatch; before, "auto" asked K itself to be a multiple and gave such K the blocked
-kernel, 2-5x slower at batch 1: bench/RESULTS.md.) Without activation quantization the integer ternary kernels emit the exact
+kernel, 2-5x slower at batch 1: bench/RESULTS.md. avx512-tall's products run over
+4 KQ columns, K rounded up to 64, not the padded K: avx512_tall.q_columns.) Without
+activation quantization the integer ternary kernels emit the exact
 f32 kernel (kernels/ternary/emitters.py).
 
 >>> choose("ternary_matmul", ternary_types(1, 4096, 4096), {"k": 4096, "n": 4096},

@@ -1,4 +1,4 @@
-{# params: name, n, kb, offset, positions, rows, blocks, groups #}
+{# params: name, n, kb, kq, offset, positions, rows, blocks, groups #}
 {#
   The "avx512-tall" ternary matmul (see ternary/avx512_tall.py for the why): rows of x
   in the vector lanes, for M much larger than N. x comes from ternary_lanes_quant.mlir's
@@ -16,16 +16,24 @@
   convolution, M = images x P) y is stored as [M / P, N, P] instead, a block's 16 lanes
   16 neighbouring floats (the convolution's NCHW output, no transpose after it). Workgroups split M, `groups` superblocks of `blocks` blocks each; all of
   N is done by each, its weights (N x kb bytes) read from L1/L2 for every superblock.
+
+  `kq` (<= kb) is the columns of q: the products run over 4 kq columns of K, not the
+  packed 4 kb. Where K is padded far past itself (padded_k: 576 -> 768, whose fourth
+  plane is all padding) x is quantized in planes of kq = K / 4 rounded up to 16 columns
+  and the decode regroups the weights to match: byte j of wdec[r, c] is the code of
+  column c + j kq, read from packed byte (c + j kq) mod kb, plane (c + j kq) div kb (a
+  chunk of 16 columns never crosses a plane: kb and kq multiples of 16). Codes past K
+  meet zeros of q, so any code there adds nothing.
 #}
 %% import "lib.mlir" as lib
 %% set v8, v32, vf = "vector<64xi8>", "vector<16xi32>", "vector<16xf32>"
 %% set dp = 'llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"'
 %% set dpt = "(%s, %s, %s) -> %s" % (v32, v8, v8, v32)
-%% set qt = "memref<?x%dxi8>" % (64 * kb)
+%% set qt = "memref<?x%dxi8>" % (64 * kq)
 %% set st = "memref<?x32xf32>"
 %% set wt = "memref<%dx%dxi8>" % (n, kb)
 %% set ot = "memref<?x%dx%dxf32>" % (n, positions) if positions else "memref<?x%dxf32>" % n
-%% set bt = "memref<%dx%dxi32>" % (rows, kb)
+%% set bt = "memref<%dx%dxi32>" % (rows, kq)
 %% set tt, trt, vr = "vector<%dx16xf32>" % rows, "vector<16x%dxf32>" % rows, "vector<%dxf32>" % rows
 {# superblock: `nb` blocks of 16 rows of x from block %sb on against weight rows %rg .. %rg + rows (decoded in %wdec) #}
 %% macro superblock(nb)
@@ -39,7 +47,7 @@
 %%   for b in range(nb)
           %blk{{ b }} = affine.apply affine_map<(d0) -> (d0 + {{ b }})>(%sb)
 %%   endfor
-          %acc:{{ pairs|length }} = scf.for %cb = %c0 to %ckb step %c1 iter_args(<% for r, b in pairs %>%a{{ r }}_{{ b }} = %z32{{ ", " if not loop.last }}<% endfor %>) -> ({{ t32 }}) {
+          %acc:{{ pairs|length }} = scf.for %cb = %c0 to %ckq step %c1 iter_args(<% for r, b in pairs %>%a{{ r }}_{{ b }} = %z32{{ ", " if not loop.last }}<% endfor %>) -> ({{ t32 }}) {
             %qo = affine.apply affine_map<(d0) -> (d0 * 64)>(%cb)
 %%   for b in range(nb)
             %x{{ b }} = vector.load %xq[%blk{{ b }}, %qo] : {{ qt }}, {{ v8 }}
@@ -99,6 +107,7 @@
       %c16 = arith.constant 16 : index
       %cn = arith.constant {{ n }} : index
       %ckb = arith.constant {{ kb }} : index
+      %ckq = arith.constant {{ kq }} : index
       %crows = arith.constant {{ rows }} : index
       %cnb = arith.constant {{ blocks }} : index
       %cper = arith.constant {{ blocks * groups }} : index
@@ -112,6 +121,12 @@
 %% endif
       %s12 = arith.constant dense<12> : {{ v32 }}
       %s18 = arith.constant dense<18> : {{ v32 }}
+%% if kq < kb
+      %c3v = arith.constant dense<3> : {{ v32 }}
+      %b8 = arith.constant dense<8> : {{ v32 }}
+      %b16 = arith.constant dense<16> : {{ v32 }}
+      %b24 = arith.constant dense<24> : {{ v32 }}
+%% endif
 %% if kb % 16
       %zb16 = arith.constant dense<0> : vector<16xi8>
 %% endif
@@ -137,6 +152,42 @@
       %nfb = arith.muli %nsb, %cnb : index
       %bfull = arith.addi %b0, %nfb : index
       scf.for %rg = %c0 to %cn step %crows {
+%% if kq < kb
+        scf.for %cd = %c0 to %ckq step %c16 {
+%%   for j in range(4)
+          %cc{{ j }} = affine.apply affine_map<(d0) -> (d0 + {{ j * kq }})>(%cd)
+          %pb{{ j }} = affine.apply affine_map<(d0) -> (d0 mod {{ kb }})>(%cc{{ j }})
+          %pl{{ j }} = affine.apply affine_map<(d0) -> ((d0 floordiv {{ kb }}) * 2)>(%cc{{ j }})
+          %pli{{ j }} = arith.index_cast %pl{{ j }} : index to i32
+          %psh{{ j }} = vector.broadcast %pli{{ j }} : i32 to {{ v32 }}
+%%   endfor
+%%   for r in range(rows)
+          %r{{ r }} = affine.apply affine_map<(d0) -> (d0 + {{ r }})>(%rg)
+%%     for j in range(4)
+          %u{{ r }}_{{ j }} = vector.load %w[%r{{ r }}, %pb{{ j }}] : {{ wt }}, vector<16xi8>
+%%       if offset
+          %z{{ r }}_{{ j }} = arith.extui %u{{ r }}_{{ j }} : vector<16xi8> to {{ v32 }}
+%%       else
+          %raw{{ r }}_{{ j }} = arith.extui %u{{ r }}_{{ j }} : vector<16xi8> to {{ v32 }}
+          %lo{{ r }}_{{ j }} = arith.andi %raw{{ r }}_{{ j }}, %m55 : {{ v32 }}
+          %hs{{ r }}_{{ j }} = arith.shrui %raw{{ r }}_{{ j }}, %s1 : {{ v32 }}
+          %hi{{ r }}_{{ j }} = arith.andi %hs{{ r }}_{{ j }}, %m55 : {{ v32 }}
+          %lp{{ r }}_{{ j }} = arith.addi %lo{{ r }}_{{ j }}, %m55 : {{ v32 }}
+          %z{{ r }}_{{ j }} = arith.subi %lp{{ r }}_{{ j }}, %hi{{ r }}_{{ j }} : {{ v32 }}
+%%       endif
+          %e{{ r }}_{{ j }} = arith.shrui %z{{ r }}_{{ j }}, %psh{{ j }} : {{ v32 }}
+          %f{{ r }}_{{ j }} = arith.andi %e{{ r }}_{{ j }}, %c3v : {{ v32 }}
+%%       if j
+          %g{{ r }}_{{ j }} = arith.shli %f{{ r }}_{{ j }}, %b{{ 8 * j }} : {{ v32 }}
+%%       endif
+%%     endfor
+          %o1_{{ r }} = arith.ori %f{{ r }}_0, %g{{ r }}_1 : {{ v32 }}
+          %o2_{{ r }} = arith.ori %g{{ r }}_2, %g{{ r }}_3 : {{ v32 }}
+          %dec{{ r }} = arith.ori %o1_{{ r }}, %o2_{{ r }} : {{ v32 }}
+          vector.store %dec{{ r }}, %wdec[%c{{ r }}, %cd] : {{ bt }}, {{ v32 }}
+%%   endfor
+        }
+%% else
         scf.for %cd = %c0 to %ckb step %c16 {
 %% if kb % 16
           %left = arith.subi %ckb, %cd : index
@@ -173,6 +224,7 @@
 %% endif
 %% endfor
         }
+%% endif
         scf.for %sb = %b0 to %bfull step %cnb {
 {{ superblock(blocks) }}
         }

@@ -1,9 +1,12 @@
-{# params: name, kb, k, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, contiguous, blocks, eps, c127, lo, hi #}
+{# params: name, kb, k, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, contiguous, amap, blocks, eps, c127 #}
 {#
   The quantize dispatch of the "avx512-tall" ternary kernel (ternary_avx512_tall.mlir):
   the rows of x quantized as ternary_pack.act_quant does (roundeven(x * (127 / max(amax,
   eps))) clipped to +-127, the same f32 operations in the same order as the avx2
-  kernel's quantize dispatches), 16 rows at a time, one row a vector lane, into the
+  kernel's quantize dispatches, less the clip: |x| <= max(amax, eps) = a, so
+  |x * fl(127 / a)| <= 127 (1 + 2^-24)^2, which rounds to at most 127.00002 and
+  roundeven to 127: the clip never changes a code (a NaN stays a NaN either way)), 16
+  rows at a time, one row a vector lane, into the
   tall kernel's layout: for block b of 16 rows and packed column cb (0 <= cb < kb),
   64 bytes q[b, cb] whose lane l (4 bytes) holds the codes of row 16 b + l at columns
   cb, cb + kb, cb + 2 kb, cb + 3 kb (the four planes of a packed weight byte; zero from
@@ -16,6 +19,11 @@
   block is a vector load where its 16 rows are 16 consecutive positions of one output
   row at stride 1 (`contiguous`: OW % 16 == 0, sw == 1), else a gather. Every block
   lies in one image (OH OW % 16 == 0: the kernel row's condition on M).
+
+  With `amap`, a second input a [N, HP, WP] holds max over the channels of |x| at each
+  padded position (avx512_tall.amax_map), and a row's absmax is the max of a over the
+  kernel's KH KW positions (the same number: max is exact and associative), so the
+  absmax reads KH KW values a row instead of K.
 #}
 %% import "lib.mlir" as lib
 %% set kp = 4 * kb
@@ -37,11 +45,13 @@
 %% endif
 %% endmacro
 %% set lims = []
+%% set na = namespace(a="%zf")
 %% for j in range(4)
 %%   do lims.append([[k - j * kb, kb]|min, 0]|max)
 %% endfor
 %% set cuts = ([0, kb] + lims)|unique|sort
-%% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index", per_group=16 * blocks)
+%% set abind = "%ba: !stream.binding, " if amap else ""
+%% call lib.executable(name, "%bx: !stream.binding, " ~ abind ~ "%bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index", per_group=16 * blocks)
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c16 = arith.constant 16 : index
@@ -51,8 +61,6 @@
       %ck4 = arith.constant {{ k - k % 4 }} : index
       %eps = arith.constant dense<{{ eps }}> : {{ vf }}
       %c127 = arith.constant dense<{{ c127 }}> : {{ vf }}
-      %lov = arith.constant dense<{{ lo }}> : {{ vf }}
-      %hiv = arith.constant dense<{{ hi }}> : {{ vf }}
       %zf = arith.constant dense<0.0> : {{ vf }}
       %zi = arith.constant dense<0> : {{ vi }}
       %ff = arith.constant dense<255> : {{ vi }}
@@ -65,6 +73,10 @@
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {{ xt }}{%xlen}
       %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {{ qt }}{%mb}
       %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> {{ st }}{%mb}
+%% if amap
+      %alen = affine.apply affine_map<(d0) -> (d0 * {{ hp * wp }})>(%nimg)
+      %xa = stream.binding.subspan %ba[%c0] : !stream.binding -> {{ xt }}{%alen}
+%% endif
       %off = memref.alloca() : {{ ot }}
       scf.for %col = %c0 to %ck step %c1 {
         %oc = affine.apply affine_map<(d0) -> ((d0 floordiv {{ kh * kw }}) * {{ hp * wp }} + ((d0 mod {{ kh * kw }}) floordiv {{ kw }}) * {{ dh * wp }} + (d0 mod {{ kw }}) * {{ dw }})>(%col)
@@ -73,6 +85,9 @@
       }
 %% if not contiguous
       %lb = memref.alloca() : memref<16xi32>
+%%   if amap
+      %lba = memref.alloca() : memref<16xi32>
+%%   endif
 %% endif
       %wg = stream.dispatch.workgroup.id[0] : index
       %b0 = arith.muli %wg, %cblocks : index
@@ -88,9 +103,37 @@
           %lbase = affine.apply affine_map<(d0) -> ((d0 floordiv {{ oh * ow }}) * {{ vol }} + ((d0 mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + (d0 mod {{ ow }}) * {{ sw }})>(%row)
           %lbi = arith.index_cast %lbase : index to i32
           memref.store %lbi, %lb[%l] : memref<16xi32>
+%%   if amap
+          %labase = affine.apply affine_map<(d0) -> ((d0 floordiv {{ oh * ow }}) * {{ hp * wp }} + ((d0 mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + (d0 mod {{ ow }}) * {{ sw }})>(%row)
+          %labi = arith.index_cast %labase : index to i32
+          memref.store %labi, %lba[%l] : memref<16xi32>
+%%   endif
         }
         %lbv = vector.load %lb[%c0] : memref<16xi32>, {{ vi }}
+%%   if amap
+        %lbav = vector.load %lba[%c0] : memref<16xi32>, {{ vi }}
+%%   endif
 %% endif
+%% if amap
+%%   if contiguous
+        %abase = affine.apply affine_map<(d0) -> ((d0 floordiv {{ oh * ow }}) * {{ hp * wp }} + ((d0 mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + (d0 mod {{ ow }}) * {{ sw }})>(%row0)
+%%   endif
+%%   for i in range(kh)
+%%     for j in range(kw)
+%%       set t = i * kw + j
+%%       if contiguous
+        %aa{{ t }} = affine.apply affine_map<(d0) -> (d0 + {{ i * dh * wp + j * dw }})>(%abase)
+        %va{{ t }} = vector.load %xa[%aa{{ t }}] : {{ xt }}, {{ vf }}
+%%       else
+        %ao{{ t }} = arith.constant {{ i * dh * wp + j * dw }} : index
+        %va{{ t }} = vector.gather %xa[%ao{{ t }}][%lbav], %all, %zf : {{ xt }}, {{ vi }}, {{ vm }}, {{ vf }} into {{ vf }}
+%%       endif
+        %am{{ t }} = arith.maximumf {{ na.a }}, %va{{ t }} fastmath<nnan,nsz> : {{ vf }}
+%%       set na.a = "%%am%d" % t
+%%     endfor
+%%   endfor
+        %amc = arith.maximumf {{ na.a }}, %eps : {{ vf }}
+%% else
         %am:4 = scf.for %col = %c0 to %ck4 step %c4 iter_args(%a0 = %zf, %a1 = %zf, %a2 = %zf, %a3 = %zf) -> ({{ vf }}, {{ vf }}, {{ vf }}, {{ vf }}) {
 %% for u in range(4)
           %cu{{ u }} = affine.apply affine_map<(d0) -> (d0 + {{ u }})>(%col)
@@ -110,6 +153,7 @@
           scf.yield %an : {{ vf }}
         }
         %amc = arith.maximumf %amv, %eps : {{ vf }}
+%% endif
         %qs = arith.divf %c127, %amc : {{ vf }}
 %% set ns = namespace(sum="%zi")
 %% for s in range(cuts|length - 1)
@@ -130,9 +174,7 @@
           {{ column("p%d" % j, "%%col%d" % j) | indent(10) }}
           %sc{{ j }} = arith.mulf %vp{{ j }}, %qs : {{ vf }}
           %rd{{ j }} = llvm.call_intrinsic "llvm.roundeven.v16f32"(%sc{{ j }}) : ({{ vf }}) -> {{ vf }}
-          %lo{{ j }} = arith.maximumf %rd{{ j }}, %lov : {{ vf }}
-          %cq{{ j }} = arith.minimumf %lo{{ j }}, %hiv : {{ vf }}
-          %qi{{ j }} = arith.fptosi %cq{{ j }} : {{ vf }} to {{ vi }}
+          %qi{{ j }} = arith.fptosi %rd{{ j }} : {{ vf }} to {{ vi }}
           %s{{ j }} = arith.addi {{ acc.s }}, %qi{{ j }} : {{ vi }}
 %%       set acc.s = "%%s%d" % j
           %qm{{ j }} = arith.andi %qi{{ j }}, %ff : {{ vi }}

@@ -23,7 +23,13 @@ kernel splits N), so the weights of a small N stay in L1/L2 for every block of x
 The quantize dispatch reads a convolution's padded input directly where x is its
 im2col (as `im2col_quant` does for the avx512 kernel), a plain x [M, K] otherwise; a
 block's 16 rows are one vector load a column where they are 16 neighbouring output
-positions at stride 1, else a gather.
+positions at stride 1, else a gather. Two measured savings (bench/RESULTS.md,
+2026-11-27 19:40-20:00): q holds 4 KQ columns (`q_columns`: K / 4 rounded up to 16),
+not the packed 4 KB, the decode regrouping the weights to match (K = 576 packs to 768,
+whose fourth plane is padding: a quarter of the products were on zeros); and a patch
+row's absmax is the max over its kernel's positions of a per-position map of max |x|
+over the channels (`amax_map`, one small dispatch), the same number in KH KW reads
+instead of K.
 
 Needs: llvm-cpu on a host with AVX-512 VNNI, M a multiple of 16 (a static M, or a
 symbolic one whose factor is: `m_multiple`), N a multiple of ROWS, 4 KB at most MAX_KP
@@ -82,36 +88,83 @@ def fits(m, k_bytes: int, n: int) -> bool:
     return m_multiple(m) % LANES == 0 and n % ROWS == 0 and 4 * k_bytes <= MAX_KP
 
 
-def executable_text(name: str, n: int, kb: int, offset: bool = True, positions: int = 0) -> str:
+def q_columns(k: int, kb: int) -> int:
+    """KQ, the bytes a row of x takes in the kernel's q (4 KQ columns of K, a quarter in
+    each plane): K / 4 rounded up to 16 where that is below the packed KB (K = 576 packs
+    to KB = 192, three planes of K and one of zeros: KQ = 144, no products on the
+    padding), else KB.
+
+    >>> q_columns(576, 192), q_columns(1152, 320), q_columns(2304, 576), q_columns(27, 8)
+    (144, 288, 576, 8)
+    """
+    quarter = (k + 3) // 4
+    kq = (quarter + LANES - 1) // LANES * LANES
+    return kq if kq < kb and kb % LANES == 0 else kb
+
+
+def executable_text(name: str, n: int, kb: int, offset: bool = True, positions: int = 0,
+                    kq: int | None = None) -> str:
     """The `stream.executable @name` (templates/ternary_avx512_tall.mlir): for q and stats
     from `quantize_text`'s dispatch, w [N, KB] i8 (the offset codes w + 1 when `offset`,
     else the signed codes) and `wscale` (the ternary scale / 127), out [M, N] f32 =
     dequant(act_quant(x) @ T^T); with `positions` P (x a convolution's patch rows, P a
-    multiple of 16), out [M / P, N, P] (the same values, the convolution's layout)."""
-    return render("ternary_avx512_tall", name=name, n=n, kb=kb, offset=offset,
+    multiple of 16), out [M / P, N, P] (the same values, the convolution's layout).
+    `kq` (`q_columns`, default KB): the bytes a row of q, whose columns the weights are
+    regrouped to on decode."""
+    return render("ternary_avx512_tall", name=name, n=n, kb=kb, kq=kq or kb, offset=offset,
                   positions=positions, rows=ROWS, blocks=BLOCKS, groups=GROUPS)
 
 
-def quantize_text(name: str, kb: int, k: int, image, kernel, stride, dilation, out) -> str:
+def quantize_text(name: str, kb: int, k: int, image, kernel, stride, dilation, out,
+                  amap: bool = False) -> str:
     """The `stream.executable @name` (templates/ternary_lanes_quant.mlir) whose export
     quantizes the patch rows [N * OH * OW, k] of the padded input [N, C, HP, WP]
     (`image` = (C, HP, WP)) of a convolution with `kernel`, `stride`, `dilation` and
     output positions `out` (a plain x [M, k]: image (k, 1, 1), the rest 1) into the tall
-    kernel's q and stats."""
+    kernel's q and stats. With `amap` the export takes `amax_map`'s [N, HP, WP] after
+    the input and each row's absmax is the max of its kernel's positions there."""
     (c, hp, wp), (kh, kw), (sh, sw), (dh, dw), (oh, ow) = image, kernel, stride, dilation, out
     return render("ternary_lanes_quant", name=name, kb=kb, k=k, c=c, hp=hp, wp=wp, kh=kh,
                   kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow,
-                  contiguous=(sw == 1 and ow % LANES == 0), blocks=QUANT_BLOCKS,
-                  **quant_literals())
+                  contiguous=(sw == 1 and ow % LANES == 0), amap=amap, blocks=QUANT_BLOCKS,
+                  **{k: v for k, v in quant_literals().items() if k in ('eps', 'c127')})
 
 
 def _index(v: int) -> ir.Value:
     return arith.constant(ir.IndexType.get(), v)
 
 
+#: Chunks of 16 positions a workgroup of the absmax map's dispatch.
+MAP_UNITS = 16
+
+
+def amax_map(xp: ir.Value, nimg: ir.Value, dyn: bool) -> ir.Value:
+    """[N * HP * WP] f32: max over the channels of |xp| at each position of the padded
+    input xp [N, C, HP, WP] or [N, C, WP] (templates/ternary_amax_map.mlir; as a linalg reduction
+    IREE put the channels innermost: a strided read, 20 ms at batch 32 against the
+    quantize's own). A patch row's absmax is the max of this over the kernel's
+    positions: the quantize dispatch reads KH KW values a row instead of C KH KW (a
+    3x3x64 conv: 9 for 576)."""
+    xt = ir.RankedTensorType(xp.type)
+    c, hw = xt.get_dim_size(1), int(np.prod([xt.get_dim_size(i) for i in range(2, xt.rank)]))
+    name = f"tern_amax_map_c{c}_hw{hw}"
+    ensure_executable(name, lambda: render("ternary_amax_map", name=name, c=c, hw=hw,
+                                           units=MAP_UNITS))
+    flat_t = ir.RankedTensorType.get(
+        [ir.ShapedType.get_dynamic_size() if dyn else xt.get_dim_size(0) * c * hw],
+        xt.element_type)
+    flat = tensor.collapse_shape(flat_t, xp, [list(range(xt.rank))])
+    units = arith.muli(nimg, _index(-(-hw // LANES)))
+    out_t = ir.RankedTensorType.get(
+        [ir.ShapedType.get_dynamic_size() if dyn else xt.get_dim_size(0) * hw], xt.element_type)
+    return dispatch(name, name, [units], [flat, nimg, units],
+                    [arith.muli(nimg, _index(c * hw))] if dyn else [], out_t,
+                    [arith.muli(nimg, _index(hw))] if dyn else [])
+
+
 def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
-    """[q, stats] of the matmul's x in the tall kernel's layout, typed as the avx2
-    quantize dispatch's [M, 4 KB] i8 and [M, 2] f32 (the same bytes): from the padded
+    """[q, stats] of the matmul's x in the tall kernel's layout, typed as [M, 4 KQ] i8
+    (KQ: `q_columns`) and [M, 2] f32 (the same bytes): from the padded
     input where x is a convolution's im2col (`found`: im2col_quant.patches_source of x),
     else from x."""
     if found is not None:
@@ -129,11 +182,17 @@ def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
     nimg = tensor.dim(xp, _index(0)) if dyn else _index(xt.get_dim_size(0))
     arg_dims = [arith.muli(nimg, _index(vol))] if dyn else []
     geo = "x".join(map(str, (c, hp, wp))) + "_k%dx%d_s%dx%d_d%dx%d" % (*kernel, *stride, *dilation)
-    name = f"tern_lanes_quant_{kern.kb}_{kern.k}_c{geo}"
-    ensure_executable(name, lambda: quantize_text(name, kern.kb, kern.k, (c, hp, wp), kernel,
-                                                  stride, dilation, out))
-    return dispatch(name, name, [m], [flat, nimg, m], arg_dims,
-                    [kern.ttype([4 * kern.kb], ir.IntegerType.get_signless(8)),
+    kq = q_columns(kern.k, kern.kb)
+    amap = found is not None and kernel[0] * kernel[1] > 1
+    name = f"tern_lanes_quant_{kq}_{kern.k}_c{geo}" + ("_amap" if amap else "")
+    ensure_executable(name, lambda: quantize_text(name, kq, kern.k, (c, hp, wp), kernel,
+                                                  stride, dilation, out, amap))
+    args = [flat]
+    if amap:
+        args.append(amax_map(xp, nimg, dyn))
+        arg_dims = arg_dims + ([arith.muli(nimg, _index(hp * wp))] if dyn else [])
+    return dispatch(name, name, [m], [*args, nimg, m], arg_dims,
+                    [kern.ttype([4 * kq], ir.IntegerType.get_signless(8)),
                      kern.ttype([2], kern.f32)], dims + dims)
 
 
@@ -145,9 +204,10 @@ def emit(kern) -> ir.Value:
     positions = found[-1][0] * found[-1][1] if found is not None else 0
     if positions % LANES:
         positions = 0
+    kq = q_columns(kern.k, kern.kb)
     name = (f"tern_avx512_tall_{kern.n}x{kern.kb}{'_offset' if offset else ''}"
-            + (f"_p{positions}" if positions else ""))
-    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset, positions))
+            + (f"_q{kq}" if kq != kern.kb else "") + (f"_p{positions}" if positions else ""))
+    ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb, offset, positions, kq))
     m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
     x = quantized(kern, m, dims, found)
