@@ -117,8 +117,11 @@ class _BitConvNd(Module):
         # packs it through that reshape
         t = apply("ternarize", _traced(self.weight))
         g, o, k = self.groups, self.out_channels, int(rows.shape[-1]) // self.groups
-        if g == 1 and _is_input(self.weight):
-            # weights traced as inputs (a gradient, a training step: no constant to pack)
+        if g == 1 and _is_input(self.weight) and self.in_channels > 1:
+            # weights traced as inputs (a gradient, a training step: no constant to pack).
+            # One input channel stays on the rows: IREE 3.13 fails to compile the columns'
+            # quantize there ("write affecting operations on global resources are
+            # restricted to workgroup distributed contexts")
             return self._columns_forward(x, t, pads, out)
         if g == 1:
             if self.act_quant:
