@@ -139,7 +139,6 @@ class _BitConvNd(Module):
             y = y + _t.reshape(self.bias, (o,) + (1,) * self.nd)
         return y
 
-
     def _columns_forward(self, x, t, pads, out):
         """The layer where its weights are traced as inputs (a gradient, a training step):
         the patches as columns [N, C * K, P] (P the output positions, innermost: read and
