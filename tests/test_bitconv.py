@@ -204,6 +204,28 @@ def test_compiled_value_and_gradients_match_the_layer(cin, size, kw):
             np.testing.assert_allclose(gm[k], wgm[k], rtol=1e-4, atol=1e-5 * np.abs(wgm[k]).max())
 
 
+@pytest.mark.parametrize("size", [4, 10])
+def test_static_batch_gradients_match_the_layer(size):
+    """At a static batch the weight's cotangent is one 2-D matmul over every image's
+    positions where an image has few (4x4: 16 < BATCHED_LHS_MIN_N), a batched matmul
+    summed over the images otherwise (10x10), both behind IREE fences: the eager
+    layer's numbers either way."""
+    from tercomp.ops.linalg import BATCHED_LHS_MIN_N
+    assert (size * size < BATCHED_LHS_MIN_N) == (size == 4)
+    nn.manual_seed(5)
+    layer = nn.BitConv2d(8, 6, 3, padding=1)
+
+    def loss(m, x):
+        y = m(x)
+        return tc.sum(y * y)
+    f = tc.value_and_grad(loss, argnums=(0, 1))
+    x = np.random.default_rng(3).standard_normal((3, 8, size, size)).astype(np.float32)
+    (v, (gm, gx)), (wv, (wgm, wgx)) = tc.compile(f, layer, x, cache=False)(layer, x), f(layer, x)
+    np.testing.assert_allclose(v, wv, rtol=1e-5)
+    np.testing.assert_allclose(gx, wgx, rtol=1e-4, atol=1e-5 * np.abs(wgx).max())
+    np.testing.assert_allclose(gm["weight"], wgm["weight"], rtol=1e-4, atol=1e-5 * np.abs(wgm["weight"]).max())
+
+
 def test_straight_through_gradients_and_a_training_step():
     nn.manual_seed(4)
     layer = nn.BitConv2d(3, 4, 3, padding=1)

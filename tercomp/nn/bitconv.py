@@ -41,10 +41,32 @@ def patches(x, kernel, stride, pads, dilation):
     return _t.reshape(cols, (-1, int(np.prod(shape[1 + nd:])))), list(shape[1:1 + nd])
 
 
+def _quantized_columns(x, cols, kernel, stride, pads, dilation, p):
+    """act_quant of the patches of x held as columns cols [N, C * K, P] (each column one
+    patch), with each patch's absmax taken from x: the max over channels of |x| at every
+    position, then its max over each window (a max_pool: exact, max is associative),
+    where the absmax of the patches themselves read C * K values a patch. The same
+    numbers as tern.act_quant of the patch rows (ternary_pack.act_quant's formula, in
+    its order) and its straight-through gradient: q + (cols - cols) with q and the
+    second cols out of the gradient. Windows the pool does not take (dilation, padding
+    over half the kernel) quantize the rows with tern.act_quant."""
+    if any(d != 1 for d in dilation) or any(max(lo, hi) > k // 2 for (lo, hi), k in zip(pads, kernel)):
+        rows = apply("act_quant", _t.transpose(cols, [0, 2, 1]))
+        return _t.transpose(rows, [0, 2, 1])
+    amax = _t.max(_t.abs(x), axis=1, keepdims=True)                             # [N, 1, *S]
+    amax = _t.max_pool(amax, list(kernel), stride=list(stride), padding=[list(q) for q in pads])
+    amax = _t.reshape(amax, (-1, 1, p))                                         # [N, 1, P]
+    top = np.float32(tp.ACT_MAX)
+    s = _t.divide(top, _t.maximum(amax, np.float32(tp.ACT_EPS)))
+    q = _t.divide(_t.minimum(_t.maximum(_t.round(_t.multiply(cols, s)), -top), top), s)
+    return _t.stop_gradient(q) + (cols - _t.stop_gradient(cols))
+
+
 def _is_input(w) -> bool:
-    """Is the weight traced as an input of the function (a gradient's, a training step's),
+    """Is the weight traced from an input of the function (a gradient's; a training
+    step's, where it is a slice of the one packed parameter vector: training/packing.py),
     not a constant that the ternary pass packs?"""
-    return isinstance(w, Tracer) and w.value.producer is None
+    return isinstance(w, Tracer) and (w.value.producer is None or w.value.producer.opname != "constant")
 
 
 class _BitConvNd(Module):
@@ -95,19 +117,12 @@ class _BitConvNd(Module):
         # packs it through that reshape
         t = apply("ternarize", _traced(self.weight))
         g, o, k = self.groups, self.out_channels, int(rows.shape[-1]) // self.groups
-        if g == 1 and _is_input(self.weight):
-            # weights traced as inputs (a gradient, a training step: no constant to pack): the
-            # output straight in [N, out, *P] as a batched matmul W @ rows^T, no transpose
-            # after it. IREE fuses such a transpose into an f32 matmul and loses its
-            # data-tiled ukernel: 6x slower (bench/RESULTS.md)
-            if self.act_quant:
-                rows = apply("act_quant", rows)
-            rows = _t.reshape(rows, (-1, int(np.prod(out)), k))                     # [N, P, K]
-            y = _t.matmul(_t.reshape(t, (o, k)), rows, transpose_b=True)           # [N, out, P]
-            y = _t.reshape(y, (-1, o) + tuple(out))
-            if self.bias is not None:
-                y = y + _t.reshape(self.bias, (o,) + (1,) * self.nd)
-            return y
+        if g == 1 and _is_input(self.weight) and self.in_channels > 1:
+            # weights traced as inputs (a gradient, a training step: no constant to pack).
+            # One input channel stays on the rows: IREE 3.13 fails to compile the columns'
+            # quantize there ("write affecting operations on global resources are
+            # restricted to workgroup distributed contexts")
+            return self._columns_forward(x, t, pads, out)
         if g == 1:
             if self.act_quant:
                 rows = apply("act_quant", rows)
@@ -120,6 +135,30 @@ class _BitConvNd(Module):
             y = _t.reshape(_t.transpose(y, (1, 0, 2)), (-1, o))
         y = _t.reshape(y, (shape[0],) + tuple(out) + (o,))
         y = _t.transpose(y, [0, self.nd + 1] + list(range(1, self.nd + 1)))
+        if self.bias is not None:
+            y = y + _t.reshape(self.bias, (o,) + (1,) * self.nd)
+        return y
+
+    def _columns_forward(self, x, t, pads, out):
+        """The layer where its weights are traced as inputs (a gradient, a training step):
+        the patches as columns [N, C * K, P] (P the output positions, innermost: read and
+        written along the input's rows) and y = W @ columns, batched over the images,
+        already [N, out, *P]. Every matmul of it and of its VJP is then IREE's fast
+        orientation (A [M, K] @ B [K, N], no transposed operand or output map): the
+        input's cotangent W^T @ g comes out as [N, C, *K, *P], the col2im's own layout,
+        and the weight's, g @ columns^T, sums a batched matmul (ops/linalg.py). As rows
+        [N * P, C * K] IREE fused the transposes into the f32 matmuls and the quantize
+        wrote 3-wide rows (bench/RESULTS.md)."""
+        nd, o = self.nd, self.out_channels
+        cols = apply("im2col", x, kernel=list(self.kernel_size), stride=list(self.stride),
+                     padding=[list(p) for p in pads], dilation=list(self.dilation))   # [N, *P, C, *K]
+        cols = _t.transpose(cols, [0] + list(range(nd + 1, 2 * nd + 2)) + list(range(1, nd + 1)))
+        p, k = int(np.prod(out)), self.in_channels * int(np.prod(self.kernel_size))
+        cols = _t.reshape(cols, (-1, k, p))                                         # [N, C * K, P]
+        if self.act_quant:
+            cols = _quantized_columns(x, cols, self.kernel_size, self.stride, pads, self.dilation, p)
+        y = _t.matmul(_t.reshape(t, (o, k)), cols)                                  # [N, out, P]
+        y = _t.reshape(y, (-1, o) + tuple(out))
         if self.bias is not None:
             y = y + _t.reshape(self.bias, (o,) + (1,) * self.nd)
         return y

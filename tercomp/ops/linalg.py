@@ -117,7 +117,34 @@ def matmul_rhs_rule(b, g, lhs, transpose_b: bool):
 def _matmul_vjp(b, op, cts):
     lhs, rhs = op.operands
     g, tb = cts[0], op.attrs["transpose_b"]
-    return [unbroadcast(b, matmul_lhs_rule(b, g, rhs, tb), lhs.type), _rhs_cotangent(b, g, lhs, rhs, tb)]
+    return [_lhs_cotangent(b, g, lhs, rhs, tb), _rhs_cotangent(b, g, lhs, rhs, tb)]
+
+
+#: A matrix lhs shared by a batch of rhs (W @ x[B, K, N]: BitConv's W @ rows^T, N the
+#: output positions of one image) takes its cotangent as one 2-D matmul over all B * N
+#: columns where each batch contracts fewer than this many; as a batched matmul summed
+#: over B (IREE keeps the sum apart: reduce.py) from this many on. Measured on the
+#: 2-core Xeon VM (bench/RESULTS.md, 64..512 x 576..4608 weights over 32 images):
+#: batched 0.25x the flattened time at N = 1024 and 256, 0.75x at 64, 3-4x at 16.
+BATCHED_LHS_MIN_N = 64
+
+
+def _lhs_cotangent(b, g, lhs, rhs, tb: bool):
+    """The cotangent of lhs: g @ rhs^T, summed over the batch dims lhs was broadcast on.
+    A matrix lhs shared by a rank-3 rhs with a small N per batch (see BATCHED_LHS_MIN_N)
+    takes one matmul of g's columns of every batch (g [B, M, N] -> [M, B * N], a
+    transpose) against rhs's rows."""
+    n = g.type.shape[-1]
+    if lhs.type.rank == 2 and rhs.type.rank == 3 and g.type.rank == 3 and g.type.is_static \
+            and rhs.type.is_static and int(n) < BATCHED_LHS_MIN_N:
+        m = int(g.type.shape[-2])
+        g_cols = b.reshape(b.transpose(g, perm=[1, 0, 2]), shape=[m, -1])           # [M, B * N]
+        if tb:                                                      # rhs [B, N, K]
+            return b.matmul(g_cols, b.reshape(rhs, shape=[-1, int(rhs.type.shape[-1])]))
+        # rhs [B, K, N]: (g_cols @ rhs_cols^T) with rhs_cols [K, B * N]
+        rhs_cols = b.reshape(b.transpose(rhs, perm=[1, 0, 2]), shape=[int(rhs.type.shape[-2]), -1])
+        return b.matmul(g_cols, rhs_cols, transpose_b=True)
+    return unbroadcast(b, matmul_lhs_rule(b, g, rhs, tb), lhs.type)
 
 
 def _rhs_cotangent(b, g, lhs, rhs, tb: bool):

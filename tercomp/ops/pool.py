@@ -23,7 +23,7 @@ from ..ir import TensorType, is_static, numpy_dtype
 from .conv import (Geometry, _aff, _check_input, _int_list, _np_pad, _np_type, _np_window, _out_size,
                    _pad_input, _window)
 from .registry import OpDef, REQUIRED, register
-from .shape_util import SLICE_END, dim_to_attr, fmt_shape
+from .shape_util import SLICE_END, dim_to_attr, fence, fmt_shape
 
 
 def pool_geometry(x: TensorType, a: dict, opname) -> Geometry:
@@ -63,7 +63,14 @@ def _max_pool_lower(ctx, op, xs):
     x_t = op.operands[0].type
     geo = pool_geometry(x_t, op.attrs, "max_pool")
     nd = geo.nd
-    xp, _ = _pad_input(ctx, xs[0], x_t, geo, float("-inf"))
+    x = xs[0]
+    src = op.operands[0].producer
+    if src is not None and src.opname in ("max", "sum"):
+        # a reduction's result pooled (BitConv's patch absmax: the max over channels,
+        # then over windows) stays its own dispatch: IREE 3.13 fused the two into one
+        # C x window reduction a position, C times the pool's reads (bench/RESULTS.md)
+        x = fence(ctx, x, x_t)
+    xp, _ = _pad_input(ctx, x, x_t, geo, float("-inf"))
     p = [2 + i for i in range(nd)]
     k = [2 + nd + i for i in range(nd)]
     x_map = [_aff(0), _aff(1)] + [_aff(p[i]) * geo.stride[i] + _aff(k[i]) for i in range(nd)]

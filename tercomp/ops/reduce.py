@@ -18,7 +18,7 @@ from ..errors import TraceError
 from ..ir import TensorType, numpy_dtype
 from ..ir.types import is_float
 from .registry import OpDef, REQUIRED, register
-from .shape_util import dim_to_attr, fmt_shape, norm_axes, reshape_value
+from .shape_util import dim_to_attr, fence, fmt_shape, norm_axes, reshape_value
 
 
 def reduced_type(t: TensorType, axes, keepdims: bool) -> TensorType:
@@ -67,11 +67,28 @@ def _reduction(name, np_fn, init, combine, vjp, doc):
         t = op.operands[0].type
         axes = _axes(op, t, name)
         flat = reduced_type(t, axes, False)
-        out = emit_reduction(ctx, xs[0], t, axes, init(t.dtype), combine(t.dtype))
+        x = xs[0]
+        if name == "sum" and sums_batch_of_matmul(op.operands[0], axes):
+            x = fence(ctx, x, t)
+        out = emit_reduction(ctx, x, t, axes, init(t.dtype), combine(t.dtype))
         return [reshape_value(ctx, out, flat, op.results[0].type)]
 
     return register(OpDef(name, "reduce", infer, reference, attrs={"axes": None, "keepdims": False},
                           lower=lower, vjp=vjp, method=name, doc=doc))
+
+
+def sums_batch_of_matmul(v, axes) -> bool:
+    """Is a sum over `axes` of `v` a sum over batch dims (not M, N) of the batched matmul
+    that produced v? A matrix's cotangent through a matmul broadcast over a batch (W @
+    x[B, ...], BitConv2d's W @ rows^T with weights as inputs) is such a sum of a
+    batched matmul (tercomp/ops/linalg.py, unbroadcast). IREE 3.13 fuses the sum into the
+    contraction, one reduction over B * K that its default CPU pipeline runs far below
+    a batched matmul's speed: a 64x576 weight gradient over 32 x 1024 rows took 10.2 s
+    as one generic against 130 ms as a batch_matmul and a sum over its [32, 64, 576]
+    result (bench/RESULTS.md), so the sum's input is fenced."""
+    p = v.producer
+    return p is not None and p.opname == "matmul" and v.type.rank > 2 \
+        and all(a < v.type.rank - 2 for a in axes)
 
 
 def emit_reduction(ctx, x, t: TensorType, axes, init_value, combine):

@@ -20,7 +20,7 @@ from ..errors import TraceError
 from ..ir import TensorType, as_dim, is_static
 from ..ir.types import is_float
 from .registry import OpDef, REQUIRED, register
-from .shape_util import (_norm_axis, _slice_parts, _unbound, attr_to_dim, concrete_dim, dim_to_attr,
+from .shape_util import (_norm_axis, _slice_parts, _unbound, attr_to_dim, concrete_dim, dim_to_attr, fence,
                          fmt_shape, norm_axes, prod, reshape_value, same_dim, sym)
 
 
@@ -110,7 +110,21 @@ def _transpose_lower(ctx, op, xs):
     r = out.rank
     in_map = affine_map(r, [perm.index(i) for i in range(r)])
     out_map = affine_map(r, list(range(r)))
-    return [ctx.generic([xs[0]], [in_map], out, out_map, [PARALLEL] * r, lambda x, acc: x)]
+    x = xs[0]
+    if perm and perm[-1] != r - 1 and _matmul_result(op.operands[0]):
+        x = fence(ctx, x, op.operands[0].type)
+    return [ctx.generic([x], [in_map], out, out_map, [PARALLEL] * r, lambda x, acc: x)]
+
+
+def _matmul_result(v) -> bool:
+    """Is v a matmul's result (through reshapes)? A transpose that moves the last dim of
+    one is kept out of the matmul's dispatch (reduce.fence): IREE 3.13 fuses it as the
+    contraction's output map, a strided store for every output, and ran such matmuls
+    3-7x slower than the matmul and the transpose apart (BitConv's input gradient before
+    the col2im, a 32x1024x576 one: 942 ms against 129 + 212 ms; bench/RESULTS.md)."""
+    while v.producer is not None and v.producer.opname == "reshape":
+        v = v.producer.operands[0]
+    return v.producer is not None and v.producer.opname == "matmul"
 
 
 def _transpose_vjp(b, op, cts):

@@ -20,7 +20,7 @@ import numpy as np
 import sympy
 
 from iree.compiler import ir
-from iree.compiler.dialects import tensor
+from iree.compiler.dialects import flow, tensor, util
 
 from ..codegen.builders import tensor_type
 from ..errors import TercompError, TraceError
@@ -203,3 +203,11 @@ def check_integer_ids(t: TensorType, opname: str, what: str = "indices"):
     if not is_int(t.dtype) or t.dtype == "i1":
         raise TraceError(f"{opname}: {what} must be integers (i32 or i64), got {t.dtype}",
                          hint=f"cast the {what} with x.astype('int32')")
+
+
+def fence(ctx, v, t: TensorType):
+    """`v` (of type t, a TensorType) behind `util.optimization_barrier`, its dynamic dims re-tied: a
+    value IREE does not fuse into its consumer's dispatch."""
+    (b,) = util.OptimizationBarrierOp([v.type], [v]).results
+    dims = ctx.dyn_sizes(t)
+    return flow.TensorTieShapeOp(b, dims).result if dims else b
