@@ -44,6 +44,14 @@ sequence alone for the scaling: tercomp through a generator compiled with max_ba
 (`gen.prefill(prompt, slot=s)` for each slot, then `gen.step(tokens, slots)` GEN times,
 the engine's decode step), each peer through its own `llama-batched-bench -npl 1,B`.
 
+Files are made once per directory (--dir, or the default one with --keep) and reused by
+later runs: the TQ2_0 model, each peer's conversion (its llama-quantize reads an f16 GGUF
+of the same weights, written for it and removed after: 16 GB at the 8B shape), each
+tercomp generator (`.tcm`, with its compile result and key in a `.json` beside it:
+compiled again when the model file, the compile options, tercomp's sources or IREE's
+version differ) and tercomp's side of the logits check (`.check.npz`, with its
+generator). A run that reuses all of them converts and compiles nothing.
+
 tercomp runs once per output-layer storage (--output-dtype, default "float16,int8": the
 f16 table the peers also read, and an int8 table with a per-row scale at half the bytes).
 """
@@ -72,18 +80,23 @@ COS_MIN = 0.99      # the logits check: every position's cosine to tercomp's
 
 
 # -------------------------------------------------------------------------- the model
-def write_model(path, a, projection=None, tokens=None):
+def write_model(path, a, projection="TQ2_0", tokens=None):
     """A random ternary GGUF. `bitnet`: projections in TQ2_0 (block scale 1 and an f32
     `.scale` per tensor), sub-norms, tied f16 token embedding. `llama` (the 1.58-bit
     llama family): TQ2_0 blocks whose scale is the weight scale, no sub-norms, an untied
-    f16 `output.weight`. Written one tensor at a time (a model of 8B parameters is
-    never whole in memory as floats).
+    f16 `output.weight`. Streamed: the tensors' infos first, then each tensor made and
+    written in turn, so no more than one tensor is ever in memory (an 8B model is 3.7 GB
+    in TQ2_0, 16 GB in f16).
 
-    The same weights in another form: `projection(writer, gguf, name, codes, scale,
-    arch)` writes each projection (codes -1/0/1 as float32) instead of TQ2_0, and
-    `tokens` replaces the token strings (then no space prefix and no BOS; the peers'
-    files use both, bench/peers.py)."""
+    The same weights in another form: `projection="F16"` writes each projection as its
+    codes x the weight scale in float16 (what the peers' llama-quantize read,
+    bench/peers.py: exact for the llama arch, whose TQ2_0 block scale is that f16 value;
+    the bitnet arch's f32 scale 0.02 rounds to 0.0200043 there). `tokens` replaces the
+    token strings (then no space prefix and no BOS; the peers' files use both)."""
     import gguf
+    if projection not in ("TQ2_0", "F16"):
+        raise ValueError(f"projection {projection!r}: TQ2_0 or F16")
+    QT = gguf.GGMLQuantizationType
     rng = np.random.default_rng(0)
     h, ff, v, L = a.hidden, a.ffn, a.vocab, a.layers
     llama = a.arch == "llama"
@@ -106,37 +119,56 @@ def write_model(path, a, projection=None, tokens=None):
     if tokens:
         w.add_add_space_prefix(False)
         w.add_add_bos_token(False)
-    w.add_tensor("token_embd.weight", (rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16))
-    w.add_tensor("output_norm.weight", np.ones(h, np.float32))
+    # (name, shape, GGML type, make): `make` is called in this order (the random stream's)
+    tensors = []
+
+    def table():        # made 4096 rows at a time: the float64 draws of a 128k x 4096
+        out = np.empty((v, h), np.float16)    # table whole would be 4 GiB (8 with the /)
+        for r in range(0, v, 4096):
+            out[r:r + 4096] = rng.standard_normal((min(4096, v - r), h)) / np.sqrt(h)
+        return out
+    tensors.append(("token_embd.weight", (v, h), QT.F16, table))
+    tensors.append(("output_norm.weight", (h,), QT.F32, lambda: np.ones(h, np.float32)))
     if llama:
-        w.add_tensor("output.weight", (rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float16))
+        tensors.append(("output.weight", (v, h), QT.F16, table))
     shapes = {"attn_q": (h, h), "attn_k": (kvh * d, h), "attn_v": (kvh * d, h),
               "attn_output": (h, h), "ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
     norms = (("attn_norm", h), ("ffn_norm", h)) if llama else \
         (("attn_norm", h), ("attn_sub_norm", h), ("ffn_norm", h), ("ffn_sub_norm", ff))
+    scale = np.float32(0.02)
+
+    def weights(shape):
+        def make():
+            t = rng.integers(-1, 2, size=shape).astype(np.float32)
+            if projection == "F16":
+                return (t * scale).astype(np.float16)
+            # llama: TQ2_0's block scale is the weight scale; bitnet: 1, and a `.scale`
+            return gguf.quants.quantize(t * scale if llama else t, QT.TQ2_0)
+        return make
     for i in range(L):
         for n, size in norms:
-            w.add_tensor(f"blk.{i}.{n}.weight", np.ones(size, np.float32))
+            tensors.append((f"blk.{i}.{n}.weight", (size,), QT.F32,
+                            lambda size=size: np.ones(size, np.float32)))
         for n, shape in shapes.items():
-            t = rng.integers(-1, 2, size=shape).astype(np.float32)
-            (projection or tq2_projection)(w, gguf, f"blk.{i}.{n}", t, 0.02, a.arch)
-            del t
+            tensors.append((f"blk.{i}.{n}.weight", shape, QT[projection], weights(shape)))
+            if projection == "TQ2_0" and not llama:     # as BitNet's GGUFs
+                tensors.append((f"blk.{i}.{n}.scale", (1,), QT.F32,
+                                lambda: np.array([scale], np.float32)))
+    for name, shape, qtype, _ in tensors:
+        if qtype == QT.TQ2_0:
+            nbytes = shape[0] * shape[1] // 256 * 66
+            w.add_tensor_info(name, gguf.quant_shape_to_byte_shape(shape, qtype), np.uint8,
+                              nbytes, raw_dtype=qtype)
+        else:
+            dtype = np.float16 if qtype == QT.F16 else np.float32
+            w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) *
+                              np.dtype(dtype).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, qtype, make in tensors:
+        w.write_tensor_data(make())
     w.close()
-
-
-def tq2_projection(w, gguf, name, t, scale, arch):
-    """The bench's own form: TQ2_0 codes whose block scale is the weight scale (`llama`),
-    or 1 with the scale in an f32 `.scale` tensor (`bitnet`, as BitNet's GGUFs)."""
-    QT = gguf.GGMLQuantizationType
-    if arch == "llama":
-        w.add_tensor(f"{name}.weight", gguf.quants.quantize(t * np.float32(scale), QT.TQ2_0),
-                     raw_dtype=QT.TQ2_0)
-    else:
-        w.add_tensor(f"{name}.weight", gguf.quants.quantize(t, QT.TQ2_0), raw_dtype=QT.TQ2_0)
-        w.add_tensor(f"{name}.scale", np.array([scale], np.float32))
 
 
 # ----------------------------------------------------------------------- the workers
@@ -247,6 +279,14 @@ def check_floor(ref) -> tuple[float, float]:
     return floor, min(COS_MIN, 1.0 - 3.0 * floor)
 
 
+def worker_stamp(a):
+    """What a saved generator was compiled by: tercomp's sources (the compile cache's own
+    digest) and IREE's version. An artifact with another stamp is compiled again."""
+    from iree.compiler.version import VERSION
+    from tercomp.build import compiler_digest
+    return {"tercomp": compiler_digest(), "iree": VERSION}
+
+
 def worker_stream(a):
     """A plain streaming read with `threads` threads (NumPy sums of 512 MiB, each thread
     its part; NumPy releases the GIL): the memory bandwidth a decode step can hope for."""
@@ -264,17 +304,49 @@ def worker_stream(a):
 
 WORKERS = {"tercomp-compile": worker_tercomp_compile, "tercomp-run": worker_tercomp_run,
            "tercomp-batched": worker_tercomp_batched,
-           "tercomp-check": worker_check, "stream": worker_stream}
+           "tercomp-check": worker_check, "stream": worker_stream,
+           "tercomp-stamp": worker_stamp}
 
 
 def run_worker(name, a, extra=()):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--model", a.model,
-           "--artifact", a.artifact, *a.passthrough, *extra]
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name,
+           *(f"--{k}={getattr(a, k)}" for k in ("model", "artifact") if getattr(a, k, None)),
+           *a.passthrough, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if r.returncode != 0:
         print(f"{name} failed:\n{r.stderr[-3000:]}", file=sys.stderr)
         return None
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def compile_once(a, extra, stamp) -> dict | None:
+    """The compile worker's result for the generator a.artifact: the one saved beside it
+    (`.json`) when that artifact was compiled from this model file (size and mtime), with
+    these options, by this tercomp and IREE (`stamp`, worker_stamp), else a fresh compile,
+    saved with its key. A saved one comes back with "reused": True. A fresh compile drops
+    the artifact's saved logits check (`.check.npz`)."""
+    st = os.stat(a.model)
+    key = {"stamp": stamp, "model": [os.path.basename(a.model), st.st_size, st.st_mtime_ns],
+           "options": [x for x in a.passthrough if x.split("=")[0] not in
+                       ("--prompt", "--gen", "--repeat")] + list(extra)}
+    meta = a.artifact + ".json"
+    if stamp is not None and os.path.exists(a.artifact) and os.path.exists(meta):
+        try:
+            with open(meta) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            saved = {}
+        if saved.get("key") == key:
+            return {**saved["result"], "reused": True}
+    for stale in (meta, a.artifact + ".check.npz"):
+        if os.path.exists(stale):
+            os.remove(stale)
+    r = run_worker("tercomp-compile", a, extra)
+    if r is not None and stamp is not None:
+        with open(meta + ".part", "w") as f:
+            json.dump({"key": key, "result": r}, f)
+        os.replace(meta + ".part", meta)
+    return r
 
 
 # --------------------------------------------------------------------- the table
@@ -366,7 +438,7 @@ def main():
     p.add_argument("--dir", default=None, help="where the GGUFs and artifacts go (default: a "
                    "temporary directory, removed at the end unless --keep)")
     p.add_argument("--keep", action="store_true", help="keep the default directory's files "
-                   "(reused by the next run with --keep)")
+                   "(reused by the next run with --keep; a --dir's files are always kept)")
     p.add_argument("--worker", choices=sorted(WORKERS))
     p.add_argument("--model")
     p.add_argument("--artifact")
@@ -413,8 +485,10 @@ def main():
             cleanup = a.dir
     a.dir = os.path.abspath(a.dir)          # the peers' tools run in it
     os.makedirs(a.dir, exist_ok=True)
+    t = time.perf_counter()
     try:
         report(a, given)
+        print(f"the run took {time.perf_counter() - t:.0f} s")
     finally:
         if cleanup:
             shutil.rmtree(cleanup, ignore_errors=True)
@@ -422,8 +496,10 @@ def main():
 
 def peer_files(a, given, tag) -> dict:
     """{peer name: its file}, converted by each peer's own llama-quantize (once per
-    directory: reused with --keep); a peer whose conversion fails is left out, said why."""
-    files, f32 = {}, os.path.join(a.dir, f"bitnet-{tag}-f32.gguf")
+    directory: reused with --keep) from an f16 GGUF of the same weights, written here and
+    removed after (2 bytes a weight: 16 GB at 8B, never in memory whole); a peer whose
+    conversion fails is left out, said why."""
+    files, f16 = {}, os.path.join(a.dir, f"bitnet-{tag}-f16.gguf")
     for name, bin_dir in given.items():
         peer = peers.PEERS[name]
         if peer.quantize_type is None:
@@ -431,30 +507,43 @@ def peer_files(a, given, tag) -> dict:
             continue
         out = os.path.join(a.dir, f"bitnet-{tag}-{peer.flag}-{peer.quantize_type}.gguf")
         if not os.path.exists(out):
-            if not os.path.exists(f32):
-                write_model(f32 + ".part", a, projection=peers.float_projection,
+            if not os.path.exists(f16):
+                t = time.perf_counter()
+                write_model(f16 + ".part", a, projection="F16",
                             tokens=peers.char_tokens(a.vocab))
-                os.replace(f32 + ".part", f32)
+                os.replace(f16 + ".part", f16)
+                print(f"wrote {f16} ({os.path.getsize(f16) / 2**20:.0f} MiB) in "
+                      f"{time.perf_counter() - t:.0f} s", file=sys.stderr)
             try:
-                peers.convert(peer, bin_dir, f32, out)
+                t = time.perf_counter()
+                peers.convert(peer, bin_dir, f16, out)
+                print(f"{name}: {peer.quantize_type} by its llama-quantize in "
+                      f"{time.perf_counter() - t:.0f} s", file=sys.stderr)
             except RuntimeError as e:
                 print(f"{name} left out: its llama-quantize could not make "
                       f"{peer.quantize_type}:\n{e}", file=sys.stderr)
                 continue
         files[name] = out
-    if os.path.exists(f32):
-        os.remove(f32)              # 4 bytes a weight: not worth keeping
+    if os.path.exists(f16):
+        os.remove(f16)              # not worth keeping: each peer's file is
     return files
 
 
-def check_peers(a, given, files, embedding) -> set:
-    """Each peer's logits against tercomp's (printed); the names of those that disagree."""
+def check_peers(a, given, files) -> set:
+    """Each peer's logits against tercomp's (printed); the names of those that disagree.
+    tercomp's side is saved beside its generator (`.check.npz`) and reused with it."""
+    import gguf
     a.threads = a.thread_list[-1]
-    c = run_worker("tercomp-check", a, [f"--threads={a.threads}"])
-    if c is None:
-        print("tercomp's logits for the check failed: every peer counts as unchecked")
-        return set(files)
-    ref = np.load(c["path"])
+    path = a.artifact + ".check.npz"
+    if not os.path.exists(path):
+        c = run_worker("tercomp-check", a, [f"--threads={a.threads}"])
+        if c is None:
+            print("tercomp's logits for the check failed: every peer counts as unchecked")
+            return set(files)
+    ref = np.load(path)
+    head = "output.weight" if a.arch == "llama" else "token_embd.weight"   # llama: untied
+    embedding = next(np.asarray(t.data, np.float32) for t in gguf.GGUFReader(a.model).tensors
+                     if t.name == head)       # 2 GiB at a 128k vocabulary: freed on return
     floor, need = check_floor(ref)
     print(f"tercomp's logits with an f16 against a float32 KV cache: cosine {1 - floor:.5f} "
           f"(the network's precision floor): a peer must reach {need:.4f}")
@@ -496,30 +585,27 @@ def report(a, given):
         print(f"wrote {a.model} ({os.path.getsize(a.model) / 2**20:.0f} MiB) in "
               f"{time.perf_counter() - t:.0f} s", file=sys.stderr)
     print(f"CPU: {machine.cpu()}; {machine.load()} before the run")
+    a.stamp = run_worker("tercomp-stamp", a)
     compiled, runs = {}, {}
     for d in a.output_dtype.split(","):
         for t in a.ternary.split(","):
             name = f"tercomp {d}" + ("" if t == "auto" else f" {t}")
             a.artifact = os.path.join(a.dir, f"bitnet-{tag}-{d}-{t}.tcm")
-            extra = [f"--output-dtype={d}", f"--ternary={t}"]
             a.threads = max(a.thread_list)
-            r = run_worker("tercomp-compile", a, extra + [f"--threads={a.threads}"])
+            r = compile_once(a, [f"--output-dtype={d}", f"--ternary={t}",
+                                 f"--threads={a.threads}"], a.stamp)
             if r is None:
                 continue
             compiled[name] = r
             runs[name] = ("tercomp", a.artifact)
-            print(f"{name}: compile cold {r['compile_cold_s']:.1f} s, cached "
-                  f"{r['compile_cached_s']:.1f} s, peak {r['compile_peak_mb']:.0f} MiB")
+            print(f"{name}: {'reused its generator, ' if r.get('reused') else ''}compile cold "
+                  f"{r['compile_cold_s']:.1f} s, cached {r['compile_cached_s']:.1f} s, peak "
+                  f"{r['compile_peak_mb']:.0f} MiB")
     files = peer_files(a, given, tag)
     wrong = set()
     if files and runs:
-        import gguf
-        reader = gguf.GGUFReader(a.model)
-        head = "output.weight" if a.arch == "llama" else "token_embd.weight"   # llama: untied
-        embedding = next(np.asarray(t.data, np.float32) for t in reader.tensors
-                         if t.name == head)
         a.artifact = next(iter(runs.values()))[1]
-        wrong = check_peers(a, given, files, embedding)
+        wrong = check_peers(a, given, files)
     builds = {}
     for name, path in files.items():
         runs[peers.PEERS[name].label] = (name, path)
@@ -574,7 +660,7 @@ def batched(a, given, files, wrong):
     a.passthrough = [x for x in a.passthrough if not x.startswith("--max-batch=")] + \
         [f"--max-batch={a.batch}"]
     a.artifact = os.path.join(a.dir, f"batched{a.batch}-{d}.tcm")
-    r = run_worker("tercomp-compile", a, [f"--output-dtype={d}", f"--threads={a.threads}"])
+    r = compile_once(a, [f"--output-dtype={d}", f"--threads={a.threads}"], a.stamp)
     rows = {}
     for _ in range(a.rounds):
         if r is not None:

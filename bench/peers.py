@@ -8,9 +8,14 @@ Each directory holds that build's `llama-quantize`, `llama-bench` and `llama-emb
 (README.md names the projects, the commits measured and their cmake flags). For each peer:
 
 - its file: the bench's weights in the peer's best format, made by the peer's own
-  `llama-quantize` from a float32 GGUF of the same codes x scale (ik_llama.cpp: IQ2_BN,
-  repacked to IQ2_BN_R4 at load by `-rtr 1`; bitnet.cpp: I2_S), or the bench's TQ2_0 file
-  as written (llama.cpp); the token embedding stays float16 (tied output);
+  `llama-quantize` from a float16 GGUF of the same codes x scale (bench/lm.py
+  `write_model(projection="F16")`; ik_llama.cpp: IQ2_BN, repacked to IQ2_BN_R4 at load
+  by `-rtr 1`; bitnet.cpp: I2_S), or the bench's TQ2_0 file as written (llama.cpp); the
+  output table stays float16 (the tied token embedding, or a llama file's untied
+  `output.weight`, which ik_llama.cpp would otherwise make Q6_K). float16, not a
+  quantized type: ik_llama.cpp's ggml has no TQ2_0 to read, and of the types both tools
+  dequantize only the float ones hold ternary codes exactly; not float32, which at the
+  Llama3-8B shape is a 32 GB file;
 - its logits (`embedding_logits`): `llama-embedding --pooling none` gives the final
   norm's output at every position, times the tied float16 embedding;
 - its speed: `llama-bench -p PROMPT -n GEN -r REPEAT -t THREADS -o json`, every sample
@@ -34,24 +39,24 @@ class Peer:
     """One engine: where its files come from and how its tools are called."""
     flag: str                   # bench/lm.py's option naming the binary directory
     label: str                  # its row in the table
-    source: str                 # the bench file it starts from: "f32" or "tq2_0"
+    source: str                 # the bench file it starts from: "f16" or "tq2_0"
     quantize_type: str | None   # llama-quantize's type; None: the source file as written
     bench_args: tuple = ()      # extra llama-bench arguments
     tool_args: tuple = ()       # the same settings in the common options (llama-embedding)
     why: str = ""
 
 
-# Quantized with the token embedding kept float16, as in tercomp's file: every engine
-# reads the same output table.
-QUANTIZE_OPTIONS = ("--token-embedding-type", "f16")
+# Quantized with the token embedding and the output table kept float16, as in tercomp's
+# file: every engine reads the same output table.
+QUANTIZE_OPTIONS = ("--token-embedding-type", "f16", "--output-tensor-type", "f16")
 
 PEERS = {
     "ik_llama.cpp": Peer(
-        "ik-llama", "ik_llama.cpp IQ2_BN->R4", "f32", "IQ2_BN",
+        "ik-llama", "ik_llama.cpp IQ2_BN->R4", "f16", "IQ2_BN",
         ("-rtr", "1", "-fa", "0"), ("-rtr", "-fa", "0"),
         why="IQ2_BN repacked to the row-interleaved IQ2_BN_R4 at load (-rtr); flash "
             "attention off, which decodes faster than its default (on) at this size"),
-    "bitnet.cpp": Peer("bitnet-cpp", "bitnet.cpp I2_S", "f32", "I2_S",
+    "bitnet.cpp": Peer("bitnet-cpp", "bitnet.cpp I2_S", "f16", "I2_S",
                        why="its x86 ternary kernel for every shape (TL2 needs kernels "
                            "generated per model shape at build time)"),
     "llama.cpp": Peer("llama-cpp", "llama.cpp TQ2_0", "tq2_0", None,
@@ -73,11 +78,6 @@ def char_tokens(vocab: int) -> list[str]:
     first = [chr(c) for c in range(0x4E00, min(0x4E00 + vocab, 0xD800))]
     rest = (chr(c) for c in (*range(0xF0000, 0xFFFFE), *range(0x100000, 0x10FFFE)))
     return first + [next(rest) for _ in range(vocab - len(first))]
-
-
-def float_projection(w, gguf, name, t, scale, arch):
-    """A projection as float32 codes x scale, the input every llama-quantize takes."""
-    w.add_tensor(f"{name}.weight", t * np.float32(scale))
 
 
 def run(cmd: list[str], beside: str) -> tuple[str, str]:

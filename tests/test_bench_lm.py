@@ -144,3 +144,106 @@ def test_the_logits_check_follows_the_network_s_precision_floor():
     assert floor < 1e-5 and need == lm.COS_MIN
     floor, need = lm.check_floor(ref(0.18))          # cosine ~0.984
     assert 0.01 < floor < 0.03 and need == pytest.approx(1 - 3 * floor)
+
+
+# ------------------------------------------------ the files: written once, reused after
+def tiny(arch="llama"):
+    import argparse
+    return argparse.Namespace(hidden=256, ffn=512, vocab=300, layers=2, heads=4,
+                              kv_heads=2 if arch == "llama" else 0, arch=arch, act=None)
+
+
+@pytest.mark.parametrize("arch", ["llama", "bitnet"])
+def test_the_peers_f16_source_holds_the_tq2_0_file_s_weights(tmp_path, arch):
+    """write_model streams its tensors; its F16 form (what the peers' llama-quantize read)
+    holds the TQ2_0 file's weights: codes x scale, exactly for the llama arch (TQ2_0's
+    block scale is that f16 value), to f16's rounding of the bitnet arch's f32 `.scale`."""
+    import gguf
+    import numpy as np
+    a = tiny(arch)
+    lm.write_model(tmp_path / "m.gguf", a)
+    lm.write_model(tmp_path / "f.gguf", a, projection="F16")
+    ours = {t.name: t for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    theirs = {t.name: t for t in gguf.GGUFReader(tmp_path / "f.gguf").tensors}
+    assert set(theirs) == {n for n in ours if not n.endswith(".scale")}
+    projections = 0
+    for name, t in theirs.items():
+        mine = ours[name]
+        x = np.asarray(t.data, np.float32)
+        if mine.tensor_type.name == "TQ2_0":
+            projections += 1
+            assert t.tensor_type.name == "F16"
+            w = gguf.quants.dequantize(mine.data, mine.tensor_type).reshape(x.shape)
+            if arch == "bitnet":
+                w = w * np.asarray(ours[name[:-len("weight")] + "scale"].data)[0]
+                np.testing.assert_allclose(x, w, rtol=3e-4)
+            else:
+                np.testing.assert_array_equal(x, w)
+            assert set(np.unique(np.round(x / np.abs(x).max()))) == {-1.0, 0.0, 1.0}
+        else:
+            np.testing.assert_array_equal(x, np.asarray(mine.data, np.float32))
+    assert projections == 7 * a.layers
+
+
+def test_peer_files_convert_from_one_f16_source_then_remove_it(tmp_path, monkeypatch):
+    """Every peer's llama-quantize gets the same f16 file (with the output table kept f16),
+    which is removed after; a second run finds the peers' files and writes nothing."""
+    import argparse
+    import gguf
+    calls = []
+
+    def convert(peer, bin_dir, source, out):
+        calls.append((peer.flag, source))
+        assert {t.tensor_type.name for t in gguf.GGUFReader(source).tensors} == {"F16", "F32"}
+        open(out, "wb").close()
+    monkeypatch.setattr(peers, "convert", convert)
+    a = argparse.Namespace(**vars(tiny()), dir=str(tmp_path), model=str(tmp_path / "m.gguf"))
+    given = {"ik_llama.cpp": "IK", "bitnet.cpp": "BN", "llama.cpp": "LC"}
+    files = lm.peer_files(a, given, "T")
+    assert files == {"ik_llama.cpp": str(tmp_path / "bitnet-T-ik-llama-IQ2_BN.gguf"),
+                     "bitnet.cpp": str(tmp_path / "bitnet-T-bitnet-cpp-I2_S.gguf"),
+                     "llama.cpp": a.model}
+    assert [c[0] for c in calls] == ["ik-llama", "bitnet-cpp"]
+    assert {c[1] for c in calls} == {str(tmp_path / "bitnet-T-f16.gguf")}
+    assert not os.path.exists(tmp_path / "bitnet-T-f16.gguf")
+    assert lm.peer_files(a, given, "T") == files and len(calls) == 2
+    q = peers.QUANTIZE_OPTIONS
+    assert q[q.index("--output-tensor-type") + 1] == "f16"      # not ik's Q6_K head
+
+
+def test_a_generator_is_compiled_once_and_again_when_its_key_changes(tmp_path, monkeypatch):
+    """compile_once reuses a saved generator (and its logits check) compiled from the same
+    model file with the same options by the same tercomp; another stamp, model or option
+    compiles again and drops the old check."""
+    import argparse
+    compiles = []
+
+    def run_worker(name, a, extra=()):
+        assert name == "tercomp-compile"
+        compiles.append(list(extra))
+        open(a.artifact, "wb").close()
+        return {"compile_cold_s": 1.0, "compile_cached_s": 0.5, "compile_peak_mb": 9.0,
+                "bytes_per_token": 100}
+    monkeypatch.setattr(lm, "run_worker", run_worker)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"gguf")
+    a = argparse.Namespace(model=str(model), artifact=str(tmp_path / "g.tcm"),
+                           passthrough=["--layers=2", "--prompt=128", "--max-batch=1"])
+    stamp = {"tercomp": "abc", "iree": "3.13"}
+    first = lm.compile_once(a, ["--output-dtype=int8"], stamp)
+    assert "reused" not in first and len(compiles) == 1
+    (tmp_path / "g.tcm.check.npz").write_bytes(b"x")
+    a.passthrough[1] = "--prompt=512"               # not a compile option
+    again = lm.compile_once(a, ["--output-dtype=int8"], stamp)
+    assert again == {**first, "reused": True} and len(compiles) == 1
+    assert os.path.exists(tmp_path / "g.tcm.check.npz")
+    lm.compile_once(a, ["--output-dtype=int8"], {**stamp, "tercomp": "abd"})
+    assert len(compiles) == 2 and not os.path.exists(tmp_path / "g.tcm.check.npz")
+    lm.compile_once(a, ["--output-dtype=float16"], {**stamp, "tercomp": "abd"})
+    assert len(compiles) == 3
+    model.write_bytes(b"gguf2")                      # another model file
+    lm.compile_once(a, ["--output-dtype=float16"], {**stamp, "tercomp": "abd"})
+    assert len(compiles) == 4
+    lm.compile_once(a, ["--output-dtype=float16"], None)        # no stamp: never reused
+    lm.compile_once(a, ["--output-dtype=float16"], None)
+    assert len(compiles) == 6
