@@ -10,7 +10,7 @@ once), never a name two pieces of text agree on by convention.
 Shared pieces are macros in templates/lib.mlir (the `stream.executable` shell, a row
 load with its prefetch) and templates/avx2_quant_lib.mlir (activation quantization).
 
->>> print(render("rms_norm", name="k", n=8, rows=8, one_below=32).splitlines()[0])
+>>> print(render("rms_norm", name="k", n=8, rows=8).splitlines()[0])
 stream.executable private @k {
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ Why by hand: with a dynamic row count R, IREE 3.13 tiles the rows by 8 and masks
 tile, and on this Zen 3 machine the masked loads and stores (`vmaskmovps`) of the 7
 empty rows of a decode step's one-row tile made one RMSNorm of 1536 floats cost ~0.24 ms
 (a static R = 1 compiles to ~0.006 ms): the 97 norms of the 700M shape were ~6 ms of a
-~30 ms decode step. Here each workgroup takes ROWS rows (one below ONE_BELOW rows), one row at a time, 8 lanes
+~30 ms decode step. Here each workgroup takes ROWS rows, one row at a time, 8 lanes
 at a time, with no masking: N (and D/2) must be multiples of 8.
 """
 from __future__ import annotations
@@ -21,11 +21,6 @@ from ...ir import TensorType, is_static
 from ..template import render
 
 ROWS = 8
-#: Below this many rows (a batched decode step's few sequences) each row gets a
-#: workgroup of its own: 8 rows in one workgroup ran on one thread while the others
-#: waited (the 8-sequence step's quantize took 6.4x its one-sequence time,
-#: bench/RESULTS.md).
-ONE_BELOW = 32
 
 
 def norm_fits(n: int) -> bool:
@@ -39,13 +34,13 @@ def rope_fits(d: int) -> bool:
 def rms_norm_text(name: str, n: int) -> str:
     """(x [R, N] f32, w [N] f32, eps: f32, R: index) -> x / sqrt(mean(x^2) + eps) * w,
     computed as x * rsqrt(...) * w like the op's decomposition (templates/rms_norm.mlir)."""
-    return render("rms_norm", name=name, n=n, rows=ROWS, one_below=ONE_BELOW)
+    return render("rms_norm", name=name, n=n, rows=ROWS)
 
 
 def rope_text(name: str, heads: int, d: int) -> str:
     """(x [T, H, D] f32, cos [T, D/2], sin [T, D/2], T: index) -> x rotated in the pairs
     (i, i + D/2): (x1 c - x2 s, x2 c + x1 s) (templates/rope.mlir)."""
-    return render("rope", name=name, heads=heads, d=d, rows=ROWS, one_below=ONE_BELOW)
+    return render("rope", name=name, heads=heads, d=d, rows=ROWS)
 
 
 def _dims(rows: ir.Value, *xs: ir.Value) -> list:

@@ -1,15 +1,13 @@
 {# Macros every kernel template imports (no parameters of its own). #}
 {#
   executable: `stream.executable private @name` with one export `@name` over a workgroup
-  count along x: `groups` workgroups; or with `per_group`, ceil(m / per_group) of them
-  (and with `one_below` too, m of them, one row each, while m < one_below: a decode
-  step's few rows spread over the threads; `group_rows` gives the body the same count);
+  count along x: `groups` workgroups; or with `per_group`, ceil(m / per_group) of them;
   or with `times`, m * times;
   or with `few`, `many`, `m_min`: `many` when m >= m_min, else `few`. Its function takes
   `bindings` (stream bindings and scalars; the last one `%m: index`, the workload, whose
   name the export uses too) and runs the body of the call block before `return`.
 #}
-%% macro executable(name, bindings, groups=none, per_group=none, few=none, many=none, m_min=none, times=none, one_below=none)
+%% macro executable(name, bindings, groups=none, per_group=none, few=none, many=none, m_min=none, times=none)
 stream.executable private @{{ name }} {
   stream.executable.export public @{{ name }} workgroups(%m: index) -> (index, index, index) {
     %c1 = arith.constant 1 : index
@@ -24,11 +22,6 @@ stream.executable private @{{ name }} {
 %% elif times is not none
     %times = arith.constant {{ times }} : index
     %g = arith.muli %m, %times : index
-%% elif one_below is not none
-    %gp = affine.apply affine_map<()[s0] -> (s0 ceildiv {{ per_group }})>()[%m]
-    %below = arith.constant {{ one_below }} : index
-    %few = arith.cmpi ult, %m, %below : index
-    %g = arith.select %few, %m, %gp : index
 %% else
     %g = affine.apply affine_map<()[s0] -> (s0 ceildiv {{ per_group }})>()[%m]
 %% endif
@@ -55,20 +48,5 @@ stream.executable private @{{ name }} {
 %% if pre is not none
 {{ pre }} = affine.apply affine_map<(d0) -> (d0 + {{ ahead }})>({{ row }})
 memref.prefetch {{ mem }}[{{ pre }}, {{ col }}], read, locality<{{ locality }}>, data : {{ mem_type }}
-%% endif
-%% endmacro
-{#
-  group_rows: %crows, the rows of x a workgroup of `executable(..., per_group, one_below)`
-  takes (1 while %m < one_below, else per_group; one_below none: per_group).
-#}
-%% macro group_rows(per_group, one_below=none)
-%% if one_below is none
-      %crows = arith.constant {{ per_group }} : index
-%% else
-      %cpg = arith.constant {{ per_group }} : index
-      %cone = arith.constant 1 : index
-      %cbelow = arith.constant {{ one_below }} : index
-      %mfew = arith.cmpi ult, %m, %cbelow : index
-      %crows = arith.select %mfew, %cone, %cpg : index
 %% endif
 %% endmacro

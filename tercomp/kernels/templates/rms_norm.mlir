@@ -1,4 +1,4 @@
-{# params: name, n, rows, one_below #}
+{# params: name, n, rows #}
 {#
   (x [R, N] f32, w [N] f32, eps: f32, R: index) -> x / sqrt(mean(x^2) + eps) * w, computed
   as x * rsqrt(...) * w like the op's decomposition; `rows` rows a workgroup, one at a
@@ -8,8 +8,8 @@
 %% import "rows_lib.mlir" as rl
 %% set v8 = "vector<8xf32>"
 %% set xt = "memref<?x%dxf32>" % n
-%% call lib.executable(name, "%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %eps: f32, %m: index", per_group=rows, one_below=one_below)
-{{ rl.rows_prologue(rows, one_below) }}
+%% call lib.executable(name, "%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %eps: f32, %m: index", per_group=rows)
+{{ rl.rows_prologue(rows) }}
       %cn = arith.constant {{ n }} : index
       %nf = arith.constant {{ "%r" % (n * 1.0) }} : f32
       %z8 = arith.constant dense<0.0> : {{ v8 }}

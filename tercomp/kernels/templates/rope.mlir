@@ -1,4 +1,4 @@
-{# params: name, heads, d, rows, one_below #}
+{# params: name, heads, d, rows #}
 {#
   (x [T, H, D] f32, cos [T, D/2], sin [T, D/2], T: index) -> x rotated in the pairs
   (i, i + D/2): (x1 c - x2 s, x2 c + x1 s); `rows` positions a workgroup, 8 lanes at a
@@ -10,8 +10,8 @@
 %% set half = d // 2
 %% set xt = "memref<?x%dx%dxf32>" % (heads, d)
 %% set tt = "memref<?x%dxf32>" % half
-%% call lib.executable(name, "%bx: !stream.binding, %bc: !stream.binding, %bs: !stream.binding, %bo: !stream.binding, %m: index", per_group=rows, one_below=one_below)
-{{ rl.rows_prologue(rows, one_below) }}
+%% call lib.executable(name, "%bx: !stream.binding, %bc: !stream.binding, %bs: !stream.binding, %bo: !stream.binding, %m: index", per_group=rows)
+{{ rl.rows_prologue(rows) }}
       %ch = arith.constant {{ heads }} : index
       %chalf = arith.constant {{ half }} : index
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> {{ xt }}{%m}

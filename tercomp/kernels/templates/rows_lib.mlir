@@ -1,11 +1,10 @@
 {# rows_prologue: the index constants of a row kernel and the rows [%r0, %r1) of this
    workgroup, `rows` rows a workgroup out of %m. #}
-%% import "lib.mlir" as lib
-%% macro rows_prologue(rows, one_below=none)
+%% macro rows_prologue(rows)
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c8 = arith.constant 8 : index
-{{ lib.group_rows(rows, one_below) }}
+      %crows = arith.constant {{ rows }} : index
       %wg = stream.dispatch.workgroup.id[0] : index
       %r0 = arith.muli %wg, %crows : index
       %r1u = arith.addi %r0, %crows : index

@@ -1,9 +1,8 @@
-{# params: name, kb, kx, rows, one_below, eps, c127, lo, hi #}
+{# params: name, kb, kx, rows, eps, c127, lo, hi #}
 {#
   The quantize dispatch of the avx2 ternary kernel: x [M, 4 KB] f32 quantized once for
   every matmul that reads it into q [M, 4 KB] i8 (the codes) and stats [M, 2] f32 (the
-  codes' sum, exact in f32 below 2^24, and max(amax, eps)), `rows` rows a workgroup (one
-  while M < `one_below`: a decode step's rows on every thread).
+  codes' sum, exact in f32 below 2^24, and max(amax, eps)), `rows` rows a workgroup.
   With `kx` (a multiple of 8 below 4 KB) x is [M, kx], unpadded, and the codes' columns
   from kx on are zeros: the matmul's zero padding of K without a padded copy of x.
 #}
@@ -12,9 +11,9 @@
 %% set kp = 4 * kb
 %% set qt = "memref<?x%dxi8>" % kp
 %% set xcols = kp if kx is none else kx
-%% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %m: index", per_group=rows, one_below=one_below)
+%% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %m: index", per_group=rows)
 {{ quant.common(kp, 2, eps, c127, lo, hi) }}
-{{ lib.group_rows(rows, one_below) }}
+      %crows = arith.constant {{ rows }} : index
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{{ xcols }}xf32>{%m}
 %% if kx is not none
       %ckx = arith.constant {{ kx }} : index

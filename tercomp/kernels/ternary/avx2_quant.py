@@ -26,18 +26,15 @@ def quant_literals() -> dict:
 
 #: Rows of x per workgroup of the quantize dispatch.
 QUANT_ROWS = 8
-#: Below this many rows each row of x gets a workgroup of its own, so a batched decode
-#: step's few rows spread over the threads (rows_cpu.ONE_BELOW says why).
-QUANT_ONE_BELOW = 32
 
 
 def quantize_text(name: str, kb: int, kx: int | None = None) -> str:
     """The `stream.executable @name` (templates/ternary_avx2_quant.mlir) whose export
     quantizes x [M, 4 KB] f32 once for every matmul that reads it: q [M, 4 KB] i8 (the
     codes) and stats [M, 2] f32 (the codes' sum, exact in f32 below 2^24, and max(amax,
-    eps)), QUANT_ROWS rows a workgroup (one below QUANT_ONE_BELOW rows). `kx`: x is [M, kx] (kx < 4 KB, a multiple of 8),
+    eps)), QUANT_ROWS rows a workgroup. `kx`: x is [M, kx] (kx < 4 KB, a multiple of 8),
     the codes zero from column kx on."""
-    return render("ternary_avx2_quant", name=name, kb=kb, kx=kx, rows=QUANT_ROWS, one_below=QUANT_ONE_BELOW,
+    return render("ternary_avx2_quant", name=name, kb=kb, kx=kx, rows=QUANT_ROWS,
                   **quant_literals())
 
 
