@@ -10,6 +10,11 @@
       %c{{ b }} = arith.constant {{ b }} : index
 %% endfor
       %c8 = arith.constant 8 : index
+      %c0x = arith.constant 0 : index
+      %c8x = arith.constant 8 : index
+      %c16x = arith.constant 16 : index
+      %c24x = arith.constant 24 : index
+      %c32 = arith.constant 32 : index
       %ckp = arith.constant {{ kp }} : index
       %eps = arith.constant {{ eps }} : f32
       %c127 = arith.constant {{ c127 }} : f32
@@ -30,12 +35,29 @@
 %% set vf, vi, vb = "vector<8xf32>", "vector<8xi32>", "vector<8xi8>"
 %% set xt = "memref<?x%dxf32>" % (kp if kx is none else kx)
 %% set bound = "%ckp" if kx is none else "%ckx"
+%% if (kp if kx is none else kx) % 32 == 0
+{# four independent max chains (a NaN-propagating max is 3-4 dependent instructions a
+   vector: one chain bounded the row at ~1 cycle an element); max is exact in any order #}
+          %amq{{ b }}:4 = scf.for %k = %c0 to {{ bound }} step %c32 iter_args(%a0 = %zf8, %a1 = %zf8, %a2 = %zf8, %a3 = %zf8) -> ({{ vf }}, {{ vf }}, {{ vf }}, {{ vf }}) {
+%% for j in range(4)
+            %k{{ j }} = arith.addi %k, %c{{ 8 * j }}x : index
+            %v{{ j }} = vector.load %x[{{ row }}, %k{{ j }}] : {{ xt }}, {{ vf }}
+            %av{{ j }} = math.absf %v{{ j }} : {{ vf }}
+            %an{{ j }} = arith.maximumf %a{{ j }}, %av{{ j }} : {{ vf }}
+%% endfor
+            scf.yield %an0, %an1, %an2, %an3 : {{ vf }}, {{ vf }}, {{ vf }}, {{ vf }}
+          }
+          %amp{{ b }} = arith.maximumf %amq{{ b }}#0, %amq{{ b }}#1 : {{ vf }}
+          %amr{{ b }} = arith.maximumf %amq{{ b }}#2, %amq{{ b }}#3 : {{ vf }}
+          %amv{{ b }} = arith.maximumf %amp{{ b }}, %amr{{ b }} : {{ vf }}
+%% else
           %amv{{ b }} = scf.for %k = %c0 to {{ bound }} step %c8 iter_args(%a = %zf8) -> ({{ vf }}) {
             %v = vector.load %x[{{ row }}, %k] : {{ xt }}, {{ vf }}
             %av = math.absf %v : {{ vf }}
             %an = arith.maximumf %a, %av : {{ vf }}
             scf.yield %an : {{ vf }}
           }
+%% endif
           %amax{{ b }} = vector.reduction <maximumf>, %amv{{ b }} : {{ vf }} into f32
           {{ amc }} = arith.maximumf %amax{{ b }}, %eps : f32
           %qs{{ b }} = arith.divf %c127, {{ amc }} : f32
