@@ -89,7 +89,7 @@ stream.executable private @k {{
 
 
 def chain(threads: int, rounds: int):
-    cfg = rt.Config(device=open_device(f"local-task?threads={threads}"))
+    cfg = rt.Config(device=open_device(f"local-task?threads={threads}").device)
     x = np.zeros(N, np.float32)
     calls = {}
     for groups in (1, 8):

@@ -1170,9 +1170,14 @@ def test_sigterm_finishes_or_errors_every_open_request(tcm):
     try:
         with cf.ThreadPoolExecutor(16) as pool:
             streams = [pool.submit(stream) for _ in range(SLOTS)]
+            deadline = time.monotonic() + 30
+            # the streams hold every slot before the others queue (on a loaded machine a
+            # plain request could otherwise overtake a stream and leave it waiting)
+            while httpx.get(f"{url}/health", timeout=5).json()["running"] < SLOTS:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
             whole = [pool.submit(httpx.post, f"{url}/v1/completions", json=long, timeout=30)
                      for _ in range(12)]
-            deadline = time.monotonic() + 30
             while httpx.get(f"{url}/health", timeout=5).json()["waiting"] < 8:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)

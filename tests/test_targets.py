@@ -154,6 +154,29 @@ def test_vulkan_runs_and_matches_numpy(xy, mlp):
     np.testing.assert_array_equal(ints(a, a[::-1]), a * a[::-1] - a)
 
 
+@needs_vulkan
+def test_a_gpu_device_is_shared_and_closes_with_its_last_module(xy):
+    # iree.runtime's get_device keeps a device for the life of the process, and an open
+    # lavapipe device polls from two threads: a process that once ran on Vulkan burned two
+    # cores while idle. tercomp's modules share the device and close it with the last one.
+    import gc
+    from tercomp.runtime import devices
+    tasks = lambda: len(os.listdir("/proc/self/task"))
+    gc.collect()
+    before = tasks()
+    a = tc.compile(fn, B, B, target="vulkan")
+    b = tc.compile(lambda x, y: x - y, B, B, target="vulkan")
+    np.testing.assert_allclose(b(a(*xy), xy[1]), fn_ref(*xy) - xy[1], rtol=1e-5, atol=1e-5)
+    assert a._held is b._held and devices._held.get("vulkan") is a._held
+    assert tasks() > before                   # the driver's threads
+    del a, b
+    gc.collect()
+    assert "vulkan" not in devices._held
+    assert tasks() <= before
+    again = tc.compile(fn, B, B, target="vulkan")
+    np.testing.assert_allclose(again(*xy), fn_ref(*xy), rtol=1e-5, atol=1e-5)
+
+
 @needs_cuda
 def test_cuda_runs_and_matches_numpy(xy, mlp):
     exe = tc.compile(mlp, B, target="cuda")

@@ -175,7 +175,8 @@ class CompiledModule:
                     f"no device here runs this module (compiled for {', '.join(self.targets)}, "
                     f"which needs {' or '.join(dict.fromkeys(wanted))})",
                     hint=f"available drivers: {', '.join(available_drivers())}")
-            hal_device = open_device(self.device, self.threads)
+            held = open_device(self.device, self.threads)
+            hal_device = held.device
             warn_if_lavapipe_mismatch(self.device, self.meta.get("flags", ()))
             config = rt.Config(device=hal_device)
             ctx = rt.SystemContext(config=config)
@@ -200,7 +201,7 @@ class CompiledModule:
             except Exception as e:
                 raise DeviceUnavailable(f"the module does not load on {self.device}: {e}",
                                         hint=f"it was compiled for {', '.join(self.targets)}") from None
-            self._ctx, self._hal_device, self._fn = ctx, hal_device, fn
+            self._ctx, self._held, self._hal_device, self._fn = ctx, held, hal_device, fn
         return self._fn
 
     def __repr__(self):
