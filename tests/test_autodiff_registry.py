@@ -334,10 +334,9 @@ def test_grad_compiled(opname):
 
 
 # -- (d) the compiled gradient on Vulkan (lavapipe) against the CPU's -------------------------
-# A sample by default (one op of each family: elementwise, reduction, matmul, shape,
-# indexing, composite); the whole registry with -m slow.
-VULKAN_SAMPLE = {"tanh", "div", "sum", "max", "matmul", "transpose", "take", "softmax",
-                 "where", "rms_norm", "concatenate"}
+# A sample by default (elementwise, reduction, matmul, indexing, composite: lavapipe's
+# compiles and runs cost the 2-core CI ~6 s an op); the whole registry with -m slow.
+VULKAN_SAMPLE = {"div", "sum", "matmul", "take", "softmax"}
 
 
 def _vulkan_params():
