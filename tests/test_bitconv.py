@@ -126,12 +126,15 @@ def test_patches_are_quantized_from_the_padded_input_in_one_dispatch(cls, x_shap
 
 @pytest.mark.parametrize("x_shape, kw, spec", [
     ((3, 8, 16, 16), dict(padding=1), "B"),              # 16 positions a row: vector loads
-    ((2, 16, 8, 8), dict(padding=1), "B"),               # 8 a row: each block gathered
-    ((2, 8, 32, 32), dict(stride=2, padding=1), "B"),    # stride 2: gathered
-    ((2, 32, 8, 8), dict(kernel_size=1, stride=2), "B"), # 1x1, K = 32
+    ((2, 16, 8, 8), dict(padding=1), "B"),               # 8 a row: 2 loads a column
+    ((2, 16, 4, 4), dict(padding=1), "B"),               # 4 a row: 4 loads a column
+    ((2, 8, 32, 32), dict(stride=2, padding=1), "B"),    # stride 2: 32 floats, the evens
+    ((2, 8, 16, 16), dict(stride=2, padding=1), "B"),    # stride 2, 8 a row: masked loads
+    ((2, 32, 8, 8), dict(kernel_size=1, stride=2), "B"), # 1x1, K = 32, 4 a row at stride 2
     ((2, 3, 16, 16), dict(padding=1), "B"),              # K = 27 (a stem): KB = 8
     ((4, 8, 6, 6), dict(padding=1), 4),                  # 36 positions, M = 144: blocks
-                                                         # across images, [M, N] out
+                                                         # across images, [M, N] out,
+                                                         # 6 a row: gathered
     ((2, 64, 16, 16), dict(padding=1), "B"),             # K = 576 in planes of 144
     ((16, 64, 9, 9), dict(stride=2, padding=1), 16),     # K = 576, odd size, stride 2
 ])

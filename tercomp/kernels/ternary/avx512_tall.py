@@ -23,7 +23,13 @@ kernel splits N), so the weights of a small N stay in L1/L2 for every block of x
 The quantize dispatch reads a convolution's padded input directly where x is its
 im2col (as `im2col_quant` does for the avx512 kernel), a plain x [M, K] otherwise; a
 block's 16 rows are one vector load a column where they are 16 neighbouring output
-positions at stride 1, else a gather. Two measured savings (bench/RESULTS.md,
+positions at stride 1; runs of one output row each (OW a multiple of 16 at a stride, OW
+= 4 or 8) are 1-4 loads merged by shuffles (`segments`: this host's gathers ran at
+about a quarter of that rate), anything else a gather. A column's offset in the image
+comes from a constant table in the executable (built on each workgroup's stack before,
+it was about half the instructions of the 64-channel layers' dispatch). Together, at
+batch 32 (bench/RESULTS.md, 2026-11-27 23:15-): the quantize dispatches 20 -> 11 ms.
+Two measured savings (bench/RESULTS.md,
 2026-11-27 19:40-20:00): q holds 4 KQ columns (`q_columns`: K / 4 rounded up to 16),
 not the packed 4 KB, the decode regrouping the weights to match (K = 576 packs to 768,
 whose fourth plane is padding: a quarter of the products were on zeros); and a patch
@@ -33,8 +39,7 @@ instead of K.
 
 Needs: llvm-cpu on a host with AVX-512 VNNI, M a multiple of 16 (a static M, or a
 symbolic one whose factor is: `m_multiple`), N a multiple of ROWS, 4 KB at most MAX_KP
-(the decoded rows and the column table fit the stack). Where the table picks it: N at
-most 512 (at an LLM's 128 x 1536 x 4096 the avx512 kernel measured 4x faster).
+(the decoded rows fit the stack). Where the table picks it: N at most 512 (at an LLM's 128 x 1536 x 4096 the avx512 kernel measured 4x faster).
 """
 from __future__ import annotations
 
@@ -61,9 +66,8 @@ BLOCKS = 4
 GROUPS = 4
 #: Blocks of 16 rows a workgroup of the quantize dispatch.
 QUANT_BLOCKS = 4
-#: The largest padded K: the decoded weight rows (ROWS x KB x 4 bytes) and the quantize
-#: dispatch's column table (4 bytes a column) on the stack, 24 KiB each at 6144, within
-#: IREE's 32 KiB default (3x3 at 512 channels: K = 4608).
+#: The largest padded K: the decoded weight rows (ROWS x KB x 4 bytes) on the stack, 24
+#: KiB at 6144, within IREE's 32 KiB default (3x3 at 512 channels: K = 4608).
 MAX_KP = 6144
 
 
@@ -124,10 +128,53 @@ def quantize_text(name: str, kb: int, k: int, image, kernel, stride, dilation, o
     kernel's q and stats. With `amap` the export takes `amax_map`'s [N, HP, WP] after
     the input and each row's absmax is the max of its kernel's positions there."""
     (c, hp, wp), (kh, kw), (sh, sw), (dh, dw), (oh, ow) = image, kernel, stride, dilation, out
+    contiguous = sw == 1 and ow % LANES == 0
+    offsets = [(col // (kh * kw)) * hp * wp + (col % (kh * kw) // kw) * dh * wp + (col % kw) * dw
+               for col in range(k)]
     return render("ternary_lanes_quant", name=name, kb=kb, k=k, c=c, hp=hp, wp=wp, kh=kh,
-                  kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow,
-                  contiguous=(sw == 1 and ow % LANES == 0), amap=amap, blocks=QUANT_BLOCKS,
+                  kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow, contiguous=contiguous,
+                  segs=None if contiguous else segments(ow, sw), offsets=offsets, amap=amap,
+                  blocks=QUANT_BLOCKS,
                   **{k: v for k, v in quant_literals().items() if k in ('eps', 'c127')})
+
+
+def segments(ow: int, sw: int) -> dict | None:
+    """How the quantize dispatch loads a column of a block of 16 patch rows without a
+    gather, where they are runs of `w` output positions of one row each (OW a multiple of
+    16: one run; OW = 4 or 8: 16 / OW rows): `count` loads of `span` floats (a power of
+    two, masked to the `need` = (w - 1) sw + 1 a run reads when larger), every sw-th kept,
+    merged pairwise by `steps` (dst, a, b, shuffle mask, len a, len b; loads are 0 ..
+    count - 1, the last dst the column). None where a gather it stays (OW = 1: a plain
+    x's rows, or OW not dividing 16).
+
+    >>> segments(16, 2)['steps']
+    [(1, 0, 0, [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30], 32, 32)]
+    >>> [(d, a, b, n, m) for d, a, b, _, n, m in segments(4, 1)['steps']]
+    [(4, 0, 1, 4, 4), (5, 2, 3, 4, 4), (6, 4, 5, 8, 8)]
+    >>> segments(7, 1), segments(1, 1)
+    (None, None)
+    """
+    if ow % LANES == 0:
+        w, count = LANES, 1
+    elif ow >= 4 and LANES % ow == 0:
+        w, count = ow, LANES // ow
+    else:
+        return None
+    need = (w - 1) * sw + 1
+    span = 1 << (need - 1).bit_length()
+    items = [(i, span, [j * sw for j in range(w)]) for i in range(count)]
+    steps, nid = [], count
+    if count == 1:
+        steps.append((nid, 0, 0, items[0][2], span, span))
+    while len(items) > 1:
+        merged = []
+        for (a, la, sa), (b, lb, sb) in zip(items[::2], items[1::2]):
+            mask = sa + [la + i for i in sb]
+            steps.append((nid, a, b, mask, la, lb))
+            merged.append((nid, len(mask), list(range(len(mask)))))
+            nid += 1
+        items = merged
+    return dict(count=count, w=w, span=span, need=need, masked=span != need, steps=steps)
 
 
 def _index(v: int) -> ir.Value:
