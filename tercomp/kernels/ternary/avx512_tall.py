@@ -177,6 +177,46 @@ def segments(ow: int, sw: int) -> dict | None:
     return dict(count=count, w=w, span=span, need=need, masked=span != need, steps=steps)
 
 
+def unpadded_text(name: str, kb: int, image, kernel, stride, dilation, out, pad) -> str:
+    """The `stream.executable @name` (templates/ternary_lanes_quant_unpadded.mlir):
+    `quantize_text`'s dispatch with `amap` reading the unpadded input [N, C, H, W]
+    (`image` = (C, H, W)) of a convolution padded by `pad` = (top, left) (zeros by masked
+    loads), for a KH x KW kernel (> 1) whose K = 4 kb and kb a multiple of KH KW, and
+    `segments` of the output width and stride."""
+    (c, h, w), (kh, kw), (sh, sw), (dh, dw), (oh, ow) = image, kernel, stride, dilation, out
+    return render("ternary_lanes_quant_unpadded", name=name, kb=kb, c=c, h=h, w=w, kh=kh, kw=kw,
+                  sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow, pt=pad[0], pl=pad[1],
+                  segs=segments(ow, sw), blocks=QUANT_BLOCKS,
+                  **{k: v for k, v in quant_literals().items() if k in ('eps', 'c127')})
+
+
+def unpadded(xp: ir.Value):
+    """(x, (top, left)) where the padded input xp [N, C, HP, WP] is x [N, C, H, W] (H and
+    W static) put into zeros at static offsets (ops/conv.py's `_pad_input`: a
+    tensor.insert_slice into a zero linalg.fill), else None."""
+    if not hasattr(xp.owner, "name"):
+        return None
+    op = getattr(xp.owner, "operation", xp.owner)
+    if op.name != "tensor.insert_slice":       # (a symbolic batch: its size an operand too)
+        return None
+    src, dest = op.operands[0], op.operands[1]
+    offs = list(ir.DenseI64ArrayAttr(op.attributes["static_offsets"]))
+    strides = list(ir.DenseI64ArrayAttr(op.attributes["static_strides"]))
+    st = ir.RankedTensorType(src.type)
+    if (len(offs) != 4 or offs[:2] != [0, 0] or min(offs) < 0 or strides != [1] * 4
+            or st.rank != 4 or any(st.is_dynamic_dim(i) for i in (1, 2, 3))):
+        return None
+    if not hasattr(dest.owner, "name"):
+        return None
+    fill = getattr(dest.owner, "operation", dest.owner)
+    if fill.name != "linalg.fill" or not hasattr(fill.operands[0].owner, "name"):
+        return None
+    cst = getattr(fill.operands[0].owner, "operation", fill.operands[0].owner)
+    if cst.name != "arith.constant" or ir.FloatAttr(cst.attributes["value"]).value != 0.0:
+        return None
+    return src, (offs[2], offs[3])
+
+
 def _index(v: int) -> ir.Value:
     return arith.constant(ir.IndexType.get(), v)
 
@@ -220,17 +260,21 @@ def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
     else:
         xp, c, hp, wp = kern.x, kern.k, 1, 1
         kernel, stride, dilation, out = (1, 1), (1, 1), (1, 1), (1, 1)
-    vol = c * hp * wp
+    kq = q_columns(kern.k, kern.kb)
+    amap = found is not None and kernel[0] * kernel[1] > 1
     xt = ir.RankedTensorType(xp.type)
     dyn = xt.is_dynamic_dim(0)
+    un = (unpadded(xp) if amap and 4 * kq == kern.k and kq % (kernel[0] * kernel[1]) == 0
+          and segments(out[1], stride[1]) is not None and xt.rank == 4 else None)
+    if un is not None:
+        return _quantized_unpadded(kern, m, dims, un, kq, kernel, stride, dilation, out, dyn)
+    vol = c * hp * wp
     flat_t = ir.RankedTensorType.get(
         [ir.ShapedType.get_dynamic_size() if dyn else xt.get_dim_size(0) * vol], xt.element_type)
     flat = tensor.collapse_shape(flat_t, xp, [list(range(xt.rank))])
     nimg = tensor.dim(xp, _index(0)) if dyn else _index(xt.get_dim_size(0))
     arg_dims = [arith.muli(nimg, _index(vol))] if dyn else []
     geo = "x".join(map(str, (c, hp, wp))) + "_k%dx%d_s%dx%d_d%dx%d" % (*kernel, *stride, *dilation)
-    kq = q_columns(kern.k, kern.kb)
-    amap = found is not None and kernel[0] * kernel[1] > 1
     name = f"tern_lanes_quant_{kq}_{kern.k}_c{geo}" + ("_amap" if amap else "")
     ensure_executable(name, lambda: quantize_text(name, kq, kern.k, (c, hp, wp), kernel,
                                                   stride, dilation, out, amap))
@@ -239,6 +283,29 @@ def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
         args.append(amax_map(xp, nimg, dyn))
         arg_dims = arg_dims + ([arith.muli(nimg, _index(hp * wp))] if dyn else [])
     return dispatch(name, name, [m], [*args, nimg, m], arg_dims,
+                    [kern.ttype([4 * kq], ir.IntegerType.get_signless(8)),
+                     kern.ttype([2], kern.f32)], dims + dims)
+
+
+def _quantized_unpadded(kern, m, dims, un, kq, kernel, stride, dilation, out, dyn):
+    """`quantized`'s [q, stats] from the convolution's unpadded input (`un`: `unpadded`'s
+    (x, pad)): the pad copy goes (bench/RESULTS.md: 3.2-3.9 ms of the ResNet's forward at
+    batch 32)."""
+    x, pad = un
+    xt = ir.RankedTensorType(x.type)
+    nimg = tensor.dim(x, _index(0)) if dyn else _index(xt.get_dim_size(0))
+    c, h, w = (xt.get_dim_size(i) for i in (1, 2, 3))
+    vol = c * h * w
+    flat_t = ir.RankedTensorType.get(
+        [ir.ShapedType.get_dynamic_size() if dyn else xt.get_dim_size(0) * vol], xt.element_type)
+    flat = tensor.collapse_shape(flat_t, x, [[0, 1, 2, 3]])
+    arg_dims = [arith.muli(nimg, _index(vol)), arith.muli(nimg, _index(h * w))] if dyn else []
+    geo = "x".join(map(str, (c, h, w))) + "_k%dx%d_s%dx%d_d%dx%d_p%dx%d" % (
+        *kernel, *stride, *dilation, *pad)
+    name = f"tern_lanes_quant_{kq}_{kern.k}_c{geo}_unpadded"
+    ensure_executable(name, lambda: unpadded_text(name, kq, (c, h, w), kernel, stride, dilation,
+                                                  out, pad))
+    return dispatch(name, name, [m], [flat, amax_map(x, nimg, dyn), nimg, m], arg_dims,
                     [kern.ttype([4 * kq], ir.IntegerType.get_signless(8)),
                      kern.ttype([2], kern.f32)], dims + dims)
 
