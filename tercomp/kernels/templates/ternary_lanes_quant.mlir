@@ -25,6 +25,8 @@
   run at ~1/4 the rate of loads and shuffles (a plain x [M, K], OW = 1, still gathers).
   Every block lies in one image (OH OW % 16 == 0: the kernel row's condition on M).
   A column's offset in the image is `offsets[col]`, a constant table in the module.
+  (A 3x3 conv of 64+ channels takes ternary_lanes_quant_unpadded.mlir instead: the
+  input before its padding, no pad copy.)
 
   With `amap`, a second input a [N, HP, WP] holds max over the channels of |x| at each
   padded position (avx512_tall.amax_map), and a row's absmax is the max of a over the

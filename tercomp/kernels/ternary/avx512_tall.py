@@ -27,19 +27,24 @@ positions at stride 1; runs of one output row each (OW a multiple of 16 at a str
 = 4 or 8) are 1-4 loads merged by shuffles (`segments`: this host's gathers ran at
 about a quarter of that rate), anything else a gather. A column's offset in the image
 comes from a constant table in the executable (built on each workgroup's stack before,
-it was about half the instructions of the 64-channel layers' dispatch). Together, at
-batch 32 (bench/RESULTS.md, 2026-11-27 23:15-): the quantize dispatches 20 -> 11 ms.
-Two measured savings (bench/RESULTS.md,
-2026-11-27 19:40-20:00): q holds 4 KQ columns (`q_columns`: K / 4 rounded up to 16),
-not the packed 4 KB, the decode regrouping the weights to match (K = 576 packs to 768,
-whose fourth plane is padding: a quarter of the products were on zeros); and a patch
+it was about half the instructions of the 64-channel layers' dispatch). A 3x3 conv
+whose K is four whole planes of kernel positions (64+ channels) is quantized from its
+UNPADDED input instead (`unpadded`, templates/ternary_lanes_quant_unpadded.mlir: masked
+loads at the borders), so the convolution's pad copy goes. Measured on bench/conv.py's
+ResNet at batch 32 (bench/RESULTS.md, 2026-11-27 23:15-23:36): quantizes 10.8 -> 6.3
+ms, pad copies 1.6 -> 0 (quiet), the forward 0.81x main's; conv.py 0.49-0.50x jax's.
+Two earlier measured savings (bench/RESULTS.md, 2026-11-27 19:40-20:00): q holds 4 KQ
+columns (`q_columns`: K / 4 rounded up to 16), not the packed 4 KB, the decode
+regrouping the weights to match (K = 576 packs to 768, whose fourth plane is padding: a
+quarter of the products were on zeros); and a patch
 row's absmax is the max over its kernel's positions of a per-position map of max |x|
 over the channels (`amax_map`, one small dispatch), the same number in KH KW reads
 instead of K.
 
 Needs: llvm-cpu on a host with AVX-512 VNNI, M a multiple of 16 (a static M, or a
 symbolic one whose factor is: `m_multiple`), N a multiple of ROWS, 4 KB at most MAX_KP
-(the decoded rows fit the stack). Where the table picks it: N at most 512 (at an LLM's 128 x 1536 x 4096 the avx512 kernel measured 4x faster).
+(the decoded rows fit the stack). Where the table picks it: N at most 512 (at an LLM's
+128 x 1536 x 4096 the avx512 kernel measured 4x faster).
 """
 from __future__ import annotations
 
@@ -253,7 +258,9 @@ def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
     """[q, stats] of the matmul's x in the tall kernel's layout, typed as [M, 4 KQ] i8
     (KQ: `q_columns`) and [M, 2] f32 (the same bytes): from the padded
     input where x is a convolution's im2col (`found`: im2col_quant.patches_source of x),
-    else from x."""
+    from the input before its padding (`unpadded`) where the kernel is > 1x1, K four
+    whole planes of kernel positions and the rows of a block runs of output rows
+    (`segments`), else from x."""
     if found is not None:
         xp, image, kernel, stride, dilation, out = found
         c, hp, wp = image
