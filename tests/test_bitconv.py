@@ -126,12 +126,15 @@ def test_patches_are_quantized_from_the_padded_input_in_one_dispatch(cls, x_shap
 
 @pytest.mark.parametrize("x_shape, kw, spec", [
     ((3, 8, 16, 16), dict(padding=1), "B"),              # 16 positions a row: vector loads
-    ((2, 16, 8, 8), dict(padding=1), "B"),               # 8 a row: each block gathered
-    ((2, 8, 32, 32), dict(stride=2, padding=1), "B"),    # stride 2: gathered
-    ((2, 32, 8, 8), dict(kernel_size=1, stride=2), "B"), # 1x1, K = 32
+    ((2, 16, 8, 8), dict(padding=1), "B"),               # 8 a row: 2 loads a column
+    ((2, 16, 4, 4), dict(padding=1), "B"),               # 4 a row: 4 loads a column
+    ((2, 8, 32, 32), dict(stride=2, padding=1), "B"),    # stride 2: 32 floats, the evens
+    ((2, 8, 16, 16), dict(stride=2, padding=1), "B"),    # stride 2, 8 a row: masked loads
+    ((2, 32, 8, 8), dict(kernel_size=1, stride=2), "B"), # 1x1, K = 32, 4 a row at stride 2
     ((2, 3, 16, 16), dict(padding=1), "B"),              # K = 27 (a stem): KB = 8
     ((4, 8, 6, 6), dict(padding=1), 4),                  # 36 positions, M = 144: blocks
-                                                         # across images, [M, N] out
+                                                         # across images, [M, N] out,
+                                                         # 6 a row: gathered
     ((2, 64, 16, 16), dict(padding=1), "B"),             # K = 576 in planes of 144
     ((16, 64, 9, 9), dict(stride=2, padding=1), 16),     # K = 576, odd size, stride 2
 ])
@@ -155,6 +158,35 @@ def test_tall_kernel_matches_the_layer(x_shape, kw, spec):
     x = np.random.default_rng(12).standard_normal(x_shape).astype(np.float32) * 2
     x[0, :, 1] = 40.0
     for batch in ((1, x_shape[0]) if spec == "B" else (x_shape[0],)):
+        np.testing.assert_allclose(exe(x[:batch]), layer(x[:batch]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape, kw", [
+    ((2, 64, 16, 16), dict(padding=1)),                      # 16 a row: one load a column
+    ((2, 64, 8, 8), dict(padding=1)),                        # 8 a row: two
+    ((2, 64, 4, 4), dict(padding=1)),                        # 4 a row: four, every row a border
+    ((2, 64, 16, 16), dict(stride=2, padding=1)),            # stride 2, 8 a row
+    ((1, 64, 32, 32), dict(stride=2, padding=1)),            # stride 2, 16 a row: 32 floats
+    ((2, 64, 16, 16), dict(padding=((2, 0), (0, 2)))),       # one-sided pads
+    ((2, 64, 16, 16), dict(padding=2, dilation=2)),
+])
+def test_tall_kernel_reads_the_unpadded_input(x_shape, kw):
+    """Where K is four whole planes of kernel positions (64 channels at 3x3: K = 576),
+    the tall kernel's quantize reads the convolution's unpadded input with masked loads
+    at the borders (no pad copy): the layer's numbers, with outliers on the border rows
+    and columns (the absmax through the masked map)."""
+    from tercomp.kernels.table import VNNI, host_cpu_features
+    if VNNI not in host_cpu_features():
+        pytest.skip("host CPU lacks AVX-512 VNNI")
+    nn.manual_seed(5)
+    layer = nn.BitConv2d(64, 8, 3, **kw)
+    exe = tc.compile(layer, tc.spec(("B",) + x_shape[1:]), cache=False)
+    mlir = exe.ir("mlir")
+    assert 'strategy = "avx512-tall"' in exe.ir("ternary") and "_unpadded" in mlir
+    x = np.random.default_rng(2).standard_normal(x_shape).astype(np.float32)
+    x[0, :, 0] = 30.0
+    x[-1, 3, :, -1] = -50.0
+    for batch in (1, x_shape[0]):
         np.testing.assert_allclose(exe(x[:batch]), layer(x[:batch]), rtol=1e-5, atol=1e-5)
 
 

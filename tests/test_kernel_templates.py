@@ -19,7 +19,7 @@ ir = pytest.importorskip("iree.compiler.ir")
 
 KERNELS = ["attention", "attention_rows", "dense_avx2", "rms_norm", "rope", "ternary_amax_map",
            "ternary_avx2", "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall",
-           "ternary_im2col_quant", "ternary_lanes_quant"]
+           "ternary_im2col_quant", "ternary_lanes_quant", "ternary_lanes_quant_unpadded"]
 
 
 def test_every_template_declares_exactly_the_parameters_it_reads():
@@ -309,8 +309,9 @@ def test_ternary_lanes_quant():
                                             (16, 16)), """
 CHECK-LABEL: stream.executable private @q
 CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 64)>()[%m]
+CHECK:     memref.global "private" constant @q_off : memref<144xi32> = dense<[0, 1, 2, 18, 19, 20, 36, 37, 38, 324, 325,
 CHECK:     %q = stream.binding.subspan %bq[%c0] : !stream.binding -> memref<?x4096xi8>{%mb}
-CHECK:     affine_map<(d0) -> ((d0 floordiv 9) * 324 + ((d0 mod 9) floordiv 3) * 18 + (d0 mod 3) * 1)>
+CHECK:     %off = memref.get_global @q_off : memref<144xi32>
 CHECK:     %base = affine.apply affine_map<(d0) -> ((d0 floordiv 256) * 5184 + ((d0 mod 256) floordiv 16) * 18 + (d0 mod 16) * 1)>(%row0)
 CHECK:       %va3 = vector.load %x[%aa3] : memref<?xf32>, vector<16xf32>
 CHECK:       arith.maximumf %a3, %av3 fastmath<nnan,nsz> : vector<16xf32>
@@ -323,9 +324,20 @@ CHECK:     %sum1 = scf.for %cb = %cl1 to %ch1 step %c1 iter_args(%sa = %sum0)
 CHECK-NOT:   %col2
 CHECK:     vector.store %amc, %xs[%blk, %c16] : memref<?x32xf32>, vector<16xf32>
 """)
-    # a stride of 2: each block's lanes gathered from their own bases
+    # a stride of 2 at 8 outputs a row: a block is two runs, each a load of the 15
+    # floats it reads (masked to them), the evens of both kept by one shuffle
     check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 18, 18), (3, 3), (2, 2), (1, 1),
                                             (8, 8)), """
+CHECK:     %smask = vector.constant_mask [15] : vector<16xi1>
+CHECK:       %sb1 = affine.apply affine_map<(d0) -> (((d0 + 8) floordiv 64) * 5184 + (((d0 + 8) mod 64) floordiv 8) * 36 + ((d0 + 8) mod 8) * 2)>(%row0)
+CHECK:         %ga0_1a = arith.addi %sb1, %oa0 : index
+CHECK:         %ga0_1 = vector.maskedload %x[%ga0_1a], %smask, %szf
+CHECK:         %va0 = vector.shuffle %ga0_0, %ga0_1 [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]
+CHECK-NOT:   vector.gather
+""")
+    # 6 outputs a row (runs do not tile a block): gathered, each lane from its own base
+    check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 14, 14), (3, 3), (2, 2), (1, 1),
+                                            (6, 6)), """
 CHECK:     %lb = memref.alloca() : memref<16xi32>
 CHECK:       %va0 = vector.gather %x[%oa0][%lbv], %all, %zf
 """)
@@ -341,12 +353,38 @@ CHECK:     %amc = arith.maximumf %am8, %eps
 CHECK-NOT: %am:4
 CHECK:     %qs = arith.divf %c127, %amc
 """)
-    # stride 2 with the map: the map gathered from each lane's own base
+    # stride 2 with the map: the map read by the same two runs
     check(ternary_avx512_tall.quantize_text("q", 64, 144, (16, 18, 18), (3, 3), (2, 2), (1, 1),
                                             (8, 8), amap=True), """
-CHECK:       %labase = affine.apply affine_map<(d0) -> ((d0 floordiv 64) * 324 + ((d0 mod 64) floordiv 8) * 36 + (d0 mod 8) * 2)>(%row)
+CHECK:     %sab1 = affine.apply affine_map<(d0) -> (((d0 + 8) floordiv 64) * 324 + (((d0 + 8) mod 64) floordiv 8) * 36 + ((d0 + 8) mod 8) * 2)>(%row0)
 CHECK:     %ao4 = arith.constant 19 : index
-CHECK:     %va4 = vector.gather %xa[%ao4][%lbav], %all, %zf
+CHECK:     %ga4_1a = arith.addi %sab1, %ao4 : index
+CHECK:     %va4 = vector.shuffle %ga4_0, %ga4_1
+""")
+
+
+def test_ternary_lanes_quant_unpadded():
+    """The tall kernel's quantize from a 3x3 conv's unpadded input [N, 64, 16, 16] (pad
+    1): a block's base one row and column before its first position, the load mask of
+    kernel position (i, j) its input row in range and each lane's column, channels outer
+    and the 9 positions inside, offsets c H W + a constant, stored in packed-column order."""
+    check(ternary_avx512_tall.unpadded_text("u", 144, (64, 16, 16), (3, 3), (1, 1), (1, 1),
+                                            (16, 16), (1, 1)), """
+CHECK-LABEL: stream.executable private @u
+CHECK:   func.func @u(%bx: !stream.binding, %ba: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index)
+CHECK:     %sb0 = affine.apply affine_map<(d0) -> (((d0 + 0) floordiv 256) * 16384 + (((d0 + 0) mod 256) floordiv 16) * 16 + ((d0 + 0) mod 16) * 1 - 17)>(%row0)
+CHECK:     %ry0_0 = affine.apply affine_map<(d0) -> ((((d0 + 0) mod 256) floordiv 16) * 1 - 1)>(%row0)
+CHECK:     %rok0_0 = arith.cmpi ult, %ry0_0, %ch : index
+CHECK:     %cok0_0 = arith.cmpi ult, %cx0_0, %wv : vector<16xi32>
+CHECK:     %mk8_0 = arith.andi %rn2_0, %cok2_0 : vector<16xi1>
+CHECK:     %ga8_0 = vector.maskedload %xa[%ga8_0a], %mk8_0, %szf
+CHECK:     %amc = arith.maximumf %am8, %eps
+CHECK:     %sumv = scf.for %cc = %c0 to %ccq step %c1 iter_args(%sa = %zi)
+CHECK:       %o8_3 = affine.apply affine_map<(d0) -> (d0 * 256 + 12322)>(%cc)
+CHECK:       %gp8_3_0 = vector.maskedload %x[%gp8_3_0a], %mk8_0, %szf
+CHECK:       %qo8 = affine.apply affine_map<(d0) -> ((d0 * 9 + 8) * 64)>(%cc)
+CHECK:       vector.store %db8, %q[%blk, %qo8] : memref<?x9216xi8>, vector<64xi8>
+CHECK:     %sumf = arith.sitofp %sumv
 """)
 
 

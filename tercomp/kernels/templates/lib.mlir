@@ -5,9 +5,11 @@
   or with `times`, m * times;
   or with `few`, `many`, `m_min`: `many` when m >= m_min, else `few`. Its function takes
   `bindings` (stream bindings and scalars; the last one `%m: index`, the workload, whose
-  name the export uses too) and runs the body of the call block before `return`.
+  name the export uses too) and runs the body of the call block before `return`;
+  `prelude`: text put in the executable's module before the function (constant
+  `memref.global`s the body reads by `memref.get_global`).
 #}
-%% macro executable(name, bindings, groups=none, per_group=none, few=none, many=none, m_min=none, times=none)
+%% macro executable(name, bindings, groups=none, per_group=none, few=none, many=none, m_min=none, times=none, prelude=none)
 stream.executable private @{{ name }} {
   stream.executable.export public @{{ name }} workgroups(%m: index) -> (index, index, index) {
     %c1 = arith.constant 1 : index
@@ -28,6 +30,9 @@ stream.executable private @{{ name }} {
     stream.return %g, %c1, %c1 : index, index, index
   }
   builtin.module {
+%% if prelude is not none
+{{ prelude }}
+%% endif
     func.func @{{ name }}({{ bindings }}) {
 {{ caller() }}
       return

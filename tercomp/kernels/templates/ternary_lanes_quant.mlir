@@ -1,4 +1,4 @@
-{# params: name, kb, k, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, contiguous, amap, blocks, eps, c127 #}
+{# params: name, kb, k, c, hp, wp, kh, kw, sh, sw, dh, dw, oh, ow, contiguous, segs, offsets, amap, blocks, eps, c127 #}
 {#
   The quantize dispatch of the "avx512-tall" ternary kernel (ternary_avx512_tall.mlir):
   the rows of x quantized as ternary_pack.act_quant does (roundeven(x * (127 / max(amax,
@@ -17,8 +17,16 @@
   rows, column (c KH + i) KW + j of row (n, y, x) at x[n, c, y sh + i dh, x sw + j dw]),
   or a plain x [M, K] as the same with C = K and 1x1 images and kernel. A column of a
   block is a vector load where its 16 rows are 16 consecutive positions of one output
-  row at stride 1 (`contiguous`: OW % 16 == 0, sw == 1), else a gather. Every block
-  lies in one image (OH OW % 16 == 0: the kernel row's condition on M).
+  row at stride 1 (`contiguous`: OW % 16 == 0, sw == 1). Otherwise, where the block
+  is whole runs of one output row (`segs`: OW % 16 == 0 at a stride, or OW = 4 or 8,
+  16 / OW output rows a block), a column is `segs.count` loads of `segs.span` floats
+  (masked to the (w - 1) sw + 1 the run reads) merged by `segs.steps`' shuffles (each
+  (dst, a, b, mask, len a, len b); the last one's dst is the column): the host's gathers
+  run at ~1/4 the rate of loads and shuffles (a plain x [M, K], OW = 1, still gathers).
+  Every block lies in one image (OH OW % 16 == 0: the kernel row's condition on M).
+  A column's offset in the image is `offsets[col]`, a constant table in the module.
+  (A 3x3 conv of 64+ channels takes ternary_lanes_quant_unpadded.mlir instead: the
+  input before its padding, no pad copy.)
 
   With `amap`, a second input a [N, HP, WP] holds max over the channels of |x| at each
   padded position (avx512_tall.amax_map), and a row's absmax is the max of a over the
@@ -40,9 +48,26 @@
 %% if contiguous
 %a{{ tag }} = arith.addi %base, %o{{ tag }} : index
 %v{{ tag }} = vector.load %x[%a{{ tag }}] : {{ xt }}, {{ vf }}
+%% elif segs
+{{ seg_load(tag, "%x", "%sb", "%o" ~ tag) }}
 %% else
 %v{{ tag }} = vector.gather %x[%o{{ tag }}][%lbv], %all, %zf : {{ xt }}, {{ vi }}, {{ vm }}, {{ vf }} into {{ vf }}
 %% endif
+%% endmacro
+{# %v{tag}: the column at offset `off` (an index) from the segments' bases `bases`{r} in `mem` #}
+%% macro seg_load(tag, mem, bases, off)
+%%   set st = "vector<%dxf32>" % segs.span
+%%   for r in range(segs.count)
+%g{{ tag }}_{{ r }}a = arith.addi {{ bases }}{{ r }}, {{ off }} : index
+%%     if segs.masked
+%g{{ tag }}_{{ r }} = vector.maskedload {{ mem }}[%g{{ tag }}_{{ r }}a], %smask, %szf : {{ xt }}, vector<{{ segs.span }}xi1>, {{ st }} into {{ st }}
+%%     else
+%g{{ tag }}_{{ r }} = vector.load {{ mem }}[%g{{ tag }}_{{ r }}a] : {{ xt }}, {{ st }}
+%%     endif
+%%   endfor
+%%   for d, a, b, mask, la, lb in segs.steps
+{{ "%v" ~ tag if loop.last else "%%g%s_%d" % (tag, d) }} = vector.shuffle %g{{ tag }}_{{ a }}, %g{{ tag }}_{{ b }} [{{ mask|join(", ") }}] : vector<{{ la }}xf32>, vector<{{ lb }}xf32>
+%%   endfor
 %% endmacro
 %% set lims = []
 %% set na = namespace(a="%zf")
@@ -51,7 +76,8 @@
 %% endfor
 %% set cuts = ([0, kb] + lims)|unique|sort
 %% set abind = "%ba: !stream.binding, " if amap else ""
-%% call lib.executable(name, "%bx: !stream.binding, " ~ abind ~ "%bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index", per_group=16 * blocks)
+%% set prelude = '    memref.global "private" constant @%s_off : %s = dense<[%s]>' % (name, ot, offsets|join(", "))
+%% call lib.executable(name, "%bx: !stream.binding, " ~ abind ~ "%bq: !stream.binding, %bs: !stream.binding, %nimg: index, %m: index", per_group=16 * blocks, prelude=prelude)
       %c0 = arith.constant 0 : index
       %c1 = arith.constant 1 : index
       %c16 = arith.constant 16 : index
@@ -77,13 +103,12 @@
       %alen = affine.apply affine_map<(d0) -> (d0 * {{ hp * wp }})>(%nimg)
       %xa = stream.binding.subspan %ba[%c0] : !stream.binding -> {{ xt }}{%alen}
 %% endif
-      %off = memref.alloca() : {{ ot }}
-      scf.for %col = %c0 to %ck step %c1 {
-        %oc = affine.apply affine_map<(d0) -> ((d0 floordiv {{ kh * kw }}) * {{ hp * wp }} + ((d0 mod {{ kh * kw }}) floordiv {{ kw }}) * {{ dh * wp }} + (d0 mod {{ kw }}) * {{ dw }})>(%col)
-        %oci = arith.index_cast %oc : index to i32
-        memref.store %oci, %off[%col] : {{ ot }}
-      }
-%% if not contiguous
+      %off = memref.get_global @{{ name }}_off : {{ ot }}
+%% if segs and segs.masked
+      %smask = vector.constant_mask [{{ segs.need }}] : vector<{{ segs.span }}xi1>
+      %szf = arith.constant dense<0.0> : vector<{{ segs.span }}xf32>
+%% endif
+%% if not contiguous and not segs
       %lb = memref.alloca() : memref<16xi32>
 %%   if amap
       %lba = memref.alloca() : memref<16xi32>
@@ -94,9 +119,18 @@
       %b1u = arith.addi %b0, %cblocks : index
       %b1 = arith.minui %b1u, %mb : index
       scf.for %blk = %b0 to %b1 step %c1 {
-%% if contiguous
+%% if contiguous or segs
         %row0 = arith.muli %blk, %c16 : index
+%% endif
+%% if contiguous
         %base = affine.apply affine_map<(d0) -> ((d0 floordiv {{ oh * ow }}) * {{ vol }} + ((d0 mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + (d0 mod {{ ow }}) * {{ sw }})>(%row0)
+%% elif segs
+%%   for r in range(segs.count)
+        %sb{{ r }} = affine.apply affine_map<(d0) -> (((d0 + {{ r * segs.w }}) floordiv {{ oh * ow }}) * {{ vol }} + (((d0 + {{ r * segs.w }}) mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + ((d0 + {{ r * segs.w }}) mod {{ ow }}) * {{ sw }})>(%row0)
+%%     if amap
+        %sab{{ r }} = affine.apply affine_map<(d0) -> (((d0 + {{ r * segs.w }}) floordiv {{ oh * ow }}) * {{ hp * wp }} + (((d0 + {{ r * segs.w }}) mod {{ oh * ow }}) floordiv {{ ow }}) * {{ sh * wp }} + ((d0 + {{ r * segs.w }}) mod {{ ow }}) * {{ sw }})>(%row0)
+%%     endif
+%%   endfor
 %% else
         scf.for %l = %c0 to %c16 step %c1 {
           %row = affine.apply affine_map<(d0, d1) -> (d0 * 16 + d1)>(%blk, %l)
@@ -124,6 +158,9 @@
 %%       if contiguous
         %aa{{ t }} = affine.apply affine_map<(d0) -> (d0 + {{ i * dh * wp + j * dw }})>(%abase)
         %va{{ t }} = vector.load %xa[%aa{{ t }}] : {{ xt }}, {{ vf }}
+%%       elif segs
+        %ao{{ t }} = arith.constant {{ i * dh * wp + j * dw }} : index
+        {{ seg_load("a%d" % t, "%xa", "%sab", "%%ao%d" % t) | indent(8) }}
 %%       else
         %ao{{ t }} = arith.constant {{ i * dh * wp + j * dw }} : index
         %va{{ t }} = vector.gather %xa[%ao{{ t }}][%lbav], %all, %zf : {{ xt }}, {{ vi }}, {{ vm }}, {{ vf }} into {{ vf }}

@@ -23,18 +23,28 @@ kernel splits N), so the weights of a small N stay in L1/L2 for every block of x
 The quantize dispatch reads a convolution's padded input directly where x is its
 im2col (as `im2col_quant` does for the avx512 kernel), a plain x [M, K] otherwise; a
 block's 16 rows are one vector load a column where they are 16 neighbouring output
-positions at stride 1, else a gather. Two measured savings (bench/RESULTS.md,
-2026-11-27 19:40-20:00): q holds 4 KQ columns (`q_columns`: K / 4 rounded up to 16),
-not the packed 4 KB, the decode regrouping the weights to match (K = 576 packs to 768,
-whose fourth plane is padding: a quarter of the products were on zeros); and a patch
+positions at stride 1; runs of one output row each (OW a multiple of 16 at a stride, OW
+= 4 or 8) are 1-4 loads merged by shuffles (`segments`: this host's gathers ran at
+about a quarter of that rate), anything else a gather. A column's offset in the image
+comes from a constant table in the executable (built on each workgroup's stack before,
+it was about half the instructions of the 64-channel layers' dispatch). A 3x3 conv
+whose K is four whole planes of kernel positions (64+ channels) is quantized from its
+UNPADDED input instead (`unpadded`, templates/ternary_lanes_quant_unpadded.mlir: masked
+loads at the borders), so the convolution's pad copy goes. Measured on bench/conv.py's
+ResNet at batch 32 (bench/RESULTS.md, 2026-11-27 23:15-23:36): quantizes 10.8 -> 6.3
+ms, pad copies 1.6 -> 0 (quiet), the forward 0.81x main's; conv.py 0.49-0.50x jax's.
+Two earlier measured savings (bench/RESULTS.md, 2026-11-27 19:40-20:00): q holds 4 KQ
+columns (`q_columns`: K / 4 rounded up to 16), not the packed 4 KB, the decode
+regrouping the weights to match (K = 576 packs to 768, whose fourth plane is padding: a
+quarter of the products were on zeros); and a patch
 row's absmax is the max over its kernel's positions of a per-position map of max |x|
 over the channels (`amax_map`, one small dispatch), the same number in KH KW reads
 instead of K.
 
 Needs: llvm-cpu on a host with AVX-512 VNNI, M a multiple of 16 (a static M, or a
 symbolic one whose factor is: `m_multiple`), N a multiple of ROWS, 4 KB at most MAX_KP
-(the decoded rows and the column table fit the stack). Where the table picks it: N at
-most 512 (at an LLM's 128 x 1536 x 4096 the avx512 kernel measured 4x faster).
+(the decoded rows fit the stack). Where the table picks it: N at most 512 (at an LLM's
+128 x 1536 x 4096 the avx512 kernel measured 4x faster).
 """
 from __future__ import annotations
 
@@ -61,9 +71,8 @@ BLOCKS = 4
 GROUPS = 4
 #: Blocks of 16 rows a workgroup of the quantize dispatch.
 QUANT_BLOCKS = 4
-#: The largest padded K: the decoded weight rows (ROWS x KB x 4 bytes) and the quantize
-#: dispatch's column table (4 bytes a column) on the stack, 24 KiB each at 6144, within
-#: IREE's 32 KiB default (3x3 at 512 channels: K = 4608).
+#: The largest padded K: the decoded weight rows (ROWS x KB x 4 bytes) on the stack, 24
+#: KiB at 6144, within IREE's 32 KiB default (3x3 at 512 channels: K = 4608).
 MAX_KP = 6144
 
 
@@ -124,10 +133,93 @@ def quantize_text(name: str, kb: int, k: int, image, kernel, stride, dilation, o
     kernel's q and stats. With `amap` the export takes `amax_map`'s [N, HP, WP] after
     the input and each row's absmax is the max of its kernel's positions there."""
     (c, hp, wp), (kh, kw), (sh, sw), (dh, dw), (oh, ow) = image, kernel, stride, dilation, out
+    contiguous = sw == 1 and ow % LANES == 0
+    offsets = [(col // (kh * kw)) * hp * wp + (col % (kh * kw) // kw) * dh * wp + (col % kw) * dw
+               for col in range(k)]
     return render("ternary_lanes_quant", name=name, kb=kb, k=k, c=c, hp=hp, wp=wp, kh=kh,
-                  kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow,
-                  contiguous=(sw == 1 and ow % LANES == 0), amap=amap, blocks=QUANT_BLOCKS,
+                  kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow, contiguous=contiguous,
+                  segs=None if contiguous else segments(ow, sw), offsets=offsets, amap=amap,
+                  blocks=QUANT_BLOCKS,
                   **{k: v for k, v in quant_literals().items() if k in ('eps', 'c127')})
+
+
+def segments(ow: int, sw: int) -> dict | None:
+    """How the quantize dispatch loads a column of a block of 16 patch rows without a
+    gather, where they are runs of `w` output positions of one row each (OW a multiple of
+    16: one run; OW = 4 or 8: 16 / OW rows): `count` loads of `span` floats (a power of
+    two, masked to the `need` = (w - 1) sw + 1 a run reads when larger), every sw-th kept,
+    merged pairwise by `steps` (dst, a, b, shuffle mask, len a, len b; loads are 0 ..
+    count - 1, the last dst the column). None where a gather it stays (OW = 1: a plain
+    x's rows, or OW not dividing 16).
+
+    >>> segments(16, 2)['steps']
+    [(1, 0, 0, [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30], 32, 32)]
+    >>> [(d, a, b, n, m) for d, a, b, _, n, m in segments(4, 1)['steps']]
+    [(4, 0, 1, 4, 4), (5, 2, 3, 4, 4), (6, 4, 5, 8, 8)]
+    >>> segments(7, 1), segments(1, 1)
+    (None, None)
+    """
+    if ow % LANES == 0:
+        w, count = LANES, 1
+    elif ow >= 4 and LANES % ow == 0:
+        w, count = ow, LANES // ow
+    else:
+        return None
+    need = (w - 1) * sw + 1
+    span = 1 << (need - 1).bit_length()
+    items = [(i, span, [j * sw for j in range(w)]) for i in range(count)]
+    steps, nid = [], count
+    if count == 1:
+        steps.append((nid, 0, 0, items[0][2], span, span))
+    while len(items) > 1:
+        merged = []
+        for (a, la, sa), (b, lb, sb) in zip(items[::2], items[1::2]):
+            mask = sa + [la + i for i in sb]
+            steps.append((nid, a, b, mask, la, lb))
+            merged.append((nid, len(mask), list(range(len(mask)))))
+            nid += 1
+        items = merged
+    return dict(count=count, w=w, span=span, need=need, masked=span != need, steps=steps)
+
+
+def unpadded_text(name: str, kb: int, image, kernel, stride, dilation, out, pad) -> str:
+    """The `stream.executable @name` (templates/ternary_lanes_quant_unpadded.mlir):
+    `quantize_text`'s dispatch with `amap` reading the unpadded input [N, C, H, W]
+    (`image` = (C, H, W)) of a convolution padded by `pad` = (top, left) (zeros by masked
+    loads), for a KH x KW kernel (> 1) whose K = 4 kb and kb a multiple of KH KW, and
+    `segments` of the output width and stride."""
+    (c, h, w), (kh, kw), (sh, sw), (dh, dw), (oh, ow) = image, kernel, stride, dilation, out
+    return render("ternary_lanes_quant_unpadded", name=name, kb=kb, c=c, h=h, w=w, kh=kh, kw=kw,
+                  sh=sh, sw=sw, dh=dh, dw=dw, oh=oh, ow=ow, pt=pad[0], pl=pad[1],
+                  segs=segments(ow, sw), blocks=QUANT_BLOCKS,
+                  **{k: v for k, v in quant_literals().items() if k in ('eps', 'c127')})
+
+
+def unpadded(xp: ir.Value):
+    """(x, (top, left)) where the padded input xp [N, C, HP, WP] is x [N, C, H, W] (H and
+    W static) put into zeros at static offsets (ops/conv.py's `_pad_input`: a
+    tensor.insert_slice into a zero linalg.fill), else None."""
+    if not hasattr(xp.owner, "name"):
+        return None
+    op = getattr(xp.owner, "operation", xp.owner)
+    if op.name != "tensor.insert_slice":       # (a symbolic batch: its size an operand too)
+        return None
+    src, dest = op.operands[0], op.operands[1]
+    offs = list(ir.DenseI64ArrayAttr(op.attributes["static_offsets"]))
+    strides = list(ir.DenseI64ArrayAttr(op.attributes["static_strides"]))
+    st = ir.RankedTensorType(src.type)
+    if (len(offs) != 4 or offs[:2] != [0, 0] or min(offs) < 0 or strides != [1] * 4
+            or st.rank != 4 or any(st.is_dynamic_dim(i) for i in (1, 2, 3))):
+        return None
+    if not hasattr(dest.owner, "name"):
+        return None
+    fill = getattr(dest.owner, "operation", dest.owner)
+    if fill.name != "linalg.fill" or not hasattr(fill.operands[0].owner, "name"):
+        return None
+    cst = getattr(fill.operands[0].owner, "operation", fill.operands[0].owner)
+    if cst.name != "arith.constant" or ir.FloatAttr(cst.attributes["value"]).value != 0.0:
+        return None
+    return src, (offs[2], offs[3])
 
 
 def _index(v: int) -> ir.Value:
@@ -166,24 +258,30 @@ def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
     """[q, stats] of the matmul's x in the tall kernel's layout, typed as [M, 4 KQ] i8
     (KQ: `q_columns`) and [M, 2] f32 (the same bytes): from the padded
     input where x is a convolution's im2col (`found`: im2col_quant.patches_source of x),
-    else from x."""
+    from the input before its padding (`unpadded`) where the kernel is > 1x1, K four
+    whole planes of kernel positions and the rows of a block runs of output rows
+    (`segments`), else from x."""
     if found is not None:
         xp, image, kernel, stride, dilation, out = found
         c, hp, wp = image
     else:
         xp, c, hp, wp = kern.x, kern.k, 1, 1
         kernel, stride, dilation, out = (1, 1), (1, 1), (1, 1), (1, 1)
-    vol = c * hp * wp
+    kq = q_columns(kern.k, kern.kb)
+    amap = found is not None and kernel[0] * kernel[1] > 1
     xt = ir.RankedTensorType(xp.type)
     dyn = xt.is_dynamic_dim(0)
+    un = (unpadded(xp) if amap and 4 * kq == kern.k and kq % (kernel[0] * kernel[1]) == 0
+          and segments(out[1], stride[1]) is not None and xt.rank == 4 else None)
+    if un is not None:
+        return _quantized_unpadded(kern, m, dims, un, kq, kernel, stride, dilation, out, dyn)
+    vol = c * hp * wp
     flat_t = ir.RankedTensorType.get(
         [ir.ShapedType.get_dynamic_size() if dyn else xt.get_dim_size(0) * vol], xt.element_type)
     flat = tensor.collapse_shape(flat_t, xp, [list(range(xt.rank))])
     nimg = tensor.dim(xp, _index(0)) if dyn else _index(xt.get_dim_size(0))
     arg_dims = [arith.muli(nimg, _index(vol))] if dyn else []
     geo = "x".join(map(str, (c, hp, wp))) + "_k%dx%d_s%dx%d_d%dx%d" % (*kernel, *stride, *dilation)
-    kq = q_columns(kern.k, kern.kb)
-    amap = found is not None and kernel[0] * kernel[1] > 1
     name = f"tern_lanes_quant_{kq}_{kern.k}_c{geo}" + ("_amap" if amap else "")
     ensure_executable(name, lambda: quantize_text(name, kq, kern.k, (c, hp, wp), kernel,
                                                   stride, dilation, out, amap))
@@ -192,6 +290,29 @@ def quantized(kern, m: ir.Value, dims, found) -> list[ir.Value]:
         args.append(amax_map(xp, nimg, dyn))
         arg_dims = arg_dims + ([arith.muli(nimg, _index(hp * wp))] if dyn else [])
     return dispatch(name, name, [m], [*args, nimg, m], arg_dims,
+                    [kern.ttype([4 * kq], ir.IntegerType.get_signless(8)),
+                     kern.ttype([2], kern.f32)], dims + dims)
+
+
+def _quantized_unpadded(kern, m, dims, un, kq, kernel, stride, dilation, out, dyn):
+    """`quantized`'s [q, stats] from the convolution's unpadded input (`un`: `unpadded`'s
+    (x, pad)): the pad copy goes (bench/RESULTS.md: 3.2-3.9 ms of the ResNet's forward at
+    batch 32)."""
+    x, pad = un
+    xt = ir.RankedTensorType(x.type)
+    nimg = tensor.dim(x, _index(0)) if dyn else _index(xt.get_dim_size(0))
+    c, h, w = (xt.get_dim_size(i) for i in (1, 2, 3))
+    vol = c * h * w
+    flat_t = ir.RankedTensorType.get(
+        [ir.ShapedType.get_dynamic_size() if dyn else xt.get_dim_size(0) * vol], xt.element_type)
+    flat = tensor.collapse_shape(flat_t, x, [[0, 1, 2, 3]])
+    arg_dims = [arith.muli(nimg, _index(vol)), arith.muli(nimg, _index(h * w))] if dyn else []
+    geo = "x".join(map(str, (c, h, w))) + "_k%dx%d_s%dx%d_d%dx%d_p%dx%d" % (
+        *kernel, *stride, *dilation, *pad)
+    name = f"tern_lanes_quant_{kq}_{kern.k}_c{geo}_unpadded"
+    ensure_executable(name, lambda: unpadded_text(name, kq, (c, h, w), kernel, stride, dilation,
+                                                  out, pad))
+    return dispatch(name, name, [m], [flat, amax_map(x, nimg, dyn), nimg, m], arg_dims,
                     [kern.ttype([4 * kq], ir.IntegerType.get_signless(8)),
                      kern.ttype([2], kern.f32)], dims + dims)
 
