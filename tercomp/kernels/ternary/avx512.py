@@ -59,11 +59,12 @@ bytes (the last one shorter): each chunk of the block's x (8 x 4 x 512 = 16 KB) 
 every step of the tile (16 KB of weights) before the next chunk, each step's 16 sums
 reduced after each chunk (reduce16) and added into a [16, 16] i32 stack buffer, then
 dequantized after the last chunk (the reduction, ~5% of a 512-byte chunk's
-instructions, keeps the buffer 1 KB). Interleaved against whole rows on this machine,
-2026-11-27 (bench/RESULTS.md): 128x14336x4096 1.4-1.9x faster (min ~31 ms against ~50 at
-load 5-7: now the rate of 128x4096x14336), 8x14336x4096 1.2-1.3x by the minima;
-chunks of 256, 384, 512 and 768 bytes alike, 1024 slower. At K <= 4096 the same
-chunking measured alike or slower (128x4096x4096 min 0.7-1.1x), so there the loop takes
+instructions, keeps the buffer 1 KB). Interleaved against whole rows on this machine
+at load 4-8, 2026-11-27 (bench/RESULTS.md), by the minima of three runs: 128x14336x4096
+1.36-1.70x faster (31-38 ms against 49-53: now the rate of 128x4096x14336, the same
+MACs, in the same run), 8x14336x4096 1.28-1.35x; chunks of 256, 384, 512 and 768 bytes
+alike, 1024 slower. At K = 4096 the same chunking measured alike within the noise
+(128x4096x4096 min 0.71-1.12x, medians 0.99-1.01x), so up to K_WHOLE_MAX the loop takes
 whole rows (the same code as before).
 
 Needs: llvm-cpu on a host with AVX-512 VNNI (avx512bw comes with it), K/4 a multiple
