@@ -63,9 +63,9 @@ instructions, keeps the buffer 1 KB). Interleaved against whole rows on this mac
 at load 4-8, 2026-11-27 (bench/RESULTS.md), by the minima of three runs: 128x14336x4096
 1.36-1.70x faster (31-38 ms against 49-53: now the rate of 128x4096x14336, the same
 MACs, in the same run), 8x14336x4096 1.28-1.35x, 128x6912x2560 (2B4T) 1.08-1.47x
-(four runs); chunks of 256, 384, 512 and 768 bytes alike, 1024 slower. At K = 4096 the same chunking measured alike within the noise
-(128x4096x4096 min 0.71-1.12x, medians 0.99-1.01x), so up to K_WHOLE_MAX the loop takes
-whole rows (the same code as before).
+(four runs); chunks of 256, 384, 512 and 768 bytes alike, 1024 slower. At K = 4096 the
+same chunking measured alike within the noise (128x4096x4096 min 0.71-1.12x, medians
+0.99-1.01x), so up to K_WHOLE_MAX the loop takes whole rows (the same code as before).
 
 Needs: llvm-cpu on a host with AVX-512 VNNI (avx512bw comes with it), K/4 a multiple
 of 64 and N a multiple of 4 (`fits`, the kernel table row's condition: the table gives
