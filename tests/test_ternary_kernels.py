@@ -432,7 +432,7 @@ needs_vnni = pytest.mark.skipif(VNNI not in host_cpu_features(),
     (3, 4093, 12, "offset", None),              # K % 4 != 0, the decode's own quantization
     (5, 1536, 20, "offset", None),              # a block of 4 rows of x and a GEMV row
     (16, 2048, 36, "signed", None),             # 4 blocks; 36 rows: workgroups of 8, 4, none
-    (DYN, 16384, 8, "offset", (1, 4, 5, 16, 128)),  # the largest K; 1..16 blocks, a remainder
+    (DYN, 16384, 8, "offset", (1, 4, 5, 16, 128)),  # the largest K (8 K-chunks); 1..16 blocks
     (DYN, 1280, 68, "signed", (1, 3, 13, 128)),     # 68 rows: a partial tile of 32 rows
     # blocks of 8, 4 and 2 rows of x and the GEMV row in every combination (M = 2..15,
     # a batched decode's sizes), 1536 x 4096 as in the 700M model's projections
@@ -450,6 +450,17 @@ def test_avx512_matches_reference(m, k, n, codes, batches):
     most of x small, M in whole blocks of 4 rows of x (the GEMM loop over tiles of 16
     weight rows), remainders (the GEMV loop) and both, against the reference, exactly."""
     _check_kernel_exactly("avx512", m, k, n, codes, batches or [m])
+
+
+@needs_vnni
+def test_avx512_gemm_in_k_chunks_matches_reference():
+    """Past K_WHOLE_MAX packed bytes the GEMM loop runs K in chunks of K_CHUNK, the
+    partial sums of each tile step kept across chunks: K = 4 chunks and 64 bytes (a
+    short last chunk), in blocks of 8, 4 and 2 rows of x and the GEMV row, 68 weight
+    rows (a partial tile), exactly against the reference."""
+    kb = 4 * avx512.K_CHUNK + avx512.CHUNK
+    assert avx512.k_chunk(kb) == avx512.K_CHUNK < kb and kb % avx512.K_CHUNK
+    _check_kernel_exactly("avx512", DYN, 4 * kb, 68, "offset", (8, 15, 22))
 
 
 @needs_vnni

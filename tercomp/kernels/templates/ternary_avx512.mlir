@@ -1,4 +1,4 @@
-{# params: name, n, kb, offset, prequantized, rows, blocks, gfni, tile_rows, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi #}
+{# params: name, n, kb, offset, prequantized, rows, blocks, gfni, tile_rows, kchunk, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi #}
 {#
   The avx512 ternary matmul (see ternary/avx512.py for the why): the avx2 kernel's
   inputs and outputs (ternary_avx2.mlir) on 64-byte zmm chunks, each u8 x s8 product
@@ -21,6 +21,7 @@
 %% set wt = "memref<%dx%dxi8>" % (n, kb)
 %% set ot = "memref<?x%dxf32>" % n
 %% set qt = "memref<?x%dxi8>" % kp
+%% set kacct = "memref<%dx16xi32>" % (tile_rows // blocks|map(attribute=1)|min)
 {#
   codes: load the 64 packed bytes at column %c of weight row `base` + `step`
   (prefetching the same column `ahead` rows further on with `locality`) and define
@@ -179,7 +180,12 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
   tile's weight rows, g a step, each (weight row, row of x) pair summed in `n_acc`
   accumulators: each weight chunk is decoded once for the mb rows of x. The mb x g sums
   of a step are reduced together (reduce16) into one vector, dequantized together and
-  stored g at a time (y[m + b, r : r + g]).
+  stored g at a time (y[m + b, r : r + g]). With `kchunk` (packed bytes, below kb) the
+  K columns go in chunks of kchunk (the last one shorter where kchunk does not divide
+  kb): each chunk of the block's rows of x (mb x 4 x kchunk bytes) meets every weight row
+  of the tile before the next chunk is read, so it stays in L1 where the whole rows (mb x
+  4 x kb bytes) would not; each step's 16 sums are reduced after each chunk and added
+  into %kacc[step of the tile] (memory), dequantized after the last chunk.
 #}
 %% macro gemm_block(tag, m_lo, m_hi, mb, g, n_acc)
 %%   set sums, fms, xrows, pairs = [], [], [], []
@@ -201,6 +207,7 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
 %%     do lanes_f.append("%f0")
 %%   endfor
 %%   set t32 = ([v32] * (n_acc * pairs|length))|join(", ")
+%%   set chunked = kchunk and kchunk < kb
         scf.for %mrow = {{ m_lo }} to {{ m_hi }} step %cmb{{ tag }} {
 %%   for b in range(mb)
           {{ xrows[b] }} = affine.apply affine_map<(d0) -> (d0 + {{ b }})>(%mrow)
@@ -208,8 +215,17 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
 %%   endfor
           %sumv = vector.from_elements {{ lanes_s|join(", ") }} : {{ v32 }}
           %fmv = vector.from_elements {{ lanes_f|join(", ") }} : {{ vf }}
+%%   if chunked
           scf.for %r = %rt to %rtend step %cg{{ tag }} {
-            %acc:{{ n_acc * pairs|length }} = scf.for %c = %c0 to %ckb step %cc iter_args(<% for i, b in pairs %>%a{{ i }}_{{ b }} = %z32<% if n_acc == 2 %>, %b{{ i }}_{{ b }} = %z32<% endif %>{{ ", " if not loop.last }}<% endfor %>) -> ({{ t32 }}) {
+            %ks = affine.apply affine_map<(d0)[s0] -> ((d0 - s0) floordiv {{ g }})>(%r)[%rt]
+            vector.store %z32, %kacc[%ks, %c0] : {{ kacct }}, {{ v32 }}
+          }
+          scf.for %k0 = %c0 to %ckb step %ckc {
+            %k1u = arith.addi %k0, %ckc : index
+            %k1 = arith.minui %k1u, %ckb : index
+%%   endif
+          scf.for %r = %rt to %rtend step %cg{{ tag }} {
+            %acc:{{ n_acc * pairs|length }} = scf.for %c = {{ "%k0" if chunked else "%c0" }} to {{ "%k1" if chunked else "%ckb" }} step %cc iter_args(<% for i, b in pairs %>%a{{ i }}_{{ b }} = %z32<% if n_acc == 2 %>, %b{{ i }}_{{ b }} = %z32<% endif %>{{ ", " if not loop.last }}<% endfor %>) -> ({{ t32 }}) {
 %%   for i in range(g)
               {{ codes(i, "%r", i, prefetch_rows, 3, false) | indent(14) }}
 %%   endfor
@@ -232,7 +248,20 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
 %%     endif
 %%   endfor
             {{ reduce16("s", vs) | indent(12) }}
+%%   if chunked
+            %ks = affine.apply affine_map<(d0)[s0] -> ((d0 - s0) floordiv {{ g }})>(%r)[%rt]
+            %kold = vector.load %kacc[%ks, %c0] : {{ kacct }}, {{ v32 }}
+            %knew = arith.addi %kold, %sr3_0 : {{ v32 }}
+            vector.store %knew, %kacc[%ks, %c0] : {{ kacct }}, {{ v32 }}
+          }
+          }
+          scf.for %r = %rt to %rtend step %cg{{ tag }} {
+            %ks = affine.apply affine_map<(d0)[s0] -> ((d0 - s0) floordiv {{ g }})>(%r)[%rt]
+            %ktot = vector.load %kacc[%ks, %c0] : {{ kacct }}, {{ v32 }}
+            %sdif = arith.subi %ktot, %sumv : {{ v32 }}
+%%   else
             %sdif = arith.subi %sr3_0, %sumv : {{ v32 }}
+%%   endif
             %sflt = arith.sitofp %sdif : {{ v32 }} to {{ vf }}
             %sy = arith.mulf %sflt, %fmv : {{ vf }}
 %%   for b in range(mb)
@@ -253,6 +282,10 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
       %cmb{{ loop.index0 }} = arith.constant {{ mb }} : index
 %% endfor
       %ctile = arith.constant {{ tile_rows }} : index
+%% if prequantized and kchunk and kchunk < kb
+      %ckc = arith.constant {{ kchunk }} : index
+      %kacc = memref.alloca() : {{ kacct }}
+%% endif
       %cc = arith.constant {{ chunk }} : index
       %ckb = arith.constant {{ kb }} : index
       %cn = arith.constant {{ n }} : index

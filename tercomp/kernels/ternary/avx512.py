@@ -50,6 +50,23 @@ at 128; vpdpbusd on zmm issues as often as on ymm here (twice the products an
 instruction), and a ymm GEMV loop measured alike with the zmm one, so the kernel uses
 zmm throughout.
 
+K-blocking (`k_chunk`): a block of 8 rows of x is 32 KB of codes at K = 4096, and stays
+in L1 (48 KB here) while it meets the tile's 32 weight rows; at Llama-3-8B's down
+projection (K = 14336) it is 114 KB, and every step read its 32 x lines from L2 (the
+down projection ran at ~0.6x the GOP/s of 128x4096x14336, the same MACs). Past
+K_WHOLE_MAX packed bytes (K = 4096) the GEMM loop runs K in chunks of K_CHUNK packed
+bytes (the last one shorter): each chunk of the block's x (8 x 4 x 512 = 16 KB) meets
+every step of the tile (16 KB of weights) before the next chunk, each step's 16 sums
+reduced after each chunk (reduce16) and added into a [16, 16] i32 stack buffer, then
+dequantized after the last chunk (the reduction, ~5% of a 512-byte chunk's
+instructions, keeps the buffer 1 KB). Interleaved against whole rows on this machine
+at load 4-8, 2026-11-27 (bench/RESULTS.md), by the minima of three runs: 128x14336x4096
+1.36-1.70x faster (31-38 ms against 49-53: now the rate of 128x4096x14336, the same
+MACs, in the same run), 8x14336x4096 1.28-1.35x, 128x6912x2560 (2B4T) 1.08-1.47x
+(four runs); chunks of 256, 384, 512 and 768 bytes alike, 1024 slower. At K = 4096 the
+same chunking measured alike within the noise (128x4096x4096 min 0.71-1.12x, medians
+0.99-1.01x), so up to K_WHOLE_MAX the loop takes whole rows (the same code as before).
+
 Needs: llvm-cpu on a host with AVX-512 VNNI (avx512bw comes with it), K/4 a multiple
 of 64 and N a multiple of 4 (`fits`, the kernel table row's condition: the table gives
 other shapes another kernel, the avx2 one where it fits).
@@ -92,6 +109,12 @@ MB = BLOCKS[-1][0]
 #: out of L2. 32 measured alike with 16 and 8 at 8 and 16 rows and a little faster at
 #: 128 (blocks of 4); with blocks of 8, 16 and 64 measured alike with 32 at 8 and 128.
 TILE_ROWS = 32
+#: The GEMM loop's K-chunk past K_WHOLE_MAX (packed bytes; the module docstring says
+#: why): 8 rows of x's codes (16 KB) and the tile's 32 weight rows (16 KB) in L1.
+K_CHUNK = 512
+#: The largest packed K that the GEMM loop takes in whole rows (K = 4096: a block of 8
+#: rows of x is 32 KB and stays in L1 across the tile).
+K_WHOLE_MAX = 1024
 #: Prefetch distances and workgroups: the avx2 kernel's (avx2.py says why).
 PREFETCH_ROWS = avx2.PREFETCH_ROWS
 STREAM_AHEAD = avx2.STREAM_AHEAD
@@ -108,6 +131,12 @@ def fits(k_bytes: int, n: int) -> bool:
     return k_bytes % CHUNK == 0 and n % ROWS == 0 and 4 * k_bytes <= MAX_KP
 
 
+def k_chunk(kb: int) -> int:
+    """Packed bytes of the GEMM loop's K-chunk for a packed K of `kb` (kb itself: whole
+    rows, no K-blocking)."""
+    return kb if kb <= K_WHOLE_MAX else K_CHUNK
+
+
 def executable_text(name: str, n: int, kb: int, offset: bool = False,
                     prequantized: bool = False, gfni: bool | None = None) -> str:
     """The `stream.executable @name` (templates/ternary_avx512.mlir): avx2.executable_text's
@@ -119,7 +148,7 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
         gfni = GFNI in host_cpu_features()
     return render("ternary_avx512", name=name, n=n, kb=kb, offset=offset,
                   prequantized=prequantized, rows=ROWS, blocks=BLOCKS,
-                  gfni=gfni, tile_rows=TILE_ROWS,
+                  gfni=gfni, tile_rows=TILE_ROWS, kchunk=k_chunk(kb),
                   chunk=CHUNK, prefetch_rows=PREFETCH_ROWS, stream_ahead=STREAM_AHEAD,
                   workgroups=WORKGROUPS, decode_workgroups=DECODE_WORKGROUPS,
                   **quant_literals())
