@@ -35,19 +35,19 @@ def test_profile_of_a_module_reads_back(tmp_path):
     # them) profiled over 3 calls: every call's events come back, named and timed
     from iree.compiler import compile_str
     src = """
-    func.func @main(%a: tensor<4096xf32>) -> (tensor<4096xf32>, tensor<f32>) {
-      %e = math.exp %a : tensor<4096xf32>
+    func.func @main(%a: tensor<1048576xf32>) -> (tensor<1048576xf32>, tensor<f32>) {
+      %e = math.exp %a : tensor<1048576xf32>
       %z = arith.constant dense<0.0> : tensor<f32>
-      %s = linalg.reduce ins(%e : tensor<4096xf32>) outs(%z : tensor<f32>) dimensions = [0]
+      %s = linalg.reduce ins(%e : tensor<1048576xf32>) outs(%z : tensor<f32>) dimensions = [0]
         (%x: f32, %acc: f32) { %y = arith.addf %x, %acc : f32
                                linalg.yield %y : f32 }
-      return %e, %s : tensor<4096xf32>, tensor<f32>
+      return %e, %s : tensor<1048576xf32>, tensor<f32>
     }"""
     vmfb = tmp_path / "m.vmfb"
     vmfb.write_bytes(compile_str(src, target_backends=["llvm-cpu"],
                                  extra_args=["--iree-llvmcpu-target-cpu=host"]))
     prof = str(tmp_path / "p.ireeprof")
-    t = timeline.bench_module(str(vmfb), None, None, ["4096xf32=0.5"], 2, 3, profile=prof,
+    t = timeline.bench_module(str(vmfb), None, None, ["1048576xf32=0.5"], 2, 3, profile=prof,
                               function="main")
     assert 0 < t < 1
     subs = timeline.dispatch_events(prof)
@@ -55,5 +55,7 @@ def test_profile_of_a_module_reads_back(tmp_path):
     assert n == 3 and sum(count.values()) >= 2
     assert all(name.startswith("main_dispatch_") for name in names)
     # the median of the calls' sums, and the sum of each name's median: near, not equal
+    # (dispatches of ~0.1-1 ms: at 4096 elements, a few microseconds each, a scheduling
+    # hiccup of 10 us in two of the three calls doubled the median sum)
     assert np.isclose(dsum, sum(names.values()), rtol=0.25) and 0 < dsum <= span * 1.5
     assert kinds["other"] == dsum

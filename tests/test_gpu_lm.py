@@ -44,6 +44,7 @@ def test_compile_lm_builds_for_gpu_targets(lm, target):
 
 
 @needs_vulkan
+@pytest.mark.slow     # lavapipe's 15 s; the slot ops and attention on Vulkan stay in the default suite
 def test_vulkan_generation_equals_the_cpu(lm, lm_file):
     cpu = tc.compile_lm(lm, max_seq=48)
     vk = tc.compile_lm(lm, max_seq=48, target="vulkan")
