@@ -252,10 +252,22 @@ def test_every_differentiable_op_has_a_case_and_a_rule():
     assert not stale, f"CASES lists ops that are not differentiable registry ops: {stale}"
 
 
-def _params():
+# The compiled gradient of these ops runs under -m slow only: their VJPs are one or two
+# elementwise or data-movement ops, whose lowering the forward tests (test_registry,
+# test_op_families) and the compiled gradients of the ops left in compile already; their
+# float64 gradients (test_grad_reference_fd) run for every op.
+COMPILED_SLOW = {"abs", "cos", "exp", "exp2", "log", "log2", "neg", "relu", "rsqrt",
+                 "sigmoid", "sin", "sqrt", "add", "sub", "mul", "maximum", "minimum",
+                 "expand_dims", "squeeze", "reshape", "broadcast_to", "size", "stop_gradient",
+                 "cast", "split", "transpose", "min", "mean"}
+
+
+def _params(slow=frozenset()):
     out = []
     for name in DIFF_OPS:
         marks = [pytest.mark.xfail(strict=True, reason=XFAIL[name])] if name in XFAIL else []
+        if name in slow:
+            marks.append(pytest.mark.slow)
         out.append(pytest.param(name, id=name, marks=marks))
     return out
 
@@ -314,7 +326,7 @@ def test_grad_reference_fd(opname):
 
 
 # -- (c) compiled float32 gradient against the float64 reference ----------------------------
-@pytest.mark.parametrize("opname", _params())
+@pytest.mark.parametrize("opname", _params(COMPILED_SLOW))
 def test_grad_compiled(opname):
     for k, case in enumerate(_cases(opname)):
         p32 = Problem(opname, case, np.float32, seed=k)
@@ -351,6 +363,7 @@ def _vulkan_params():
 
 def test_vulkan_sample_names_registry_ops():
     assert VULKAN_SAMPLE <= set(DIFF_OPS), sorted(VULKAN_SAMPLE - set(DIFF_OPS))
+    assert COMPILED_SLOW <= set(DIFF_OPS), sorted(COMPILED_SLOW - set(DIFF_OPS))
 
 
 @pytest.mark.skipif(not driver_present("vulkan"),
