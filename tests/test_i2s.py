@@ -260,3 +260,54 @@ def test_an_i2s_file_chats_as_its_tq2_0_twin(tmp_path, capsys):
         "general.architecture") == "bitnet-b1.58"
     assert replies["I2_S"] == replies["TQ2_0"], replies
     assert replies["I2_S"][0].strip() and int(replies["I2_S"][1]) > 0, replies
+
+
+def _char_vocab_model(tmp_path, **shape):
+    """A random bitnet-arch GGUF whose tokens are single characters (bench/lm.py's
+    writer and bench/peers.py's vocabulary: no space prefix, no BOS), as loaded."""
+    import sys
+    import types
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent.parent / "bench"))
+    import lm as bench_lm
+    import peers
+    a = types.SimpleNamespace(arch="bitnet", act=None, **shape)
+    bench_lm.write_model(tmp_path / "src.gguf", a, tokens=peers.char_tokens(a.vocab))
+    return models.load(tmp_path / "src.gguf"), peers, a
+
+
+def test_save_gguf_keeps_how_the_file_tokenizes(tmp_path):
+    """`add_space_prefix` / `add_bos_token` of a loaded GGUF are written back: without
+    them llama.cpp would tokenize the same text with a BOS and a space prefix."""
+    lm, _, _ = _char_vocab_model(tmp_path, hidden=256, ffn=512, vocab=300, layers=1,
+                                 heads=2, kv_heads=2)
+    for kind in ("I2_S", "TQ2_0"):
+        out = tmp_path / f"{kind}.gguf"
+        models.save_gguf(lm, out, ternary_type=kind)
+        keys = models.gguf_scan.scan(out)
+        assert keys["tokenizer.ggml.add_space_prefix"] is False, kind
+        assert keys["tokenizer.ggml.add_bos_token"] is False, kind
+        back = models.load(out)
+        assert back.tokenizer.encode("abc").ids == lm.tokenizer.encode("abc").ids
+
+
+def test_bitnet_cpp_runs_what_save_gguf_writes(tmp_path):
+    """bitnet.cpp (the build TERCOMP_BITNET_CPP_BIN names: its `llama-embedding`) reads
+    the I2_S file `save_gguf` writes and computes tercomp's logits."""
+    import os
+    d = os.environ.get("TERCOMP_BITNET_CPP_BIN")
+    if not d or not os.access(os.path.join(d, "llama-embedding"), os.X_OK):
+        pytest.skip("TERCOMP_BITNET_CPP_BIN (a bitnet.cpp bin directory with "
+                    "llama-embedding) is not set")
+    lm, peers, a = _char_vocab_model(tmp_path, hidden=256, ffn=512, vocab=512, layers=2,
+                                     heads=4, kv_heads=4)
+    models.save_gguf(lm, tmp_path / "i2s.gguf", ternary_type="I2_S")
+    ours_lm = models.load(tmp_path / "i2s.gguf")
+    ids = [int(i) for i in np.random.default_rng(1).integers(1, a.vocab, 24)]
+    ours = np.asarray(ours_lm(np.array([ids]))[0], np.float32)
+    src = gguf.GGUFReader(tmp_path / "src.gguf")          # the tied f16 table, as written
+    table = np.asarray(next(t.data for t in src.tensors if t.name == "token_embd.weight"),
+                       np.float32).reshape(a.vocab, a.hidden)
+    theirs = peers.embedding_logits(peers.PEERS["bitnet.cpp"], d, str(tmp_path / "i2s.gguf"),
+                                    ids, table, 2)
+    assert R.cosine(ours, theirs).min() > 0.995
+    assert R.top1_agreement(ours, theirs, margin=0.05)[0] >= 0.95

@@ -43,6 +43,13 @@ _VOCAB_KEYS = {
     "tokenizer.ggml.bos_token_id": "uint32", "tokenizer.ggml.eos_token_id": "uint32",
     "tokenizer.ggml.unknown_token_id": "uint32", "tokenizer.ggml.padding_token_id": "uint32",
     "tokenizer.chat_template": "string", "tokenizer.ggml.add_eos_token": "bool",
+    # how llama.cpp tokenizes text: without them a file written back would get its
+    # defaults (a BOS and a space prefix for a "llama" vocabulary)
+    "tokenizer.ggml.add_bos_token": "bool", "tokenizer.ggml.add_space_prefix": "bool",
+    "tokenizer.ggml.add_sep_token": "bool", "tokenizer.ggml.remove_extra_whitespaces": "bool",
+    "tokenizer.ggml.eot_token_id": "uint32", "tokenizer.ggml.eom_token_id": "uint32",
+    "tokenizer.ggml.seperator_token_id": "uint32", "tokenizer.ggml.cls_token_id": "uint32",
+    "tokenizer.ggml.mask_token_id": "uint32",
 }
 # llama.cpp token types
 _NORMAL, _UNKNOWN, _CONTROL, _UNUSED, _BYTE = 1, 2, 3, 5, 6
