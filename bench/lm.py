@@ -35,8 +35,8 @@ rounds, each run a fresh process:
   tokens, then 64 `decode` calls each followed by an argmax (the greedy loop), then a
   `prefill` of 512 tokens (starting over), 3 repetitions after a warm-up; its decode
   starts at position 128.
-pp512 takes about 4x pp128's time in every engine: at the 8B shape a round's run of
-each engine is ~1.7x the one without it; --long-prompt 0 leaves it out.
+A prefill of 512 tokens takes about 4x one of 128 (in every engine), which each
+repetition of each run pays once more; --long-prompt 0 leaves it out.
 Printed: the median and the best of all repetitions of all rounds, tercomp's ratio to
 each peer (median to median, best to best), the weights read per decoded token against
 a plain streaming read with the same threads, the CPU and the load average.
