@@ -28,12 +28,15 @@ ratios.
 
 Speed, for each thread count of --threads, the engines taking turns over --rounds
 rounds, each run a fresh process:
-- a peer: its `llama-bench -p 128 -n 64 -r 3 -t THREADS -o json`, every repetition's
-  tokens/s of pp128 (a 128-token prompt) and tg64 (64 tokens generated one at a time,
-  from an empty cache);
+- a peer: its `llama-bench -p 128,512 -n 64 -r 3 -t THREADS -o json`, every repetition's
+  tokens/s of pp128 and pp512 (a 128- and a 512-token prompt, --prompt and
+  --long-prompt) and tg64 (64 tokens generated one at a time, from an empty cache);
 - tercomp: a saved generator (`tc.load`), `prefill(prompt, logits_to_keep=1)` of 128
-  tokens, then 64 `decode` calls each followed by an argmax (the greedy loop), 3
-  repetitions after a warm-up; its decode starts at position 128.
+  tokens, then 64 `decode` calls each followed by an argmax (the greedy loop), then a
+  `prefill` of 512 tokens (starting over), 3 repetitions after a warm-up; its decode
+  starts at position 128.
+A prefill of 512 tokens takes about 4x one of 128 (in every engine), which each
+repetition of each run pays once more; --long-prompt 0 leaves it out.
 Printed: the median and the best of all repetitions of all rounds, tercomp's ratio to
 each peer (median to median, best to best), the weights read per decoded token against
 a plain streaming read with the same threads, the CPU and the load average.
@@ -200,23 +203,33 @@ def worker_tercomp_compile(a):
 
 
 def worker_tercomp_run(a):
-    """pp and tg tokens/s of every repetition: prefill(logits_to_keep=1) of the prompt,
-    then `gen` decode calls, each followed by the argmax a greedy loop takes."""
+    """pp, tg and pp_long tokens/s of every repetition: prefill(logits_to_keep=1) of the
+    prompt, then `gen` decode calls, each followed by the argmax a greedy loop takes, then
+    (a.long_prompt > 0) a prefill of a.long_prompt tokens, which starts over."""
     import tercomp as tc
     gen = tc.load(a.artifact, threads=a.threads)
-    prompt = np.random.default_rng(1).integers(3, a.vocab, a.prompt).astype(np.int32)
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(3, a.vocab, a.prompt).astype(np.int32)
+    long_prompt = rng.integers(3, a.vocab, a.long_prompt).astype(np.int32)
+
+    def prefill(ids):
+        t = time.perf_counter()
+        tok = int(np.argmax(gen.prefill(ids, logits_to_keep=1)[-1]))
+        return tok, ids.size / (time.perf_counter() - t)
 
     def once():
-        t = time.perf_counter()
-        tok = int(np.argmax(gen.prefill(prompt, logits_to_keep=1)[-1]))
-        pp = time.perf_counter() - t
+        tok, pp = prefill(prompt)
         t = time.perf_counter()
         for _ in range(a.gen):
             tok = int(np.argmax(gen.decode(tok)))
-        return a.prompt / pp, a.gen / (time.perf_counter() - t)
+        tg = a.gen / (time.perf_counter() - t)
+        return pp, tg, (prefill(long_prompt)[1] if a.long_prompt else None)
     once()                                                  # warm-up, as llama-bench's
     samples = [once() for _ in range(a.repeat)]
-    return {"pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
+    out = {"pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
+    if a.long_prompt:
+        out["pp_long"] = [s[2] for s in samples]
+    return out
 
 
 def worker_tercomp_batched(a):
@@ -335,7 +348,7 @@ def compile_once(a, extra, stamp) -> dict | None:
     st = os.stat(a.model)
     key = {"stamp": stamp, "model": [os.path.basename(a.model), st.st_size, st.st_mtime_ns],
            "options": [x for x in a.passthrough if x.split("=")[0] not in
-                       ("--prompt", "--gen", "--repeat")] + list(extra)}
+                       ("--prompt", "--long-prompt", "--gen", "--repeat")] + list(extra)}
     meta = a.artifact + ".json"
     if stamp is not None and os.path.exists(a.artifact) and os.path.exists(meta):
         try:
@@ -362,11 +375,13 @@ def summarize(samples) -> tuple[float, float]:
     return float(np.median(samples)), float(np.max(samples))
 
 
-def format_table(rows: dict, prompt: int, gen: int, wrong=frozenset()) -> str:
+def format_table(rows: dict, prompt: int, gen: int, wrong=frozenset(),
+                 long_prompt: int = 0) -> str:
     """The engines' pp and tg tokens/s, median / best, then tercomp's ratio to each peer
     (median to median, best to best). `rows` maps an engine's name to {"pp": [t/s, ...],
-    "tg": [t/s, ...]} (engines named "tercomp ..." are ours); engines in `wrong` failed
-    the logits check: shown, marked, and in no ratio.
+    "tg": [t/s, ...]} (engines named "tercomp ..." are ours), and with `long_prompt` a
+    third column, "pp_long": [t/s, ...] (a prefill of long_prompt tokens: pp512); engines
+    in `wrong` failed the logits check: shown, marked, and in no ratio.
 
     >>> print(format_table({"tercomp int8": {"pp": [400, 410], "tg": [80, 90]},
     ...                     "ik_llama.cpp": {"pp": [380, 390], "tg": [90, 92]}}, 128, 64))
@@ -375,28 +390,32 @@ def format_table(rows: dict, prompt: int, gen: int, wrong=frozenset()) -> str:
     ik_llama.cpp                             385.0 /  390.0           91.0 /   92.0
     tercomp int8 / ik_llama.cpp               1.05x / 1.05x           0.93x / 0.98x
     """
-    pp, tg = f"pp{prompt} t/s median / best", f"tg{gen} t/s median / best"
+    cols = {"pp": f"pp{prompt} t/s median / best", "tg": f"tg{gen} t/s median / best"}
+    if long_prompt:
+        cols["pp_long"] = f"pp{long_prompt} t/s median / best"
     ours = [n for n in rows if n.startswith("tercomp")]
     others = [n for n in rows if not n.startswith("tercomp")]
     width = max([30] + [len(n) + 9 for n in rows] +      # room for " (wrong)"
                 [len(f"{o} / {p}") + 1 for o in ours for p in others])
-    lines = [f"{'engine':{width}}{pp:>25}{tg:>24}"]
-    stats = {n: {k: summarize(r[k]) if r.get(k) else None for k in ("pp", "tg")}
+    wide = {"pp": 25, "tg": 24, "pp_long": 25}
+    lines = [f"{'engine':{width}}" + "".join(f"{c:>{wide[k]}}" for k, c in cols.items())]
+    stats = {n: {k: summarize(r[k]) if r.get(k) else None for k in cols}
              for n, r in rows.items()}
 
     def cell(s):
         return f"{s[0]:.1f} / {s[1]:6.1f}" if s else "-"
     for n in rows:
         mark = " (wrong)" if n in wrong else ""
-        lines.append(f"{n + mark:{width}}{cell(stats[n]['pp']):>25}{cell(stats[n]['tg']):>24}")
+        lines.append(f"{n + mark:{width}}" +
+                     "".join(f"{cell(stats[n][k]):>{wide[k]}}" for k in cols))
     def ratio(o, p, k):
         a, b = stats[o][k], stats[p][k]
         return f"{a[0] / b[0]:.2f}x / {a[1] / b[1]:.2f}x" if a and b else "-"
     for o in ours:
         for p in others:
             if p not in wrong:
-                lines.append(f"{o + ' / ' + p:{width}}{ratio(o, p, 'pp'):>25}"
-                             f"{ratio(o, p, 'tg'):>24}")
+                lines.append(f"{o + ' / ' + p:{width}}" +
+                             "".join(f"{ratio(o, p, k):>{wide[k]}}" for k in cols))
     return "\n".join(lines)
 
 
@@ -422,6 +441,8 @@ def main():
     p.add_argument("--vocab", type=int, default=32002)
     p.add_argument("--threads", default="2", help="a comma-separated list: one table each")
     p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--long-prompt", type=int, default=512,
+                   help="also time a prefill of this many tokens (pp512; 0: none)")
     p.add_argument("--gen", type=int, default=64)
     p.add_argument("--repeat", type=int, default=3, help="repetitions in each run (-r)")
     p.add_argument("--rounds", type=int, default=4,
@@ -464,9 +485,13 @@ def main():
     for d in a.output_dtype.split(","):
         if d not in ("float16", "int8", "float32"):
             p.error(f"--output-dtype: {d!r} is not float16, int8 or float32")
+    if a.long_prompt < 0 or a.max_seq < max(a.prompt + a.gen, a.long_prompt):
+        p.error(f"--max-seq {a.max_seq} holds no prompt of {a.prompt} tokens and {a.gen} "
+                f"generated, or no --long-prompt of {a.long_prompt} (0 or more): raise "
+                f"--max-seq or shorten them")
     a.passthrough = [f"--{k}={getattr(a, k.replace('-', '_'))}" for k in
                      ("layers", "hidden", "ffn", "heads", "kv-heads", "vocab", "arch", "act",
-                      "prompt", "gen", "repeat", "max-seq", "max-batch")
+                      "prompt", "long-prompt", "gen", "repeat", "max-seq", "max-batch")
                      if getattr(a, k.replace('-', '_')) is not None]
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
@@ -618,7 +643,7 @@ def report(a, given):
         runs[peers.PEERS[name].label] = (name, path)
     for threads in a.thread_list:
         a.threads = threads
-        rows = {n: {"pp": [], "tg": []} for n in runs}
+        rows = {n: {"pp": [], "tg": [], "pp_long": []} for n in runs}
         # the engines take turns, each round in fresh processes: a change in the shared
         # machine's load then hits every engine alike
         for _ in range(a.rounds):
@@ -629,17 +654,20 @@ def report(a, given):
                 else:
                     try:
                         b = peers.llama_bench(peers.PEERS[engine], given[engine], path,
-                                              threads, a.prompt, a.gen, a.repeat)
+                                              threads, [a.prompt] + ([a.long_prompt] if
+                                                                     a.long_prompt else []),
+                                              a.gen, a.repeat)
                     except (RuntimeError, ValueError) as e:
                         print(f"{n}: llama-bench failed:\n{e}", file=sys.stderr)
                         continue
                     builds[n] = b["build"]
-                    r = {"pp": b["pp"][1], "tg": b["tg"][1]}
-                for k in ("pp", "tg"):
+                    r = {"pp": b["pp"].get(a.prompt, []), "tg": b["tg"][1],
+                         "pp_long": b["pp"].get(a.long_prompt, [])}
+                for k in ("pp", "tg", "pp_long"):
                     rows[n][k] += r.get(k, [])
         print(f"\n{threads} thread{'s' if threads > 1 else ''}; model {tag}; {a.rounds} rounds "
               f"in turns x {a.repeat} repetitions; {machine.load()}")
-        print(format_table(rows, a.prompt, a.gen, wrong))
+        print(format_table(rows, a.prompt, a.gen, wrong, a.long_prompt))
         a.artifact = a.model
         stream = run_worker("stream", a, [f"--threads={threads}"])
         if stream:

@@ -18,7 +18,8 @@ Each directory holds that build's `llama-quantize`, `llama-bench` and `llama-emb
   Llama3-8B shape is a 32 GB file;
 - its logits (`embedding_logits`): `llama-embedding --pooling none` gives the final
   norm's output at every position, times the tied float16 embedding;
-- its speed: `llama-bench -p PROMPT -n GEN -r REPEAT -t THREADS -o json`, every sample
+- its speed: `llama-bench -p PROMPT,LONG -n GEN -r REPEAT -t THREADS -o json` (both
+  prompt lengths in one invocation: pp128 and pp512 by default), every sample
   (`samples_ts`) kept (`parse_llama_bench`).
 
 The token strings are single characters (`char_tokens`), so a prompt's text tokenizes to
@@ -101,16 +102,17 @@ def convert(peer: Peer, bin_dir: str, source: str, out: str) -> None:
 
 
 def parse_llama_bench(text: str) -> dict:
-    """llama-bench's `-o json` output -> {"pp": (n_prompt, [t/s, ...]), "tg": (n_gen,
+    """llama-bench's `-o json` output -> {"pp": {n_prompt: [t/s, ...], ...}, "tg": (n_gen,
     [t/s, ...]), "build": "commit (number)", "cpu": ...}: every repetition's tokens/s
-    (`samples_ts`) of the prompt test (n_gen 0) and the generation test (n_prompt 0).
+    (`samples_ts`) of each prompt test (n_gen 0: one per length of `-p 128,512`) and of
+    the generation test (n_prompt 0).
     All three peers print the same fields."""
     start = text.index("[")
     tests = json.loads(text[start:text.rindex("]") + 1])
     out = {}
     for t in tests:
         if t["n_gen"] == 0:
-            out["pp"] = (t["n_prompt"], [float(x) for x in t["samples_ts"]])
+            out.setdefault("pp", {})[t["n_prompt"]] = [float(x) for x in t["samples_ts"]]
         elif t["n_prompt"] == 0:
             out["tg"] = (t["n_gen"], [float(x) for x in t["samples_ts"]])
         out["build"] = f"{t.get('build_commit', '?')} ({t.get('build_number', '?')})"
@@ -120,9 +122,12 @@ def parse_llama_bench(text: str) -> dict:
     return out
 
 
-def llama_bench(peer: Peer, bin_dir: str, path: str, threads: int, prompt: int, gen: int,
-                repeat: int) -> dict:
-    out, _ = run([os.path.join(bin_dir, "llama-bench"), "-m", path, "-p", str(prompt),
+def llama_bench(peer: Peer, bin_dir: str, path: str, threads: int, prompts: list[int],
+                gen: int, repeat: int) -> dict:
+    """The peer's `llama-bench`: a prompt test of each length of `prompts` (one
+    invocation, `-p 128,512`) and a generation test of `gen` tokens, `repeat` times each."""
+    out, _ = run([os.path.join(bin_dir, "llama-bench"), "-m", path,
+                  "-p", ",".join(str(n) for n in prompts),
                   "-n", str(gen), "-r", str(repeat), "-t", str(threads), "-o", "json",
                   *peer.bench_args], beside=path)
     return parse_llama_bench(out)

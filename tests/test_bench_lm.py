@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
 import lm  # noqa: E402  (bench/lm.py)
 import peers  # noqa: E402  (bench/peers.py)
 
-# `llama-bench -m M -p 128 -n 64 -r 3 -t 2 -o json -rtr 1 -fa 0` as ik_llama.cpp prints
+# `llama-bench -m M -p 128,512 -n 64 -r 3 -t 2 -o json -rtr 1 -fa 0` as ik_llama.cpp prints
 # it (its log goes to stderr; fields cut to those that matter and a few beside them)
 IK_JSON = """[
   {
@@ -42,6 +42,26 @@ IK_JSON = """[
     "n_threads": 2,
     "flash_attn": false,
     "repack": true,
+    "n_prompt": 512,
+    "n_gen": 0,
+    "test_time": "2026-11-27T12:00:02Z",
+    "avg_ns": 1400000000,
+    "stddev_ns": 10000000,
+    "avg_ts": 365.7,
+    "stddev_ts": 2.6,
+    "test": "pp512",
+    "samples_ns": [ 1390000000, 1400000000, 1410000000 ],
+    "samples_ts": [ 368.345, 365.714, 363.121 ]
+  },
+  {
+    "build_commit": "8337e4cd",
+    "build_number": 4321,
+    "cpu_info": "AMD EPYC 9R14",
+    "model_filename": "/tmp/m.gguf",
+    "model_type": "bitnet 700M IQ2_BN - 2.00 bpw Bitnet",
+    "n_threads": 2,
+    "flash_attn": false,
+    "repack": true,
     "n_prompt": 0,
     "n_gen": 64,
     "test_time": "2026-11-27T12:00:05Z",
@@ -59,7 +79,8 @@ IK_JSON = """[
 
 def test_llama_bench_json_gives_every_repetition():
     r = peers.parse_llama_bench("main: a log line that reached stdout\n" + IK_JSON)
-    assert r["pp"] == (128, [387.879, 380.952, 387.879])
+    # one prompt test for each length of -p 128,512
+    assert r["pp"] == {128: [387.879, 380.952, 387.879], 512: [368.345, 365.714, 363.121]}
     assert r["tg"] == (64, [94.1176, 91.4286, 94.8148])
     assert r["build"] == "8337e4cd (4321)"
     assert r["cpu"] == "AMD EPYC 9R14"
@@ -74,7 +95,7 @@ def test_llama_bench_json_without_a_generation_test_is_an_error():
 def test_table_of_medians_bests_and_ratios():
     peer = peers.parse_llama_bench(IK_JSON)
     rows = {"tercomp int8": {"pp": [400.0, 410.0, 420.0], "tg": [80.0, 82.0, 95.0]},
-            "ik_llama.cpp IQ2_BN->R4": {"pp": peer["pp"][1], "tg": peer["tg"][1]},
+            "ik_llama.cpp IQ2_BN->R4": {"pp": peer["pp"][128], "tg": peer["tg"][1]},
             "bitnet.cpp I2_S": {"pp": [250.0], "tg": [80.0]}}
     lines = lm.format_table(rows, 128, 64, wrong={"bitnet.cpp I2_S"}).splitlines()
     header, ours, ik, bitnet, *ratios = lines
@@ -86,6 +107,32 @@ def test_table_of_medians_bests_and_ratios():
     assert len(ratios) == 1
     assert ratios[0].split() == ["tercomp", "int8", "/", "ik_llama.cpp", "IQ2_BN->R4",
                                  "1.06x", "/", "1.08x", "0.87x", "/", "1.00x"]
+
+
+def test_table_has_a_pp512_column_with_its_ratios():
+    peer = peers.parse_llama_bench(IK_JSON)
+    rows = {"tercomp int8": {"pp": [400.0, 410.0, 420.0], "tg": [80.0, 82.0, 95.0],
+                             "pp_long": [550.0, 540.0, 600.0]},
+            "ik_llama.cpp IQ2_BN->R4": {"pp": peer["pp"][128], "tg": peer["tg"][1],
+                                        "pp_long": peer["pp"][512]},
+            "bitnet.cpp I2_S": {"pp": [250.0], "tg": [80.0], "pp_long": []}}
+    header, ours, ik, bitnet, ratio = lm.format_table(rows, 128, 64, long_prompt=512).splitlines()[:5]
+    assert header.split()[:2] == ["engine", "pp128"] and header.split()[-5] == "pp512"
+    assert ours.split()[-3:] == ["550.0", "/", "600.0"]
+    assert ik.split()[-3:] == ["365.7", "/", "368.3"]
+    assert bitnet.split()[-1] == "-"                    # a peer without the test
+    # pp128, tg64, pp512: median / median, best / best
+    assert ratio.split()[-9:] == ["1.06x", "/", "1.08x", "0.87x", "/", "1.00x",
+                                  "1.50x", "/", "1.63x"]
+    # without long_prompt, no third column whatever the rows hold
+    assert "pp512" not in lm.format_table(rows, 128, 64)
+
+
+def test_bench_refuses_a_cache_shorter_than_its_prompts(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["lm.py", "--max-seq", "256"])     # pp512 needs 512
+    with pytest.raises(SystemExit):
+        lm.main()
+    assert "--max-seq 256" in capsys.readouterr().err
 
 
 def test_summary_is_median_and_best():

@@ -67,6 +67,12 @@ MACs, in the same run), 8x14336x4096 1.28-1.35x, 128x6912x2560 (2B4T) 1.08-1.47x
 same chunking measured alike within the noise (128x4096x4096 min 0.71-1.12x, medians
 0.99-1.01x), so up to K_WHOLE_MAX the loop takes whole rows (the same code as before).
 
+Not faster at the 8B shapes (bench/RESULTS.md, 2026-11-28): decoding each K-chunk of a
+tile once for all blocks of x into a stack buffer (the product loop without
+gf2p8affineqb: 0.6-0.9x), 4 x 4 blocks, the K-chunks outermost so x stays in L2 (0.98x
+at K = 14336), the weight prefetch into L2 only or none, 16 or 32 workgroups. By CPU time
+the loop runs at ~75% of this host's vpdpbusd rate at 128x4096x14336.
+
 Needs: llvm-cpu on a host with AVX-512 VNNI (avx512bw comes with it), K/4 a multiple
 of 64 and N a multiple of 4 (`fits`, the kernel table row's condition: the table gives
 other shapes another kernel, the avx2 one where it fits).
