@@ -5,6 +5,9 @@ same way whole and streamed, and the grammar that "required" and a named tool_ch
 enforce: every sequence it lets a random model write is a call whose arguments validate.
 tests/test_serve.py drives the same through a server with OpenAI's client."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -565,3 +568,76 @@ def test_a_llama3_template_s_calls_are_forced_and_parsed_in_its_syntax(llama3_cl
     deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or ()]
     assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.fixture(scope="module")
+def mistral_tcm(tmp_path_factory):
+    """The tiny model whose chat template writes tools in Mistral's way, saved."""
+    pytest.importorskip("openai")
+    pytest.importorskip("llguidance")
+    import tercomp as tc
+    from tercomp.models.tokenizer import Tokenizer
+    lm = S.tiny_lm(1024)
+    lm.tokenizer = Tokenizer(lm.tokenizer.inner, ChatTemplate(MISTRAL, eos_token="<|end|>"))
+    path = str(tmp_path_factory.mktemp("mistraltools") / "tiny.tcm")
+    tc.compile_lm(lm, max_seq=1024, max_batch=2).save(path)
+    return path
+
+
+def forced_calls(path, parser=None):
+    """What a server of `path` (with --tool-call-parser `parser`) answers to tool_choice
+    "required" and a named function, whole and streamed: [(raw text the model wrote,
+    the parsed calls)]."""
+    import openai
+    port = S.bench.free_port()
+    proc = S.bench.start_server(path, port, ["--api-key", S.KEY] + (
+        ["--tool-call-parser", parser] if parser else []))
+    out = []
+    # eos, and the "]" that ends Mistral's list of calls, where the grammar allows them
+    # (after a whole call: a random model would go on writing calls to max_tokens)
+    bias = {str(S.EOS): 100, str(tiny_vocabulary().token_to_id("]")): 100}
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=S.KEY,
+                               max_retries=0, timeout=120)
+        for choice, parallel in (("required", True),
+                                 ({"type": "function", "function": {"name": "set_alarm"}}, False)):
+            kw = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, temperature=1.0,
+                      seed=3, tool_choice=choice, parallel_tool_calls=parallel,
+                      logit_bias=bias)
+            c = client.chat.completions.create(**kw, logprobs=True).choices[0]
+            assert c.finish_reason == "tool_calls" and c.message.content is None, c
+            calls = check_calls(c.message)
+            if not parallel:
+                assert [n for n, _ in calls] == ["set_alarm"]
+            chunks = list(client.chat.completions.create(**kw, stream=True))
+            deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or ()]
+            assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+            out.append(("".join(t.token for t in c.logprobs.content), calls))
+    finally:
+        S.bench.stop_server(proc)
+    return out
+
+
+def test_a_mistral_template_s_calls_are_forced_and_parsed_in_its_syntax(mistral_tcm):
+    """The template writes [TOOL_CALLS]: "required" and a named tool_choice force calls
+    in Mistral's syntax, parsed back into tool_calls whole and streamed."""
+    for raw, calls in forced_calls(mistral_tcm):
+        assert raw.lstrip().startswith("[TOOL_CALLS] [{") and "<tool_call>" not in raw, raw
+        assert '"arguments":' in raw, raw
+
+
+def test_tool_call_parser_overrides_the_template_s_syntax(mistral_tcm):
+    """--tool-call-parser (vLLM's option): the Mistral template's server parses and forces
+    Llama 3.1's JSON calls instead."""
+    for raw, calls in forced_calls(mistral_tcm, "llama3_json"):
+        assert raw.lstrip().startswith('{"name":') and '"parameters":' in raw, raw
+        assert "[TOOL_CALLS]" not in raw, raw
+
+
+def test_an_unknown_tool_call_parser_is_a_usage_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "tercomp", "serve", str(tmp_path / "none.tcm"),
+                        "--tool-call-parser", "pythonic"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": S.bench.ROOT})
+    assert r.returncode == 2 and "--tool-call-parser 'pythonic'" in r.stderr, r.stderr
+    assert "hermes, llama3_json, mistral" in r.stderr

@@ -5,6 +5,7 @@
                   [--read-timeout S] [--keep-alive S] [--max-connections N] [--drain S]
                   [--max-request-tokens N] [--step-tokens N] [--embeddings]
                   [--no-prefix-cache] [--speculative K]
+                  [--tool-call-parser {hermes,llama3_json,mistral}]
 
 MODEL is a .gguf file, a Hugging Face directory (compiled with max_batch slots), or an
 LM artifact (.tcm, served as it was compiled: `tercomp generate ... --save` or
@@ -83,6 +84,12 @@ def add_parser(sub):
                         "included): a new prompt is prefilled in chunks of what is left, so "
                         "it does not stall their next tokens (default: twice the slots; 0: "
                         "no budget, a new prompt's 128-token chunks on top of theirs)")
+    s.add_argument("--tool-call-parser", metavar="NAME",
+                   help="parse (and, for tool_choice required or a named function, force) "
+                        "tool calls in this syntax, vLLM's parser names: hermes "
+                        "(<tool_call> blocks), llama3_json (Llama 3.1/3.2's JSON), mistral "
+                        "([TOOL_CALLS]) (default: the one the chat template writes, "
+                        "hermes where it writes none)")
     s.add_argument("--embeddings", action="store_true",
                    help="also compile MODEL (.gguf or Hugging Face directory) as an embedding "
                         "encoder and answer /v1/embeddings (pooling as the model file says)")
@@ -132,11 +139,16 @@ def run(args) -> int:
     try:    # the serve extra, imported here: the other commands run without it
         from ..serve.app import create_app
         from ..serve.http import serve
+        from ..serve.tools import SYNTAXES
     except ImportError as e:
         raise MissingDependency(f"tercomp serve needs {e.name or e}, which is not installed",
                                 hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
                                      "prometheus-client)") from None
     from ..runtime.scheduler import Engine
+
+    if args.tool_call_parser is not None and args.tool_call_parser not in SYNTAXES:
+        raise UsageError(f"--tool-call-parser {args.tool_call_parser!r} is not one of "
+                         f"{', '.join(SYNTAXES)}")
 
     asked = {"max_batch": args.max_batch, "max_seq": args.max_seq}
     if args.max_batch is None:
@@ -163,7 +175,7 @@ def run(args) -> int:
     name = args.name or model_name(args.model)
     app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body,
                      read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens,
-                     embedder=embedder)
+                     embedder=embedder, tool_call_parser=args.tool_call_parser)
     print(f"serving {name} ({batch} slots of {gen.max_seq} tokens) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:

@@ -10,17 +10,22 @@ import json
 
 import numpy as np
 
+from ..errors import InputError
 from ..runtime.chat import ChatTemplate, ChatTemplateError, TextEncoder
 from .guard import APIError
 from .structured import Grammars
 from .text import TokenPieces
-from .tools import TemplateSupport, prepare
+from .tools import SYNTAXES, TemplateSupport, prepare
 
 
 class ServedModel:
     """What the API needs of the generator: its tokenizer, chat template and eos."""
 
-    def __init__(self, gen):
+    def __init__(self, gen, tool_call_parser: str | None = None):
+        if tool_call_parser is not None and tool_call_parser not in SYNTAXES:
+            raise InputError(f"unknown tool-call parser {tool_call_parser!r}",
+                             hint=f"one of {', '.join(SYNTAXES)} (vLLM's names)")
+        self.tool_call_parser = tool_call_parser
         self.tokenizer, self.max_seq, self.vocab_size = gen.tokenizer, gen.max_seq, gen.vocab_size
         self.template = ChatTemplate.from_dict(gen.chat_template)
         self._support = None        # serve.tools.TemplateSupport, probed on first use
@@ -111,8 +116,12 @@ class ServedModel:
 
     @property
     def tool_syntax(self) -> str:
-        """The call syntax the tool prompt asks for (serve.tools.template_syntax): the
-        template's own where it writes tools, else the generic format's "hermes"."""
+        """The call syntax answers are parsed and forced in: `tool_call_parser` where the
+        server was told one (vLLM's --tool-call-parser), else the one the tool prompt
+        asks for (serve.tools.template_syntax): the template's own where it writes
+        tools, else the generic format's "hermes"."""
+        if self.tool_call_parser is not None:
+            return self.tool_call_parser
         if self._support is None and self.template is not None:
             self._support = TemplateSupport.probe(self.template)
         return self._support.syntax if self._support is not None else "hermes"
