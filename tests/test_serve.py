@@ -434,6 +434,65 @@ def test_chat_logprobs(ref, client):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
 
 
+# temperature, top_k, a penalty and a bias: what changes the tokens drawn
+TRANSFORMS = dict(temperature=0.7, presence_penalty=1.0, logit_bias={"100": 3.0},
+                  extra_body={"top_k": 5})
+
+
+def sampled_with_logprobs(client, n=3):
+    """(prompt ids, the tokens drawn under TRANSFORMS, their logprobs, their top-n
+    alternatives' logprobs, most likely first) of a completion."""
+    r = client.completions.create(model="tiny", prompt="hello world", max_tokens=12, seed=4,
+                                  logprobs=n, **TRANSFORMS)
+    c = r.choices[0]
+    tops = [sorted(d.values(), reverse=True) for d in c.logprobs.top_logprobs]
+    return c.model_extra["token_ids"], c.logprobs.token_logprobs, tops
+
+
+def test_logprobs_are_the_model_s_whatever_the_sampling_transforms(ref, client):
+    """By default (OpenAI's and vLLM's raw_logprobs) a drawn token's logprob and the top
+    alternatives are log_softmax of the model's logits: temperature, top_k, penalties
+    and logit_bias change which token is drawn, not what is reported (the drawn token
+    is listed with the top ones where it is not among them, as OpenAI lists it)."""
+    ids = ref.encode("hello world").tolist()
+    out, lps, tops = sampled_with_logprobs(client)
+    raw = log_softmax(ref.prefill(np.array(ids + out[:-1], np.int32)))[len(ids) - 1:]
+    np.testing.assert_allclose(lps, raw[np.arange(len(out)), out], atol=2e-3)
+    for row, tok, top in zip(raw, out, tops):
+        best = np.sort(row)[::-1][:3]
+        np.testing.assert_allclose(top[:3], best, atol=2e-3)
+        assert len(top) == 3 + (row[tok] < best[-1] - 2e-3)
+
+
+def test_processed_logprobs_are_the_distribution_sampled_from(tcm, ref, client):
+    """--logprobs-mode processed_logprobs (vLLM's): the logprobs are those of the
+    distribution the token was drawn from, after the logit bias, the penalties,
+    temperature and top_k (the tokens top_k drops have none: top_k 5 lists 5 whose
+    probabilities sum to 1); the tokens drawn are the raw server's."""
+    from tercomp.runtime.sampling import processed_logprobs
+    _, path = tcm
+    port = bench.free_port()
+    proc = bench.start_server(path, port, ["--logprobs-mode", "processed_logprobs"])
+    try:
+        processed = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                                  max_retries=0, timeout=60)
+        out, lps, tops = sampled_with_logprobs(processed, n=8)
+    finally:
+        bench.stop_server(proc)
+    assert out == sampled_with_logprobs(client)[0]
+    ids = ref.encode("hello world").tolist()
+    logits = ref.prefill(np.array(ids + out[:-1], np.int32))[len(ids) - 1:].astype(np.float64)
+    for j, (tok, lp, top) in enumerate(zip(out, lps, tops)):
+        z = logits[j].copy()
+        z[100] += 3.0                                   # the bias, then presence over the output
+        z[sorted(set(out[:j]))] -= 1.0
+        want = processed_logprobs(z, 0.7, top_k=5)
+        assert lp == pytest.approx(want[tok], abs=2e-3)
+        assert len(top) == 8 and top[5:] == [-9999.0] * 3       # OpenAI's floor for -inf
+        np.testing.assert_allclose(top[:5], np.sort(want)[::-1][:5], atol=2e-3)
+        assert np.exp(top[:5]).sum() == pytest.approx(1.0, abs=1e-3)
+
+
 # -- sampling parameters --------------------------------------------------------------------------
 
 def penalized_greedy(ref, ids, n, presence=0.0, frequency=0.0, repetition=1.0, bias=None):

@@ -6,6 +6,7 @@
                   [--max-request-tokens N] [--step-tokens N] [--embeddings]
                   [--no-prefix-cache] [--speculative K]
                   [--tool-call-parser {hermes,llama3_json,mistral}]
+                  [--logprobs-mode {raw_logprobs,processed_logprobs}]
 
 MODEL is a .gguf file, a Hugging Face directory (compiled with max_batch slots), or an
 LM artifact (.tcm, served as it was compiled: `tercomp generate ... --save` or
@@ -21,6 +22,7 @@ import os
 import sys
 
 from ..errors import MissingDependency
+from ..runtime.sampling import LOGPROBS_MODES
 from .base import UsageError, positive_int
 from .model import open_model, open_model_and_encoder
 
@@ -90,6 +92,13 @@ def add_parser(sub):
                         "(<tool_call> blocks), llama3_json (Llama 3.1/3.2's JSON), mistral "
                         "([TOOL_CALLS]) (default: the one the chat template writes, "
                         "hermes where it writes none)")
+    s.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw_logprobs",
+                   help="what a generated token's logprobs are of (vLLM's option): "
+                        "raw_logprobs, log_softmax of the model's logits (the default, as "
+                        "OpenAI's and vLLM's: temperature, penalties and logit_bias do not "
+                        "change them); processed_logprobs, the distribution the token was "
+                        "sampled from (after logit_bias, penalties, a grammar, temperature, "
+                        "min_p, top_k and top_p)")
     s.add_argument("--embeddings", action="store_true",
                    help="also compile MODEL (.gguf or Hugging Face directory) as an embedding "
                         "encoder and answer /v1/embeddings (pooling as the model file says)")
@@ -171,7 +180,8 @@ def run(args) -> int:
     # inter-token latency at 1-16 clients, bench/RESULTS.md); 0 turns it off
     budget = STEP_TOKENS_PER_SLOT * batch if args.step_tokens is None else args.step_tokens or None
     engine = Engine(gen, max_queue=args.max_queue, prefix_cache=not args.no_prefix_cache,
-                    num_draft=args.speculative, step_tokens=budget)
+                    num_draft=args.speculative, step_tokens=budget,
+                    logprobs_mode=args.logprobs_mode)
     name = args.name or model_name(args.model)
     app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body,
                      read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens,
