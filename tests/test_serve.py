@@ -571,21 +571,45 @@ def test_n_choices_and_best_of(ref, client):
     assert chat.choices[0].message.content == chat.choices[1].message.content
 
 
+#: every field OpenAI's API lets be null (completions; chat), null
+COMPLETION_NULLS = dict.fromkeys([
+    "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+    "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
+    "top_p", "user"])
+CHAT_NULLS = dict.fromkeys([
+    "audio", "frequency_penalty", "logit_bias", "logprobs", "max_completion_tokens",
+    "max_tokens", "metadata", "modalities", "n", "parallel_tool_calls", "prediction",
+    "presence_penalty", "prompt_cache_key", "reasoning_effort", "response_format",
+    "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
+    "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
+    "verbosity", "web_search_options"])
+
+
 def test_nulls_where_openai_allows_them(ref, base):
-    body = {"model": "tiny", "prompt": "hello", "max_tokens": 5, "temperature": 0,
-            "stream": None, "n": None, "echo": None, "logprobs": None, "stop": None,
-            "best_of": None, "presence_penalty": None, "frequency_penalty": None,
-            "logit_bias": None, "seed": None, "top_p": None, "user": None, "suffix": None,
-            "stream_options": None, "response_format": None}
-    r = post(base, "/v1/completions", body)
+    """Every field OpenAI allows null may be null and then means its default: the
+    answer equals the one without it (completions' max_tokens 16, temperature 1)."""
+    body = {"model": "tiny", "prompt": "hello", "seed": 3, "ignore_eos": True}
+    r = post(base, "/v1/completions", {**COMPLETION_NULLS, **body})
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["token_ids"] == expected(ref, ref.encode("hello"), 5)[0]
-    chat = post(base, "/v1/chat/completions", {
-        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-        "stream": None, "n": None, "logprobs": None, "top_logprobs": None, "tools": None,
-        "tool_choice": None, "response_format": {"type": "text"}, "max_completion_tokens": None})
-    assert chat.status_code == 200, chat.text
-    for field, value in (("tool_choice", "required"), ("functions", [{"name": "f"}])):
+    want = expected(ref, ref.encode("hello"), 16, temperature=1.0, seed=3)[0]
+    assert r.json()["choices"][0]["token_ids"] == want
+    assert post(base, "/v1/completions", body).json()["choices"][0]["token_ids"] == want
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "seed": 5}
+    r = post(base, "/v1/chat/completions", {**CHAT_NULLS, **chat})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"] == \
+        post(base, "/v1/chat/completions", chat).json()["choices"][0]["message"]
+    # fields that change nothing here (storage, routing, hints) are accepted and ignored
+    hints = {"store": True, "metadata": {"k": "v"}, "service_tier": "auto", "user": "u",
+             "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "low",
+             "verbosity": "low", "modalities": ["text"], "response_format": {"type": "text"},
+             "logprobs": False, "parallel_tool_calls": True}
+    r = post(base, "/v1/chat/completions", {**chat, **hints, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    # what this server cannot do is refused by name, never ignored
+    for field, value in (("tool_choice", "required"), ("functions", [{"name": "f"}]),
+                         ("audio", {}), ("audio", {"voice": "alloy", "format": "wav"}),
+                         ("modalities", ["text", "audio"]), ("web_search_options", {})):
         r = post(base, "/v1/chat/completions", {"model": "tiny", field: value,
                                                 "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text

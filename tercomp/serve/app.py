@@ -51,8 +51,8 @@ from ..runtime.scheduler import EngineClosed, QueueFull
 from .guard import APIError, Guard, add_error_handlers
 from .metrics import CONTENT_TYPE, Metrics
 from .model import ServedEncoder, ServedModel, encode_embedding
-from .protocol import (MAX_PROMPTS, ChatRequest, CompletionRequest, DetokenizeRequest,
-                       EmbeddingRequest, TokenizeRequest, error_body)
+from .protocol import (COMPLETION_MAX_TOKENS, MAX_PROMPTS, ChatRequest, CompletionRequest,
+                       DetokenizeRequest, EmbeddingRequest, TokenizeRequest, error_body)
 from .structured import GrammarError
 from .text import TextStream
 from .tools import ToolParser, call_grammar, openai_call, split
@@ -138,8 +138,9 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         prompts = await off_loop(lambda: [
             model.encode(p, bool(body.parse_special), body.add_special_tokens is not False)
             for p in texts])
-        max_tokens = _budget(body.max_tokens, len(texts) * body.candidates, model.max_seq,
-                             max_request_tokens)
+        # null is OpenAI's default (chat's null is "to the context")
+        max_tokens = _budget(COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
+                             len(texts) * body.candidates, model.max_seq, max_request_tokens)
         echo = [(t if isinstance(t, str) else model.decode(t), p) if body.echo else None
                 for t, p in zip(texts, prompts)]
         grammar = await _grammar(model, body, off_loop)
