@@ -29,11 +29,6 @@ from .model import open_model, open_model_and_encoder
 DEFAULT_MAX_BATCH = 8
 
 
-
-#: The default step budget a slot: 8 slots step at most 16 tokens while streams decode.
-STEP_TOKENS_PER_SLOT = 2
-
-
 def _step_tokens(text: str) -> int:
     """--step-tokens: a non-negative int (0: no budget)."""
     if text != "0":
@@ -153,7 +148,7 @@ def run(args) -> int:
         raise MissingDependency(f"tercomp serve needs {e.name or e}, which is not installed",
                                 hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
                                      "prometheus-client)") from None
-    from ..runtime.scheduler import Engine
+    from ..runtime.scheduler import STEP_TOKENS_PER_SLOT, Engine
 
     if args.tool_call_parser is not None and args.tool_call_parser not in SYNTAXES:
         raise UsageError(f"--tool-call-parser {args.tool_call_parser!r} is not one of "

@@ -72,6 +72,11 @@ from .speculative import DraftSchedule, accepted, prompt_lookup
 
 _DONE = object()
 
+#: a server's step budget a slot (`tercomp serve`'s default --step-tokens, Ray Serve's
+#: replicas): 8 slots step at most 16 tokens while streams decode, which kept p99
+#: inter-token latency at or under llama-server's at 1-16 clients (bench/RESULTS.md)
+STEP_TOKENS_PER_SLOT = 2
+
 #: the fewest prompt tokens a request copies from another slot, or waits
 #: for while an earlier request computes them (fewer cost less to prefill in the step)
 MIN_SHARED = 16
