@@ -50,6 +50,32 @@ MISTRAL = ("{% for m in messages %}{% if m.role == 'user' %}{% if tools and loop
            "map(attribute='function') | list | tojson }}<|end|>{% elif m.role == 'tool' %}"
            "[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{% else %}{{ m.content }}<|end|>"
            "{% endif %}{% endfor %}")
+# Mistral v0.3's way in full: turns must alternate (calls and tool answers aside), the tools
+# before the last user turn, and every call id 9 letters or digits (else it raises, as
+# Mistral's own templates do)
+MISTRAL_V03 = (
+    "{%- set ns = namespace(turn=0, last_user=-1) %}"
+    "{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}"
+    "{% endif %}{% if m.role in ['user', 'assistant'] and not m.tool_calls %}"
+    "{% if (m.role == 'user') != (ns.turn % 2 == 0) %}{{ raise_exception('roles must "
+    "alternate user/assistant') }}{% endif %}{% set ns.turn = ns.turn + 1 %}{% endif %}"
+    "{%- endfor %}{{ bos_token }}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}{% if tools and loop.index0 == ns.last_user %}"
+    "[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "[INST] {{ m.content }}[/INST]"
+    "{%- elif m.tool_calls %}[TOOL_CALLS] [{% for c in m.tool_calls %}"
+    "{% if c.id is not string or c.id | length != 9 %}{{ raise_exception('Tool call IDs "
+    "should be alphanumeric strings with length 9') }}{% endif %}"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments, 'id': c.id} | tojson }}"
+    "{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}"
+    "{%- elif m.role == 'tool' %}{% if m.tool_call_id | length != 9 %}{{ raise_exception("
+    "'Tool call IDs should be alphanumeric strings with length 9') }}{% endif %}"
+    "[TOOL_RESULTS] {{ {'content': m.content, 'call_id': m.tool_call_id} | tojson }}"
+    "[/TOOL_RESULTS]"
+    "{%- elif m.role == 'assistant' %} {{ m.content | trim }}{{ eos_token }}"
+    "{%- else %}{{ raise_exception('only user, assistant and tool roles') }}{% endif %}"
+    "{%- endfor %}")
 
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
                                             "days": {"enum": [1, 2, 3]}},
@@ -88,6 +114,12 @@ def test_probe_tells_templates_that_write_tools():
     assert TemplateSupport.probe(ChatTemplate(NATIVE)) == (True, True, "hermes")
     assert TemplateSupport.probe(ChatTemplate(LLAMA31_TOOLS)).syntax == "llama3_json"
     assert TemplateSupport.probe(ChatTemplate(MISTRAL)).syntax == "mistral"
+    assert TemplateSupport.probe(ChatTemplate(MISTRAL_V03, eos_token="</s>")) == \
+        (True, True, "mistral")
+    # a template that lists the tools but drops the history's calls does not write them
+    drops = ("{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}"
+             "{{ m.content }}{% endfor %}")
+    assert TemplateSupport.probe(ChatTemplate(drops)) == (True, False, "hermes")
     # a template that mentions [TOOL_CALLS] but never writes tools gets the generic format
     assert TemplateSupport.probe(ChatTemplate(PLAIN + "{# [TOOL_CALLS] #}")).syntax == "hermes"
     # a template that refuses roles it does not know writes none of them
@@ -136,6 +168,26 @@ LLAMA31 = ("{% for m in messages %}{% if m.tool_calls %}<|assistant|>{% for c in
            "{% if m.content is mapping or m.content is iterable %}{{ m.content | tojson }}"
            "{% else %}{{ m.content }}{% endif %}<|end|>{% else %}<|{{ m.role }}|>{{ m.content }}"
            "<|end|>{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_a_mistral_template_gets_call_ids_it_accepts():
+    """Mistral's templates raise on a call id that is not 9 letters or digits (OpenAI's
+    are `call_...`): the history's ids are written as 9 base-62 digits of their hash,
+    the same for a call and the tool message answering it."""
+    from tercomp.serve.tools import mistral_id
+    text = rendered(ChatTemplate(MISTRAL_V03, eos_token="</s>"), HISTORY, TOOLS)
+    a, b = mistral_id("call_1"), mistral_id("call_2")
+    assert a != b and a.isalnum() and len(a) == 9
+    assert text == (
+        f"[AVAILABLE_TOOLS] {json.dumps(TOOLS)}[/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]"
+        f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {{"city": "Paris", "days": 1}}, '
+        f'"id": "{a}"}}, {{"name": "get_weather", "arguments": {{"city": "Oslo", "days": 1}}, '
+        f'"id": "{b}"}}]</s>'
+        f'[TOOL_RESULTS] {{"content": "sunny", "call_id": "{a}"}}[/TOOL_RESULTS]'
+        f'[TOOL_RESULTS] {{"content": "rain", "call_id": "{b}"}}[/TOOL_RESULTS]')
+    # ids that are already Mistral's stay as they are
+    history = json.loads(json.dumps(HISTORY).replace("call_1", "AbC123xyz"))
+    assert '"call_id": "AbC123xyz"' in rendered(ChatTemplate(MISTRAL_V03), history, TOOLS)
 
 
 def test_tool_answers_written_as_json_strings_stay_text():
@@ -578,7 +630,7 @@ def mistral_tcm(tmp_path_factory):
     import tercomp as tc
     from tercomp.models.tokenizer import Tokenizer
     lm = S.tiny_lm(1024)
-    lm.tokenizer = Tokenizer(lm.tokenizer.inner, ChatTemplate(MISTRAL, eos_token="<|end|>"))
+    lm.tokenizer = Tokenizer(lm.tokenizer.inner, ChatTemplate(MISTRAL_V03, eos_token="<|end|>"))
     path = str(tmp_path_factory.mktemp("mistraltools") / "tiny.tcm")
     tc.compile_lm(lm, max_seq=1024, max_batch=2).save(path)
     return path
@@ -586,8 +638,8 @@ def mistral_tcm(tmp_path_factory):
 
 def forced_calls(path, parser=None):
     """What a server of `path` (with --tool-call-parser `parser`) answers to tool_choice
-    "required" and a named function, whole and streamed: [(raw text the model wrote,
-    the parsed calls)]."""
+    "required" and a named function, whole and streamed: ([(raw text the model wrote,
+    the parsed calls)], the prompt tokens of HISTORY with OpenAI's call ids)."""
     import openai
     port = S.bench.free_port()
     proc = S.bench.start_server(path, port, ["--api-key", S.KEY] + (
@@ -614,23 +666,29 @@ def forced_calls(path, parser=None):
             assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls
             assert chunks[-1].choices[0].finish_reason == "tool_calls"
             out.append(("".join(t.token for t in c.logprobs.content), calls))
+        r = client.chat.completions.create(model="tiny", messages=HISTORY, tools=TOOLS,
+                                           max_tokens=2)
     finally:
         S.bench.stop_server(proc)
-    return out
+    return out, r.usage.prompt_tokens
 
 
 def test_a_mistral_template_s_calls_are_forced_and_parsed_in_its_syntax(mistral_tcm):
     """The template writes [TOOL_CALLS]: "required" and a named tool_choice force calls
-    in Mistral's syntax, parsed back into tool_calls whole and streamed."""
-    for raw, calls in forced_calls(mistral_tcm):
+    in Mistral's syntax, parsed back into tool_calls whole and streamed; a history with
+    OpenAI's call ids is rendered with ids the template accepts."""
+    answers, prompt_tokens = forced_calls(mistral_tcm)
+    for raw, calls in answers:
         assert raw.lstrip().startswith("[TOOL_CALLS] [{") and "<tool_call>" not in raw, raw
         assert '"arguments":' in raw, raw
+    text = rendered(ChatTemplate(MISTRAL_V03, eos_token="<|end|>"), HISTORY, TOOLS)
+    assert prompt_tokens == len(tiny_vocabulary().encode(text, add_special_tokens=False).ids)
 
 
 def test_tool_call_parser_overrides_the_template_s_syntax(mistral_tcm):
     """--tool-call-parser (vLLM's option): the Mistral template's server parses and forces
     Llama 3.1's JSON calls instead."""
-    for raw, calls in forced_calls(mistral_tcm, "llama3_json"):
+    for raw, calls in forced_calls(mistral_tcm, "llama3_json")[0]:
         assert raw.lstrip().startswith('{"name":') and '"parameters":' in raw, raw
         assert "[TOOL_CALLS]" not in raw, raw
 

@@ -39,9 +39,11 @@ stays content. "required" and a named tool_choice force a call in the same synta
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
+import string
 import uuid
 from typing import NamedTuple
 
@@ -100,24 +102,32 @@ class TemplateSupport(NamedTuple):
 
     @classmethod
     def probe(cls, template) -> "TemplateSupport":
-        """Render probes with a name nobody writes: a template handles what it writes."""
+        """Render probes with names nobody writes: a template handles what it writes (the
+        call names another function than the tool offered, so a template that lists
+        the tools but drops the calls is not taken for one that writes them)."""
         name = f"tercomp_probe_{secrets.token_hex(4)}"
+        called = f"{name}_called"
         tool = {"type": "function", "function": {
             "name": name, "description": "probe",
             "parameters": {"type": "object", "properties": {}}}}
         user = {"role": "user", "content": "hi"}
+        # an id of 9 letters and digits: Mistral's templates raise on any other
         call = {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": name, "arguments": {}}}]}
-        answer = {"role": "tool", "content": "ok", "tool_call_id": "call_0"}
+            {"id": "tercomp00", "type": "function", "function": {"name": called, "arguments": {}}}]}
+        answer = {"role": "tool", "content": "ok", "tool_call_id": "tercomp00"}
 
-        def writes(messages, **kw) -> bool:
+        def writes(needle, messages, **kw) -> bool:
             try:
-                return name in template.render(messages, add_generation_prompt=True, **kw)
+                return needle in template.render(messages, add_generation_prompt=True, **kw)
             except ChatTemplateError:
                 return False
-        tools = writes([user], tools=[tool])
-        return cls(tools, writes([user, call, answer, user], tools=[tool] if tools else None),
-                   template_syntax(template.source) if tools else "hermes")
+        tools = writes(name, [user], tools=[tool])
+        offered = [tool] if tools else None
+        # a user turn after the tool's answer, or none (Mistral's templates count user
+        # and assistant turns around the calls, and refuse two user turns in a row)
+        calls = writes(called, [user, call, answer, user], tools=offered) or \
+            writes(called, [user, call, answer], tools=offered)
+        return cls(tools, calls, template_syntax(template.source) if tools else "hermes")
 
 
 def polyfill(messages: list) -> list:
@@ -142,14 +152,51 @@ def polyfill(messages: list) -> list:
     return [{k: v for k, v in m.items() if k != "_responses"} for m in out]
 
 
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}\Z")
+_BASE62 = string.ascii_letters + string.digits
+
+
+def mistral_id(call_id: str) -> str:
+    """A tool call id as Mistral's templates require it (9 letters or digits; they raise
+    on any other, such as OpenAI's `call_...`): the id itself where it is one, else 9
+    base-62 digits of its SHA-256, so a call and the tool message answering it still
+    pair (vLLM truncates them for Mistral models instead).
+
+    >>> mistral_id("a1B2c3D4e"), len(mistral_id("call_0123456789abcdef"))
+    ('a1B2c3D4e', 9)
+    """
+    if _MISTRAL_ID.match(call_id):
+        return call_id
+    n, digits = int.from_bytes(hashlib.sha256(call_id.encode("utf-8")).digest(), "big"), []
+    for _ in range(9):
+        n, r = divmod(n, 62)
+        digits.append(_BASE62[r])
+    return "".join(digits)
+
+
+def mistral_ids(messages: list) -> list:
+    """`messages` with every tool call id and tool_call_id as `mistral_id` writes it."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [{**c, "id": mistral_id(c["id"])} for c in m["tool_calls"]]}
+        if m.get("tool_call_id") is not None:
+            m = {**m, "tool_call_id": mistral_id(m["tool_call_id"])}
+        out.append(m)
+    return out
+
+
 def prepare(messages: list, tools: list | None, support: TemplateSupport):
     """(messages, tools keyword) for the template: `messages` as
     ChatMessage.for_template gives them, `tools` the offered ones as dicts (None: not
     offered). What the template does not write itself is written in the generic format:
     the tools as a system message (the first one's text, or a new one before the
-    others), the history's calls by `polyfill`."""
+    others), the history's calls by `polyfill`; a Mistral template that writes them
+    gets their ids as it requires them (`mistral_ids`)."""
     if not support.calls and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         messages = polyfill(messages)
+    elif support.calls and support.syntax == "mistral":
+        messages = mistral_ids(messages)
     if not tools or support.tools:
         return messages, tools or None
     block = fallback_system(tools)
