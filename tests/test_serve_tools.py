@@ -43,6 +43,28 @@ LLAMA31_TOOLS = ("{% for m in messages %}<|{{ m.role }}|>{% if tools and loop.la
                  "'parameters': c.function.arguments} | tojson }}{% endfor %}{% elif m.role == "
                  "'tool' %}<|ipython|>{{ m.content }}{% else %}{{ m.content }}{% endif %}<|end|>"
                  "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+# Llama 3.1's way in full (3.2's writes calls alike): headers, tools in the first user
+# turn, one call a message as {"name", "parameters"}, tool answers in the ipython role
+LLAMA31_FULL = (
+    "{{ bos_token }}{%- if messages[0].role == 'system' %}{% set system = messages[0].content %}"
+    "{% set rest = messages[1:] %}{% else %}{% set system = '' %}{% set rest = messages %}"
+    "{% endif %}<|start_header_id|>system<|end_header_id|>\n\n{% if tools %}Environment: "
+    "ipython\n{% endif %}Cutting Knowledge Date: December 2023\n\n{{ system }}<|eot_id|>"
+    "{%- if tools %}{% if not rest or rest[0].role != 'user' %}{{ raise_exception('tools go "
+    "in the first user message, and there is none') }}{% endif %}<|start_header_id|>user"
+    "<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
+    "function call with its proper arguments that best answers the given prompt.\n\n"
+    "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument "
+    "name and its value}. Do not use variables.\n\n{% for t in tools %}{{ t | tojson }}"
+    "\n\n{% endfor %}{{ rest[0].content }}<|eot_id|>{% set rest = rest[1:] %}{% endif %}"
+    "{%- for m in rest %}{% if m.tool_calls %}{% if m.tool_calls | length != 1 %}"
+    "{{ raise_exception('This model only supports single tool-calls at once!') }}{% endif %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{{ {'name': m.tool_calls[0].function"
+    ".name, 'parameters': m.tool_calls[0].function.arguments} | tojson }}<|eot_id|>"
+    "{%- elif m.role in ['tool', 'ipython'] %}<|start_header_id|>ipython<|end_header_id|>"
+    "\n\n{{ m.content }}<|eot_id|>{%- else %}<|start_header_id|>{{ m.role }}<|end_header_id|>"
+    "\n\n{{ m.content | trim }}<|eot_id|>{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
 # Mistral's (v0.3, cut down): [AVAILABLE_TOOLS] before the last user turn, [TOOL_CALLS]
 MISTRAL = ("{% for m in messages %}{% if m.role == 'user' %}{% if tools and loop.last %}"
            "[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]"
@@ -114,6 +136,7 @@ def test_probe_tells_templates_that_write_tools():
     assert TemplateSupport.probe(ChatTemplate(NATIVE)) == (True, True, "hermes")
     assert TemplateSupport.probe(ChatTemplate(LLAMA31_TOOLS)).syntax == "llama3_json"
     assert TemplateSupport.probe(ChatTemplate(MISTRAL)).syntax == "mistral"
+    assert TemplateSupport.probe(ChatTemplate(LLAMA31_FULL)) == (True, True, "llama3_json")
     assert TemplateSupport.probe(ChatTemplate(MISTRAL_V03, eos_token="</s>")) == \
         (True, True, "mistral")
     # a template that lists the tools but drops the history's calls does not write them
@@ -168,6 +191,21 @@ LLAMA31 = ("{% for m in messages %}{% if m.tool_calls %}<|assistant|>{% for c in
            "{% if m.content is mapping or m.content is iterable %}{{ m.content | tojson }}"
            "{% else %}{{ m.content }}{% endif %}<|end|>{% else %}<|{{ m.role }}|>{{ m.content }}"
            "<|end|>{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+ONE_CALL = HISTORY[:2] + HISTORY[2:3]
+ONE_CALL[1] = {**ONE_CALL[1], "tool_calls": ONE_CALL[1]["tool_calls"][:1]}
+
+
+def test_a_llama31_template_gets_tools_and_its_calls_as_it_writes_them():
+    text = rendered(ChatTemplate(LLAMA31_FULL), ONE_CALL, TOOLS)
+    assert text.startswith("<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython")
+    assert "".join(json.dumps(t) + "\n\n" for t in TOOLS) + "Weather in Paris?<|eot_id|>" in text
+    assert text.endswith(
+        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", '
+        '"parameters": {"city": "Paris", "days": 1}}<|eot_id|>'
+        "<|start_header_id|>ipython<|end_header_id|>\n\nsunny<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
 def test_a_mistral_template_gets_call_ids_it_accepts():
@@ -589,10 +627,10 @@ def llama3_client(tmp_path_factory):
     import openai
     import tercomp as tc
     from tercomp.models.tokenizer import Tokenizer
-    lm = S.tiny_lm(1024)
-    lm.tokenizer = Tokenizer(lm.tokenizer.inner, ChatTemplate(LLAMA31_TOOLS, eos_token="<|end|>"))
+    lm = S.tiny_lm(TOOL_SEQ)
+    lm.tokenizer = Tokenizer(lm.tokenizer.inner, ChatTemplate(LLAMA31_FULL, eos_token="<|end|>"))
     path = str(tmp_path_factory.mktemp("llama3tools") / "tiny.tcm")
-    tc.compile_lm(lm, max_seq=1024, max_batch=2).save(path)
+    tc.compile_lm(lm, max_seq=TOOL_SEQ, max_batch=2).save(path)
     port = S.bench.free_port()
     proc = S.bench.start_server(path, port, ["--api-key", S.KEY])
     try:
@@ -620,6 +658,11 @@ def test_a_llama3_template_s_calls_are_forced_and_parsed_in_its_syntax(llama3_cl
     deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or ()]
     assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # a history of one call and its answer, as the template writes it
+    r = llama3_client.chat.completions.create(model="tiny", messages=ONE_CALL, tools=TOOLS,
+                                              max_tokens=2)
+    text = rendered(ChatTemplate(LLAMA31_FULL), ONE_CALL, TOOLS)
+    assert r.usage.prompt_tokens == len(tiny_vocabulary().encode(text, add_special_tokens=False).ids)
 
 
 @pytest.fixture(scope="module")
