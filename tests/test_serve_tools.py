@@ -5,9 +5,6 @@ same way whole and streamed, and the grammar that "required" and a named tool_ch
 enforce: every sequence it lets a random model write is a call whose arguments validate.
 tests/test_serve.py drives the same through a server with OpenAI's client."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +13,7 @@ pytest.importorskip("fastapi")
 jsonschema = pytest.importorskip("jsonschema")
 
 import test_serve as S  # noqa: E402
+import tercomp.cli  # noqa: E402
 from tercomp.runtime.chat import ChatTemplate, TextEncoder  # noqa: E402
 from tercomp.serve.protocol import ChatRequest  # noqa: E402
 from tercomp.serve.tools import (TemplateSupport, ToolParser, call_grammar,  # noqa: E402
@@ -375,16 +373,29 @@ TOOL_SEQ = 2048
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """The server's base URL: tests/test_serve.py's tiny model with room for tool
-    prompts (test_serve checks its answers against a single-stream generator: here the
-    server's own greedy completions of a prompt's ids are the reference)."""
+def tool_tcm(tmp_path_factory):
+    """tests/test_serve.py's tiny model with room for tool prompts, saved; servers of
+    other chat templates serve it with --chat-template."""
     pytest.importorskip("openai")
     pytest.importorskip("llguidance")
     import tercomp as tc
-    lm = S.tiny_lm(TOOL_SEQ)
     path = str(tmp_path_factory.mktemp("tools") / "tiny.tcm")
-    tc.compile_lm(lm, max_seq=TOOL_SEQ, max_batch=2).save(path)
+    tc.compile_lm(S.tiny_lm(TOOL_SEQ), max_seq=TOOL_SEQ, max_batch=2).save(path)
+    return path
+
+
+def template_file(tmp_path_factory, source: str) -> str:
+    path = tmp_path_factory.mktemp("template") / "chat.jinja"
+    path.write_text(source)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def served(tool_tcm):
+    """The server's base URL: the tiny model's own template, which ignores tools
+    (test_serve checks its answers against a single-stream generator: here the
+    server's own greedy completions of a prompt's ids are the reference)."""
+    path = tool_tcm
     port = S.bench.free_port()
     proc = S.bench.start_server(path, port, ["--api-key", S.KEY])
     try:
@@ -620,19 +631,13 @@ def test_forced_calls_in_the_template_s_syntax(syntax):
 
 
 @pytest.fixture(scope="module")
-def llama3_client(tmp_path_factory):
-    """A server of the tiny model whose chat template writes tools in Llama 3.1's way."""
-    pytest.importorskip("openai")
-    pytest.importorskip("llguidance")
+def llama3_client(tool_tcm, tmp_path_factory):
+    """A server of the tiny model with a chat template that writes tools in Llama 3.1's
+    way (--chat-template)."""
     import openai
-    import tercomp as tc
-    from tercomp.models.tokenizer import Tokenizer
-    lm = S.tiny_lm(TOOL_SEQ)
-    lm.tokenizer = Tokenizer(lm.tokenizer.inner, ChatTemplate(LLAMA31_FULL, eos_token="<|end|>"))
-    path = str(tmp_path_factory.mktemp("llama3tools") / "tiny.tcm")
-    tc.compile_lm(lm, max_seq=TOOL_SEQ, max_batch=2).save(path)
     port = S.bench.free_port()
-    proc = S.bench.start_server(path, port, ["--api-key", S.KEY])
+    proc = S.bench.start_server(tool_tcm, port, ["--api-key", S.KEY, "--chat-template",
+                                                 template_file(tmp_path_factory, LLAMA31_FULL)])
     try:
         yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=S.KEY,
                             max_retries=0, timeout=120)
@@ -666,27 +671,20 @@ def test_a_llama3_template_s_calls_are_forced_and_parsed_in_its_syntax(llama3_cl
 
 
 @pytest.fixture(scope="module")
-def mistral_tcm(tmp_path_factory):
-    """The tiny model whose chat template writes tools in Mistral's way, saved."""
-    pytest.importorskip("openai")
-    pytest.importorskip("llguidance")
-    import tercomp as tc
-    from tercomp.models.tokenizer import Tokenizer
-    lm = S.tiny_lm(1024)
-    lm.tokenizer = Tokenizer(lm.tokenizer.inner, ChatTemplate(MISTRAL_V03, eos_token="<|end|>"))
-    path = str(tmp_path_factory.mktemp("mistraltools") / "tiny.tcm")
-    tc.compile_lm(lm, max_seq=1024, max_batch=2).save(path)
-    return path
+def mistral_template(tmp_path_factory):
+    """A file of a chat template that writes tools in Mistral's way."""
+    return template_file(tmp_path_factory, MISTRAL_V03)
 
 
-def forced_calls(path, parser=None):
-    """What a server of `path` (with --tool-call-parser `parser`) answers to tool_choice
-    "required" and a named function, whole and streamed: ([(raw text the model wrote,
-    the parsed calls)], the prompt tokens of HISTORY with OpenAI's call ids)."""
+def forced_calls(path, template, parser=None):
+    """What a server of `path` with the chat template file `template` (and
+    --tool-call-parser `parser`) answers to tool_choice "required" and a named
+    function, whole and streamed: ([(raw text the model wrote, the parsed calls)], the
+    prompt tokens of HISTORY with OpenAI's call ids)."""
     import openai
     port = S.bench.free_port()
-    proc = S.bench.start_server(path, port, ["--api-key", S.KEY] + (
-        ["--tool-call-parser", parser] if parser else []))
+    proc = S.bench.start_server(path, port, ["--api-key", S.KEY, "--chat-template", template] +
+                                (["--tool-call-parser", parser] if parser else []))
     out = []
     # eos, and the "]" that ends Mistral's list of calls, where the grammar allows them
     # (after a whole call: a random model would go on writing calls to max_tokens)
@@ -716,11 +714,12 @@ def forced_calls(path, parser=None):
     return out, r.usage.prompt_tokens
 
 
-def test_a_mistral_template_s_calls_are_forced_and_parsed_in_its_syntax(mistral_tcm):
+def test_a_mistral_template_s_calls_are_forced_and_parsed_in_its_syntax(tool_tcm,
+                                                                       mistral_template):
     """The template writes [TOOL_CALLS]: "required" and a named tool_choice force calls
     in Mistral's syntax, parsed back into tool_calls whole and streamed; a history with
     OpenAI's call ids is rendered with ids the template accepts."""
-    answers, prompt_tokens = forced_calls(mistral_tcm)
+    answers, prompt_tokens = forced_calls(tool_tcm, mistral_template)
     for raw, calls in answers:
         assert raw.lstrip().startswith("[TOOL_CALLS] [{") and "<tool_call>" not in raw, raw
         assert '"arguments":' in raw, raw
@@ -728,17 +727,25 @@ def test_a_mistral_template_s_calls_are_forced_and_parsed_in_its_syntax(mistral_
     assert prompt_tokens == len(tiny_vocabulary().encode(text, add_special_tokens=False).ids)
 
 
-def test_tool_call_parser_overrides_the_template_s_syntax(mistral_tcm):
+def test_tool_call_parser_overrides_the_template_s_syntax(tool_tcm, mistral_template):
     """--tool-call-parser (vLLM's option): the Mistral template's server parses and forces
     Llama 3.1's JSON calls instead."""
-    for raw, calls in forced_calls(mistral_tcm, "llama3_json")[0]:
+    for raw, calls in forced_calls(tool_tcm, mistral_template, "llama3_json")[0]:
         assert raw.lstrip().startswith('{"name":') and '"parameters":' in raw, raw
         assert "[TOOL_CALLS]" not in raw, raw
 
 
-def test_an_unknown_tool_call_parser_is_a_usage_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tercomp", "serve", str(tmp_path / "none.tcm"),
-                        "--tool-call-parser", "pythonic"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "PYTHONPATH": S.bench.ROOT})
-    assert r.returncode == 2 and "--tool-call-parser 'pythonic'" in r.stderr, r.stderr
-    assert "hermes, llama3_json, mistral" in r.stderr
+def test_bad_tool_call_parser_and_chat_template_options_say_what_is_wrong(tmp_path, capsys):
+    """Before the model is opened: an unknown parser and an unreadable template file are
+    usage errors (status 2), a template that does not compile an error naming it."""
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}")
+    for args, status, messages in [
+        (["--tool-call-parser", "pythonic"], 2,
+         ["--tool-call-parser 'pythonic'", "hermes, llama3_json, mistral"]),
+        (["--chat-template", str(tmp_path / "none.jinja")], 2, ["none.jinja: cannot read it"]),
+        (["--chat-template", str(bad)], 1, ["bad.jinja: the chat template does not compile"]),
+    ]:
+        assert tercomp.cli.main(["serve", str(tmp_path / "none.tcm"), *args]) == status
+        err = capsys.readouterr().err
+        assert all(m in err for m in messages), err

@@ -6,7 +6,7 @@
                   [--max-request-tokens N] [--step-tokens N] [--embeddings]
                   [--no-prefix-cache] [--speculative K]
                   [--tool-call-parser {hermes,llama3_json,mistral}]
-                  [--logprobs-mode {raw_logprobs,processed_logprobs}]
+                  [--logprobs-mode {raw_logprobs,processed_logprobs}] [--chat-template FILE]
 
 MODEL is a .gguf file, a Hugging Face directory (compiled with max_batch slots), or an
 LM artifact (.tcm, served as it was compiled: `tercomp generate ... --save` or
@@ -87,6 +87,10 @@ def add_parser(sub):
                         "(<tool_call> blocks), llama3_json (Llama 3.1/3.2's JSON), mistral "
                         "([TOOL_CALLS]) (default: the one the chat template writes, "
                         "hermes where it writes none)")
+    s.add_argument("--chat-template", metavar="FILE",
+                   help="a Jinja chat template file to use instead of the model's (vLLM's "
+                        "--chat-template, llama-server's --chat-template-file), with the "
+                        "model's bos and eos tokens: e.g. one that writes tools")
     s.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw_logprobs",
                    help="what a generated token's logprobs are of (vLLM's option): "
                         "raw_logprobs, log_softmax of the model's logits (the default, as "
@@ -148,11 +152,21 @@ def run(args) -> int:
         raise MissingDependency(f"tercomp serve needs {e.name or e}, which is not installed",
                                 hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
                                      "prometheus-client)") from None
+    from ..runtime.chat import ChatTemplate
     from ..runtime.scheduler import STEP_TOKENS_PER_SLOT, Engine
 
     if args.tool_call_parser is not None and args.tool_call_parser not in SYNTAXES:
         raise UsageError(f"--tool-call-parser {args.tool_call_parser!r} is not one of "
                          f"{', '.join(SYNTAXES)}")
+
+    template = None
+    if args.chat_template is not None:      # read and compiled before the model loads
+        try:
+            with open(args.chat_template, encoding="utf-8") as f:
+                template = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--chat-template {args.chat_template}: cannot read it ({e})") from None
+        ChatTemplate(template, origin=args.chat_template)
 
     asked = {"max_batch": args.max_batch, "max_seq": args.max_seq}
     if args.max_batch is None:
@@ -180,7 +194,8 @@ def run(args) -> int:
     name = args.name or model_name(args.model)
     app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body,
                      read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens,
-                     embedder=embedder, tool_call_parser=args.tool_call_parser)
+                     embedder=embedder, tool_call_parser=args.tool_call_parser,
+                     chat_template=template, template_origin=args.chat_template or "")
     print(f"serving {name} ({batch} slots of {gen.max_seq} tokens) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:

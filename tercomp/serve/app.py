@@ -72,7 +72,8 @@ _END = object()
 def create_app(engine, model_name: str, api_key: str | None = None,
                max_body: int = MAX_BODY, read_timeout: float = READ_TIMEOUT,
                max_request_tokens: int = MAX_REQUEST_TOKENS, embedder=None,
-               tool_call_parser: str | None = None) -> FastAPI:
+               tool_call_parser: str | None = None, chat_template: str | None = None,
+               template_origin: str = "--chat-template") -> FastAPI:
     """The FastAPI app serving `engine` (a runtime.Engine) as `model_name`. With
     `api_key`, every /v1 request needs `Authorization: Bearer <api_key>` (/health and
     /metrics stay open, for load balancers and scrapers). A body must arrive within
@@ -81,9 +82,10 @@ def create_app(engine, model_name: str, api_key: str | None = None,
     same model) answers /v1/embeddings; without one that endpoint is a 400 saying how
     to get one. `tool_call_parser` ("hermes", "llama3_json" or "mistral", vLLM's
     names) parses and forces tool calls in that syntax whatever the chat template asks
-    for (None: the template's, serve.tools.template_syntax). The caller owns the engine
-    (closes it after the server stops)."""
-    model = ServedModel(engine.model, tool_call_parser)
+    for (None: the template's, serve.tools.template_syntax). `chat_template` (a Jinja
+    template's text, from `template_origin`) replaces the model's. The caller owns the
+    engine (closes it after the server stops)."""
+    model = ServedModel(engine.model, tool_call_parser, chat_template, template_origin)
     encoder = None if embedder is None else ServedEncoder(embedder, model, max_request_tokens)
     tokenizing = anyio.CapacityLimiter(TOKENIZING)
     encoding = anyio.CapacityLimiter(1)     # one batched encoder call at a time

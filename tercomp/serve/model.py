@@ -19,15 +19,22 @@ from .tools import SYNTAXES, TemplateSupport, prepare
 
 
 class ServedModel:
-    """What the API needs of the generator: its tokenizer, chat template and eos."""
+    """What the API needs of the generator: its tokenizer, chat template and eos.
+    `chat_template` (a Jinja template's text, vLLM's --chat-template) replaces the
+    model's own, with the model's bos and eos tokens."""
 
-    def __init__(self, gen, tool_call_parser: str | None = None):
+    def __init__(self, gen, tool_call_parser: str | None = None,
+                 chat_template: str | None = None, template_origin: str = "--chat-template"):
         if tool_call_parser is not None and tool_call_parser not in SYNTAXES:
             raise InputError(f"unknown tool-call parser {tool_call_parser!r}",
                              hint=f"one of {', '.join(SYNTAXES)} (vLLM's names)")
         self.tool_call_parser = tool_call_parser
         self.tokenizer, self.max_seq, self.vocab_size = gen.tokenizer, gen.max_seq, gen.vocab_size
         self.template = ChatTemplate.from_dict(gen.chat_template)
+        if chat_template is not None:       # the model's bos and eos tokens with it
+            base = self.template
+            self.template = ChatTemplate(chat_template, base.bos_token if base else "",
+                                         base.eos_token if base else "", template_origin)
         self._support = None        # serve.tools.TemplateSupport, probed on first use
         eos = None
         if self.template is not None and self.template.eos_token and self.tokenizer is not None:
