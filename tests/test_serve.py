@@ -1413,6 +1413,12 @@ def test_embedding_dimensions_truncate_and_renormalise(embedder, embed_client):
     r = embed_client.embeddings.create(model="emb", input=TEXTS, dimensions=hidden,
                                        encoding_format="float")
     np.testing.assert_allclose(vectors(r), want, atol=1e-6)
+    # the fields OpenAI allows null, null: their defaults (every dimension, floats)
+    r = post(embed_client.base_url.__str__().removesuffix("/v1/"), "/v1/embeddings",
+             {"model": "emb", "input": TEXTS, "dimensions": None, "encoding_format": None,
+              "user": None})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose([d["embedding"] for d in r.json()["data"]], want, atol=1e-6)
 
 
 def test_embeddings_alongside_generation(embedder, embed_base, embed_client):
