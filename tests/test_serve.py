@@ -50,15 +50,16 @@ TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% end
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def tiny_lm(max_seq: int = MAX_SEQ):
+def tiny_lm(max_seq: int = MAX_SEQ, specials=()):
     """A 2-layer random BitNet with a byte-level BPE tokenizer and a chat template (the
-    same weights whatever `max_seq`)."""
+    same weights whatever `max_seq`; `specials`: more special tokens, after the
+    template's)."""
     from tokenizers import Tokenizer as HFTokenizer, decoders, models as tm, pre_tokenizers, trainers
     tok = HFTokenizer(tm.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(["hello world the quick brown fox"] * 20, trainers.BpeTrainer(
-        vocab_size=280, special_tokens=["<|user|>", "<|assistant|>", "<|end|>"],
+        vocab_size=280, special_tokens=["<|user|>", "<|assistant|>", "<|end|>", *specials],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     nn.manual_seed(0)
     lm = models.BitNetLM(models.BitNetConfig(

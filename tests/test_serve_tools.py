@@ -311,6 +311,30 @@ def test_forced_call_grammar_gives_valid_calls(choice):
     assert choice != "required" or len(seen) >= 1
 
 
+def test_special_tags_are_kept_in_the_text_and_forced_as_tokens():
+    """The text of an answer keeps a syntax tag that is a special token (decoding leaves
+    special tokens out), and the grammar of a forced call writes it as that token."""
+    pytest.importorskip("llguidance")
+    from tercomp.serve.structured import Grammars
+    from tercomp.serve.text import TextStream
+    tok = tiny_tokenizer()
+    tok.add_special_tokens(["[TOOL_CALLS]"])
+    tag = tok.token_to_id("[TOOL_CALLS]")
+    ids = tok.encode('hi [TOOL_CALLS] [{"name": "get_weather", "arguments": {}}]').ids
+    assert tag in ids
+    for keep, want in ((None, 'hi  [{"name"'), ({tag: "[TOOL_CALLS]"}, 'hi [TOOL_CALLS] [{"name"')):
+        stream = TextStream(tok, keep=keep)
+        text = "".join(stream.push(t) for t in ids) + stream.flush()
+        assert text.startswith(want), text
+    tools = ChatRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=TOOLS).tools
+    grammar = Grammars(tok, tok.get_vocab_size(), tok.token_to_id("<|end|>")).compile(
+        "lark", call_grammar(tools, "set_alarm", parallel=False, syntax="mistral",
+                             tags={"[TOOL_CALLS]": tag}))
+    c = grammar.constraint()
+    allowed = np.isfinite(c.mask(np.zeros(tok.get_vocab_size(), np.float32)))
+    assert np.flatnonzero(allowed).tolist() == [tag]
+
+
 def test_tool_text_never_becomes_a_special_token():
     """The generic format puts tools in a message's content (text is text); a template
     that writes them itself would parse them as its own text: a user's special token
@@ -706,7 +730,8 @@ def forced_calls(path, template, parser=None):
             deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or ()]
             assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls
             assert chunks[-1].choices[0].finish_reason == "tool_calls"
-            out.append(("".join(t.token for t in c.logprobs.content), calls))
+            out.append(("".join(t.token for t in c.logprobs.content), calls,
+                        c.logprobs.content[0].token))
         r = client.chat.completions.create(model="tiny", messages=HISTORY, tools=TOOLS,
                                            max_tokens=2)
     finally:
@@ -720,17 +745,31 @@ def test_a_mistral_template_s_calls_are_forced_and_parsed_in_its_syntax(tool_tcm
     in Mistral's syntax, parsed back into tool_calls whole and streamed; a history with
     OpenAI's call ids is rendered with ids the template accepts."""
     answers, prompt_tokens = forced_calls(tool_tcm, mistral_template)
-    for raw, calls in answers:
+    for raw, calls, _ in answers:
         assert raw.lstrip().startswith("[TOOL_CALLS] [{") and "<tool_call>" not in raw, raw
         assert '"arguments":' in raw, raw
     text = rendered(ChatTemplate(MISTRAL_V03, eos_token="<|end|>"), HISTORY, TOOLS)
     assert prompt_tokens == len(tiny_vocabulary().encode(text, add_special_tokens=False).ids)
 
 
+def test_a_vocabulary_s_special_tool_call_tag_is_written_and_read_as_that_token(
+        tmp_path_factory, mistral_template):
+    """Mistral's vocabularies hold [TOOL_CALLS] as one special token (so do Llama 3.1's
+    <|python_tag|> and some Qwen conversions' <tool_call>): a forced call writes that
+    token, not the text spelled out, and the answer's text keeps it (decoding drops
+    special tokens), so the calls are parsed."""
+    import tercomp as tc
+    path = str(tmp_path_factory.mktemp("tag") / "tiny.tcm")
+    tc.compile_lm(S.tiny_lm(TOOL_SEQ, specials=["[TOOL_CALLS]"]), max_seq=TOOL_SEQ,
+                  max_batch=2).save(path)
+    for raw, calls, first in forced_calls(path, mistral_template)[0]:
+        assert first == "[TOOL_CALLS]" and raw.startswith("[TOOL_CALLS] [{"), raw
+
+
 def test_tool_call_parser_overrides_the_template_s_syntax(tool_tcm, mistral_template):
     """--tool-call-parser (vLLM's option): the Mistral template's server parses and forces
     Llama 3.1's JSON calls instead."""
-    for raw, calls in forced_calls(tool_tcm, mistral_template, "llama3_json")[0]:
+    for raw, calls, _ in forced_calls(tool_tcm, mistral_template, "llama3_json")[0]:
         assert raw.lstrip().startswith('{"name":') and '"parameters":' in raw, raw
         assert "[TOOL_CALLS]" not in raw, raw
 

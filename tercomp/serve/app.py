@@ -180,8 +180,10 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         top = (body.top_logprobs or 0) if body.logprobs else None
         grammar = await _grammar(model, body, off_loop, mode)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
+        tags = model.tool_tags() if mode else {}
         runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top,
-                       candidates=body.choices, group=rid, grammar=grammar)
+                       candidates=body.choices, group=rid, grammar=grammar,
+                       keep={i: tag for tag, i in tags.items()})
         head = {"id": rid, "object": "chat.completion",
                 "created": int(time.time()), "model": model_name}
         names = {t.function.name for t in offered or ()}
@@ -363,11 +365,12 @@ class _Piece(NamedTuple):
 
 
 def _submit(engine, model: ServedModel, body, prompts, limits, param, logprobs=None,
-            echo=None, candidates: int = 1, group=None, grammar=None) -> list:
+            echo=None, candidates: int = 1, group=None, grammar=None, keep=None) -> list:
     """Submit `candidates` requests per prompt (all or none: a refused one cancels the
     others), the j-th of a prompt seeded with seed + j. `logprobs`: the alternatives per
     generated token (None: no log-probabilities); `echo`: per prompt, (text, ids) to
-    echo (the prompt scored too when `logprobs`)."""
+    echo (the prompt scored too when `logprobs`); `keep` ({id: text}): special tokens
+    whose text the answer keeps (text.TextStream)."""
     if len(prompts) * candidates > MAX_PROMPTS:
         raise APIError(400, f"{len(prompts)} prompts times {candidates} choices each is over "
                             f"{MAX_PROMPTS} sequences in one request", param="n")
@@ -397,7 +400,8 @@ def _submit(engine, model: ServedModel, body, prompts, limits, param, logprobs=N
                                     logprobs=logprobs, group=group, **body.sampling(),
                                     constraint=grammar and grammar.constraint(),
                                     prompt_logprobs=logprobs if shown is not None else None)
-                runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids),
+                runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids,
+                                                 keep),
                                  shown, index))
     except BaseException as e:
         for r in runs:
@@ -429,7 +433,8 @@ async def _grammar(model: ServedModel, body, off_loop, tool_mode=None):
                                 f"cannot constrain the output too", param="tool_choice")
         spec = ("tools", "lark", call_grammar(body.tools, None if tool_mode == "required"
                                               else tool_mode, body.parallel_tool_calls
-                                              is not False, model.tool_syntax))
+                                              is not False, model.tool_syntax,
+                                              model.tool_tags()))
     if spec is None:
         return None
     field, kind, value = spec

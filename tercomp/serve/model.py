@@ -15,7 +15,7 @@ from ..runtime.chat import ChatTemplate, ChatTemplateError, TextEncoder
 from .guard import APIError
 from .structured import Grammars
 from .text import TokenPieces
-from .tools import SYNTAXES, TemplateSupport, prepare
+from .tools import SYNTAXES, TAGS, TemplateSupport, prepare
 
 
 class ServedModel:
@@ -132,6 +132,15 @@ class ServedModel:
         if self._support is None and self.template is not None:
             self._support = TemplateSupport.probe(self.template)
         return self._support.syntax if self._support is not None else "hermes"
+
+    def tool_tags(self) -> dict:
+        """{text: token id} of the tool syntax's tags (serve.tools.TAGS) that are special
+        tokens of this vocabulary: decoding would drop them from the answer's text, and
+        a forced call writes them as those tokens."""
+        if self.tokenizer is None:
+            return {}
+        ids = {tag: self.tokenizer.token_to_id(tag) for tag in TAGS[self.tool_syntax]}
+        return {tag: i for tag, i in ids.items() if i is not None and i in self.encoder.special_ids}
 
     def chat_messages(self, messages, tools=None):
         """(messages as dicts, {"tools": ...} or {}) as the template is given them."""

@@ -74,6 +74,11 @@ def call_text(name: str, arguments) -> str:
 #: The call syntaxes a prompt may ask for (vLLM's tool-parser names).
 SYNTAXES = ("hermes", "llama3_json", "mistral")
 PYTHON_TAG, MISTRAL_TAG, MISTRAL_ARGS = "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]"
+#: each syntax's tags: text that a model's vocabulary may hold as one special token
+#: (Mistral's [TOOL_CALLS], Llama 3.1's <|python_tag|>, some Qwen conversions'
+#: <tool_call>), which the answer's text keeps and a forced call writes as that token
+TAGS = {"hermes": (OPEN, CLOSE), "llama3_json": (PYTHON_TAG,),
+        "mistral": (MISTRAL_TAG, MISTRAL_ARGS)}
 
 
 def template_syntax(source: str) -> str:
@@ -208,13 +213,19 @@ def prepare(messages: list, tools: list | None, support: TemplateSupport):
 
 
 def call_grammar(tools: list, name: str | None = None, parallel: bool = True,
-                 syntax: str = "hermes") -> str:
+                 syntax: str = "hermes", tags: dict | None = None) -> str:
     """The Lark grammar (llguidance's, with its %json) of what "required" (`name` None)
     or a named tool_choice allows, in `syntax`: hermes, a <tool_call> block (or, with
     `parallel`, several, a newline apart) whose JSON is {"name": one of the tools (that
     one), "arguments": valid for its parameters}; llama3_json, such objects with
     "parameters" for "arguments", "; " between them; mistral, `[TOOL_CALLS]` and a JSON
-    list of them (one item without `parallel`). `tools` are protocol.Tool."""
+    list of them (one item without `parallel`). `tools` are protocol.Tool. `tags`
+    ({text: token id}) are the syntax's tags that are special tokens of the vocabulary:
+    written as that token (llguidance's `<[id]>`), not spelled out as text."""
+    tags = tags or {}
+
+    def lit(text: str) -> str:
+        return f"<[{tags[text]}]>" if text in tags else json.dumps(text)
     chosen = [t.function for t in tools if name is None or t.function.name == name]
     key = "parameters" if syntax == "llama3_json" else "arguments"
     schemas = [{"type": "object", "properties": {"name": {"const": f.name}, key: f.schema()},
@@ -224,12 +235,12 @@ def call_grammar(tools: list, name: str | None = None, parallel: bool = True,
     if syntax == "mistral":
         listed = {"type": "array", "items": schema, "minItems": 1,
                   **({} if parallel else {"maxItems": 1}), "x-guidance": JSON_OPTIONS}
-        return f"start: {json.dumps(MISTRAL_TAG + ' ')} %json {json.dumps(listed)}\n"
+        return f"start: {lit(MISTRAL_TAG)} \" \" %json {json.dumps(listed)}\n"
     schema = {**schema, "x-guidance": JSON_OPTIONS}
     if syntax == "llama3_json":
         call, sep = f"call: %json {json.dumps(schema)}", json.dumps("; ")
     else:
-        call = f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}"
+        call = f"call: {lit(OPEN)} \"\\n\" %json {json.dumps(schema)} \"\\n\" {lit(CLOSE)}"
         sep = json.dumps("\n")
     return (f"start: call ({sep} call)*\n" if parallel else "start: call\n") + call + "\n"
 
