@@ -50,15 +50,16 @@ TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>{% end
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def tiny_lm(max_seq: int = MAX_SEQ):
+def tiny_lm(max_seq: int = MAX_SEQ, specials=()):
     """A 2-layer random BitNet with a byte-level BPE tokenizer and a chat template (the
-    same weights whatever `max_seq`)."""
+    same weights whatever `max_seq`; `specials`: more special tokens, after the
+    template's)."""
     from tokenizers import Tokenizer as HFTokenizer, decoders, models as tm, pre_tokenizers, trainers
     tok = HFTokenizer(tm.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(["hello world the quick brown fox"] * 20, trainers.BpeTrainer(
-        vocab_size=280, special_tokens=["<|user|>", "<|assistant|>", "<|end|>"],
+        vocab_size=280, special_tokens=["<|user|>", "<|assistant|>", "<|end|>", *specials],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     nn.manual_seed(0)
     lm = models.BitNetLM(models.BitNetConfig(
@@ -434,6 +435,65 @@ def test_chat_logprobs(ref, client):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_logprobs"
 
 
+# temperature, top_k, a penalty and a bias: what changes the tokens drawn
+TRANSFORMS = dict(temperature=0.7, presence_penalty=1.0, logit_bias={"100": 3.0},
+                  extra_body={"top_k": 5})
+
+
+def sampled_with_logprobs(client, n=3):
+    """(prompt ids, the tokens drawn under TRANSFORMS, their logprobs, their top-n
+    alternatives' logprobs, most likely first) of a completion."""
+    r = client.completions.create(model="tiny", prompt="hello world", max_tokens=12, seed=4,
+                                  logprobs=n, **TRANSFORMS)
+    c = r.choices[0]
+    tops = [sorted(d.values(), reverse=True) for d in c.logprobs.top_logprobs]
+    return c.model_extra["token_ids"], c.logprobs.token_logprobs, tops
+
+
+def test_logprobs_are_the_model_s_whatever_the_sampling_transforms(ref, client):
+    """By default (OpenAI's and vLLM's raw_logprobs) a drawn token's logprob and the top
+    alternatives are log_softmax of the model's logits: temperature, top_k, penalties
+    and logit_bias change which token is drawn, not what is reported (the drawn token
+    is listed with the top ones where it is not among them, as OpenAI lists it)."""
+    ids = ref.encode("hello world").tolist()
+    out, lps, tops = sampled_with_logprobs(client)
+    raw = log_softmax(ref.prefill(np.array(ids + out[:-1], np.int32)))[len(ids) - 1:]
+    np.testing.assert_allclose(lps, raw[np.arange(len(out)), out], atol=2e-3)
+    for row, tok, top in zip(raw, out, tops):
+        best = np.sort(row)[::-1][:3]
+        np.testing.assert_allclose(top[:3], best, atol=2e-3)
+        assert len(top) == 3 + (row[tok] < best[-1] - 2e-3)
+
+
+def test_processed_logprobs_are_the_distribution_sampled_from(tcm, ref, client):
+    """--logprobs-mode processed_logprobs (vLLM's): the logprobs are those of the
+    distribution the token was drawn from, after the logit bias, the penalties,
+    temperature and top_k (the tokens top_k drops have none: top_k 5 lists 5 whose
+    probabilities sum to 1); the tokens drawn are the raw server's."""
+    from tercomp.runtime.sampling import processed_logprobs
+    _, path = tcm
+    port = bench.free_port()
+    proc = bench.start_server(path, port, ["--logprobs-mode", "processed_logprobs"])
+    try:
+        processed = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                                  max_retries=0, timeout=60)
+        out, lps, tops = sampled_with_logprobs(processed, n=8)
+    finally:
+        bench.stop_server(proc)
+    assert out == sampled_with_logprobs(client)[0]
+    ids = ref.encode("hello world").tolist()
+    logits = ref.prefill(np.array(ids + out[:-1], np.int32))[len(ids) - 1:].astype(np.float64)
+    for j, (tok, lp, top) in enumerate(zip(out, lps, tops)):
+        z = logits[j].copy()
+        z[100] += 3.0                                   # the bias, then presence over the output
+        z[sorted(set(out[:j]))] -= 1.0
+        want = processed_logprobs(z, 0.7, top_k=5)
+        assert lp == pytest.approx(want[tok], abs=2e-3)
+        assert len(top) == 8 and top[5:] == [-9999.0] * 3       # OpenAI's floor for -inf
+        np.testing.assert_allclose(top[:5], np.sort(want)[::-1][:5], atol=2e-3)
+        assert np.exp(top[:5]).sum() == pytest.approx(1.0, abs=1e-3)
+
+
 # -- sampling parameters --------------------------------------------------------------------------
 
 def penalized_greedy(ref, ids, n, presence=0.0, frequency=0.0, repetition=1.0, bias=None):
@@ -512,21 +572,45 @@ def test_n_choices_and_best_of(ref, client):
     assert chat.choices[0].message.content == chat.choices[1].message.content
 
 
+#: every field OpenAI's API lets be null (completions; chat), null
+COMPLETION_NULLS = dict.fromkeys([
+    "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
+    "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
+    "top_p", "user"])
+CHAT_NULLS = dict.fromkeys([
+    "audio", "frequency_penalty", "logit_bias", "logprobs", "max_completion_tokens",
+    "max_tokens", "metadata", "modalities", "n", "parallel_tool_calls", "prediction",
+    "presence_penalty", "prompt_cache_key", "reasoning_effort", "response_format",
+    "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
+    "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
+    "verbosity", "web_search_options"])
+
+
 def test_nulls_where_openai_allows_them(ref, base):
-    body = {"model": "tiny", "prompt": "hello", "max_tokens": 5, "temperature": 0,
-            "stream": None, "n": None, "echo": None, "logprobs": None, "stop": None,
-            "best_of": None, "presence_penalty": None, "frequency_penalty": None,
-            "logit_bias": None, "seed": None, "top_p": None, "user": None, "suffix": None,
-            "stream_options": None, "response_format": None}
-    r = post(base, "/v1/completions", body)
+    """Every field OpenAI allows null may be null and then means its default: the
+    answer equals the one without it (completions' max_tokens 16, temperature 1)."""
+    body = {"model": "tiny", "prompt": "hello", "seed": 3, "ignore_eos": True}
+    r = post(base, "/v1/completions", {**COMPLETION_NULLS, **body})
     assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["token_ids"] == expected(ref, ref.encode("hello"), 5)[0]
-    chat = post(base, "/v1/chat/completions", {
-        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-        "stream": None, "n": None, "logprobs": None, "top_logprobs": None, "tools": None,
-        "tool_choice": None, "response_format": {"type": "text"}, "max_completion_tokens": None})
-    assert chat.status_code == 200, chat.text
-    for field, value in (("tool_choice", "required"), ("functions", [{"name": "f"}])):
+    want = expected(ref, ref.encode("hello"), 16, temperature=1.0, seed=3)[0]
+    assert r.json()["choices"][0]["token_ids"] == want
+    assert post(base, "/v1/completions", body).json()["choices"][0]["token_ids"] == want
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "seed": 5}
+    r = post(base, "/v1/chat/completions", {**CHAT_NULLS, **chat})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"] == \
+        post(base, "/v1/chat/completions", chat).json()["choices"][0]["message"]
+    # fields that change nothing here (storage, routing, hints) are accepted and ignored
+    hints = {"store": True, "metadata": {"k": "v"}, "service_tier": "auto", "user": "u",
+             "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "low",
+             "verbosity": "low", "modalities": ["text"], "response_format": {"type": "text"},
+             "logprobs": False, "parallel_tool_calls": True}
+    r = post(base, "/v1/chat/completions", {**chat, **hints, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    # what this server cannot do is refused by name, never ignored
+    for field, value in (("tool_choice", "required"), ("functions", [{"name": "f"}]),
+                         ("audio", {}), ("audio", {"voice": "alloy", "format": "wav"}),
+                         ("modalities", ["text", "audio"]), ("web_search_options", {})):
         r = post(base, "/v1/chat/completions", {"model": "tiny", field: value,
                                                 "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
@@ -605,12 +689,38 @@ def test_bad_request_gets_openai_error_and_hurts_no_one(ref, base, client, what,
     check_serves(ref, client)
 
 
+#: a value of each refused field that asks for what this server does not do
+ASKING = {"suffix": "x", "functions": [{"name": "f"}], "function_call": "auto",
+          "structured_outputs": {"regex": "a"}, "use_beam_search": True, "min_tokens": 3,
+          "bad_words": ["a"], "allowed_token_ids": [1, 2], "prompt_logprobs": 1,
+          "typical_p": 0.5, "mirostat": 2, "suffix_prompt": "x", "audio": {},
+          "modalities": ["text", "audio"], "web_search_options": {}}
+
+
+def test_every_refused_field_is_a_400_naming_it_unless_it_asks_for_nothing(base):
+    from tercomp.serve.protocol import REFUSED
+    assert set(ASKING) == set(REFUSED)
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for path, body in (("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 2}),
+                       ("/v1/chat/completions", chat)):
+        for field, value in ASKING.items():
+            r = post(base, path, {**body, field: value})
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, r.text)
+            assert field in r.json()["error"]["message"]
+            for nothing in (None, *REFUSED[field]):
+                r = post(base, path, {**body, field: nothing})
+                assert r.status_code == 200, (path, field, nothing, r.text)
+
+
 def test_bad_chat_requests(ref, base, client):
     for body in ({"model": "tiny", "messages": []},
                  {"model": "tiny", "messages": [{"content": "no role"}]},
                  {"model": "tiny", "messages": [{"role": "user", "content": "x" * 4 * MAX_SEQ}]},
                  {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                  "max_completion_tokens": 0}):
+                  "max_completion_tokens": 0},
+                 {"model": "tiny", "messages": [{"role": "user", "content": [  # text only
+                     {"type": "text", "text": "what is this?"},
+                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]}):
         r = post(base, "/v1/chat/completions", body)
         assert r.status_code == 400 and r.json()["error"]["param"] in ("messages", "max_completion_tokens"), r.text
     with pytest.raises(openai.AuthenticationError):
@@ -1136,29 +1246,38 @@ def test_a_request_is_capped_in_total_tokens(base):
 
 
 def test_one_big_request_does_not_starve_another(base):
-    _wait_idle(base)
+    """A small request queued behind a big one's waiting half takes a slot as soon as
+    the big one's first half ends (first come, first served would run it after all
+    of the big one's). On a loaded machine the small one may arrive only after the
+    first half ended, when nothing could run it sooner: such tries are done again."""
     big = {"model": "tiny", "prompt": [[5, 6, 7]] * (2 * SLOTS), "max_tokens": 240,
            "temperature": 0, "ignore_eos": True}
     small = {"model": "tiny", "prompt": [8, 9], "max_tokens": 4, "temperature": 0}
-    with cf.ThreadPoolExecutor(2) as pool:
-        a = pool.submit(lambda: (post(base, "/v1/completions", big), time.perf_counter()))
-        deadline = time.monotonic() + 30
-        while stats(base)["waiting"] < SLOTS:           # half of it runs, half waits
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        b = post(base, "/v1/completions", small)
-        small_done = time.perf_counter()
-        big_r, big_done = a.result()
-    assert big_r.status_code == 200 and b.status_code == 200
-    # first come, first served would run the small request after all of the big one's;
-    # shared fairly, it takes a slot as soon as the big one's first half ends
-    assert small_done < big_done
+    for _ in range(3):
+        _wait_idle(base, 60)
+        with cf.ThreadPoolExecutor(2) as pool:
+            a = pool.submit(lambda: (post(base, "/v1/completions", big), time.perf_counter()))
+            deadline = time.monotonic() + 30
+            while stats(base)["waiting"] < SLOTS:       # half of it runs, half waits
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            b = pool.submit(lambda: (post(base, "/v1/completions", small), time.perf_counter()))
+            queued = False                  # behind the big one's waiting half
+            while not (queued or b.done() or a.done()):
+                queued = stats(base)["waiting"] == SLOTS + 1
+                time.sleep(0.005)
+            (small_r, small_done), (big_r, big_done) = b.result(), a.result()
+        assert big_r.status_code == 200 and small_r.status_code == 200
+        if queued:
+            assert small_done < big_done, big_done - small_done
+            return
+    pytest.fail("the small request never queued while the big one's first half ran")
 
 
 def test_sigterm_finishes_or_errors_every_open_request(tcm):
     _, path = tcm
     port = bench.free_port()
-    proc = bench.start_server(path, port, ["--max-queue", "16", "--drain", "0.1"])
+    proc = bench.start_server(path, port, ["--max-queue", "20", "--drain", "0.1"])
     url = f"http://127.0.0.1:{port}"
     long = {"model": "tiny", "prompt": [9, 10], "max_tokens": 250, "temperature": 0,
             "ignore_eos": True}
@@ -1168,7 +1287,7 @@ def test_sigterm_finishes_or_errors_every_open_request(tcm):
                           timeout=30) as r:
             return r.status_code, [line for line in r.iter_lines() if line]
     try:
-        with cf.ThreadPoolExecutor(16) as pool:
+        with cf.ThreadPoolExecutor(SLOTS + 16) as pool:
             streams = [pool.submit(stream) for _ in range(SLOTS)]
             deadline = time.monotonic() + 30
             # the streams hold every slot before the others queue (on a loaded machine a
@@ -1176,9 +1295,12 @@ def test_sigterm_finishes_or_errors_every_open_request(tcm):
             while httpx.get(f"{url}/health", timeout=5).json()["running"] < SLOTS:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
+            # 16 more wait (4 rounds of 250 steps): all are in the engine before SIGTERM
+            # (on a loaded machine some streams may have finished by then, and the first
+            # of these run: waiting for a queue depth could wait forever)
             whole = [pool.submit(httpx.post, f"{url}/v1/completions", json=long, timeout=30)
-                     for _ in range(12)]
-            while httpx.get(f"{url}/health", timeout=5).json()["waiting"] < 8:
+                     for _ in range(16)]
+            while metric(url, "tercomp_requests_total") < SLOTS + 16:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             t0 = time.monotonic()
@@ -1186,16 +1308,24 @@ def test_sigterm_finishes_or_errors_every_open_request(tcm):
             answers = [w.result() for w in whole]
             ended = [s.result() for s in streams]
             took = time.monotonic() - t0
-        assert took < 0.1 + 5
+        assert took < 0.1 + 5, took
         for r in answers:          # each finished, or a 503 with OpenAI's error body
             assert r.status_code in (200, 503), r.text
             if r.status_code == 503:
-                assert r.json()["error"]["type"] == "server_error"
-        assert any(r.status_code == 503 for r in answers)
-        for status, lines in ended:
-            assert status == 200 and lines[-1] == "data: [DONE]"
+                assert r.headers["content-type"] == "application/json", r.headers
+                err = r.json()["error"]
+                assert set(err) == {"message", "type", "param", "code"} and err["message"]
+                assert (err["type"], err["code"]) == ("server_error", "engine_stopped")
+        assert any(r.status_code == 503 for r in answers), [r.status_code for r in answers]
+        for status, lines in ended:   # each finished, or an error event, then [DONE]
+            assert status == 200 and lines[-1] == "data: [DONE]", (status, lines[-3:])
             last = json.loads(lines[-2].removeprefix("data: "))
-            assert "error" in last or last["choices"][0]["finish_reason"] == "length"
+            if "error" in last:
+                assert set(last) == {"error"} and last["error"]["type"] == "server_error", last
+                assert set(last["error"]) == {"message", "type", "param", "code"}
+                assert "shut down" in last["error"]["message"], last
+            else:
+                assert last["choices"][0]["finish_reason"] == "length", last
         assert proc.wait(10) in (0, -signal.SIGTERM)     # uvicorn re-raises the signal
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health", timeout=2)
@@ -1284,6 +1414,12 @@ def test_embedding_dimensions_truncate_and_renormalise(embedder, embed_client):
     r = embed_client.embeddings.create(model="emb", input=TEXTS, dimensions=hidden,
                                        encoding_format="float")
     np.testing.assert_allclose(vectors(r), want, atol=1e-6)
+    # the fields OpenAI allows null, null: their defaults (every dimension, floats)
+    r = post(embed_client.base_url.__str__().removesuffix("/v1/"), "/v1/embeddings",
+             {"model": "emb", "input": TEXTS, "dimensions": None, "encoding_format": None,
+              "user": None})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose([d["embedding"] for d in r.json()["data"]], want, atol=1e-6)
 
 
 def test_embeddings_alongside_generation(embedder, embed_base, embed_client):

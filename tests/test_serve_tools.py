@@ -13,6 +13,7 @@ pytest.importorskip("fastapi")
 jsonschema = pytest.importorskip("jsonschema")
 
 import test_serve as S  # noqa: E402
+import tercomp.cli  # noqa: E402
 from tercomp.runtime.chat import ChatTemplate, TextEncoder  # noqa: E402
 from tercomp.serve.protocol import ChatRequest  # noqa: E402
 from tercomp.serve.tools import (TemplateSupport, ToolParser, call_grammar,  # noqa: E402
@@ -40,6 +41,28 @@ LLAMA31_TOOLS = ("{% for m in messages %}<|{{ m.role }}|>{% if tools and loop.la
                  "'parameters': c.function.arguments} | tojson }}{% endfor %}{% elif m.role == "
                  "'tool' %}<|ipython|>{{ m.content }}{% else %}{{ m.content }}{% endif %}<|end|>"
                  "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+# Llama 3.1's way in full (3.2's writes calls alike): headers, tools in the first user
+# turn, one call a message as {"name", "parameters"}, tool answers in the ipython role
+LLAMA31_FULL = (
+    "{{ bos_token }}{%- if messages[0].role == 'system' %}{% set system = messages[0].content %}"
+    "{% set rest = messages[1:] %}{% else %}{% set system = '' %}{% set rest = messages %}"
+    "{% endif %}<|start_header_id|>system<|end_header_id|>\n\n{% if tools %}Environment: "
+    "ipython\n{% endif %}Cutting Knowledge Date: December 2023\n\n{{ system }}<|eot_id|>"
+    "{%- if tools %}{% if not rest or rest[0].role != 'user' %}{{ raise_exception('tools go "
+    "in the first user message, and there is none') }}{% endif %}<|start_header_id|>user"
+    "<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
+    "function call with its proper arguments that best answers the given prompt.\n\n"
+    "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument "
+    "name and its value}. Do not use variables.\n\n{% for t in tools %}{{ t | tojson }}"
+    "\n\n{% endfor %}{{ rest[0].content }}<|eot_id|>{% set rest = rest[1:] %}{% endif %}"
+    "{%- for m in rest %}{% if m.tool_calls %}{% if m.tool_calls | length != 1 %}"
+    "{{ raise_exception('This model only supports single tool-calls at once!') }}{% endif %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{{ {'name': m.tool_calls[0].function"
+    ".name, 'parameters': m.tool_calls[0].function.arguments} | tojson }}<|eot_id|>"
+    "{%- elif m.role in ['tool', 'ipython'] %}<|start_header_id|>ipython<|end_header_id|>"
+    "\n\n{{ m.content }}<|eot_id|>{%- else %}<|start_header_id|>{{ m.role }}<|end_header_id|>"
+    "\n\n{{ m.content | trim }}<|eot_id|>{% endif %}{% endfor %}{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
 # Mistral's (v0.3, cut down): [AVAILABLE_TOOLS] before the last user turn, [TOOL_CALLS]
 MISTRAL = ("{% for m in messages %}{% if m.role == 'user' %}{% if tools and loop.last %}"
            "[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]"
@@ -47,6 +70,32 @@ MISTRAL = ("{% for m in messages %}{% if m.role == 'user' %}{% if tools and loop
            "map(attribute='function') | list | tojson }}<|end|>{% elif m.role == 'tool' %}"
            "[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{% else %}{{ m.content }}<|end|>"
            "{% endif %}{% endfor %}")
+# Mistral v0.3's way in full: turns must alternate (calls and tool answers aside), the tools
+# before the last user turn, and every call id 9 letters or digits (else it raises, as
+# Mistral's own templates do)
+MISTRAL_V03 = (
+    "{%- set ns = namespace(turn=0, last_user=-1) %}"
+    "{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}"
+    "{% endif %}{% if m.role in ['user', 'assistant'] and not m.tool_calls %}"
+    "{% if (m.role == 'user') != (ns.turn % 2 == 0) %}{{ raise_exception('roles must "
+    "alternate user/assistant') }}{% endif %}{% set ns.turn = ns.turn + 1 %}{% endif %}"
+    "{%- endfor %}{{ bos_token }}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}{% if tools and loop.index0 == ns.last_user %}"
+    "[AVAILABLE_TOOLS] {{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+    "[INST] {{ m.content }}[/INST]"
+    "{%- elif m.tool_calls %}[TOOL_CALLS] [{% for c in m.tool_calls %}"
+    "{% if c.id is not string or c.id | length != 9 %}{{ raise_exception('Tool call IDs "
+    "should be alphanumeric strings with length 9') }}{% endif %}"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments, 'id': c.id} | tojson }}"
+    "{% if not loop.last %}, {% endif %}{% endfor %}]{{ eos_token }}"
+    "{%- elif m.role == 'tool' %}{% if m.tool_call_id | length != 9 %}{{ raise_exception("
+    "'Tool call IDs should be alphanumeric strings with length 9') }}{% endif %}"
+    "[TOOL_RESULTS] {{ {'content': m.content, 'call_id': m.tool_call_id} | tojson }}"
+    "[/TOOL_RESULTS]"
+    "{%- elif m.role == 'assistant' %} {{ m.content | trim }}{{ eos_token }}"
+    "{%- else %}{{ raise_exception('only user, assistant and tool roles') }}{% endif %}"
+    "{%- endfor %}")
 
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]},
                                             "days": {"enum": [1, 2, 3]}},
@@ -85,6 +134,13 @@ def test_probe_tells_templates_that_write_tools():
     assert TemplateSupport.probe(ChatTemplate(NATIVE)) == (True, True, "hermes")
     assert TemplateSupport.probe(ChatTemplate(LLAMA31_TOOLS)).syntax == "llama3_json"
     assert TemplateSupport.probe(ChatTemplate(MISTRAL)).syntax == "mistral"
+    assert TemplateSupport.probe(ChatTemplate(LLAMA31_FULL)) == (True, True, "llama3_json")
+    assert TemplateSupport.probe(ChatTemplate(MISTRAL_V03, eos_token="</s>")) == \
+        (True, True, "mistral")
+    # a template that lists the tools but drops the history's calls does not write them
+    drops = ("{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}"
+             "{{ m.content }}{% endfor %}")
+    assert TemplateSupport.probe(ChatTemplate(drops)) == (True, False, "hermes")
     # a template that mentions [TOOL_CALLS] but never writes tools gets the generic format
     assert TemplateSupport.probe(ChatTemplate(PLAIN + "{# [TOOL_CALLS] #}")).syntax == "hermes"
     # a template that refuses roles it does not know writes none of them
@@ -133,6 +189,41 @@ LLAMA31 = ("{% for m in messages %}{% if m.tool_calls %}<|assistant|>{% for c in
            "{% if m.content is mapping or m.content is iterable %}{{ m.content | tojson }}"
            "{% else %}{{ m.content }}{% endif %}<|end|>{% else %}<|{{ m.role }}|>{{ m.content }}"
            "<|end|>{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+ONE_CALL = HISTORY[:2] + HISTORY[2:3]
+ONE_CALL[1] = {**ONE_CALL[1], "tool_calls": ONE_CALL[1]["tool_calls"][:1]}
+
+
+def test_a_llama31_template_gets_tools_and_its_calls_as_it_writes_them():
+    text = rendered(ChatTemplate(LLAMA31_FULL), ONE_CALL, TOOLS)
+    assert text.startswith("<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython")
+    assert "".join(json.dumps(t) + "\n\n" for t in TOOLS) + "Weather in Paris?<|eot_id|>" in text
+    assert text.endswith(
+        '<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", '
+        '"parameters": {"city": "Paris", "days": 1}}<|eot_id|>'
+        "<|start_header_id|>ipython<|end_header_id|>\n\nsunny<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_a_mistral_template_gets_call_ids_it_accepts():
+    """Mistral's templates raise on a call id that is not 9 letters or digits (OpenAI's
+    are `call_...`): the history's ids are written as 9 base-62 digits of their hash,
+    the same for a call and the tool message answering it."""
+    from tercomp.serve.tools import mistral_id
+    text = rendered(ChatTemplate(MISTRAL_V03, eos_token="</s>"), HISTORY, TOOLS)
+    a, b = mistral_id("call_1"), mistral_id("call_2")
+    assert a != b and a.isalnum() and len(a) == 9
+    assert text == (
+        f"[AVAILABLE_TOOLS] {json.dumps(TOOLS)}[/AVAILABLE_TOOLS][INST] Weather in Paris?[/INST]"
+        f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {{"city": "Paris", "days": 1}}, '
+        f'"id": "{a}"}}, {{"name": "get_weather", "arguments": {{"city": "Oslo", "days": 1}}, '
+        f'"id": "{b}"}}]</s>'
+        f'[TOOL_RESULTS] {{"content": "sunny", "call_id": "{a}"}}[/TOOL_RESULTS]'
+        f'[TOOL_RESULTS] {{"content": "rain", "call_id": "{b}"}}[/TOOL_RESULTS]')
+    # ids that are already Mistral's stay as they are
+    history = json.loads(json.dumps(HISTORY).replace("call_1", "AbC123xyz"))
+    assert '"call_id": "AbC123xyz"' in rendered(ChatTemplate(MISTRAL_V03), history, TOOLS)
 
 
 def test_tool_answers_written_as_json_strings_stay_text():
@@ -220,6 +311,30 @@ def test_forced_call_grammar_gives_valid_calls(choice):
     assert choice != "required" or len(seen) >= 1
 
 
+def test_special_tags_are_kept_in_the_text_and_forced_as_tokens():
+    """The text of an answer keeps a syntax tag that is a special token (decoding leaves
+    special tokens out), and the grammar of a forced call writes it as that token."""
+    pytest.importorskip("llguidance")
+    from tercomp.serve.structured import Grammars
+    from tercomp.serve.text import TextStream
+    tok = tiny_tokenizer()
+    tok.add_special_tokens(["[TOOL_CALLS]"])
+    tag = tok.token_to_id("[TOOL_CALLS]")
+    ids = tok.encode('hi [TOOL_CALLS] [{"name": "get_weather", "arguments": {}}]').ids
+    assert tag in ids
+    for keep, want in ((None, 'hi  [{"name"'), ({tag: "[TOOL_CALLS]"}, 'hi [TOOL_CALLS] [{"name"')):
+        stream = TextStream(tok, keep=keep)
+        text = "".join(stream.push(t) for t in ids) + stream.flush()
+        assert text.startswith(want), text
+    tools = ChatRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=TOOLS).tools
+    grammar = Grammars(tok, tok.get_vocab_size(), tok.token_to_id("<|end|>")).compile(
+        "lark", call_grammar(tools, "set_alarm", parallel=False, syntax="mistral",
+                             tags={"[TOOL_CALLS]": tag}))
+    c = grammar.constraint()
+    allowed = np.isfinite(c.mask(np.zeros(tok.get_vocab_size(), np.float32)))
+    assert np.flatnonzero(allowed).tolist() == [tag]
+
+
 def test_tool_text_never_becomes_a_special_token():
     """The generic format puts tools in a message's content (text is text); a template
     that writes them itself would parse them as its own text: a user's special token
@@ -282,16 +397,29 @@ TOOL_SEQ = 2048
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """The server's base URL: tests/test_serve.py's tiny model with room for tool
-    prompts (test_serve checks its answers against a single-stream generator: here the
-    server's own greedy completions of a prompt's ids are the reference)."""
+def tool_tcm(tmp_path_factory):
+    """tests/test_serve.py's tiny model with room for tool prompts, saved; servers of
+    other chat templates serve it with --chat-template."""
     pytest.importorskip("openai")
     pytest.importorskip("llguidance")
     import tercomp as tc
-    lm = S.tiny_lm(TOOL_SEQ)
     path = str(tmp_path_factory.mktemp("tools") / "tiny.tcm")
-    tc.compile_lm(lm, max_seq=TOOL_SEQ, max_batch=2).save(path)
+    tc.compile_lm(S.tiny_lm(TOOL_SEQ), max_seq=TOOL_SEQ, max_batch=2).save(path)
+    return path
+
+
+def template_file(tmp_path_factory, source: str) -> str:
+    path = tmp_path_factory.mktemp("template") / "chat.jinja"
+    path.write_text(source)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def served(tool_tcm):
+    """The server's base URL: the tiny model's own template, which ignores tools
+    (test_serve checks its answers against a single-stream generator: here the
+    server's own greedy completions of a prompt's ids are the reference)."""
+    path = tool_tcm
     port = S.bench.free_port()
     proc = S.bench.start_server(path, port, ["--api-key", S.KEY])
     try:
@@ -527,19 +655,13 @@ def test_forced_calls_in_the_template_s_syntax(syntax):
 
 
 @pytest.fixture(scope="module")
-def llama3_client(tmp_path_factory):
-    """A server of the tiny model whose chat template writes tools in Llama 3.1's way."""
-    pytest.importorskip("openai")
-    pytest.importorskip("llguidance")
+def llama3_client(tool_tcm, tmp_path_factory):
+    """A server of the tiny model with a chat template that writes tools in Llama 3.1's
+    way (--chat-template)."""
     import openai
-    import tercomp as tc
-    from tercomp.models.tokenizer import Tokenizer
-    lm = S.tiny_lm(1024)
-    lm.tokenizer = Tokenizer(lm.tokenizer.inner, ChatTemplate(LLAMA31_TOOLS, eos_token="<|end|>"))
-    path = str(tmp_path_factory.mktemp("llama3tools") / "tiny.tcm")
-    tc.compile_lm(lm, max_seq=1024, max_batch=2).save(path)
     port = S.bench.free_port()
-    proc = S.bench.start_server(path, port, ["--api-key", S.KEY])
+    proc = S.bench.start_server(tool_tcm, port, ["--api-key", S.KEY, "--chat-template",
+                                                 template_file(tmp_path_factory, LLAMA31_FULL)])
     try:
         yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=S.KEY,
                             max_retries=0, timeout=120)
@@ -565,3 +687,104 @@ def test_a_llama3_template_s_calls_are_forced_and_parsed_in_its_syntax(llama3_cl
     deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or ()]
     assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # a history of one call and its answer, as the template writes it
+    r = llama3_client.chat.completions.create(model="tiny", messages=ONE_CALL, tools=TOOLS,
+                                              max_tokens=2)
+    text = rendered(ChatTemplate(LLAMA31_FULL), ONE_CALL, TOOLS)
+    assert r.usage.prompt_tokens == len(tiny_vocabulary().encode(text, add_special_tokens=False).ids)
+
+
+@pytest.fixture(scope="module")
+def mistral_template(tmp_path_factory):
+    """A file of a chat template that writes tools in Mistral's way."""
+    return template_file(tmp_path_factory, MISTRAL_V03)
+
+
+def forced_calls(path, template, parser=None):
+    """What a server of `path` with the chat template file `template` (and
+    --tool-call-parser `parser`) answers to tool_choice "required" and a named
+    function, whole and streamed: ([(raw text the model wrote, the parsed calls)], the
+    prompt tokens of HISTORY with OpenAI's call ids)."""
+    import openai
+    port = S.bench.free_port()
+    proc = S.bench.start_server(path, port, ["--api-key", S.KEY, "--chat-template", template] +
+                                (["--tool-call-parser", parser] if parser else []))
+    out = []
+    # eos, and the "]" that ends Mistral's list of calls, where the grammar allows them
+    # (after a whole call: a random model would go on writing calls to max_tokens)
+    bias = {str(S.EOS): 100, str(tiny_vocabulary().token_to_id("]")): 100}
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=S.KEY,
+                               max_retries=0, timeout=120)
+        for choice, parallel in (("required", True),
+                                 ({"type": "function", "function": {"name": "set_alarm"}}, False)):
+            kw = dict(model="tiny", messages=ASK, tools=TOOLS, max_tokens=200, temperature=1.0,
+                      seed=3, tool_choice=choice, parallel_tool_calls=parallel,
+                      logit_bias=bias)
+            c = client.chat.completions.create(**kw, logprobs=True).choices[0]
+            assert c.finish_reason == "tool_calls" and c.message.content is None, c
+            calls = check_calls(c.message)
+            if not parallel:
+                assert [n for n, _ in calls] == ["set_alarm"]
+            chunks = list(client.chat.completions.create(**kw, stream=True))
+            deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or ()]
+            assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == calls
+            assert chunks[-1].choices[0].finish_reason == "tool_calls"
+            out.append(("".join(t.token for t in c.logprobs.content), calls,
+                        c.logprobs.content[0].token))
+        r = client.chat.completions.create(model="tiny", messages=HISTORY, tools=TOOLS,
+                                           max_tokens=2)
+    finally:
+        S.bench.stop_server(proc)
+    return out, r.usage.prompt_tokens
+
+
+def test_a_mistral_template_s_calls_are_forced_and_parsed_in_its_syntax(tool_tcm,
+                                                                       mistral_template):
+    """The template writes [TOOL_CALLS]: "required" and a named tool_choice force calls
+    in Mistral's syntax, parsed back into tool_calls whole and streamed; a history with
+    OpenAI's call ids is rendered with ids the template accepts."""
+    answers, prompt_tokens = forced_calls(tool_tcm, mistral_template)
+    for raw, calls, _ in answers:
+        assert raw.lstrip().startswith("[TOOL_CALLS] [{") and "<tool_call>" not in raw, raw
+        assert '"arguments":' in raw, raw
+    text = rendered(ChatTemplate(MISTRAL_V03, eos_token="<|end|>"), HISTORY, TOOLS)
+    assert prompt_tokens == len(tiny_vocabulary().encode(text, add_special_tokens=False).ids)
+
+
+def test_a_vocabulary_s_special_tool_call_tag_is_written_and_read_as_that_token(
+        tmp_path_factory, mistral_template):
+    """Mistral's vocabularies hold [TOOL_CALLS] as one special token (so do Llama 3.1's
+    <|python_tag|> and some Qwen conversions' <tool_call>): a forced call writes that
+    token, not the text spelled out, and the answer's text keeps it (decoding drops
+    special tokens), so the calls are parsed."""
+    import tercomp as tc
+    path = str(tmp_path_factory.mktemp("tag") / "tiny.tcm")
+    tc.compile_lm(S.tiny_lm(TOOL_SEQ, specials=["[TOOL_CALLS]"]), max_seq=TOOL_SEQ,
+                  max_batch=2).save(path)
+    for raw, calls, first in forced_calls(path, mistral_template)[0]:
+        assert first == "[TOOL_CALLS]" and raw.startswith("[TOOL_CALLS] [{"), raw
+
+
+def test_tool_call_parser_overrides_the_template_s_syntax(tool_tcm, mistral_template):
+    """--tool-call-parser (vLLM's option): the Mistral template's server parses and forces
+    Llama 3.1's JSON calls instead."""
+    for raw, calls, _ in forced_calls(tool_tcm, mistral_template, "llama3_json")[0]:
+        assert raw.lstrip().startswith('{"name":') and '"parameters":' in raw, raw
+        assert "[TOOL_CALLS]" not in raw, raw
+
+
+def test_bad_tool_call_parser_and_chat_template_options_say_what_is_wrong(tmp_path, capsys):
+    """Before the model is opened: an unknown parser and an unreadable template file are
+    usage errors (status 2), a template that does not compile an error naming it."""
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}")
+    for args, status, messages in [
+        (["--tool-call-parser", "pythonic"], 2,
+         ["--tool-call-parser 'pythonic'", "hermes, llama3_json, mistral"]),
+        (["--chat-template", str(tmp_path / "none.jinja")], 2, ["none.jinja: cannot read it"]),
+        (["--chat-template", str(bad)], 1, ["bad.jinja: the chat template does not compile"]),
+    ]:
+        assert tercomp.cli.main(["serve", str(tmp_path / "none.tcm"), *args]) == status
+        err = capsys.readouterr().err
+        assert all(m in err for m in messages), err

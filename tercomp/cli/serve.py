@@ -5,6 +5,8 @@
                   [--read-timeout S] [--keep-alive S] [--max-connections N] [--drain S]
                   [--max-request-tokens N] [--step-tokens N] [--embeddings]
                   [--no-prefix-cache] [--speculative K]
+                  [--tool-call-parser {hermes,llama3_json,mistral}]
+                  [--logprobs-mode {raw_logprobs,processed_logprobs}] [--chat-template FILE]
 
 MODEL is a .gguf file, a Hugging Face directory (compiled with max_batch slots), or an
 LM artifact (.tcm, served as it was compiled: `tercomp generate ... --save` or
@@ -20,15 +22,11 @@ import os
 import sys
 
 from ..errors import MissingDependency
+from ..runtime.sampling import LOGPROBS_MODES
 from .base import UsageError, positive_int
 from .model import open_model, open_model_and_encoder
 
 DEFAULT_MAX_BATCH = 8
-
-
-
-#: The default step budget a slot: 8 slots step at most 16 tokens while streams decode.
-STEP_TOKENS_PER_SLOT = 2
 
 
 def _step_tokens(text: str) -> int:
@@ -83,6 +81,23 @@ def add_parser(sub):
                         "included): a new prompt is prefilled in chunks of what is left, so "
                         "it does not stall their next tokens (default: twice the slots; 0: "
                         "no budget, a new prompt's 128-token chunks on top of theirs)")
+    s.add_argument("--tool-call-parser", metavar="NAME",
+                   help="parse (and, for tool_choice required or a named function, force) "
+                        "tool calls in this syntax, vLLM's parser names: hermes "
+                        "(<tool_call> blocks), llama3_json (Llama 3.1/3.2's JSON), mistral "
+                        "([TOOL_CALLS]) (default: the one the chat template writes, "
+                        "hermes where it writes none)")
+    s.add_argument("--chat-template", metavar="FILE",
+                   help="a Jinja chat template file to use instead of the model's (vLLM's "
+                        "--chat-template, llama-server's --chat-template-file), with the "
+                        "model's bos and eos tokens: e.g. one that writes tools")
+    s.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="raw_logprobs",
+                   help="what a generated token's logprobs are of (vLLM's option): "
+                        "raw_logprobs, log_softmax of the model's logits (the default, as "
+                        "OpenAI's and vLLM's: temperature, penalties and logit_bias do not "
+                        "change them); processed_logprobs, the distribution the token was "
+                        "sampled from (after logit_bias, penalties, a grammar, temperature, "
+                        "min_p, top_k and top_p)")
     s.add_argument("--embeddings", action="store_true",
                    help="also compile MODEL (.gguf or Hugging Face directory) as an embedding "
                         "encoder and answer /v1/embeddings (pooling as the model file says)")
@@ -132,11 +147,26 @@ def run(args) -> int:
     try:    # the serve extra, imported here: the other commands run without it
         from ..serve.app import create_app
         from ..serve.http import serve
+        from ..serve.tools import SYNTAXES
     except ImportError as e:
         raise MissingDependency(f"tercomp serve needs {e.name or e}, which is not installed",
                                 hint="pip install 'tercomp[serve]' (or: pip install fastapi uvicorn "
                                      "prometheus-client)") from None
-    from ..runtime.scheduler import Engine
+    from ..runtime.chat import ChatTemplate
+    from ..runtime.scheduler import STEP_TOKENS_PER_SLOT, Engine
+
+    if args.tool_call_parser is not None and args.tool_call_parser not in SYNTAXES:
+        raise UsageError(f"--tool-call-parser {args.tool_call_parser!r} is not one of "
+                         f"{', '.join(SYNTAXES)}")
+
+    template = None
+    if args.chat_template is not None:      # read and compiled before the model loads
+        try:
+            with open(args.chat_template, encoding="utf-8") as f:
+                template = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--chat-template {args.chat_template}: cannot read it ({e})") from None
+        ChatTemplate(template, origin=args.chat_template)
 
     asked = {"max_batch": args.max_batch, "max_seq": args.max_seq}
     if args.max_batch is None:
@@ -159,11 +189,13 @@ def run(args) -> int:
     # inter-token latency at 1-16 clients, bench/RESULTS.md); 0 turns it off
     budget = STEP_TOKENS_PER_SLOT * batch if args.step_tokens is None else args.step_tokens or None
     engine = Engine(gen, max_queue=args.max_queue, prefix_cache=not args.no_prefix_cache,
-                    num_draft=args.speculative, step_tokens=budget)
+                    num_draft=args.speculative, step_tokens=budget,
+                    logprobs_mode=args.logprobs_mode)
     name = args.name or model_name(args.model)
     app = create_app(engine, name, api_key=args.api_key, max_body=args.max_body,
                      read_timeout=args.read_timeout, max_request_tokens=args.max_request_tokens,
-                     embedder=embedder)
+                     embedder=embedder, tool_call_parser=args.tool_call_parser,
+                     chat_template=template, template_origin=args.chat_template or "")
     print(f"serving {name} ({batch} slots of {gen.max_seq} tokens) on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     try:

@@ -21,6 +21,9 @@ from ..errors import InputError
 
 #: the most alternatives a request may ask log-probabilities of (OpenAI's top_logprobs)
 MAX_LOGPROBS = 20
+#: what a generated token's log-probabilities are of (vLLM's --logprobs-mode names): the
+#: model's logits, or the distribution it was sampled from (`processed_logprobs`)
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
 def check_sampling(temperature, top_k, top_p, seed) -> None:
@@ -79,6 +82,22 @@ def sample(logits, temperature: float, top_k, top_p, rng: np.random.Generator,
         return int(np.argmax(logits))
     p = probabilities(logits, temperature, top_k, top_p, min_p)
     return int(rng.choice(p.size, p=p))
+
+
+def processed_logprobs(logits, temperature: float, top_k=None, top_p=None,
+                       min_p: float = 0.0) -> np.ndarray:
+    """The log-probabilities of the distribution `sample` draws from (vLLM's
+    processed_logprobs): of `logits` as given (the logit bias, penalties and grammar
+    mask already applied) at temperature 0, else after temperature, min_p, top_k and
+    top_p, the tokens they drop at -inf.
+
+    >>> processed_logprobs(np.log(np.array([0.5, 0.3, 0.2])), 1.0, top_k=2).round(3)
+    array([-0.47 , -0.981,   -inf])
+    """
+    if temperature == 0:
+        return log_softmax(logits)
+    with np.errstate(divide="ignore"):
+        return np.log(probabilities(logits, temperature, top_k, top_p, min_p))
 
 
 def log_softmax(logits) -> np.ndarray:

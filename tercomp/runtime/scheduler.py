@@ -66,11 +66,16 @@ import numpy as np
 from ..errors import TercompError, ConfigError, InputError
 from .batched import BatchedLMGenerator
 from .generator import LMGenerator, _eos_set, _ids
-from .sampling import (MAX_LOGPROBS, Penalties, check_penalties, check_sampling, sample,
-                       scored_token)
+from .sampling import (LOGPROBS_MODES, MAX_LOGPROBS, Penalties, check_penalties, check_sampling,
+                       processed_logprobs, sample, scored_token)
 from .speculative import DraftSchedule, accepted, prompt_lookup
 
 _DONE = object()
+
+#: a server's step budget a slot (`tercomp serve`'s default --step-tokens, Ray Serve's
+#: replicas): 8 slots step at most 16 tokens while streams decode, which kept p99
+#: inter-token latency at or under llama-server's at 1-16 clients (bench/RESULTS.md)
+STEP_TOKENS_PER_SLOT = 2
 
 #: the fewest prompt tokens a request copies from another slot, or waits
 #: for while an earlier request computes them (fewer cost less to prefill in the step)
@@ -199,10 +204,15 @@ class Engine:
     tokens); `start=False` queues requests until `start()` (a server warming up);
     `prefix_cache=False` forgets each slot's tokens when its request ends (every prompt
     is prefilled in full); `num_draft=k` > 0 verifies up to k prompt-lookup drafts per
-    step for a greedy request running alone."""
+    step for a greedy request running alone; `logprobs_mode` (vLLM's) "raw_logprobs":
+    a generated token's log-probabilities are log_softmax of the model's logits,
+    "processed_logprobs": of the distribution it was sampled from (after the logit
+    bias, penalties, grammar mask and, unless greedy, temperature, min_p, top_k and
+    top_p; runtime.sampling.processed_logprobs). A prompt's are always the model's."""
 
     def __init__(self, gen, max_queue: int = 256, chunk: int = 128, start: bool = True,
-                 prefix_cache: bool = True, num_draft: int = 0, step_tokens: int | None = None):
+                 prefix_cache: bool = True, num_draft: int = 0, step_tokens: int | None = None,
+                 logprobs_mode: str = "raw_logprobs"):
         if isinstance(gen, BatchedLMGenerator):
             self.gen = gen
         elif isinstance(gen, LMGenerator):
@@ -217,7 +227,10 @@ class Engine:
                 or not 0 <= num_draft <= 64:
             raise ConfigError(f"Engine: num_draft must be an int from 0 (off) to 64, "
                               f"got {num_draft!r}")
-        self.num_draft = int(num_draft)
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError(f"Engine: logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, "
+                              f"got {logprobs_mode!r}")
+        self.num_draft, self.logprobs_mode = int(num_draft), logprobs_mode
         self.model = gen
         self.max_queue, self.chunk = int(max_queue), int(chunk)
         self.step_tokens = None if step_tokens is None else int(step_tokens)
@@ -579,8 +592,12 @@ class Engine:
                 tok = sample(z, r.temperature, r.top_k, r.top_p, r._rng, r.min_p)
                 if pen is not None:
                     pen.add(tok)
-                if r.logprobs is not None:      # of the model's logits (vLLM's raw logprobs)
-                    r.token_logprobs.append(scored_token(lg, tok, r.logprobs))
+                if r.logprobs is not None:
+                    if self.logprobs_mode == "processed_logprobs":
+                        z = processed_logprobs(z, r.temperature, r.top_k, r.top_p, r.min_p)
+                    else:
+                        z = lg
+                    r.token_logprobs.append(scored_token(z, tok, r.logprobs))
                 if con is not None and not con.accept(tok):
                     self._finish(r, "error", InputError(f"structured output: {con.error}"))
                     continue

@@ -51,8 +51,8 @@ from ..runtime.scheduler import EngineClosed, QueueFull
 from .guard import APIError, Guard, add_error_handlers
 from .metrics import CONTENT_TYPE, Metrics
 from .model import ServedEncoder, ServedModel, encode_embedding
-from .protocol import (MAX_PROMPTS, ChatRequest, CompletionRequest, DetokenizeRequest,
-                       EmbeddingRequest, TokenizeRequest, error_body)
+from .protocol import (COMPLETION_MAX_TOKENS, MAX_PROMPTS, ChatRequest, CompletionRequest,
+                       DetokenizeRequest, EmbeddingRequest, TokenizeRequest, error_body)
 from .structured import GrammarError
 from .text import TextStream
 from .tools import ToolParser, call_grammar, openai_call, split
@@ -71,15 +71,21 @@ _END = object()
 
 def create_app(engine, model_name: str, api_key: str | None = None,
                max_body: int = MAX_BODY, read_timeout: float = READ_TIMEOUT,
-               max_request_tokens: int = MAX_REQUEST_TOKENS, embedder=None) -> FastAPI:
+               max_request_tokens: int = MAX_REQUEST_TOKENS, embedder=None,
+               tool_call_parser: str | None = None, chat_template: str | None = None,
+               template_origin: str = "--chat-template") -> FastAPI:
     """The FastAPI app serving `engine` (a runtime.Engine) as `model_name`. With
     `api_key`, every /v1 request needs `Authorization: Bearer <api_key>` (/health and
     /metrics stay open, for load balancers and scrapers). A body must arrive within
     `read_timeout` seconds; one request may generate (or embed) `max_request_tokens`
     tokens over all its prompts and choices. `embedder` (tc.compile_embed's, of the
     same model) answers /v1/embeddings; without one that endpoint is a 400 saying how
-    to get one. The caller owns the engine (closes it after the server stops)."""
-    model = ServedModel(engine.model)
+    to get one. `tool_call_parser` ("hermes", "llama3_json" or "mistral", vLLM's
+    names) parses and forces tool calls in that syntax whatever the chat template asks
+    for (None: the template's, serve.tools.template_syntax). `chat_template` (a Jinja
+    template's text, from `template_origin`) replaces the model's. The caller owns the
+    engine (closes it after the server stops)."""
+    model = ServedModel(engine.model, tool_call_parser, chat_template, template_origin)
     encoder = None if embedder is None else ServedEncoder(embedder, model, max_request_tokens)
     tokenizing = anyio.CapacityLimiter(TOKENIZING)
     encoding = anyio.CapacityLimiter(1)     # one batched encoder call at a time
@@ -134,8 +140,9 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         prompts = await off_loop(lambda: [
             model.encode(p, bool(body.parse_special), body.add_special_tokens is not False)
             for p in texts])
-        max_tokens = _budget(body.max_tokens, len(texts) * body.candidates, model.max_seq,
-                             max_request_tokens)
+        # null is OpenAI's default (chat's null is "to the context")
+        max_tokens = _budget(COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens,
+                             len(texts) * body.candidates, model.max_seq, max_request_tokens)
         echo = [(t if isinstance(t, str) else model.decode(t), p) if body.echo else None
                 for t, p in zip(texts, prompts)]
         grammar = await _grammar(model, body, off_loop)
@@ -173,8 +180,10 @@ def create_app(engine, model_name: str, api_key: str | None = None,
         top = (body.top_logprobs or 0) if body.logprobs else None
         grammar = await _grammar(model, body, off_loop, mode)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
+        tags = model.tool_tags() if mode else {}
         runs = _submit(engine, model, body, [prompt], [limit], "messages", logprobs=top,
-                       candidates=body.choices, group=rid, grammar=grammar)
+                       candidates=body.choices, group=rid, grammar=grammar,
+                       keep={i: tag for tag, i in tags.items()})
         head = {"id": rid, "object": "chat.completion",
                 "created": int(time.time()), "model": model_name}
         names = {t.function.name for t in offered or ()}
@@ -356,11 +365,12 @@ class _Piece(NamedTuple):
 
 
 def _submit(engine, model: ServedModel, body, prompts, limits, param, logprobs=None,
-            echo=None, candidates: int = 1, group=None, grammar=None) -> list:
+            echo=None, candidates: int = 1, group=None, grammar=None, keep=None) -> list:
     """Submit `candidates` requests per prompt (all or none: a refused one cancels the
     others), the j-th of a prompt seeded with seed + j. `logprobs`: the alternatives per
     generated token (None: no log-probabilities); `echo`: per prompt, (text, ids) to
-    echo (the prompt scored too when `logprobs`)."""
+    echo (the prompt scored too when `logprobs`); `keep` ({id: text}): special tokens
+    whose text the answer keeps (text.TextStream)."""
     if len(prompts) * candidates > MAX_PROMPTS:
         raise APIError(400, f"{len(prompts)} prompts times {candidates} choices each is over "
                             f"{MAX_PROMPTS} sequences in one request", param="n")
@@ -390,7 +400,8 @@ def _submit(engine, model: ServedModel, body, prompts, limits, param, logprobs=N
                                     logprobs=logprobs, group=group, **body.sampling(),
                                     constraint=grammar and grammar.constraint(),
                                     prompt_logprobs=logprobs if shown is not None else None)
-                runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids),
+                runs.append(_Run(req, TextStream(model.tokenizer, body.stop or (), stop_ids,
+                                                 keep),
                                  shown, index))
     except BaseException as e:
         for r in runs:
@@ -422,7 +433,8 @@ async def _grammar(model: ServedModel, body, off_loop, tool_mode=None):
                                 f"cannot constrain the output too", param="tool_choice")
         spec = ("tools", "lark", call_grammar(body.tools, None if tool_mode == "required"
                                               else tool_mode, body.parallel_tool_calls
-                                              is not False, model.tool_syntax))
+                                              is not False, model.tool_syntax,
+                                              model.tool_tags()))
     if spec is None:
         return None
     field, kind, value = spec

@@ -10,19 +10,31 @@ import json
 
 import numpy as np
 
+from ..errors import InputError
 from ..runtime.chat import ChatTemplate, ChatTemplateError, TextEncoder
 from .guard import APIError
 from .structured import Grammars
 from .text import TokenPieces
-from .tools import TemplateSupport, prepare
+from .tools import SYNTAXES, TAGS, TemplateSupport, prepare
 
 
 class ServedModel:
-    """What the API needs of the generator: its tokenizer, chat template and eos."""
+    """What the API needs of the generator: its tokenizer, chat template and eos.
+    `chat_template` (a Jinja template's text, vLLM's --chat-template) replaces the
+    model's own, with the model's bos and eos tokens."""
 
-    def __init__(self, gen):
+    def __init__(self, gen, tool_call_parser: str | None = None,
+                 chat_template: str | None = None, template_origin: str = "--chat-template"):
+        if tool_call_parser is not None and tool_call_parser not in SYNTAXES:
+            raise InputError(f"unknown tool-call parser {tool_call_parser!r}",
+                             hint=f"one of {', '.join(SYNTAXES)} (vLLM's names)")
+        self.tool_call_parser = tool_call_parser
         self.tokenizer, self.max_seq, self.vocab_size = gen.tokenizer, gen.max_seq, gen.vocab_size
         self.template = ChatTemplate.from_dict(gen.chat_template)
+        if chat_template is not None:       # the model's bos and eos tokens with it
+            base = self.template
+            self.template = ChatTemplate(chat_template, base.bos_token if base else "",
+                                         base.eos_token if base else "", template_origin)
         self._support = None        # serve.tools.TemplateSupport, probed on first use
         eos = None
         if self.template is not None and self.template.eos_token and self.tokenizer is not None:
@@ -111,11 +123,24 @@ class ServedModel:
 
     @property
     def tool_syntax(self) -> str:
-        """The call syntax the tool prompt asks for (serve.tools.template_syntax): the
-        template's own where it writes tools, else the generic format's "hermes"."""
+        """The call syntax answers are parsed and forced in: `tool_call_parser` where the
+        server was told one (vLLM's --tool-call-parser), else the one the tool prompt
+        asks for (serve.tools.template_syntax): the template's own where it writes
+        tools, else the generic format's "hermes"."""
+        if self.tool_call_parser is not None:
+            return self.tool_call_parser
         if self._support is None and self.template is not None:
             self._support = TemplateSupport.probe(self.template)
         return self._support.syntax if self._support is not None else "hermes"
+
+    def tool_tags(self) -> dict:
+        """{text: token id} of the tool syntax's tags (serve.tools.TAGS) that are special
+        tokens of this vocabulary: decoding would drop them from the answer's text, and
+        a forced call writes them as those tokens."""
+        if self.tokenizer is None:
+            return {}
+        ids = {tag: self.tokenizer.token_to_id(tag) for tag in TAGS[self.tool_syntax]}
+        return {tag: i for tag, i in ids.items() if i is not None and i in self.encoder.special_ids}
 
     def chat_messages(self, messages, tools=None):
         """(messages as dicts, {"tools": ...} or {}) as the template is given them."""

@@ -13,10 +13,12 @@ lm-evaluation-harness sends to score a continuation), chat's `logprobs` /
 `json_schema` / `grammar` (GBNF). Tool calling (chat): `tools`,
 `tool_choice`, `parallel_tool_calls`, assistant `tool_calls` and `tool` messages in the
 history (serve.tools). Fields
-this server does not implement (`REFUSED`: the legacy `functions`, vLLM's
-`structured_outputs`, beam search, ...) are refused with a 400 naming the field unless they hold
-their default, rather than silently ignored; unknown fields are ignored, as OpenAI's
-SDKs send new ones.
+this server does not implement (`REFUSED`: the legacy `functions`, OpenAI's `audio`,
+`modalities` and `web_search_options`, vLLM's `structured_outputs`, beam search, ...)
+are refused with a 400 naming the field unless they hold their default, rather than
+silently ignored; unknown fields (and OpenAI's hints that change no answer here:
+`store`, `metadata`, `service_tier`, `prediction`, `reasoning_effort`, ...) are
+ignored, as OpenAI's SDKs send new ones.
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ MAX_STOP = 16
 MAX_PROMPTS = 64
 #: the largest n / best_of
 MAX_N = 16
+#: completions' max_tokens when it is left out or null (OpenAI's default)
+COMPLETION_MAX_TOKENS = 16
 #: the most inputs one embeddings request may hold (OpenAI's limit)
 MAX_EMBED_INPUTS = 2048
 
@@ -49,12 +53,17 @@ REFUSED = {
     "structured_outputs": (), "use_beam_search": (),
     "min_tokens": (), "bad_words": (), "allowed_token_ids": (), "prompt_logprobs": (),
     "typical_p": (1, 1.0), "mirostat": (), "suffix_prompt": (),
+    # OpenAI's chat: spoken answers, web search (an empty object asks for it)
+    "audio": (), "modalities": (["text"],), "web_search_options": (),
 }
+#: REFUSED fields where an empty value asks for something too: only null passes
+NULL_ONLY = {"audio", "web_search_options"}
 
 
 def _refuse(cls, value, info):
     """A field this server does not implement: only a value that asks for nothing."""
-    if value is None or value in (False, 0, "", [], {}) or value in REFUSED[info.field_name]:
+    if value is None or value in REFUSED[info.field_name] or (
+            info.field_name not in NULL_ONLY and value in (False, 0, "", [], {})):
         return value
     raise ValueError(f"{info.field_name}={value!r:.80} is not supported by this server")
 
@@ -79,6 +88,9 @@ class _Refused(BaseModel):
     typical_p: Any = None
     mirostat: Any = None
     suffix_prompt: Any = None
+    audio: Any = None
+    modalities: Any = None
+    web_search_options: Any = None
 
     _refused = field_validator(*REFUSED)(classmethod(_refuse))
 
@@ -198,7 +210,8 @@ class CompletionRequest(_Sampling):
     """POST /v1/completions: `prompt` is text, a list of token ids, or a list of either
     (n choices each)."""
     prompt: Union[str, TokenIds, list[str], list[TokenIds]]
-    max_tokens: Optional[StrictInt] = Field(16, ge=0, description="0: score the prompt only")
+    max_tokens: Optional[StrictInt] = Field(COMPLETION_MAX_TOKENS, ge=0,
+                                            description="0: score the prompt only")
     echo: Optional[bool] = False
     logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_LOGPROBS)
     best_of: Optional[StrictInt] = Field(None, ge=1, le=MAX_N)

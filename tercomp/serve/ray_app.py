@@ -25,7 +25,7 @@ import os
 from ray import serve
 
 from ..runtime.loader import load
-from ..runtime.scheduler import Engine
+from ..runtime.scheduler import STEP_TOKENS_PER_SLOT, Engine
 from .app import create_app
 
 
@@ -44,7 +44,9 @@ class TercompServer:
         gen = load(model, threads=threads)
         if not hasattr(gen, "generate"):
             raise ValueError(f"{model} is not a compiled language model (tc.compile_lm)")
-        self.engine = Engine(gen, max_queue=max_queue)
+        # the step budget of `tercomp serve` (a joining prompt does not stall the streams)
+        self.engine = Engine(gen, max_queue=max_queue,
+                             step_tokens=STEP_TOKENS_PER_SLOT * getattr(gen, "max_batch", 1))
         self.asgi = create_app(self.engine, name or _default_name(model), api_key=api_key)
 
     def __serve_build_asgi_app__(self):

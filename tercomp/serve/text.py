@@ -21,10 +21,12 @@ class TextStream:
     """Text of one generated sequence. `tokenizer` is a `tokenizers.Tokenizer` (None: a
     model without one; then text stays empty and only token ids are reported).
     Attributes: `tokens` (every id pushed, stop tokens included: the usage count),
-    `text` (all text returned so far), `finished` (a stop string or stop id was seen)."""
+    `text` (all text returned so far), `finished` (a stop string or stop id was seen).
+    Special tokens are left out of the text, but for `keep` ({id: text}: a tool-call
+    syntax's tags, which the answer's parser reads)."""
 
-    def __init__(self, tokenizer, stop=(), stop_ids=()):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, stop=(), stop_ids=(), keep=None):
+        self.tokenizer, self.keep = tokenizer, dict(keep or {})
         self.stop = [s for s in stop if s]
         self.stop_ids = set(stop_ids)
         self.longest = max(map(len, self.stop), default=0)
@@ -47,7 +49,7 @@ class TextStream:
         self._text_ids.append(int(token))
         # a trailing U+FFFD may be a character whose other bytes are to come: text up to
         # the last whole character is final (lossy UTF-8 decoding of a prefix is a prefix)
-        full = self.tokenizer.decode(self._text_ids).rstrip("\ufffd")
+        full = self._decode(self._text_ids).rstrip("\ufffd")
         return self._advance(full, final=False)
 
     def flush(self) -> str:
@@ -55,7 +57,21 @@ class TextStream:
         complete in it."""
         if self._cut or self.tokenizer is None:
             return ""
-        return self._advance(self.tokenizer.decode(self._text_ids), final=True)
+        return self._advance(self._decode(self._text_ids), final=True)
+
+    def _decode(self, ids) -> str:
+        """The text of `ids`: the runs between kept tokens decoded, the kept ones' text
+        between them."""
+        if not self.keep or not self.keep.keys() & set(ids):
+            return self.tokenizer.decode(ids)
+        out, run = [], []
+        for t in ids:
+            if t in self.keep:
+                out += [self.tokenizer.decode(run), self.keep[t]]
+                run = []
+            else:
+                run.append(t)
+        return "".join(out) + self.tokenizer.decode(run)
 
     def _advance(self, full: str, final: bool) -> str:
         start = len(self.text)

@@ -39,9 +39,11 @@ stays content. "required" and a named tool_choice force a call in the same synta
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
+import string
 import uuid
 from typing import NamedTuple
 
@@ -72,6 +74,11 @@ def call_text(name: str, arguments) -> str:
 #: The call syntaxes a prompt may ask for (vLLM's tool-parser names).
 SYNTAXES = ("hermes", "llama3_json", "mistral")
 PYTHON_TAG, MISTRAL_TAG, MISTRAL_ARGS = "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]"
+#: each syntax's tags: text that a model's vocabulary may hold as one special token
+#: (Mistral's [TOOL_CALLS], Llama 3.1's <|python_tag|>, some Qwen conversions'
+#: <tool_call>), which the answer's text keeps and a forced call writes as that token
+TAGS = {"hermes": (OPEN, CLOSE), "llama3_json": (PYTHON_TAG,),
+        "mistral": (MISTRAL_TAG, MISTRAL_ARGS)}
 
 
 def template_syntax(source: str) -> str:
@@ -100,24 +107,32 @@ class TemplateSupport(NamedTuple):
 
     @classmethod
     def probe(cls, template) -> "TemplateSupport":
-        """Render probes with a name nobody writes: a template handles what it writes."""
+        """Render probes with names nobody writes: a template handles what it writes (the
+        call names another function than the tool offered, so a template that lists
+        the tools but drops the calls is not taken for one that writes them)."""
         name = f"tercomp_probe_{secrets.token_hex(4)}"
+        called = f"{name}_called"
         tool = {"type": "function", "function": {
             "name": name, "description": "probe",
             "parameters": {"type": "object", "properties": {}}}}
         user = {"role": "user", "content": "hi"}
+        # an id of 9 letters and digits: Mistral's templates raise on any other
         call = {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_0", "type": "function", "function": {"name": name, "arguments": {}}}]}
-        answer = {"role": "tool", "content": "ok", "tool_call_id": "call_0"}
+            {"id": "tercomp00", "type": "function", "function": {"name": called, "arguments": {}}}]}
+        answer = {"role": "tool", "content": "ok", "tool_call_id": "tercomp00"}
 
-        def writes(messages, **kw) -> bool:
+        def writes(needle, messages, **kw) -> bool:
             try:
-                return name in template.render(messages, add_generation_prompt=True, **kw)
+                return needle in template.render(messages, add_generation_prompt=True, **kw)
             except ChatTemplateError:
                 return False
-        tools = writes([user], tools=[tool])
-        return cls(tools, writes([user, call, answer, user], tools=[tool] if tools else None),
-                   template_syntax(template.source) if tools else "hermes")
+        tools = writes(name, [user], tools=[tool])
+        offered = [tool] if tools else None
+        # a user turn after the tool's answer, or none (Mistral's templates count user
+        # and assistant turns around the calls, and refuse two user turns in a row)
+        calls = writes(called, [user, call, answer, user], tools=offered) or \
+            writes(called, [user, call, answer], tools=offered)
+        return cls(tools, calls, template_syntax(template.source) if tools else "hermes")
 
 
 def polyfill(messages: list) -> list:
@@ -142,14 +157,51 @@ def polyfill(messages: list) -> list:
     return [{k: v for k, v in m.items() if k != "_responses"} for m in out]
 
 
+_MISTRAL_ID = re.compile(r"[A-Za-z0-9]{9}\Z")
+_BASE62 = string.ascii_letters + string.digits
+
+
+def mistral_id(call_id: str) -> str:
+    """A tool call id as Mistral's templates require it (9 letters or digits; they raise
+    on any other, such as OpenAI's `call_...`): the id itself where it is one, else 9
+    base-62 digits of its SHA-256, so a call and the tool message answering it still
+    pair (vLLM truncates them for Mistral models instead).
+
+    >>> mistral_id("a1B2c3D4e"), len(mistral_id("call_0123456789abcdef"))
+    ('a1B2c3D4e', 9)
+    """
+    if _MISTRAL_ID.match(call_id):
+        return call_id
+    n, digits = int.from_bytes(hashlib.sha256(call_id.encode("utf-8")).digest(), "big"), []
+    for _ in range(9):
+        n, r = divmod(n, 62)
+        digits.append(_BASE62[r])
+    return "".join(digits)
+
+
+def mistral_ids(messages: list) -> list:
+    """`messages` with every tool call id and tool_call_id as `mistral_id` writes it."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [{**c, "id": mistral_id(c["id"])} for c in m["tool_calls"]]}
+        if m.get("tool_call_id") is not None:
+            m = {**m, "tool_call_id": mistral_id(m["tool_call_id"])}
+        out.append(m)
+    return out
+
+
 def prepare(messages: list, tools: list | None, support: TemplateSupport):
     """(messages, tools keyword) for the template: `messages` as
     ChatMessage.for_template gives them, `tools` the offered ones as dicts (None: not
     offered). What the template does not write itself is written in the generic format:
     the tools as a system message (the first one's text, or a new one before the
-    others), the history's calls by `polyfill`."""
+    others), the history's calls by `polyfill`; a Mistral template that writes them
+    gets their ids as it requires them (`mistral_ids`)."""
     if not support.calls and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         messages = polyfill(messages)
+    elif support.calls and support.syntax == "mistral":
+        messages = mistral_ids(messages)
     if not tools or support.tools:
         return messages, tools or None
     block = fallback_system(tools)
@@ -161,13 +213,19 @@ def prepare(messages: list, tools: list | None, support: TemplateSupport):
 
 
 def call_grammar(tools: list, name: str | None = None, parallel: bool = True,
-                 syntax: str = "hermes") -> str:
+                 syntax: str = "hermes", tags: dict | None = None) -> str:
     """The Lark grammar (llguidance's, with its %json) of what "required" (`name` None)
     or a named tool_choice allows, in `syntax`: hermes, a <tool_call> block (or, with
     `parallel`, several, a newline apart) whose JSON is {"name": one of the tools (that
     one), "arguments": valid for its parameters}; llama3_json, such objects with
     "parameters" for "arguments", "; " between them; mistral, `[TOOL_CALLS]` and a JSON
-    list of them (one item without `parallel`). `tools` are protocol.Tool."""
+    list of them (one item without `parallel`). `tools` are protocol.Tool. `tags`
+    ({text: token id}) are the syntax's tags that are special tokens of the vocabulary:
+    written as that token (llguidance's `<[id]>`), not spelled out as text."""
+    tags = tags or {}
+
+    def lit(text: str) -> str:
+        return f"<[{tags[text]}]>" if text in tags else json.dumps(text)
     chosen = [t.function for t in tools if name is None or t.function.name == name]
     key = "parameters" if syntax == "llama3_json" else "arguments"
     schemas = [{"type": "object", "properties": {"name": {"const": f.name}, key: f.schema()},
@@ -177,12 +235,12 @@ def call_grammar(tools: list, name: str | None = None, parallel: bool = True,
     if syntax == "mistral":
         listed = {"type": "array", "items": schema, "minItems": 1,
                   **({} if parallel else {"maxItems": 1}), "x-guidance": JSON_OPTIONS}
-        return f"start: {json.dumps(MISTRAL_TAG + ' ')} %json {json.dumps(listed)}\n"
+        return f"start: {lit(MISTRAL_TAG)} \" \" %json {json.dumps(listed)}\n"
     schema = {**schema, "x-guidance": JSON_OPTIONS}
     if syntax == "llama3_json":
         call, sep = f"call: %json {json.dumps(schema)}", json.dumps("; ")
     else:
-        call = f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}"
+        call = f"call: {lit(OPEN)} \"\\n\" %json {json.dumps(schema)} \"\\n\" {lit(CLOSE)}"
         sep = json.dumps("\n")
     return (f"start: call ({sep} call)*\n" if parallel else "start: call\n") + call + "\n"
 
