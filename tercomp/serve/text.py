@@ -10,9 +10,13 @@ does); a stop token id ends it too (its own text is not returned either). Stream
 non-streamed responses both come from this class, so their text is the same by
 construction.
 
-    >>> s = TextStream(tok, stop=["\\n\\n"], stop_ids={eos})
-    >>> for t in req: piece = s.push(t); ...; if s.finished: req.cancel(); break
-    >>> piece = s.flush()          # what was held back, once the request ended
+        s = TextStream(tok, stop=["\\n\\n"], stop_ids={eos})
+        for t in req:                  # a request's token ids as they come
+            piece = s.push(t)          # the text they make safe to send, or ""
+            if s.finished:             # a stop string or id was reached
+                req.cancel()
+                break
+        piece = s.flush()              # what was held back, once the request ended
 """
 from __future__ import annotations
 
