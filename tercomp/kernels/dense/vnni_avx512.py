@@ -25,7 +25,7 @@ with f32 x is >= 0.99993 and the top-1 token agrees on 252/256 (the int8 table i
 against the f32 table: 254/256); with heavy-tailed hidden states (Student t, 3 degrees
 of freedom) 0.9966 and 244/256. Through a 700M generator (random ternary weights,
 8 sequences of 128-token prompts, 16 steps fed the same tokens): cosine >= 0.99994
-(mean 0.99997), top-1 equal on 126/128 (bench/RESULTS.md, 2026-11-28). The kernel table makes
+(mean 0.99997), top-1 equal on 126/128 (bench/RESULTS.md). The kernel table makes
 it the int8 table's kernel where it fits: the int8 table is already the reduced-
 precision choice (nn.stored.choose_table keeps float16 where int8 moves the top token).
 Every row of x is quantized alone, so a sequence's logits do not depend on the batch.
