@@ -244,6 +244,24 @@ def test_slots_prefill_and_step_like_single_streams(batched, single):
     assert batched.filled.tolist() == [p.size + 5 for p in prompts] + [prompts[-1].size + 5]
 
 
+def test_int8_table_rows_do_not_depend_on_the_batch(lm):
+    """With the int8 output table (on an AVX-512 VNNI host its kernel quantizes the
+    hidden state to int8 a row at a time), a sequence's logits in a step of three equal
+    its logits stepped alone."""
+    from conftest import run_filecheck
+    from tercomp.kernels.table import VNNI
+    b8 = tc.compile_lm(lm, max_seq=MAX_SEQ, max_batch=4, output_dtype="int8")
+    if VNNI in host_cpu_features():
+        run_filecheck(b8.exe.ir("mlir"), "# CHECK: flow.dispatch @tern_vnni_i8_gemv_96x128")
+    prompts = _prompts(3, seed=4)
+    for s, p in enumerate(prompts):
+        b8.prefill(p, slot=s)
+    together = b8.step([5, 6, 7], [0, 1, 2])
+    for s, p in enumerate(prompts):
+        b8.prefill(p, slot=s)
+        np.testing.assert_allclose(b8.step([5 + s], [s])[0], together[s], rtol=1e-5, atol=1e-5)
+
+
 def test_a_slot_does_not_disturb_the_others(batched):
     p, q = _prompts(2, seed=2)
     batched.prefill(p, slot=0)

@@ -232,10 +232,11 @@ def test_output_table_is_f16_and_shared_with_the_embedding(gen, lm_file, full):
 
 def test_int8_output_table(lm_file, full):
     """output_dtype="int8": one int8 table with a per-row f32 scale serves the tied
-    embedding and the output layer (the i8 GEMV on an AVX2 host); the logits stay within
-    the issue's tolerance of the float64 reference and of the f16 table's."""
+    embedding and the output layer (on an AVX-512 VNNI host the int8 activations'
+    vpdpbusd kernel, else the i8 GEMV on an AVX2 host); the logits stay within the
+    issue's tolerance of the float64 reference and of the f16 table's."""
     from conftest import run_filecheck
-    from tercomp.kernels.table import AVX2, host_cpu_features
+    from tercomp.kernels.table import AVX2, VNNI, host_cpu_features
     from tercomp.nn import quantize_rows
     lm = models.load(lm_file)
     q8 = tc.compile_lm(lm, max_seq=MAX_SEQ, output_dtype="int8")
@@ -244,7 +245,12 @@ def test_int8_output_table(lm_file, full):
 # CHECK:     util.global private @{{.*}} : tensor<300x256xi8>
 # CHECK-NOT: util.global private @{{.*}} : tensor<300x256xf{{16|32}}>
 """)
-    if AVX2 in host_cpu_features():
+    if VNNI in host_cpu_features():
+        run_filecheck(q8.exe.ir("mlir"), r"""
+# CHECK: stream.executable private @[[NAME:tern_vnni_i8_gemv_300x256(_m[0-9]+)?]]
+# CHECK: flow.dispatch @[[NAME]]::@[[NAME]][%{{.*}}](%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x256xf32>{%{{.*}}}, tensor<300x256xi8>, tensor<300xf32>, index)
+""")
+    elif AVX2 in host_cpu_features():
         run_filecheck(q8.exe.ir("mlir"), r"""
 # CHECK: stream.executable private @[[NAME:tern_avx2_i8_gemv_300x256(_m[0-9]+)?]]
 # CHECK: flow.dispatch @[[NAME]]::@[[NAME]][%{{.*}}](%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}) : (tensor<?x256xf32>{%{{.*}}}, tensor<300x256xi8>, tensor<300xf32>, index)

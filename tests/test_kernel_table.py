@@ -143,6 +143,7 @@ SAMPLES = {
     "ternary_matmul": [_ternary(m, k, n, aq) for m in ("B", 1, 6) for k, n in
                        ((256, 8), (128, 8), (100, 8), (256, 7)) for aq in (True, False)],
     "widening_matmul": [_widening(np.float16, 48, False), _widening(np.int8, 48, True),
+                        _widening(np.int8, 64, True), _widening(np.float16, 64, False),
                         _widening(np.int8, 48, False), _widening(np.float16, 40, False),
                         _widening(np.float32, 48, False)],
     "rms_norm": [_rms_norm(("R", 64)), _rms_norm((2, "T", 64)), _rms_norm(("R", 60)),

@@ -6,6 +6,7 @@ import pytest
 from conftest import run_filecheck
 from tercomp.kernels import template
 from tercomp.kernels.attention import attention_cpu
+from tercomp.kernels.dense import vnni_avx512 as dense_vnni
 from tercomp.kernels.dense import widening_avx2 as dense_avx2
 from tercomp.kernels.rows import rows_cpu
 from tercomp.kernels.ternary import avx2 as ternary_avx2
@@ -17,7 +18,7 @@ from tercomp.errors import TercompError
 
 ir = pytest.importorskip("iree.compiler.ir")
 
-KERNELS = ["attention", "attention_rows", "dense_avx2", "rms_norm", "rope", "ternary_amax_map",
+KERNELS = ["attention", "attention_rows", "dense_avx2", "dense_vnni", "rms_norm", "rope", "ternary_amax_map",
            "ternary_avx2", "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall",
            "ternary_im2col_quant", "ternary_lanes_quant", "ternary_lanes_quant_unpadded"]
 
@@ -115,6 +116,33 @@ CHECK:       %ys3_1 = arith.mulf %y3_1, %s3 : f32
 CHECK:     scf.for %mi = %mwhole to %m step %c1
 CHECK:   scf.for %rt = %rg to %r1 step %c1
 CHECK:     memref.prefetch %w[%prewh0, %c], read, locality<0>, data : memref<40x32xi8>
+""")
+
+
+def test_dense_vnni():
+    check(dense_vnni.executable_text("tern_vnni_i8_gemv_40x128", 40, 128), """
+CHECK-LABEL: stream.executable private @tern_vnni_i8_gemv_40x128
+CHECK:   %g = arith.constant 10 : index
+CHECK:   func.func @tern_vnni_i8_gemv_40x128(%bx: !stream.binding, %bw: !stream.binding, %bs: !stream.binding, %bo: !stream.binding, %m: index)
+CHECK:     %cmb = arith.constant 8 : index
+CHECK:     %flip = arith.constant dense<-128> : vector<64xi8>
+CHECK:     %xq = memref.alloca() : memref<8x128xi8>
+CHECK:     scf.for %mi = %c0 to %mwhole step %cmb
+CHECK:         %rd = math.roundeven %sc : vector<8xf32>
+CHECK:         %qcorrb = arith.muli %qsumb, %c128i : i32
+CHECK:       %accbp0:16 = scf.for %c = %c0 to %ck step %c64
+CHECK:         memref.prefetch %w[%wp0, %c], read, locality<3>, data : memref<40x128xi8>
+CHECK:         %wu0 = arith.xori %wv0, %flip : vector<64xi8>
+CHECK:         %n1_7 = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"(%a1_7, %wu1, %xv7)
+CHECK:       %dfbp0_1_7 = arith.subi %rdbp0_1_7, %crbp0_7 : i32
+CHECK:       %ybp0_1_7 = arith.mulf %fxbp0_1_7, %wsbp0_1 : f32
+CHECK:       %accbp2:16 = scf.for
+CHECK:     scf.for %rt = %rg to %r1 step %c1
+CHECK:     scf.if %one
+CHECK:       %accrs:4 = scf.for %c = %c0 to %ck step %c64
+CHECK:     scf.if %some
+CHECK:       vector.store %zb, %xq[%zj, %zk]
+CHECK:         scf.if %gdpp0_0_1
 """)
 
 

@@ -648,6 +648,37 @@ def test_widening_matmul_matches_numpy(kernel):
             np.testing.assert_allclose(exe(x), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
+def test_widening_vnni_matches_int8_activations_in_numpy():
+    """The int8 table's avx512-vnni output layer (x quantized to int8 a row at a time,
+    vpdpbusd on the offset weights) through tc.compile at a symbolic batch, against
+    NumPy's act_quant codes times the table (float64): every M path of the kernel (one
+    row left over: the 4-stream GEMV; 2-7: a zero-padded block of 8; blocks of 8; a
+    block and a leftover), a row of zeros (its logits 0), weights at -128 and 127, and an
+    N that leaves tail rows (389 over 25 workgroups of 16 rows: a stream step, then 1-5
+    rows one by one); and at K = 2304 (blocks of 7 rows of x: 16 KiB of codes)."""
+    import tercomp as tc
+    from tercomp.ternary_pack import act_quant
+    from tercomp.tracing.tracer import apply
+    if VNNI not in host_cpu_features():
+        pytest.skip("host CPU lacks AVX-512 VNNI")
+    rng = np.random.default_rng(3)
+    for n, k, batches in ((389, 192, (1, 2, 7, 8, 9, 13, 16, 19)), (37, 2304, (1, 6, 7, 15))):
+        w = rng.integers(-128, 128, (n, k)).astype(np.int8)
+        w[0, :] = -128
+        w[1, :] = 127
+        scale = rng.uniform(0.5, 2, n).astype(np.float32)
+        exe = tc.compile(lambda x: apply("widening_matmul", x, w, scale, kernel="avx512-vnni"),
+                         tc.spec(("B", k), "float32"), cache=False)
+        for b in batches:
+            x = (rng.standard_normal((b, k)) * rng.uniform(0.1, 10, (b, 1))).astype(np.float32)
+            x[b // 2] = 0
+            xq, s = act_quant(x)
+            ref = (xq.astype(np.float64) @ w.astype(np.float64).T) / s * scale
+            got = exe(x)
+            assert not got[b // 2].any()
+            np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-6 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("features,decode,symbolic", [((VNNI,), "vnni", "dispatch-vnni"),
                                                      ((), "addsub", "dispatch")])
 def test_choose_strategy_per_shape_and_cpu(features, decode, symbolic):

@@ -10,7 +10,8 @@
                     (the rows by strategy name: choices, flags, emit_ternary_matmul),
                     builder (TernaryBuilder, the portable addsub/int8/f32 kernels),
                     vnni, blocked, avx512, avx2 and avx2_quant (hand-written dispatches)
-    dense/          widening_matmul: widening_avx2 (the f16/int8 output-layer GEMV)
+    dense/          widening_matmul: widening_avx2 (the f16/int8 output-layer GEMV),
+                    vnni_avx512 (int8 tables on int8 activations, vpdpbusd)
     attention/      cached_attention, slot_attention: attention_cpu
     rows/           rms_norm, rope: rows_cpu
 
