@@ -104,7 +104,9 @@ def choose_table(w, norm_weight=None, *, probes: int = AUTO_PROBES, seed: int = 
     (half the bytes of a decode step's largest read) where the table is large
     (>= AUTO_INT8_MIN elements) and gives the top-1 token of the model's own float32
     table on every one of `probes` hidden states (unit Gaussian vectors times the final
-    norm's weight `norm_weight`, as the output layer sees them); float16 otherwise.
+    norm's weight `norm_weight`, as the output layer sees them), both with the hidden
+    state in float32 (the widening kernel) and quantized to int8 a row at a time (the
+    avx512-vnni kernel, kernels/dense/vnni_avx512.py); float16 otherwise.
 
     >>> dtype, table, why = choose_table(lm.embed_tokens.weight, lm.norm.weight)
     """
@@ -119,23 +121,34 @@ def choose_table(w, norm_weight=None, *, probes: int = AUTO_PROBES, seed: int = 
     ref = np.empty((probes, w.shape[0]), np.float32)
     for lo in range(0, w.shape[0], 4096):        # a slice of rows at a time: bounded memory
         ref[:, lo:lo + 4096] = h @ w[lo:lo + 4096].astype(np.float32).T
-    arg = {"ref": ref.argmax(axis=1), "int8": np.zeros(probes, np.int64)}
+    top = ref.argmax(axis=1)
     # Each int8 weight is within half its row's step of the float one, so an int8 logit
-    # is within |h|_1 * step / 2 of the float32 one (0.52: room for float rounding): only
-    # rows whose bound reaches the top row's can be int8's top-1, and only theirs are
-    # computed in int8 (the same argmax, first index on ties, as over every row).
-    bound = np.abs(h).sum(axis=1)[:, None] * (0.52 * i8.scale)[None, :]
+    # is within |h|_1 * step / 2 of the float32 one (0.52: room for float rounding); with
+    # h in int8 too (step s_h) add |W_row|_1 * s_h / 2 + K * step * s_h / 4. Only rows
+    # whose bound reaches the top row's can be int8's top-1, and only theirs are computed
+    # in int8 (the same argmax, first index on ties, as over every row).
+    from ..ternary_pack import act_quant
+    hq, inv = act_quant(h)                      # the kernel's rounding, bit for bit
+    s_h = 1.0 / inv[:, 0]
+    w_l1 = np.empty(w.shape[0], np.float64)     # |W_row|_1 bounded through the int8 codes
+    for lo in range(0, w.shape[0], 4096):
+        w_l1[lo:lo + 4096] = np.abs(i8.values[lo:lo + 4096].astype(np.int16)).sum(axis=1)
+    w_l1 = (w_l1 + 0.5 * w.shape[1]) * i8.scale
+    bound_f = np.abs(h).sum(axis=1)[:, None] * (0.52 * i8.scale)[None, :]
+    bound_q = bound_f + 0.52 * s_h[:, None] * w_l1[None, :] \
+        + 0.26 * w.shape[1] * s_h[:, None] * i8.scale[None, :]
     for p in range(probes):
-        top = arg["ref"][p]
-        rows = np.flatnonzero(ref[p] + bound[p] >= ref[p, top] - bound[p, top])
-        logits = (i8.values[rows].astype(np.float32) @ h[p]) * i8.scale[rows]
-        arg["int8"][p] = rows[logits.argmax()]
-    differ = int((arg["ref"] != arg["int8"]).sum())
-    if differ == 0:
-        return "int8", i8, (f"int8 keeps the float32 table's top-1 token on {probes}/{probes} "
-                            f"probe hidden states")
-    return "float16", StoredTable.from_weight(w, "float16"), \
-        f"int8 changes the top-1 token on {differ}/{probes} probe hidden states"
+        t = top[p]
+        for bound, x, sx, kind in ((bound_f, h[p], 1.0, "float32"),
+                                   (bound_q, hq[p], s_h[p], "int8")):
+            rows = np.flatnonzero(ref[p] + bound[p] >= ref[p, t] - bound[p, t])
+            logits = (i8.values[rows].astype(np.float32) @ x) * (i8.scale[rows] * sx)
+            if rows[logits.argmax()] != t:      # the first miss decides: float16
+                return "float16", StoredTable.from_weight(w, "float16"), \
+                    (f"int8 changes the top-1 token on probe hidden state {p + 1} of "
+                     f"{probes} ({kind})")
+    return "int8", i8, (f"int8 keeps the float32 table's top-1 token on {probes}/{probes} "
+                        f"probe hidden states (float32 and int8 ones)")
 
 
 class StoredEmbedding(Module):
