@@ -216,8 +216,11 @@ def test_tall_kernel_takes_a_1d_conv_with_its_absmax_map(kw):
 ])
 def test_compiled_value_and_gradients_match_the_layer(cin, size, kw):
     """With the weights traced as inputs (a gradient), the compiled value and gradients
-    (x's through im2col's VJP, the unslices of its cotangent's planes) are the eager
-    layer's, at every batch: strides, a 1x1, no padding, dilation."""
+    (x's through the unslices of its cotangent's planes) are the eager layer's, at every
+    batch: strides, a 1x1, no padding, dilation. The quantized patches are strided slices
+    of the padded input, one a kernel offset (IREE vectorizes those; the im2col generic's
+    window map it compiled to scalar code), except with dilation, whose windows a
+    max_pool cannot take: tern.im2col and the rows' act_quant there."""
     nn.manual_seed(9)
     layer = nn.BitConv2d(cin, 6, **kw)
 
@@ -226,6 +229,9 @@ def test_compiled_value_and_gradients_match_the_layer(cin, size, kw):
         return tc.sum(y * y * tc.sum(x))
     f = tc.value_and_grad(loss, argnums=(0, 1))
     exe = tc.compile(f, layer, tc.spec(("B", cin, size, size)), cache=False)
+    dilated = kw.get("dilation", 1) > 1
+    assert ("tern.im2col" in exe.ir("tern")) == dilated
+    assert exe.ir("tern").count("tern.slice") >= (0 if dilated else kw["kernel_size"] ** 2)
     x = np.random.default_rng(13).standard_normal((3, cin, size, size)).astype(np.float32)
     x[0, :, 2] = 30.0
     for batch in (1, 3):

@@ -21,6 +21,8 @@ import numpy as np
 
 from .. import ternary_pack as tp
 from ..errors import TraceError, ConfigError
+from ..ops.conv import _out_size
+from ..ops.shape_util import SLICE_END
 from ..tracing import api as _t
 from ..tracing.conv_api import PADDING_HINT, resolve_padding
 from ..tracing.tracer import Tracer, apply
@@ -41,25 +43,45 @@ def patches(x, kernel, stride, pads, dilation):
     return _t.reshape(cols, (-1, int(np.prod(shape[1 + nd:])))), list(shape[1:1 + nd])
 
 
-def _quantized_columns(x, cols, kernel, stride, pads, dilation, p):
-    """act_quant of the patches of x held as columns cols [N, C * K, P] (each column one
-    patch), with each patch's absmax taken from x: the max over channels of |x| at every
-    position, then its max over each window (a max_pool: exact, max is associative),
-    where the absmax of the patches themselves read C * K values a patch. The same
-    numbers as tern.act_quant of the patch rows (ternary_pack.act_quant's formula, in
-    its order) and its straight-through gradient: q + (cols - cols) with q and the
-    second cols out of the gradient. Windows the pool does not take (dilation, padding
-    over half the kernel) quantize the rows with tern.act_quant."""
-    if any(d != 1 for d in dilation) or any(max(lo, hi) > k // 2 for (lo, hi), k in zip(pads, kernel)):
-        rows = apply("act_quant", _t.transpose(cols, [0, 2, 1]))
-        return _t.transpose(rows, [0, 2, 1])
+def _pooled_absmax(kernel, pads, dilation) -> bool:
+    """Can each patch's absmax be a max_pool of the channels' absmax (_absmax_scale)? Not
+    with dilation, nor where the padding covers more than half the kernel (windows the
+    pool does not take)."""
+    return all(d == 1 for d in dilation) and all(max(lo, hi) <= k // 2 for (lo, hi), k in zip(pads, kernel))
+
+
+def _absmax_scale(x, kernel, stride, pads):
+    """act_quant's scale 127 / max(absmax, eps) of every patch, [N, 1, *P]: the max over
+    channels of |x|, then over each window (a max_pool: exact, max is associative)."""
     amax = _t.max(_t.abs(x), axis=1, keepdims=True)                             # [N, 1, *S]
     amax = _t.max_pool(amax, list(kernel), stride=list(stride), padding=[list(q) for q in pads])
-    amax = _t.reshape(amax, (-1, 1, p))                                         # [N, 1, P]
+    return _t.divide(np.float32(tp.ACT_MAX), _t.maximum(amax, np.float32(tp.ACT_EPS)))
+
+
+def _sliced_quantized_columns(x, kernel, stride, pads, dilation, out):
+    """The act_quant-ed patches of x as [N, C, *K, *P], built one kernel offset at a
+    time: the offset's window of the padded input (a strided slice, [N, C, *P]) quantized
+    by each patch's scale, the K planes stacked. The numbers and the straight-through
+    gradient of tern.act_quant over the tern.im2col columns (ternary_pack.act_quant's
+    formula, in its order; q + (cols - cols) with q and the second cols out of the
+    gradient), but every dispatch reads and writes along P with identity maps, so IREE
+    vectorizes it: the im2col generic's window map (p * s + k * d) is not a projected
+    permutation, and IREE 3.13 compiled the quantize fused with it to scalar code (176
+    ms a call for the 64-channel 32x32 layer at batch 32, bench/RESULTS.md). The
+    gradient is the col2im's: a sum of unslices of the planes."""
+    xp = _t.pad(x, [[0, 0], [0, 0]] + [list(q) for q in pads]) if any(lo or hi for lo, hi in pads) else x
+    s = _absmax_scale(x, kernel, stride, pads)                                  # [N, 1, *P]
     top = np.float32(tp.ACT_MAX)
-    s = _t.divide(top, _t.maximum(amax, np.float32(tp.ACT_EPS)))
-    q = _t.divide(_t.minimum(_t.maximum(_t.round(_t.multiply(cols, s)), -top), top), s)
-    return _t.stop_gradient(q) + (cols - _t.stop_gradient(cols))
+    planes = []
+    for kk in np.ndindex(*kernel):
+        starts = [k * d for k, d in zip(kk, dilation)]
+        win = apply("slice", xp, starts=[0, 0] + starts,
+                    stops=[SLICE_END, SLICE_END] + [st + (int(o) - 1) * sd + 1
+                                                    for st, o, sd in zip(starts, out, stride)],
+                    steps=[1, 1] + list(stride))                                # [N, C, *P]
+        q = _t.divide(_t.minimum(_t.maximum(_t.round(_t.multiply(win, s)), -top), top), s)
+        planes.append(_t.stop_gradient(q) + (win - _t.stop_gradient(win)))
+    return _t.stack(planes, axis=2) if len(planes) > 1 else _t.expand_dims(planes[0], 2)
 
 
 def _is_input(w) -> bool:
@@ -112,17 +134,18 @@ class _BitConvNd(Module):
             if isinstance(d, (int, np.integer)) and dl * (k - 1) + 1 > d + lo + hi:
                 raise TraceError(f"{name}: the kernel spans {dl * (k - 1) + 1} on spatial dim {i}, "
                                  f"more than the padded input ({d} + {lo + hi} padding)")
-        rows, out = patches(x, self.kernel_size, self.stride, pads, self.dilation)
         # the 4-D (5-D) weight is ternarized, then viewed as [out, K]: the ternary pass
         # packs it through that reshape
         t = apply("ternarize", _traced(self.weight))
-        g, o, k = self.groups, self.out_channels, int(rows.shape[-1]) // self.groups
-        if g == 1 and _is_input(self.weight) and self.in_channels > 1:
+        if self.groups == 1 and _is_input(self.weight) and self.in_channels > 1:
             # weights traced as inputs (a gradient, a training step: no constant to pack).
             # One input channel stays on the rows: IREE 3.13 fails to compile the columns'
             # quantize there ("write affecting operations on global resources are
             # restricted to workgroup distributed contexts")
+            out = _out_size(tuple(shape[2:]), self.kernel_size, self.stride, self.dilation, pads, name)
             return self._columns_forward(x, t, pads, out)
+        rows, out = patches(x, self.kernel_size, self.stride, pads, self.dilation)
+        g, o, k = self.groups, self.out_channels, int(rows.shape[-1]) // self.groups
         if g == 1:
             if self.act_quant:
                 rows = apply("act_quant", rows)
@@ -148,15 +171,21 @@ class _BitConvNd(Module):
         input's cotangent W^T @ g comes out as [N, C, *K, *P], the col2im's own layout,
         and the weight's, g @ columns^T, sums a batched matmul (ops/linalg.py). As rows
         [N * P, C * K] IREE fused the transposes into the f32 matmuls and the quantize
-        wrote 3-wide rows (bench/RESULTS.md)."""
+        wrote 3-wide rows (bench/RESULTS.md). The quantized columns are built one kernel
+        offset at a time (_sliced_quantized_columns) where a max_pool gives the patches'
+        absmax; else from tern.im2col and the rows' act_quant."""
         nd, o = self.nd, self.out_channels
-        cols = apply("im2col", x, kernel=list(self.kernel_size), stride=list(self.stride),
-                     padding=[list(p) for p in pads], dilation=list(self.dilation))   # [N, *P, C, *K]
-        cols = _t.transpose(cols, [0] + list(range(nd + 1, 2 * nd + 2)) + list(range(1, nd + 1)))
         p, k = int(np.prod(out)), self.in_channels * int(np.prod(self.kernel_size))
-        cols = _t.reshape(cols, (-1, k, p))                                         # [N, C * K, P]
-        if self.act_quant:
-            cols = _quantized_columns(x, cols, self.kernel_size, self.stride, pads, self.dilation, p)
+        if self.act_quant and _pooled_absmax(self.kernel_size, pads, self.dilation):
+            cols = _sliced_quantized_columns(x, self.kernel_size, self.stride, pads, self.dilation, out)
+            cols = _t.reshape(cols, (-1, k, p))                                     # [N, C * K, P]
+        else:
+            cols = apply("im2col", x, kernel=list(self.kernel_size), stride=list(self.stride),
+                         padding=[list(q) for q in pads], dilation=list(self.dilation))  # [N, *P, C, *K]
+            cols = _t.transpose(cols, [0] + list(range(nd + 1, 2 * nd + 2)) + list(range(1, nd + 1)))
+            cols = _t.reshape(cols, (-1, k, p))                                     # [N, C * K, P]
+            if self.act_quant:        # dilation, or padding over half the kernel: the rows' act_quant
+                cols = _t.transpose(apply("act_quant", _t.transpose(cols, [0, 2, 1])), [0, 2, 1])
         y = _t.matmul(_t.reshape(t, (o, k)), cols)                                  # [N, out, P]
         y = _t.reshape(y, (-1, o) + tuple(out))
         if self.bias is not None:
