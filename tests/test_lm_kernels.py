@@ -39,6 +39,30 @@ def test_cpu_attention_kernel_matches_reference(kv_dtype):
         np.testing.assert_allclose(exe(q, k, v, np.int32(start)), want, rtol=1e-5, atol=1e-5)
 
 
+
+def test_cpu_attention_query_blocks_equal_one_query_at_a_time(monkeypatch):
+    # queries QBLOCK at a time (a block reads its last query's rows, the earlier queries'
+    # extra rows at weight 0) give the one-query-at-a-time kernel's floats bit for bit:
+    # blocks that straddle the 256-row chunk boundary, and a remainder of T
+    from tercomp.kernels.attention import attention_cpu
+    s, h, kv, d = 600, 4, 2, 16
+    r = np.random.default_rng(5)
+    k = r.standard_normal((s, kv, d)).astype(np.float16)
+    v = r.standard_normal((s, kv, d)).astype(np.float16)
+
+    def attend(q, kc, vc, start):
+        return apply("cached_attention", q, kc, vc, start, scale=0.3, kernel="cpu")
+    specs = (tc.spec(("T", h, d)), tc.spec((s, kv, d), "float16"),
+             tc.spec((s, kv, d), "float16"), tc.spec((), "int32"))
+    blocked = tc.compile(attend, *specs, cache=False)
+    monkeypatch.setattr(attention_cpu, "QBLOCK", 1)
+    single = tc.compile(attend, *specs, cache=False)
+    assert attention_cpu.QBLOCK == 1 and blocked.ir("mlir") != single.ir("mlir")
+    for t, start in ((2 * 8 + 3, 245), (40, 0), (9, 590)):
+        q = r.standard_normal((t, h, d)).astype(np.float32)
+        np.testing.assert_array_equal(blocked(q, k, v, np.int32(start)),
+                                      single(q, k, v, np.int32(start)))
+
 def _windowed_attention(q, k, v, positions, scale, window):
     """Brute force, float64: query t at positions[t] over rows max(0, p - window + 1)..p."""
     g = q.shape[1] // k.shape[1]

@@ -59,6 +59,16 @@ VGROUP = 8
 #: 8 rows ahead 0.63-0.70x the per-head kernel's time (median of paired calls), none
 #: 0.84-1.07x.
 ROW_PREFETCH = 8
+#: Queries of one head a block of the per-head kernel takes together (1: one at a time;
+#: the rest of T, and a sliding-window layer's queries, go one at a time): each K and V
+#: row the block reads is loaded and widened once for all of them, and a block keeps
+#: QBLOCK x BLOCK_VGROUP accumulators in registers over a chunk's V rows. Measured at the
+#: 8B shape (32 / 8 heads, D 128, f16 cache), T = 512 from position 0, CPU-time medians
+#: on the loaded 2-core VM (bench/RESULTS.md 2026-11-28): QBLOCK 1 -> 8 (4 lanes) 1.54-1.68x;
+#: 4 (2 lanes) 1.43-1.46x, 4 (4) 1.48x, 8 (2) 1.38x, 16 (2 or 4) 1.33x; outputs bit for bit
+#: those of one query at a time.
+QBLOCK = 8
+BLOCK_VGROUP = 4
 
 
 def fits(head_dim: int, kv_dtype: str) -> bool:
@@ -80,7 +90,8 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
     and V lines are prefetched PREFETCH rows ahead."""
     return render("attention", name=name, heads=heads, kv_heads=kv_heads, d=d, s=s, kel=kel,
                   chunk=CHUNK, window=int(window or 0),
-                  prefetch=PREFETCH, vgroup=VGROUP)
+                  prefetch=PREFETCH, vgroup=VGROUP, qblock=QBLOCK,
+                  bvgroup=BLOCK_VGROUP)
 
 
 #: Stack bytes a workgroup of the row-wise slot kernel gives its chunk's scores (the
