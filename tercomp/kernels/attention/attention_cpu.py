@@ -16,6 +16,11 @@ softmax of flash attention, rescaled once per chunk):
 
 The scores of a chunk live in a CHUNK-float stack buffer, so the cache length does not
 bound the stack. Only rows 0..start+T-1 are read: a step's cost grows with the position.
+A prefill's queries go QBLOCK at a time: the block's rows (those of its last query) are
+loaded and widened from f16 once for all its queries, each query's scores and sums as
+above, a row past an earlier query's own last one at score -inf (weight 0, so every
+float is the one-query kernel's); the rest of T, a decode step's single query and a
+sliding-window layer's queries go one at a time.
 
 `slot_attention` (the batched generator's caches [N, S, KV, D], one query a sequence)
 has a kernel of its own, `rows_text` (templates/attention_rows.mlir): one workgroup per
