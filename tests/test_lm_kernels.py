@@ -40,20 +40,22 @@ def test_cpu_attention_kernel_matches_reference(kv_dtype):
 
 
 
-def test_cpu_attention_query_blocks_equal_one_query_at_a_time(monkeypatch):
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+def test_cpu_attention_query_blocks_equal_one_query_at_a_time(monkeypatch, kv_dtype):
     # queries QBLOCK at a time (a block reads its last query's rows, the earlier queries'
-    # extra rows at weight 0) give the one-query-at-a-time kernel's floats bit for bit:
-    # blocks that straddle the 256-row chunk boundary, and a remainder of T
+    # extra rows at weight 0; 16-lane FMA chains) give the one-query-at-a-time kernel's
+    # floats bit for bit: blocks that straddle the 256-row chunk boundary, and a
+    # remainder of T
     from tercomp.kernels.attention import attention_cpu
-    s, h, kv, d = 600, 4, 2, 16
+    s, h, kv, d = 600, 4, 2, 32
     r = np.random.default_rng(5)
-    k = r.standard_normal((s, kv, d)).astype(np.float16)
-    v = r.standard_normal((s, kv, d)).astype(np.float16)
+    k = r.standard_normal((s, kv, d)).astype(kv_dtype)
+    v = r.standard_normal((s, kv, d)).astype(kv_dtype)
 
     def attend(q, kc, vc, start):
         return apply("cached_attention", q, kc, vc, start, scale=0.3, kernel="cpu")
-    specs = (tc.spec(("T", h, d)), tc.spec((s, kv, d), "float16"),
-             tc.spec((s, kv, d), "float16"), tc.spec((), "int32"))
+    specs = (tc.spec(("T", h, d)), tc.spec((s, kv, d), kv_dtype),
+             tc.spec((s, kv, d), kv_dtype), tc.spec((), "int32"))
     blocked = tc.compile(attend, *specs, cache=False)
     monkeypatch.setattr(attention_cpu, "QBLOCK", 1)
     single = tc.compile(attend, *specs, cache=False)

@@ -1,4 +1,4 @@
-{# params: name, heads, kv_heads, d, s, kel, chunk, window, prefetch, vgroup, qblock, bvgroup #}
+{# params: name, heads, kv_heads, d, s, kel, chunk, window, prefetch, vgroup, qblock, bvgroup, blanes #}
 {#
   (q [T, H, D] f32, k, v [S, KV, D] kel, scale: f32, start: index, T: index) ->
   out [T, H, D] f32 (the slot caches of the batched generator: attention_rows.mlir).
@@ -38,17 +38,26 @@
 %% set qb = 1 if window else qblock
 %% set st = "memref<%dx%dxf32>" % (qb, chunk)
 %% set at = "memref<%dx%dxf32>" % (qb, d)
-%% macro widen(dst, src)
+%% macro widen(dst, src, w=8)
 %%   if kel == "f32"
-{{ dst }} = arith.addf {{ src }}, %z8 : {{ v8 }}
+{{ dst }} = arith.addf {{ src }}, %z{{ w }} : vector<{{ w }}xf32>
 %%   else
-{{ dst }} = arith.extf {{ src }} : {{ vk }} to {{ v8 }}
+{{ dst }} = arith.extf {{ src }} : vector<{{ w }}x{{ kel }}> to vector<{{ w }}xf32>
 %%   endif
 %% endmacro
-{# block(nq): the queries %t0 .. %t0 + nq - 1 (query i: %t<i>, its last row %last<i>) #}
+{# block(nq): the queries %t0 .. %t0 + nq - 1 (query i: %t<i>, its last row %last<i>).
+   A block of several queries works on w = 16 lanes (D % 16 == 0): a 16-lane FMA chain
+   is the 8-lane kernel's two interleaved chains side by side (lanes 2m and 2m + 1 of
+   8), their halves added as the 8-lane kernel adds its last two, so every float is the
+   same; the one-query path keeps 8 lanes. #}
 %% macro block(nq)
 %%   set qs = range(nq)
-%%   set vg = vgroup if nq == 1 else bvgroup
+%%   set w = blanes if nq > 1 and d % blanes == 0 else 8
+%%   set nl = d // w
+%%   set vw = "vector<%dxf32>" % w
+%%   set vkw = "vector<%dx%s>" % (w, kel)
+%%   set vg = vgroup if nq == 1 else ([1, bvgroup * 8 // w]|max)
+%%   set col = "%col" if w == 8 else "%colw"
 %%   for i in qs
 %%     if i
         %t{{ i }} = arith.addi %t0, %cq{{ i }} : index
@@ -57,13 +66,13 @@
 %%   endfor
         %last = arith.addi %last{{ nq - 1 }}, %c0 : index
 %%   if nq == 1
-%%     for l in range(lanes)
-        %q0_{{ l }} = vector.load %q[%t0, %h, %col{{ l }}] : {{ qt }}, {{ v8 }}
+%%     for l in range(nl)
+        %q0_{{ l }} = vector.load %q[%t0, %h, {{ col }}{{ l }}] : {{ qt }}, {{ vw }}
 %%     endfor
 %%   endif
 %%   for i in qs
-%%     for l in range(lanes)
-        vector.store %z8, %acc[%cq{{ i }}, %col{{ l }}] : {{ at }}, {{ v8 }}
+%%     for l in range(nl)
+        vector.store %z{{ w }}, %acc[%cq{{ i }}, {{ col }}{{ l }}] : {{ at }}, {{ vw }}
 %%     endfor
 %%   endfor
         %n = arith.addi %last, %c1 : index
@@ -81,18 +90,28 @@
           %cm:{{ nq }} = scf.for %s = %cs to %ce step %c1 iter_args(<% for i in qs %>%m1_{{ i }} = %ninf{{ ", " if not loop.last }}<% endfor %>) -> ({{ (["f32"] * nq)|join(", ") }}) {
 {{ prefetch_row("%k") }}
             %j = arith.subi %s, %cs : index
-%%   for l in range(lanes)
-            %k{{ l }} = vector.load %k[%s, %kh, %col{{ l }}] : {{ kt }}, {{ vk }}
-            {{ widen("%%kf%d" % l, "%%k%d" % l) }}
+%%   for l in range(nl)
+            %k{{ l }} = vector.load %k[%s, %kh, {{ col }}{{ l }}] : {{ kt }}, {{ vkw }}
+            {{ widen("%%kf%d" % l, "%%k%d" % l, w) }}
 %%   endfor
 %%   for i in qs
-%%     for l in range(lanes)
+%%     for l in range(nl)
 %%       if nq > 1
-            %q{{ i }}_{{ l }} = vector.load %q[%t{{ i }}, %h, %col{{ l }}] : {{ qt }}, {{ v8 }}
+            %q{{ i }}_{{ l }} = vector.load %q[%t{{ i }}, %h, {{ col }}{{ l }}] : {{ qt }}, {{ vw }}
 %%       endif
+%%       if w == 8
             %d{{ i }}_{{ l }} = vector.fma %q{{ i }}_{{ l }}, %kf{{ l }}, {{ "%z8" if l < 2 else "%%d%d_%d" % (i, l - 2) }} : {{ v8 }}
+%%       else
+            %d{{ i }}_{{ l }} = vector.fma %q{{ i }}_{{ l }}, %kf{{ l }}, {{ "%z16" if l < 1 else "%%d%d_%d" % (i, l - 1) }} : {{ vw }}
+%%       endif
 %%     endfor
-            %dsum{{ i }} = arith.addf %d{{ i }}_{{ lanes - 1 }}, {{ "%%d%d_%d" % (i, lanes - 2) if lanes > 1 else "%z8" }} : {{ v8 }}
+%%     if w == 8
+            %dsum{{ i }} = arith.addf %d{{ i }}_{{ nl - 1 }}, {{ "%%d%d_%d" % (i, nl - 2) if nl > 1 else "%z8" }} : {{ v8 }}
+%%     else
+            %dlo{{ i }} = vector.shuffle %d{{ i }}_{{ nl - 1 }}, %d{{ i }}_{{ nl - 1 }} [0, 1, 2, 3, 4, 5, 6, 7] : {{ vw }}, {{ vw }}
+            %dhi{{ i }} = vector.shuffle %d{{ i }}_{{ nl - 1 }}, %d{{ i }}_{{ nl - 1 }} [8, 9, 10, 11, 12, 13, 14, 15] : {{ vw }}, {{ vw }}
+            %dsum{{ i }} = arith.addf %dhi{{ i }}, %dlo{{ i }} : {{ v8 }}
+%%     endif
             %dt{{ i }} = vector.reduction <add>, %dsum{{ i }} fastmath<reassoc> : {{ v8 }} into f32
 %%     if nq > 1
             %sd0_{{ i }} = arith.mulf %dt{{ i }}, %scale : f32
@@ -110,7 +129,7 @@
           %mn{{ i }} = arith.maximumf %mx{{ i }}, %cm#{{ i }} : f32
           %dm{{ i }} = arith.subf %mx{{ i }}, %mn{{ i }} : f32
           %corr{{ i }} = math.exp %dm{{ i }} : f32
-          %corrv{{ i }} = vector.broadcast %corr{{ i }} : f32 to {{ v8 }}
+          %corrv{{ i }} = vector.broadcast %corr{{ i }} : f32 to {{ vw }}
           %mnv{{ i }} = vector.broadcast %mn{{ i }} : f32 to {{ v8 }}
           scf.for %j = %c0 to %len step %c8 {
             %x = vector.load %sc[%cq{{ i }}, %j] : {{ st }}, {{ v8 }}
@@ -126,18 +145,18 @@
           %l0_{{ i }} = arith.mulf %l{{ i }}, %corr{{ i }} : f32
           %l1_{{ i }} = arith.addf %l0_{{ i }}, %lc{{ i }} : f32
 %%   endfor
-{# the weighted sum of the chunk's V rows: rows outer, `vg` lanes of each query inner,
-   one accumulator each (the FMA chains interleave instead of one chain of 4-cycle
-   FMAs per lane; each lane still sums its rows in order); a V row's lanes are loaded
-   once for the block's queries #}
-%%   for g0 in range(0, lanes, vg)
-%%     set gl = range(g0, [g0 + vg, lanes]|min)
+{# the weighted sum of the chunk's V rows: rows outer, `vg` w-lane vectors of each
+   query inner, one accumulator each (the FMA chains interleave instead of one chain of
+   4-cycle FMAs per lane; each lane still sums its rows in order); a V row's lanes are
+   loaded once for the block's queries #}
+%%   for g0 in range(0, nl, vg)
+%%     set gl = range(g0, [g0 + vg, nl]|min)
 %%     set nacc = nq * gl|length
-%%     set gtypes = ([v8] * nacc)|join(", ")
+%%     set gtypes = ([vw] * nacc)|join(", ")
 %%     for i in qs
 %%       for l in gl
-          %a{{ i }}_{{ l }} = vector.load %acc[%cq{{ i }}, %col{{ l }}] : {{ at }}, {{ v8 }}
-          %as{{ i }}_{{ l }} = arith.mulf %a{{ i }}_{{ l }}, %corrv{{ i }} : {{ v8 }}
+          %a{{ i }}_{{ l }} = vector.load %acc[%cq{{ i }}, {{ col }}{{ l }}] : {{ at }}, {{ vw }}
+          %as{{ i }}_{{ l }} = arith.mulf %a{{ i }}_{{ l }}, %corrv{{ i }} : {{ vw }}
 %%       endfor
 %%     endfor
           %w{{ g0 }}:{{ nacc }} = scf.for %s = %cs to %ce step %c1 iter_args(<% for i in qs %><% for l in gl %>%wa{{ i }}_{{ l }} = %as{{ i }}_{{ l }}{{ ", " if not (loop.last and i == nq - 1) }}<% endfor %><% endfor %>) -> ({{ gtypes }}) {
@@ -146,21 +165,21 @@
 %%     endif
             %j = arith.subi %s, %cs : index
 %%     for l in gl
-            %vr{{ l }} = vector.load %v[%s, %kh, %col{{ l }}] : {{ kt }}, {{ vk }}
-            {{ widen("%%vf%d" % l, "%%vr%d" % l) }}
+            %vr{{ l }} = vector.load %v[%s, %kh, {{ col }}{{ l }}] : {{ kt }}, {{ vkw }}
+            {{ widen("%%vf%d" % l, "%%vr%d" % l, w) }}
 %%     endfor
 %%     for i in qs
             %e{{ i }} = memref.load %sc[%cq{{ i }}, %j] : {{ st }}
-            %eb{{ i }} = vector.broadcast %e{{ i }} : f32 to {{ v8 }}
+            %eb{{ i }} = vector.broadcast %e{{ i }} : f32 to {{ vw }}
 %%       for l in gl
-            %wn{{ i }}_{{ l }} = vector.fma %eb{{ i }}, %vf{{ l }}, %wa{{ i }}_{{ l }} : {{ v8 }}
+            %wn{{ i }}_{{ l }} = vector.fma %eb{{ i }}, %vf{{ l }}, %wa{{ i }}_{{ l }} : {{ vw }}
 %%       endfor
 %%     endfor
             scf.yield <% for i in qs %><% for l in gl %>%wn{{ i }}_{{ l }}{{ ", " if not (loop.last and i == nq - 1) }}<% endfor %><% endfor %> : {{ gtypes }}
           }
 %%     for i in qs
 %%       for l in gl
-          vector.store %w{{ g0 }}#{{ i * gl|length + loop.index0 }}, %acc[%cq{{ i }}, %col{{ l }}] : {{ at }}, {{ v8 }}
+          vector.store %w{{ g0 }}#{{ i * gl|length + loop.index0 }}, %acc[%cq{{ i }}, {{ col }}{{ l }}] : {{ at }}, {{ vw }}
 %%       endfor
 %%     endfor
 %%   endfor
@@ -168,11 +187,11 @@
         }
 %%   for i in qs
         %inv{{ i }} = arith.divf %one, %res#{{ nq + i }} : f32
-        %invv{{ i }} = vector.broadcast %inv{{ i }} : f32 to {{ v8 }}
-%%     for l in range(lanes)
-        %f{{ i }}_{{ l }} = vector.load %acc[%cq{{ i }}, %col{{ l }}] : {{ at }}, {{ v8 }}
-        %g{{ i }}_{{ l }} = arith.mulf %f{{ i }}_{{ l }}, %invv{{ i }} : {{ v8 }}
-        vector.store %g{{ i }}_{{ l }}, %o[%t{{ i }}, %h, %col{{ l }}] : {{ qt }}, {{ v8 }}
+        %invv{{ i }} = vector.broadcast %inv{{ i }} : f32 to {{ vw }}
+%%     for l in range(nl)
+        %f{{ i }}_{{ l }} = vector.load %acc[%cq{{ i }}, {{ col }}{{ l }}] : {{ at }}, {{ vw }}
+        %g{{ i }}_{{ l }} = arith.mulf %f{{ i }}_{{ l }}, %invv{{ i }} : {{ vw }}
+        vector.store %g{{ i }}_{{ l }}, %o[%t{{ i }}, %h, {{ col }}{{ l }}] : {{ qt }}, {{ vw }}
 %%     endfor
 %%   endfor
 %% endmacro
@@ -186,6 +205,9 @@
 %% for i in range(lanes)
       %col{{ i }} = arith.constant {{ 8 * i }} : index
 %% endfor
+%% for i in range(d // 16)
+      %colw{{ i }} = arith.constant {{ 16 * i }} : index
+%% endfor
 %% for c in lines
       %col_l{{ c }} = arith.constant {{ c }} : index
 %% endfor
@@ -197,6 +219,7 @@
       %zero = arith.constant 0.0 : f32
       %one = arith.constant 1.0 : f32
       %z8 = arith.constant dense<0.0> : {{ v8 }}
+      %z16 = arith.constant dense<0.0> : vector<16xf32>
       %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {{ qt }}{%m}
       %k = stream.binding.subspan %bk[%c0] : !stream.binding -> {{ kt }}
       %v = stream.binding.subspan %bv[%c0] : !stream.binding -> {{ kt }}
