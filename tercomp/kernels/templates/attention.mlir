@@ -9,9 +9,10 @@
   a row unrolled (D % 8 == 0).
   Queries go `qblock` at a time (the rest of T, and every query of a windowed layer, one
   at a time): each K and V row a block reads is loaded and widened once for all of its
-  queries (`bvgroup` lanes of each a pass over a chunk's V rows). A block reads the rows of its last query; a row past an earlier query's own
-  last one gets score -inf, so weight 0 (exactly: its max, exps, sums and accumulators
-  are those of that query alone, chunk for chunk).
+  queries (`bvgroup` x 8 floats of each query a pass over a chunk's V rows, on vectors
+  of `blanes` lanes). A block reads the rows of its last query; a row past an earlier
+  query's own last one gets score -inf, so weight 0 (exactly: its max, exps, sums and
+  accumulators are those of that query alone, chunk for chunk).
 #}
 %% import "lib.mlir" as lib
 %% set lanes = d // 8
