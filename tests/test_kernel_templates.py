@@ -71,19 +71,31 @@ CHECK:     vector.store %y2, %o[%t, %h, %j] : memref<?x2x32xf32>, vector<8xf32>
 
 
 def test_attention():
-    check(attention_cpu.executable_text("tern_attention", 4, 2, 16, 64, "f16"), """
+    check(attention_cpu.executable_text("tern_attention", 4, 2, 16, 64, "f16"), f"""
 CHECK-LABEL: stream.executable private @tern_attention
 CHECK:   %g = arith.constant 4 : index
 CHECK:   func.func @tern_attention(%bq: !stream.binding, %bk: !stream.binding, %bv: !stream.binding, %bo: !stream.binding, %scale: f32, %p: index, %m: index)
 CHECK:     %col1 = arith.constant 8 : index
 CHECK:     %cgroup = arith.constant 2 : index
 CHECK:     %k = stream.binding.subspan %bk[%c0] : !stream.binding -> memref<64x2x16xf16>
-CHECK:     %last = arith.addi %p, %t : index
-CHECK:     %k1 = vector.load %k[%s, %kh, %col1] : memref<64x2x16xf16>, vector<8xf16>
-CHECK:     %kf1 = arith.extf %k1 : vector<8xf16> to vector<8xf32>
-CHECK:     %dsum = arith.addf %d1, %d0 : vector<8xf32>
-CHECK:     math.exp %xd : vector<8xf32>
-CHECK:     vector.store %g1, %o[%t, %h, %col1]
+CHECK:     scf.for %t0 = %c0 to %mfull step %cqb
+CHECK:       %last1 = arith.addi %p, %t1 : index
+CHECK:       %k0 = vector.load %k[%s, %kh, %colw0] : memref<64x2x16xf16>, vector<16xf16>
+CHECK:       %kf0 = arith.extf %k0 : vector<16xf16> to vector<16xf32>
+CHECK:       %q1_0 = vector.load %q[%t1, %h, %colw0]
+CHECK:       %d1_0 = vector.fma %q1_0, %kf0, %z16 : vector<16xf32>
+CHECK:       %dhi1 = vector.shuffle %d1_0, %d1_0 [8, 9, 10, 11, 12, 13, 14, 15]
+CHECK:       %dsum1 = arith.addf %dhi1, %dlo1 : vector<8xf32>
+CHECK:       %in1 = arith.cmpi ule, %s, %last1 : index
+CHECK:       %sd1 = arith.select %in1, %sd0_1, %ninf : f32
+CHECK:       math.exp %xd : vector<8xf32>
+CHECK:       %wn{attention_cpu.QBLOCK - 1}_0 = vector.fma %eb{attention_cpu.QBLOCK - 1}, %vf0
+CHECK:       vector.store %g1_0, %o[%t1, %h, %colw0]
+CHECK:     scf.for %t0 = %mfull to %m step %c1
+CHECK-NOT:   arith.select
+CHECK:       %k1 = vector.load %k[%s, %kh, %col1] : memref<64x2x16xf16>, vector<8xf16>
+CHECK:       %dsum0 = arith.addf %d0_1, %d0_0 : vector<8xf32>
+CHECK:       vector.store %g0_1, %o[%t0, %h, %col1]
 """)
     check(attention_cpu.rows_text("tern_slot_attention_rows", 4, 4, 8, 16, "f32", 3), """
 CHECK:   %g = arith.muli %m, %times : index

@@ -39,6 +39,32 @@ def test_cpu_attention_kernel_matches_reference(kv_dtype):
         np.testing.assert_allclose(exe(q, k, v, np.int32(start)), want, rtol=1e-5, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+def test_cpu_attention_query_blocks_equal_one_query_at_a_time(monkeypatch, kv_dtype):
+    # queries QBLOCK at a time (a block reads its last query's rows, the earlier queries'
+    # extra rows at weight 0; 16-lane FMA chains) give the one-query-at-a-time kernel's
+    # floats bit for bit: blocks that straddle the 256-row chunk boundary, and a
+    # remainder of T
+    from tercomp.kernels.attention import attention_cpu
+    s, h, kv, d = 600, 4, 2, 32
+    r = np.random.default_rng(5)
+    k = r.standard_normal((s, kv, d)).astype(kv_dtype)
+    v = r.standard_normal((s, kv, d)).astype(kv_dtype)
+
+    def attend(q, kc, vc, start):
+        return apply("cached_attention", q, kc, vc, start, scale=0.3, kernel="cpu")
+    specs = (tc.spec(("T", h, d)), tc.spec((s, kv, d), kv_dtype),
+             tc.spec((s, kv, d), kv_dtype), tc.spec((), "int32"))
+    blocked = tc.compile(attend, *specs, cache=False)
+    monkeypatch.setattr(attention_cpu, "QBLOCK", 1)
+    single = tc.compile(attend, *specs, cache=False)
+    assert attention_cpu.QBLOCK == 1 and blocked.ir("mlir") != single.ir("mlir")
+    for t, start in ((2 * 8 + 3, 245), (40, 0), (9, 590)):
+        q = r.standard_normal((t, h, d)).astype(np.float32)
+        np.testing.assert_array_equal(blocked(q, k, v, np.int32(start)),
+                                      single(q, k, v, np.int32(start)))
+
 def _windowed_attention(q, k, v, positions, scale, window):
     """Brute force, float64: query t at positions[t] over rows max(0, p - window + 1)..p."""
     g = q.shape[1] // k.shape[1]
@@ -121,7 +147,7 @@ def test_rms_norm_kernel_matches_reference(kernel):
 
 
 @pytest.mark.parametrize("style,kernel", [("neox", "cpu"), ("neox", "generic"),
-                                          ("interleaved", "generic")])
+                                          ("interleaved", "cpu"), ("interleaved", "generic")])
 def test_rope_matches_reference(style, kernel):
     h, d = 3, 32
     r = np.random.default_rng(6)
@@ -130,11 +156,13 @@ def test_rope_matches_reference(style, kernel):
         return apply("rope", x, cos, sin, style=style, kernel=kernel)
     specs = (tc.spec(("T", h, d)), tc.spec(("T", d // 2)), tc.spec(("T", d // 2)))
     exe = tc.compile(rope, *specs, cache=False)
-    # the hand-written kernel is for "neox"; interleaved pairs take one linalg.generic
+    # the hand-written kernel, one per style; the generic lowering is one linalg.generic
     # over x viewed as pairs (no slices and concatenation: copies)
     run_filecheck(exe.ir("mlir"), r"""
 # CHECK: flow.dispatch @tern_rope_3x32::@tern_rope_3x32
 """ if (style, kernel) == ("neox", "cpu") else r"""
+# CHECK: flow.dispatch @tern_rope_i_3x32::@tern_rope_i_3x32
+""" if kernel == "cpu" else r"""
 # CHECK-NOT: flow.dispatch
 # CHECK: tensor.expand_shape
 # CHECK: linalg.generic
@@ -152,6 +180,22 @@ def test_rope_matches_reference(style, kernel):
         np.testing.assert_allclose(exe(x, cos, sin), want, rtol=1e-6, atol=1e-6)
 
 
+
+def test_interleaved_rope_kernel_equals_the_generic_lowering():
+    # the interleaved kernel writes the FMAs the generic's x1 c - x2 s and x2 c + x1 s are
+    # contracted to (x1 c + -(x2 s), x2 c + x1 s): IREE's floats bit for bit, so a llama
+    # model's logits do not move with the kernel
+    style = "interleaved"
+    h, d = 4, 64
+    r = np.random.default_rng(7)
+    specs = (tc.spec(("T", h, d)), tc.spec(("T", d // 2)), tc.spec(("T", d // 2)))
+    exes = [tc.compile(lambda x, c, s, k=k: apply("rope", x, c, s, style=style, kernel=k),
+                       *specs, cache=False) for k in ("cpu", "generic")]
+    x = (r.standard_normal((9, h, d)) * 5).astype(np.float32)
+    ang = r.uniform(0, 60, (9, d // 2))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    np.testing.assert_array_equal(exes[0](x, cos, sin), exes[1](x, cos, sin))
+
 def test_row_kernels_are_checked():
     with pytest.raises(tc.TercompError, match="kernel must be one of generic, cpu"):
         tc.trace(lambda x: apply("rms_norm", x, np.ones(8, np.float32), kernel="gpu"), tc.spec((2, 8)))
@@ -163,7 +207,7 @@ def test_row_kernels_are_checked():
     # swapped for the generic lowering
     with pytest.raises(tc.TercompError, match="rope kernel 'cpu' cannot emit rope") as e:
         tc.trace(lambda x, c: apply("rope", x, c, c, style="interleaved", kernel="cpu"),
-                 tc.spec(("T", 3, 32)), tc.spec(("T", 16)))
+                 tc.spec(("T", 3, 24)), tc.spec(("T", 12)))
     assert "test_lm_kernels.py" in str(e.value) and "generic" in e.value.hint
     with pytest.raises(tc.TercompError, match="rms_norm kernel 'cpu' cannot emit rms_norm"):
         tc.trace(lambda x: apply("rms_norm", x, np.ones(60, np.float32), kernel="cpu"),

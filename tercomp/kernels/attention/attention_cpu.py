@@ -16,6 +16,11 @@ softmax of flash attention, rescaled once per chunk):
 
 The scores of a chunk live in a CHUNK-float stack buffer, so the cache length does not
 bound the stack. Only rows 0..start+T-1 are read: a step's cost grows with the position.
+A prefill's queries go QBLOCK at a time: the block's rows (those of its last query) are
+loaded and widened from f16 once for all its queries, each query's scores and sums as
+above, a row past an earlier query's own last one at score -inf (weight 0, so every
+float is the one-query kernel's); the rest of T, a decode step's single query and a
+sliding-window layer's queries go one at a time.
 
 `slot_attention` (the batched generator's caches [N, S, KV, D], one query a sequence)
 has a kernel of its own, `rows_text` (templates/attention_rows.mlir): one workgroup per
@@ -59,6 +64,21 @@ VGROUP = 8
 #: 8 rows ahead 0.63-0.70x the per-head kernel's time (median of paired calls), none
 #: 0.84-1.07x.
 ROW_PREFETCH = 8
+#: Queries of one head a block of the per-head kernel takes together (1: one at a time;
+#: the rest of T, and a sliding-window layer's queries, go one at a time): each K and V
+#: row the block reads is loaded and widened once for all of them, and a block keeps
+#: QBLOCK x BLOCK_VGROUP x 8 floats of accumulators in registers over a chunk's V rows.
+#: Measured at the 8B shape (32 / 8 heads, D 128, f16 cache), T = 512 from position 0,
+#: CPU-time medians on the loaded 2-core VM (bench/RESULTS.md 2026-11-28): QBLOCK 1 -> 8
+#: 1.54-1.68x on 8-lane vectors, 1.65-1.86x on 16; on 8 lanes QBLOCK 4 1.43-1.48x, 16
+#: 1.33x; on 16 lanes QBLOCK 4, 12 and 16 and BLOCK_VGROUP 8 within 5% of 8 x 4. The
+#: outputs are bit for bit those of one query at a time.
+QBLOCK = 8
+BLOCK_VGROUP = 4
+#: Lanes of a block's vectors (8, or 16 where D is a multiple): a 16-lane dot product's
+#: FMA chain is the 8-lane one's two interleaved chains side by side (the floats are the
+#: same) with half the instructions: 1.2-1.25x the 8-lane block at T = 128 and 512.
+BLOCK_LANES = 16
 
 
 def fits(head_dim: int, kv_dtype: str) -> bool:
@@ -80,7 +100,8 @@ def executable_text(name: str, heads: int, kv_heads: int, d: int, s: int, kel: s
     and V lines are prefetched PREFETCH rows ahead."""
     return render("attention", name=name, heads=heads, kv_heads=kv_heads, d=d, s=s, kel=kel,
                   chunk=CHUNK, window=int(window or 0),
-                  prefetch=PREFETCH, vgroup=VGROUP)
+                  prefetch=PREFETCH, vgroup=VGROUP, qblock=QBLOCK,
+                  bvgroup=BLOCK_VGROUP, blanes=BLOCK_LANES)
 
 
 #: Stack bytes a workgroup of the row-wise slot kernel gives its chunk's scores (the

@@ -1,6 +1,6 @@
 """Row-wise kernels of a language model's step on a CPU, as hand-written dispatches
 (vector code compiled by IREE like `kernels.ternary.avx2`): `rms_norm` over the rows of
-x [R, N], and `rope` (the "neox" rotation) over the rows of x [T, H, D].
+x [R, N], and `rope` (the "neox" or "interleaved" rotation) over the rows of x [T, H, D].
 
 Why by hand: with a dynamic row count R, IREE 3.13 tiles the rows by 8 and masks the
 tile, and on this Zen 3 machine the masked loads and stores (`vmaskmovps`) of the 7
@@ -37,10 +37,11 @@ def rms_norm_text(name: str, n: int) -> str:
     return render("rms_norm", name=name, n=n, rows=ROWS)
 
 
-def rope_text(name: str, heads: int, d: int) -> str:
+def rope_text(name: str, heads: int, d: int, interleaved: bool = False) -> str:
     """(x [T, H, D] f32, cos [T, D/2], sin [T, D/2], T: index) -> x rotated in the pairs
-    (i, i + D/2): (x1 c - x2 s, x2 c + x1 s) (templates/rope.mlir)."""
-    return render("rope", name=name, heads=heads, d=d, rows=ROWS)
+    (i, i + D/2), or (2i, 2i + 1) where `interleaved`: (x1 c - x2 s, x2 c + x1 s)
+    (templates/rope.mlir)."""
+    return render("rope", name=name, heads=heads, d=d, rows=ROWS, interleaved=interleaved)
 
 
 def _dims(rows: ir.Value, *xs: ir.Value) -> list:
@@ -58,12 +59,15 @@ def rms_norm(x: ir.Value, w: ir.Value, eps: float, rows: ir.Value) -> ir.Value:
                     _dims(rows, x))
 
 
-def rope(x: ir.Value, cos: ir.Value, sin: ir.Value, rows: ir.Value) -> ir.Value:
-    """x tensor<T x H x D x f32> rotated by cos, sin tensor<T x D/2 x f32> ("neox")."""
+def rope(x: ir.Value, cos: ir.Value, sin: ir.Value, rows: ir.Value,
+         style: str = "neox") -> ir.Value:
+    """x tensor<T x H x D x f32> rotated by cos, sin tensor<T x D/2 x f32> (`style` "neox"
+    or "interleaved")."""
     t = ir.RankedTensorType(x.type)
     heads, d = t.get_dim_size(1), t.get_dim_size(2)
-    name = f"tern_rope_{heads}x{d}"
-    ensure_executable(name, lambda: rope_text(name, heads, d))
+    interleaved = style == "interleaved"
+    name = f"tern_rope_{'i_' if interleaved else ''}{heads}x{d}"
+    ensure_executable(name, lambda: rope_text(name, heads, d, interleaved))
     return dispatch(name, name, [rows], [x, cos, sin, rows], _dims(rows, x, cos, sin), x.type,
                     _dims(rows, x))
 
@@ -90,13 +94,14 @@ def emit_rms_norm(ctx, op, xs) -> list:
 
 
 def emit_rope(ctx, op, xs) -> list:
-    """The kernel table's rope "cpu" row: "neox" on f32 x [T, H, D] or [1, T, H, D] (one
-    sequence), D % 16 == 0."""
+    """The kernel table's rope "cpu" row: "neox" or "interleaved" pairs on f32 x [T, H, D]
+    or [1, T, H, D] (one sequence), D % 16 == 0."""
     x_t = op.operands[0].type
+    style = op.attrs["style"]
     lead = list(x_t.shape[:-3])
     if not lead:
-        return [rope(xs[0], xs[1], xs[2], ctx.dim(x_t.shape[0]))]
+        return [rope(xs[0], xs[1], xs[2], ctx.dim(x_t.shape[0]), style)]
     groups = [list(range(len(lead) + 1)), [len(lead) + 1], [len(lead) + 2]]
     rows = TensorType(x_t.shape[-3:], x_t.dtype)
     x = tensor.CollapseShapeOp(tensor_type(rows), xs[0], groups).result
-    return [_expanded(ctx, rope(x, xs[1], xs[2], ctx.dim(x_t.shape[-3])), x_t, groups)]
+    return [_expanded(ctx, rope(x, xs[1], xs[2], ctx.dim(x_t.shape[-3]), style), x_t, groups)]
