@@ -202,7 +202,8 @@ CHECK:   func.func @tern_amx_32x192_offset_q(%bq: !stream.binding, %bs: !stream.
 CHECK:     %crw = arith.constant 32 : index
 CHECK:     %xv = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?x12288xi8>{%nmb}
 CHECK:     %dec = "memref.alloca"() <{alignment = 64 : i64, operandSegmentSizes = array<i32: 0, 0>}> : () -> memref<8x32x64xi8>
-CHECK:     scf.for %nt = %r0 to %r1 step %arows
+CHECK:     %ntend = arith.select %anyblock, %r1, %r0 : index
+CHECK:     scf.for %nt = %r0 to %ntend step %arows
 CHECK:         %dshf_0_0 = llvm.call_intrinsic "llvm.x86.avx512.pmultishift.qb.512"(%mshift, %drepf_0_0)
 CHECK:         scf.for %mg = %c0 to %nmbg step %agroup
 CHECK:           %czfg_0_0_0 = llvm.call_intrinsic "llvm.x86.tilezero.internal"(%tr16, %tc64)

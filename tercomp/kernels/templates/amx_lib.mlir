@@ -169,7 +169,8 @@ llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, {{ src }}sp, 
 %% endmacro
 {#
   amx_gemm: the whole blocks of 16 rows of x (%nmb of them, %xv their B tiles) against
-  the workgroup's weight rows %r0 .. %r1 (whole tiles of 16 na), 16 na rows at a time: K
+  the workgroup's weight rows %r0 .. %r1 (whole tiles of 16 na; none without a block:
+  a decode's rows), 16 na rows at a time: K
   in chunks of `kc` packed columns (the first peeled: its C tiles start at zero), the
   last one shorter where kc does not divide kb; then amx_finish. Everything the tiles
   need is defined here but %o, %w, %xs, %xv, %wscale, %nmb and the index constants %c0,
@@ -207,7 +208,9 @@ llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, {{ src }}sp, 
 {{ address("%decbase", "%dec", dect) }}
 {{ address("%obase", "%o", ot) }}
 {{ address("%xvbase", "%xv", xvt) }}
-      scf.for %nt = %r0 to %r1 step %arows {
+      %anyblock = arith.cmpi ugt, %nmb, %c0 : index
+      %ntend = arith.select %anyblock, %r1, %r0 : index
+      scf.for %nt = %r0 to %ntend step %arows {
 %%   for a in range(na)
         %nta{{ a }} = affine.apply affine_map<(d0) -> (d0 + {{ 16 * a }})>(%nt)
         %nti{{ a }} = arith.index_cast %nta{{ a }} : index to i64
