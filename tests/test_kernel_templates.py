@@ -196,9 +196,9 @@ def test_ternary_amx():
     """The avx512 kernel with the AMX loop ahead of its GEMM blocks (packed K 192: a chunk
     of 128 columns whose C tiles start at zero, then a 64-column tail that loads them),
     and its quantize dispatch that lays out the B tiles of whole blocks of 16 rows."""
-    check(ternary_amx.executable_text("tern_amx_32x192_offset_q", 32, 192, gfni=True), """
-CHECK-LABEL: stream.executable private @tern_amx_32x192_offset_q
-CHECK:   func.func @tern_amx_32x192_offset_q(%bq: !stream.binding, %bs: !stream.binding, %bv: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
+    check(ternary_amx.executable_text("tern_amx_gemm_32x192_offset_q", 32, 192, gfni=True), """
+CHECK-LABEL: stream.executable private @tern_amx_gemm_32x192_offset_q
+CHECK:   func.func @tern_amx_gemm_32x192_offset_q(%bq: !stream.binding, %bs: !stream.binding, %bv: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
 CHECK:     %crw = arith.constant 32 : index
 CHECK:     %xv = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?x12288xi8>{%nmb}
 CHECK:     %dec = "memref.alloca"() <{alignment = 64 : i64, operandSegmentSizes = array<i32: 0, 0>}> : () -> memref<8x32x64xi8>

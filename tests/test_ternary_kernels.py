@@ -598,14 +598,14 @@ def test_amx_dispatches_the_b_tiles_of_x_once_for_every_matmul_of_it():
     text, vmfb = build_and_compile(build, [*HOST_CPU_FLAGS, *strategy_flags("amx")])
     run_filecheck(text, r"""
 # CHECK-DAG: stream.executable private @tern_amx_quant_256
-# CHECK-DAG: stream.executable private @tern_amx_32x256_offset_q
+# CHECK-DAG: stream.executable private @tern_amx_gemm_32x256_offset_q
 # CHECK-DAG:   llvm.call_intrinsic "llvm.x86.tdpbusd.internal"
 # CHECK-LABEL: func.func @main
 # CHECK-NOT:   scf.if
 # CHECK:       %[[Q:.*]]:3 = flow.dispatch @tern_amx_quant_256::@tern_amx_quant_256
-# CHECK:       flow.dispatch @tern_amx_32x256_offset_q::@tern_amx_32x256_offset_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %[[Q]]#2,
+# CHECK:       flow.dispatch @tern_amx_gemm_32x256_offset_q::@tern_amx_gemm_32x256_offset_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %[[Q]]#2,
 # CHECK-NOT:   flow.dispatch @tern_amx_quant_256
-# CHECK:       flow.dispatch @tern_amx_32x256_offset_q::@tern_amx_32x256_offset_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %[[Q]]#2,
+# CHECK:       flow.dispatch @tern_amx_gemm_32x256_offset_q::@tern_amx_gemm_32x256_offset_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %[[Q]]#2,
 """)
     mod = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
     for batch in (3, 16, 37):

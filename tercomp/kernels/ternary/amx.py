@@ -150,7 +150,7 @@ def emit(kern) -> ir.Value:
     if kern.codes != "offset" or (kern.m is not None and kern.m < MIN_M):
         return avx512.emit(kern)
     enable()        # the compiling process may run the module (tests, tc.compile's check)
-    name = f"tern_amx_{kern.n}x{kern.kb}_offset_q"
+    name = f"tern_amx_gemm_{kern.n}x{kern.kb}_offset_q"
     ensure_executable(name, lambda: executable_text(name, kern.n, kern.kb))
     m = kern.m_values[0] if kern.m_values else arith.constant(kern.index, kern.m)
     dims = list(kern.m_values)
