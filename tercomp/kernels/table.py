@@ -24,6 +24,8 @@ row again.
     op               kernel        targets   feature      fits; where "auto" picks it
     ternary_matmul   avx512-tall   llvm-cpu  avx512_vnni  M % 16 == 0 (a symbolic M's factor),
                                                           N % 4 == 0, 4 KB <= 6144; N <= 512
+    ternary_matmul   amx           llvm-cpu  amx_int8     avx512's shapes with N % 32 == 0; M
+                                                          symbolic or >= 16 (a prefill)
     ternary_matmul   avx512        llvm-cpu  avx512_vnni  KB % 64 == 0, N % 4 == 0, 4 KB <= 16384;
                                                           every M where it fits
     ternary_matmul   avx2          llvm-cpu  avx2         KB % 32 == 0, N % 4 == 0, 4 KB <= 8192;
