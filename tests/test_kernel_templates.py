@@ -202,15 +202,22 @@ CHECK:   func.func @tern_amx_gemm_32x192_offset_q(%bq: !stream.binding, %bs: !st
 CHECK:     %crw = arith.constant 32 : index
 CHECK:     %xv = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?x12288xi8>{%nmb}
 CHECK:     %dec = "memref.alloca"() <{alignment = 64 : i64, operandSegmentSizes = array<i32: 0, 0>}> : () -> memref<8x32x64xi8>
-CHECK:     %ntend = arith.select %anyblock, %r1, %r0 : index
-CHECK:     scf.for %nt = %r0 to %ntend step %arows
+CHECK:     %cbuf = "memref.alloca"() <{alignment = 64 : i64, operandSegmentSizes = array<i32: 0, 0>}> : () -> memref<16x16x16xi32>
+CHECK:     scf.for %ms = %c0 to %nmb step %amsuper
+CHECK:     scf.for %nt = %r0 to %r1 step %arows
 CHECK:         %dshf_0_0 = llvm.call_intrinsic "llvm.x86.avx512.pmultishift.qb.512"(%mshift, %drepf_0_0)
-CHECK:         scf.for %mg = %c0 to %nmbg step %agroup
+CHECK:         scf.for %mg = %ms to %msg step %agroup
 CHECK:           %czfg_0_0_0 = llvm.call_intrinsic "llvm.x86.tilezero.internal"(%tr16, %tc64)
+CHECK:           %tafg_0_0 = llvm.call_intrinsic "llvm.x86.tileloadd64.internal"
+CHECK:           %bofg_0_0 =
+CHECK:           %tbfg_0_0 = llvm.call_intrinsic "llvm.x86.tileloadd64.internal"
 CHECK:           %czfg_0_0_1 = llvm.call_intrinsic "llvm.x86.tdpbusd.internal"(%tr16, %tc64, %tc64, %czfg_0_0_0, %tafg_0_0, %tbfg_0_0)
-CHECK:           llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, %czfg_0_0_8sp, %orow_bytes, %czfg_0_0_8)
+CHECK:           %tafg_0_1 = llvm.call_intrinsic "llvm.x86.tileloadd64.internal"
+CHECK:           %czfg_1_0_1 = llvm.call_intrinsic "llvm.x86.tdpbusd.internal"
+CHECK:           llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, %czfg_0_0_8sp, %i64c64, %czfg_0_0_8)
+CHECK:         scf.for %mg = %msg to %msend step %c1
 CHECK:       %kctail = arith.constant 128 : index
-CHECK:           %czto_0_0_0 = llvm.call_intrinsic "llvm.x86.tileloadd64.internal"(%tr16, %tc64, %czto_0_0_0p, %orow_bytes)
+CHECK:           %czto_0_0_0 = llvm.call_intrinsic "llvm.x86.tileloadd64.internal"(%tr16, %tc64, %czto_0_0_0p, %i64c64)
 CHECK:           vector.store %fya00, %o[%fra00, %nta0] : memref<?x32xf32>, vector<16xf32>
 CHECK:     %mend0 = arith.addi %m16, %mlen0 : index
 CHECK:       scf.for %mrow = %m16 to %mend0 step %cmb0

@@ -565,7 +565,7 @@ needs_amx = pytest.mark.skipif(not amx.enable(), reason="host CPU lacks AMX-INT8
     # below MIN_M (avx512's branch of the scf.if), one block and the rows past it (avx512's
     # GEMM and GEMV loops in the same dispatch), groups of blocks and one left over;
     # packed K 384: three chunks, no tail
-    (DYN, 1536, 96, (1, 15, 16, 17, 48, 130)),
+    (DYN, 1536, 96, (1, 15, 16, 17, 48, 130, 300)),      # 300: superblocks of 8, 8 and 2
     (32, 4096, 64, None),                    # a static M of two blocks: one group
     (DYN, 6912, 64, (80,)),                  # packed K 1728: 13 chunks and a 64-column tail
     (DYN, 256, 32, (16, 21)),                # packed K 64, below a chunk: the tail alone

@@ -300,6 +300,7 @@ TABLE = (
               "the avx512 kernel with AMX tiles (tdpbusd, 16 x 16 x 64 products an "
               "instruction) for whole blocks of 16 rows of x: a prefill's matmuls, the "
               "weights spread to bytes once per chunk for every block",
+              (f"--iree-llvmcpu-stack-allocation-limit={amx.STACK_LIMIT}",),
               needs_feature=True, picks=_amx_rule, codes="offset"),
     KernelRow(_T, "avx512", HOST, VNNI, _avx512_fits, TernaryEmit(te.AVX512),
               "the avx2 kernel on 512-bit vectors, products reduced with vpdpbusd (no i16 "

@@ -1,4 +1,4 @@
-{# params: name, n, kb, offset, prequantized, rows, blocks, gfni, tile_rows, kchunk, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi, amx, amx_kc, amx_rows, amx_group #}
+{# params: name, n, kb, offset, prequantized, rows, blocks, gfni, tile_rows, kchunk, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi, amx, amx_kc, amx_rows, amx_group, amx_super #}
 {#
   The avx512 ternary matmul (see ternary/avx512.py for the why): the avx2 kernel's
   inputs and outputs (ternary_avx2.mlir) on 64-byte zmm chunks, each u8 x s8 product
@@ -338,7 +338,7 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
       %nmb = arith.divui %m, %amc16 : index
       %m16 = arith.muli %nmb, %amc16 : index
       %xv = stream.binding.subspan %bv[%c0] : !stream.binding -> {{ xvt }}{%nmb}
-{{ amx_lib.amx_gemm(kb, n, amx_kc, amx_rows, amx_group, wt, ot, vf, xvt) }}
+{{ amx_lib.amx_gemm(kb, n, amx_kc, amx_rows, amx_group, amx_super, wt, ot, vf, xvt) }}
 %% endif
 %% if prequantized
       %c0i32 = arith.constant 0 : i32

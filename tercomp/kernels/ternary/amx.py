@@ -50,6 +50,10 @@ NA = int(os.environ.get("AMXNA", 2))
 #: Blocks of 16 rows of x multiplied together (B tiles): NA x GROUP C tiles, NA A and
 #: GROUP B tiles of the 8 tile registers.
 GROUP = int(os.environ.get("AMXG", 2))
+SUPER = int(os.environ.get("AMXS", 8))
+#: The stack a workgroup needs (the spread codes of a chunk and a superblock's C tiles,
+#: 16 KB each, and the avx512 loops' buffers): the row's IREE flag.
+STACK_LIMIT = 65536
 #: Rows of x a block (a tile's rows).
 BLOCK = 16
 #: The smallest M that takes the AMX loop (below it: avx512's loops, no xv dispatch).
@@ -81,7 +85,7 @@ def executable_text(name: str, n: int, kb: int, offset: bool = True,
                   chunk=avx512.CHUNK, prefetch_rows=avx512.PREFETCH_ROWS,
                   stream_ahead=avx512.STREAM_AHEAD, workgroups=avx512.WORKGROUPS,
                   decode_workgroups=avx512.DECODE_WORKGROUPS, amx=amx, amx_kc=KC,
-                  amx_rows=NA, amx_group=GROUP, **quant_literals())
+                  amx_rows=NA, amx_group=GROUP, amx_super=SUPER, **quant_literals())
 
 
 def xv_text(name: str, kb: int) -> str:
