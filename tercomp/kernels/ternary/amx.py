@@ -41,17 +41,18 @@ from ..template import render
 from . import avx512, im2col_quant
 from .avx2_quant import quant_literals, unpadded
 
-import os
-#: Packed columns a chunk of K: 8 steps of A tiles (16 KB of spread codes on the stack),
-#: each meeting every block of x before the next chunk is decoded.
-KC = int(os.environ.get("AMXKC", 128))
+#: Packed columns a chunk of K: 8 steps of NA A tiles (16 KB of spread codes on the
+#: stack), each meeting every block of x of the superblock before the next chunk.
+#: (Measured alike with 256 columns and NA 1 at 128 rows of x; bench/RESULTS.md.)
+KC = 128
 #: Tiles of 16 weight rows a step (A tiles).
-NA = int(os.environ.get("AMXNA", 2))
-#: Blocks of 16 rows of x multiplied together (B tiles): NA x GROUP C tiles, NA A and
-#: GROUP B tiles of the 8 tile registers.
-GROUP = int(os.environ.get("AMXG", 2))
-SUPER = int(os.environ.get("AMXS", 8))
-#: The stack a workgroup needs (the spread codes of a chunk and a superblock's C tiles,
+NA = 2
+#: Blocks of 16 rows of x multiplied together (B tiles): NA x GROUP = 4 C tiles, NA A
+#: and GROUP B tiles, the 8 tile registers; each tile load then serves two tdpbusd.
+GROUP = 2
+#: Blocks of x whose C tiles stay on the stack (16 KB) while the weights go by once.
+SUPER = 8
+#: The stack a workgroup needs (the chunk's spread codes and the superblock's C tiles,
 #: 16 KB each, and the avx512 loops' buffers): the row's IREE flag.
 STACK_LIMIT = 65536
 #: Rows of x a block (a tile's rows).
