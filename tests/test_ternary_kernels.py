@@ -566,9 +566,13 @@ needs_amx = pytest.mark.skipif(not amx.enable(), reason="host CPU lacks AMX-INT8
     # GEMM and GEMV loops in the same dispatch), groups of blocks and one left over;
     # packed K 384: three chunks, no tail
     (DYN, 1536, 96, (1, 15, 16, 17, 48, 130, 300)),      # 300: superblocks of 8, 8 and 2
+    # a last block of 8 or more rows padded with zero rows (a batched decode's 8 rows),
+    # 7 left over through avx512's loops
+    (DYN, 1536, 64, (7, 8, 9, 24, 39)),
+    (8, 4096, 64, None),                     # a static M of 8: one padded block
     (32, 4096, 64, None),                    # a static M of two blocks: one group
     (DYN, 6912, 64, (80,)),                  # packed K 1728: 13 chunks and a 64-column tail
-    (DYN, 256, 32, (16, 21)),                # packed K 64, below a chunk: the tail alone
+    (DYN, 256, 32, (16, 21, 31)),            # packed K 64, below a chunk: the tail alone
 ])
 def test_amx_matches_reference(m, k, n, batches):
     """The AMX kernel (whole blocks of 16 rows of x through tdpbusd, the rest through the
@@ -615,15 +619,17 @@ def test_amx_dispatches_the_b_tiles_of_x_once_for_every_matmul_of_it():
 
 
 def test_auto_takes_amx_for_a_prefill_on_a_host_with_amx():
-    """With AMX-INT8 the table gives the AMX kernel to M of 16 and more and to a symbolic
-    M (whose emitter branches on M), where avx512 fits and N is a multiple of 32; a
-    decode's static M, and N of 4 but not 32, keep avx512."""
+    """With AMX-INT8 the table gives the AMX kernel to M of 8 and more and to a symbolic M,
+    where avx512 fits and N is a multiple of 32; a static M below 8 (a decode's), and N
+    of 4 but not 32, keep avx512."""
     amx_host = ("avx2", "avx512f", "avx512bw", VNNI, "amx_int8", "amx_tile")
     for m in (16, 128, 512, None):
         assert choose_strategy(m, 4096, 4096, features=amx_host) == "amx"
         assert choose_strategy(m, 14336, 4096, features=amx_host) == "amx"
         assert choose_strategy(m, 4096, 4100, features=amx_host) == "avx512"
-    for m in (1, 8, 15):
+    for m in (8, 15):
+        assert choose_strategy(m, 4096, 4096, features=amx_host) == "amx"
+    for m in (1, 4, 7):
         assert choose_strategy(m, 4096, 4096, features=amx_host) == "avx512"
     assert weight_codes("amx", 4096, 4096) == "offset"
 

@@ -25,7 +25,7 @@ row again.
     ternary_matmul   avx512-tall   llvm-cpu  avx512_vnni  M % 16 == 0 (a symbolic M's factor),
                                                           N % 4 == 0, 4 KB <= 6144; N <= 512
     ternary_matmul   amx           llvm-cpu  amx_int8     avx512's shapes with N % 32 == 0; M
-                                                          symbolic or >= 16 (a prefill)
+                                                          symbolic or >= 8
     ternary_matmul   avx512        llvm-cpu  avx512_vnni  KB % 64 == 0, N % 4 == 0, 4 KB <= 16384;
                                                           every M where it fits
     ternary_matmul   avx2          llvm-cpu  avx2         KB % 32 == 0, N % 4 == 0, 4 KB <= 8192;
@@ -219,7 +219,7 @@ def _amx_fits(types, attrs):
 
 
 def _amx_rule(types, attrs):
-    """M symbolic or at least 16, the padded K/4 a multiple of 64 and N of 16"""
+    """M symbolic or at least 8, the padded K/4 a multiple of 64 and N of 32"""
     m, k, n = ternary_shape(types, attrs)
     return (m is None or m >= amx.MIN_M) and amx.fits(padded_k(k) // 4, n)
 
@@ -298,8 +298,9 @@ TABLE = (
               needs_feature=True, picks=_tall_rule, codes="offset"),
     KernelRow(_T, "amx", HOST, AMX, _amx_fits, TernaryEmit(te.AMX),
               "the avx512 kernel with AMX tiles (tdpbusd, 16 x 16 x 64 products an "
-              "instruction) for whole blocks of 16 rows of x: a prefill's matmuls, the "
-              "weights spread to bytes once per chunk for every block",
+              "instruction) for blocks of 16 rows of x (a last one of 8 or more padded): a "
+              "prefill's and a batched decode's matmuls, the weights spread to bytes once "
+              "per chunk for every block",
               (f"--iree-llvmcpu-stack-allocation-limit={amx.STACK_LIMIT}",),
               needs_feature=True, picks=_amx_rule, codes="offset"),
     KernelRow(_T, "avx512", HOST, VNNI, _avx512_fits, TernaryEmit(te.AVX512),

@@ -147,7 +147,7 @@ llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, {{ src }}sp, 
   amx_finish: the C tiles of weight rows `col` .. + 15 (tile `a` of na) and the
   superblock's blocks of x turned round (transpose16: row i held the sums of weight row
   col + i) and dequantized into y: y[m, col + i] = (sum(u x) - sum(x)) * fm, as the GEMM
-  loop's.
+  loop's; the rows of a padded last block from M on are not stored.
 #}
 %% macro amx_finish(tag, a, na, col, ot, vf, ct)
           scf.for %mbf{{ tag }} = %ms to %msend step %c1 {
@@ -160,17 +160,22 @@ llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, {{ src }}sp, 
 %%     do rows.append("%%fv%s%d" % (tag, i))
 %%   endfor
 {{ transpose16("ft" ~ tag ~ "_", rows) }}
+            %flast{{ tag }} = arith.subi %m, %c1 : index
 %%   for j in range(16)
-            %fsxf{{ tag }}{{ j }} = memref.load %xs[%fr{{ tag }}{{ j }}, %c0] : memref<?x2xf32>
+            %fok{{ tag }}{{ j }} = arith.cmpi ult, %fr{{ tag }}{{ j }}, %m : index
+            %frc{{ tag }}{{ j }} = arith.select %fok{{ tag }}{{ j }}, %fr{{ tag }}{{ j }}, %flast{{ tag }} : index
+            %fsxf{{ tag }}{{ j }} = memref.load %xs[%frc{{ tag }}{{ j }}, %c0] : memref<?x2xf32>
             %fsx{{ tag }}{{ j }} = arith.fptosi %fsxf{{ tag }}{{ j }} : f32 to i32
-            %famc{{ tag }}{{ j }} = memref.load %xs[%fr{{ tag }}{{ j }}, %c1] : memref<?x2xf32>
+            %famc{{ tag }}{{ j }} = memref.load %xs[%frc{{ tag }}{{ j }}, %c1] : memref<?x2xf32>
             %ffm{{ tag }}{{ j }} = arith.mulf %famc{{ tag }}{{ j }}, %wscale : f32
             %fsv{{ tag }}{{ j }} = vector.broadcast %fsx{{ tag }}{{ j }} : i32 to vector<16xi32>
             %ffv{{ tag }}{{ j }} = vector.broadcast %ffm{{ tag }}{{ j }} : f32 to {{ vf }}
             %fd{{ tag }}{{ j }} = arith.subi %ft{{ tag }}_3_{{ j }}, %fsv{{ tag }}{{ j }} : vector<16xi32>
             %ff{{ tag }}{{ j }} = arith.sitofp %fd{{ tag }}{{ j }} : vector<16xi32> to {{ vf }}
             %fy{{ tag }}{{ j }} = arith.mulf %ff{{ tag }}{{ j }}, %ffv{{ tag }}{{ j }} : {{ vf }}
-            vector.store %fy{{ tag }}{{ j }}, %o[%fr{{ tag }}{{ j }}, {{ col }}] : {{ ot }}, {{ vf }}
+            scf.if %fok{{ tag }}{{ j }} {
+              vector.store %fy{{ tag }}{{ j }}, %o[%fr{{ tag }}{{ j }}, {{ col }}] : {{ ot }}, {{ vf }}
+            }
 %%   endfor
           }
 %% endmacro
@@ -250,13 +255,14 @@ llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, {{ src }}sp, 
       }
 %% endmacro
 {#
-  xv_block: block `mb` (rows `m0` .. + 15) of the quantized x %q (`qt`) laid out as B
-  tiles in %xv (`xvt`): xv[mb, 64 c + 4 m + j] = q[m0 + m, c + j KB], so row c holds, for
+  xv_block: block `mb` (rows `m0` .. + 15, those from `m` on zeros: a padded last block)
+  of the quantized x %q (`qt`) laid out as B tiles in %xv (`xvt`): xv[mb, 64 c + 4 m + j]
+  = q[m0 + m, c + j KB], so row c holds, for
   each of the block's 16 rows, the 4 codes that meet the 4 planes of packed weight column
   c. Per 16 columns: 64 loads of 16 codes, shuffles interleaving each row's 4 planes, a
   16 x 16 transpose of i32, 16 stores of 64 bytes.
 #}
-%% macro xv_block(mb, m0, kb, qt, xvt)
+%% macro xv_block(mb, m0, kb, qt, xvt, m)
 %%   set v16 = "vector<16xi8>"
 %%   set pair, quad = [], []
 %%   for i in range(32)
@@ -268,13 +274,21 @@ llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, {{ src }}sp, 
         %xvkb = arith.constant {{ kb }} : index
         %xv16 = arith.constant 16 : index
         %xv0 = arith.constant 0 : index
+        %xv1 = arith.constant 1 : index
+        %xvlast = arith.subi {{ m }}, %xv1 : index
+        %xvz = arith.constant dense<0> : {{ v16 }}
+%%   for r in range(16)
+        %xrow{{ r }} = affine.apply affine_map<(d0) -> (d0 + {{ r }})>({{ m0 }})
+        %xok{{ r }} = arith.cmpi ult, %xrow{{ r }}, {{ m }} : index
+        %xrc{{ r }} = arith.select %xok{{ r }}, %xrow{{ r }}, %xvlast : index
+%%   endfor
         scf.for %xc = %xv0 to %xvkb step %xv16 {
 %%   set cols = []
 %%   for r in range(16)
-          %xrow{{ r }} = affine.apply affine_map<(d0) -> (d0 + {{ r }})>({{ m0 }})
 %%     for j in range(4)
           %xk{{ r }}_{{ j }} = affine.apply affine_map<(d0) -> (d0 + {{ j * kb }})>(%xc)
-          %xp{{ r }}_{{ j }} = vector.load %q[%xrow{{ r }}, %xk{{ r }}_{{ j }}] : {{ qt }}, {{ v16 }}
+          %xl{{ r }}_{{ j }} = vector.load %q[%xrc{{ r }}, %xk{{ r }}_{{ j }}] : {{ qt }}, {{ v16 }}
+          %xp{{ r }}_{{ j }} = arith.select %xok{{ r }}, %xl{{ r }}_{{ j }}, %xvz : {{ v16 }}
 %%     endfor
           %xa{{ r }} = vector.shuffle %xp{{ r }}_0, %xp{{ r }}_1 {{ pair }} : {{ v16 }}, {{ v16 }}
           %xb{{ r }} = vector.shuffle %xp{{ r }}_2, %xp{{ r }}_3 {{ pair }} : {{ v16 }}, {{ v16 }}

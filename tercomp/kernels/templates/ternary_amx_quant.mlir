@@ -1,10 +1,11 @@
-{# params: name, kb, kx, eps, c127, lo, hi #}
+{# params: name, kb, kx, pad, eps, c127, lo, hi #}
 {#
   The AMX ternary kernel's quantize dispatch: the avx2 kernel's (ternary_avx2_quant.mlir:
   x [M, 4 KB] f32, or [M, kx] unpadded, into q [M, 4 KB] i8 and stats [M, 2] f32), 16
-  rows a workgroup, and for a whole block of 16 rows its B tiles too (amx_lib.xv_block:
-  xv [M // 16, 64 KB] i8) while the block's codes are in cache. A decode's rows (fewer
-  than 16) write none: the same work as avx2's quantize, in one dispatch.
+  rows a workgroup, and for a block of 16 rows its B tiles too (amx_lib.xv_block: xv
+  [(M + 16 - pad) // 16, 64 KB] i8; a last block of `pad` rows or more padded with zeros)
+  while the block's codes are in cache. Fewer than `pad` rows (a decode's) write none:
+  the same work as avx2's quantize, in one dispatch.
 #}
 %% import "lib.mlir" as lib
 %% import "avx2_quant_lib.mlir" as quant
@@ -16,12 +17,14 @@
 %% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %bv: !stream.binding, %m: index", per_group=16)
 {{ quant.common(kp, 2, eps, c127, lo, hi) }}
       %crows = arith.constant 16 : index
+      %cpad = arith.constant {{ 16 - pad }} : index
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{{ xcols }}xf32>{%m}
 %% if kx is not none
       %ckx = arith.constant {{ kx }} : index
       %zb8 = arith.constant dense<0> : vector<8xi8>
 %% endif
-      %nmb = arith.divui %m, %crows : index
+      %mpad = arith.addi %m, %cpad : index
+      %nmb = arith.divui %mpad, %crows : index
       %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {{ qt }}{%m}
       %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2xf32>{%m}
       %xv = stream.binding.subspan %bv[%c0] : !stream.binding -> {{ xvt }}{%nmb}
@@ -42,6 +45,6 @@
       }
       %whole = arith.cmpi ult, %wg, %nmb : index
       scf.if %whole {
-{{ amx.xv_block("%wg", "%row0", kb, qt, xvt) }}
+{{ amx.xv_block("%wg", "%row0", kb, qt, xvt, "%m") }}
       }
 %% endcall

@@ -1,4 +1,4 @@
-{# params: name, n, kb, offset, prequantized, rows, blocks, gfni, tile_rows, kchunk, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi, amx, amx_kc, amx_rows, amx_group, amx_super #}
+{# params: name, n, kb, offset, prequantized, rows, blocks, gfni, tile_rows, kchunk, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi, amx, amx_kc, amx_rows, amx_group, amx_super, amx_pad #}
 {#
   The avx512 ternary matmul (see ternary/avx512.py for the why): the avx2 kernel's
   inputs and outputs (ternary_avx2.mlir) on 64-byte zmm chunks, each u8 x s8 product
@@ -335,8 +335,11 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
 %% endif
 %% if amx
       %amc16 = arith.constant 16 : index
-      %nmb = arith.divui %m, %amc16 : index
-      %m16 = arith.muli %nmb, %amc16 : index
+      %amcpad = arith.constant {{ 16 - amx_pad }} : index
+      %ampad = arith.addi %m, %amcpad : index
+      %nmb = arith.divui %ampad, %amc16 : index
+      %m16b = arith.muli %nmb, %amc16 : index
+      %m16 = arith.minui %m16b, %m : index
       %xv = stream.binding.subspan %bv[%c0] : !stream.binding -> {{ xvt }}{%nmb}
 {{ amx_lib.amx_gemm(kb, n, amx_kc, amx_rows, amx_group, amx_super, wt, ot, vf, xvt) }}
 %% endif

@@ -57,8 +57,11 @@ SUPER = 8
 STACK_LIMIT = 65536
 #: Rows of x a block (a tile's rows).
 BLOCK = 16
-#: The smallest M that takes the AMX loop (below it: avx512's loops, no xv dispatch).
-MIN_M = BLOCK
+#: The fewest rows of x the AMX loop takes as a block, padded with zero rows: a batched
+#: decode's 8 sequences, or the last rows of a prefill past its whole blocks.
+PAD = 8
+#: The smallest static M that takes the kernel (below it: avx512's dispatch).
+MIN_M = PAD
 #: The host features the tiles need.
 FEATURES = AMX_FEATURES
 
@@ -86,20 +89,21 @@ def executable_text(name: str, n: int, kb: int, offset: bool = True,
                   chunk=avx512.CHUNK, prefetch_rows=avx512.PREFETCH_ROWS,
                   stream_ahead=avx512.STREAM_AHEAD, workgroups=avx512.WORKGROUPS,
                   decode_workgroups=avx512.DECODE_WORKGROUPS, amx=amx, amx_kc=KC,
-                  amx_rows=NA, amx_group=GROUP, amx_super=SUPER, **quant_literals())
+                  amx_rows=NA, amx_group=GROUP, amx_super=SUPER, amx_pad=PAD, **quant_literals())
 
 
 def xv_text(name: str, kb: int) -> str:
     """The `stream.executable @name` (templates/ternary_amx_xv.mlir) laying out the B
     tiles of codes another dispatch quantized: q [M, 4 KB] i8 -> xv [M // 16, 64 KB] i8."""
-    return render("ternary_amx_xv", name=name, kb=kb)
+    return render("ternary_amx_xv", name=name, kb=kb, pad=PAD)
 
 
 def quantize_text(name: str, kb: int, kx: int | None = None) -> str:
     """The `stream.executable @name` (templates/ternary_amx_quant.mlir): avx2_quant's
     quantize dispatch, 16 rows a workgroup, writing the B tiles of each whole block of
     16 rows too: x -> q [M, 4 KB] i8, stats [M, 2] f32, xv [M // 16, 64 KB] i8."""
-    return render("ternary_amx_quant", name=name, kb=kb, kx=kx, **quant_literals())
+    return render("ternary_amx_quant", name=name, kb=kb, kx=kx, pad=PAD,
+                  **quant_literals())
 
 
 def _shared(x: ir.Value, name: str):
@@ -116,7 +120,7 @@ def _shared(x: ir.Value, name: str):
 
 
 def _xv_type(kern) -> ir.RankedTensorType:
-    blocks = ir.ShapedType.get_dynamic_size() if kern.m is None else kern.m // BLOCK
+    blocks = ir.ShapedType.get_dynamic_size() if kern.m is None else (kern.m + BLOCK - PAD) // BLOCK
     return ir.RankedTensorType.get([blocks, 64 * kern.kb], kern.i8)
 
 
@@ -124,7 +128,8 @@ def _quantized(kern, m: ir.Value, dims) -> tuple[list[ir.Value], list[ir.Value]]
     """([q, stats, xv] of x, xv's dynamic sizes): a convolution's patch rows from
     im2col_quant's dispatch and an xv dispatch over its codes; any other x from the
     fused quantize dispatch (quantize_text), one per x."""
-    xv_dims = [arith.divui(m, arith.constant(kern.index, BLOCK))] if dims else []
+    xv_dims = ([arith.divui(arith.addi(m, arith.constant(kern.index, BLOCK - PAD)),
+                            arith.constant(kern.index, BLOCK))] if dims else [])
     patches = im2col_quant.quantized(kern, m, dims)
     if patches is not None:
         name = f"tern_amx_xv_{kern.kb}"
