@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import platform
 
-FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni")
+FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
 
 
 def cpu() -> str:

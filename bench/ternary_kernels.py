@@ -41,7 +41,7 @@ SHAPES = [(1, 4096, 4096), (8, 4096, 4096), (128, 4096, 4096)]
 # (strategy, act_quant, 2-bit codes): avx512 and avx2 on the offset codes the ternary pass
 # stores for them, and on the signed codes (remapped in registers, as for a weight passed
 # at run time)
-VARIANTS = [("avx512-tall", True, "offset"), ("avx512", True, "offset"), ("avx512", True, "signed"),
+VARIANTS = [("amx", True, "offset"), ("avx512-tall", True, "offset"), ("avx512", True, "offset"), ("avx512", True, "signed"),
             ("avx2", True, "offset"), ("avx2", True, "signed"), ("addsub", True, "signed"),
             ("vnni", True, "signed"), ("int8", True, "signed"), ("f32", True, "signed"),
             ("f32", False, "signed")]

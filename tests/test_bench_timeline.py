@@ -19,12 +19,15 @@ def test_dispatch_kinds_and_bytes():
     assert k("tern_attention_16x16x96x512_f16") == "attention"
     assert k("tern_rms_norm_1536") == "rms_norm"
     assert k("tern_avx2_quant_384") == "quantize"
+    assert k("tern_amx_gemm_4096x384_offset_q") == "ternary"
+    assert k("tern_amx_quant_384") == "quantize"
     assert k("tern_rope_16x96") == "rope"
     assert k("step_dispatch_7_scatter_8x512x16x96xf16_dispatch_tensor_store") == "kv_write"
     assert k("step_dispatch_7_slow_memcpy") == "kv_write"
     assert k("step_dispatch_12_elementwise_D_f32") == "other"
     # N rows of K/4 bytes (2-bit codes); the output table's rows of K int8 or f16
     assert timeline.weight_bytes("tern_avx512_gemv_4096x384_offset_q") == 4096 * 384
+    assert timeline.weight_bytes("tern_amx_gemm_4096x384_offset_q") == 4096 * 384
     assert timeline.weight_bytes("tern_avx2_i8_gemv_32002x1536") == 32002 * 1536
     assert timeline.weight_bytes("tern_avx2_f16_gemv_32002x1536") == 2 * 32002 * 1536
     assert timeline.weight_bytes("tern_rms_norm_1536") == 0

@@ -9,6 +9,7 @@ from tercomp.kernels.attention import attention_cpu
 from tercomp.kernels.dense import vnni_avx512 as dense_vnni
 from tercomp.kernels.dense import widening_avx2 as dense_avx2
 from tercomp.kernels.rows import rows_cpu
+from tercomp.kernels.ternary import amx as ternary_amx
 from tercomp.kernels.ternary import avx2 as ternary_avx2
 from tercomp.kernels.ternary import avx512 as ternary_avx512
 from tercomp.kernels.ternary import avx512_tall as ternary_avx512_tall
@@ -19,7 +20,7 @@ from tercomp.errors import TercompError
 ir = pytest.importorskip("iree.compiler.ir")
 
 KERNELS = ["attention", "attention_rows", "dense_avx2", "dense_vnni", "rms_norm", "rope", "ternary_amax_map",
-           "ternary_avx2", "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall",
+           "ternary_amx_quant", "ternary_amx_xv", "ternary_avx2", "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall",
            "ternary_im2col_quant", "ternary_lanes_quant", "ternary_lanes_quant_unpadded"]
 
 
@@ -188,6 +189,52 @@ CHECK:     %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2
 CHECK:       %sx0 = arith.fptosi %sxf0 : f32 to i32
 CHECK-NOT:   %u0 =
 CHECK:         %q0_0 = arith.andi %raw0_0, %three : vector<32xi8>
+""")
+
+
+def test_ternary_amx():
+    """The avx512 kernel with the AMX loop ahead of its GEMM blocks (packed K 192: a chunk
+    of 128 columns whose C tiles start at zero, then a 64-column tail that loads them),
+    and its quantize dispatch that lays out the B tiles of whole blocks of 16 rows."""
+    check(ternary_amx.executable_text("tern_amx_gemm_32x192_offset_q", 32, 192, gfni=True), """
+CHECK-LABEL: stream.executable private @tern_amx_gemm_32x192_offset_q
+CHECK:   func.func @tern_amx_gemm_32x192_offset_q(%bq: !stream.binding, %bs: !stream.binding, %bv: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index)
+CHECK:     %crw = arith.constant 32 : index
+CHECK:     %xv = stream.binding.subspan %bv[%c0] : !stream.binding -> memref<?x12288xi8>{%nmb}
+CHECK:     %dec = "memref.alloca"() <{alignment = 64 : i64, operandSegmentSizes = array<i32: 0, 0>}> : () -> memref<8x32x64xi8>
+CHECK:     %cbuf = "memref.alloca"() <{alignment = 64 : i64, operandSegmentSizes = array<i32: 0, 0>}> : () -> memref<16x16x16xi32>
+CHECK:     scf.for %ms = %c0 to %nmb step %amsuper
+CHECK:     scf.for %nt = %r0 to %r1 step %arows
+CHECK:         %dshf_0_0 = llvm.call_intrinsic "llvm.x86.avx512.pmultishift.qb.512"(%mshift, %drepf_0_0)
+CHECK:         scf.for %mg = %ms to %msg step %agroup
+CHECK:           %czfg_0_0_0 = llvm.call_intrinsic "llvm.x86.tilezero.internal"(%tr16, %tc64)
+CHECK:           %tafg_0_0 = llvm.call_intrinsic "llvm.x86.tileloadd64.internal"
+CHECK:           %bofg_0_0 =
+CHECK:           %tbfg_0_0 = llvm.call_intrinsic "llvm.x86.tileloadd64.internal"
+CHECK:           %czfg_0_0_1 = llvm.call_intrinsic "llvm.x86.tdpbusd.internal"(%tr16, %tc64, %tc64, %czfg_0_0_0, %tafg_0_0, %tbfg_0_0)
+CHECK:           %tafg_0_1 = llvm.call_intrinsic "llvm.x86.tileloadd64.internal"
+CHECK:           %czfg_1_0_1 = llvm.call_intrinsic "llvm.x86.tdpbusd.internal"
+CHECK:           llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, %czfg_0_0_8sp, %i64c64, %czfg_0_0_8)
+CHECK:         scf.for %mg = %msg to %msend step %c1
+CHECK:       %kctail = arith.constant 128 : index
+CHECK:           %czto_0_0_0 = llvm.call_intrinsic "llvm.x86.tileloadd64.internal"(%tr16, %tc64, %czto_0_0_0p, %i64c64)
+CHECK:           vector.store %fya00, %o[%fra00, %nta0] : memref<?x32xf32>, vector<16xf32>
+CHECK:     %mend0 = arith.addi %m16, %mlen0 : index
+CHECK:       scf.for %mrow = %m16 to %mend0 step %cmb0
+""")
+    check(ternary_amx.quantize_text("tern_amx_quant_64", 64), """
+CHECK-LABEL: stream.executable private @tern_amx_quant_64
+CHECK:   func.func @tern_amx_quant_64(%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %bv: !stream.binding, %m: index)
+CHECK:     %crows = arith.constant 16 : index
+CHECK:     scf.if %whole
+CHECK:         %xcol8_0 = vector.shuffle %xa0, %xb0 [0, 1, 32, 33, 2, 3, 34, 35,
+CHECK:         %xt3_0 = vector.shuffle %xt2_0, %xt2_8 [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23]
+CHECK:         vector.store %xo0, %xv[%wg, %xoff0] : memref<?x4096xi8>, vector<64xi8>
+""")
+    check(ternary_amx.xv_text("tern_amx_xv_64", 64), """
+CHECK-LABEL: stream.executable private @tern_amx_xv_64
+CHECK:     scf.for %mb = %wg to %nmb step %ng
+CHECK:         vector.store %xo15, %xv[%mb, %xoff15] : memref<?x4096xi8>, vector<64xi8>
 """)
 
 

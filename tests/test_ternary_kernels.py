@@ -18,7 +18,8 @@ iree_rt = pytest.importorskip("iree.runtime")
 from iree.compiler import ir  # noqa: E402
 from iree.compiler.dialects import arith, func  # noqa: E402
 
-from tercomp.kernels.ternary import avx512  # noqa: E402
+from tercomp.kernels import host  # noqa: E402
+from tercomp.kernels.ternary import amx, avx512  # noqa: E402
 from tercomp.kernels.ternary import blocked as ternary_blocked  # noqa: E402
 from tercomp.codegen.iree_session import (HOST_CPU_FLAGS, build_and_compile,  # noqa: E402
                                           new_session)
@@ -555,6 +556,102 @@ def test_avx512_dispatches_its_executable_only_where_its_shape_fits():
             assert_matches_reference(mod[c](x).to_host(), ref, True)
 
 
+needs_amx = pytest.mark.skipif(not amx.enable(), reason="host CPU lacks AMX-INT8, or Linux "
+                               "did not grant this process its tile data")
+
+
+@needs_amx
+@pytest.mark.parametrize("m,k,n,batches", [
+    # below MIN_M (avx512's branch of the scf.if), one block and the rows past it (avx512's
+    # GEMM and GEMV loops in the same dispatch), groups of blocks and one left over;
+    # packed K 384: three chunks, no tail
+    (DYN, 1536, 96, (1, 15, 16, 17, 48, 130, 300)),      # 300: superblocks of 8, 8 and 2
+    # a last block of 8 or more rows padded with zero rows (a batched decode's 8 rows),
+    # 7 left over through avx512's loops
+    (DYN, 1536, 64, (7, 8, 9, 24, 39)),
+    (8, 4096, 64, None),                     # a static M of 8: one padded block
+    (32, 4096, 64, None),                    # a static M of two blocks: one group
+    (DYN, 6912, 64, (80,)),                  # packed K 1728: 13 chunks and a 64-column tail
+    (DYN, 256, 32, (16, 21, 31)),            # packed K 64, below a chunk: the tail alone
+])
+def test_amx_matches_reference(m, k, n, batches):
+    """The AMX kernel (whole blocks of 16 rows of x through tdpbusd, the rest through the
+    avx512 loops of the same dispatch) against the reference, exactly: rows of all +1 /
+    all -1, an outlier, x of all 2."""
+    _check_kernel_exactly("amx", m, k, n, "offset", batches or [m])
+
+
+@needs_amx
+def test_amx_dispatches_the_b_tiles_of_x_once_for_every_matmul_of_it():
+    """A symbolic M, no branch on it: one quantize dispatch writes x's codes, statistics
+    and B tiles, and both matmuls of the same x read them, the kernel multiplying with
+    tdpbusd. Below 16 rows (a decode) the same dispatches run: no tile is written or
+    read, and the rows go through avx512's loops."""
+    k, n = 1024, 32
+    rng = np.random.default_rng(3)
+    packed = to_offset_codes(pack_ternary(random_ternary(rng, n, k)))
+
+    def build():
+        @func.FuncOp.from_py_func(tensor_type(DYN, k))
+        def main(x):
+            a = emit_ternary_matmul(x, packed, k, n, 0.5, strategy="amx", act_quant=True,
+                                    codes="offset")
+            b = emit_ternary_matmul(x, packed, k, n, 0.25, strategy="amx", act_quant=True,
+                                    codes="offset")
+            return arith.addf(a, b)
+    text, vmfb = build_and_compile(build, [*HOST_CPU_FLAGS, *strategy_flags("amx")])
+    run_filecheck(text, r"""
+# CHECK-DAG: stream.executable private @tern_amx_quant_256
+# CHECK-DAG: stream.executable private @tern_amx_gemm_32x256_offset_q
+# CHECK-DAG:   llvm.call_intrinsic "llvm.x86.tdpbusd.internal"
+# CHECK-LABEL: func.func @main
+# CHECK-NOT:   scf.if
+# CHECK:       %[[Q:.*]]:3 = flow.dispatch @tern_amx_quant_256::@tern_amx_quant_256
+# CHECK:       flow.dispatch @tern_amx_gemm_32x256_offset_q::@tern_amx_gemm_32x256_offset_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %[[Q]]#2,
+# CHECK-NOT:   flow.dispatch @tern_amx_quant_256
+# CHECK:       flow.dispatch @tern_amx_gemm_32x256_offset_q::@tern_amx_gemm_32x256_offset_q[%{{.*}}](%[[Q]]#0, %[[Q]]#1, %[[Q]]#2,
+""")
+    mod = iree_rt.load_vm_flatbuffer(vmfb, driver="local-task")
+    for batch in (3, 16, 37):
+        x = rng.standard_normal((batch, k)).astype(np.float32)
+        ref = 0.75 * ternary_matmul_reference(x, from_offset_codes(packed), k, 1.0, True)
+        np.testing.assert_allclose(mod.main(x).to_host(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_auto_takes_amx_for_a_prefill_on_a_host_with_amx():
+    """With AMX-INT8 the table gives the AMX kernel to M of 8 and more and to a symbolic M,
+    where avx512 fits and N is a multiple of 32; a static M below 8 (a decode's), and N
+    of 4 but not 32, keep avx512."""
+    amx_host = ("avx2", "avx512f", "avx512bw", VNNI, "amx_int8", "amx_tile")
+    for m in (16, 128, 512, None):
+        assert choose_strategy(m, 4096, 4096, features=amx_host) == "amx"
+        assert choose_strategy(m, 14336, 4096, features=amx_host) == "amx"
+        assert choose_strategy(m, 4096, 4100, features=amx_host) == "avx512"
+    for m in (8, 15):
+        assert choose_strategy(m, 4096, 4096, features=amx_host) == "amx"
+    for m in (1, 4, 7):
+        assert choose_strategy(m, 4096, 4096, features=amx_host) == "avx512"
+    assert weight_codes("amx", 4096, 4096) == "offset"
+
+
+def test_amx_is_refused_where_it_cannot_run(monkeypatch):
+    """Asked for by name: refused without AMX, and without Linux's grant of the tile data
+    the table does not see the feature at all."""
+    monkeypatch.setattr(kernel_table, "target_features", lambda targets: frozenset({VNNI}))
+    with pytest.raises(TercompError, match="'amx' needs a CPU with amx_int8"):
+        check_strategy("amx", ["llvm-cpu"])
+    monkeypatch.undo()
+    monkeypatch.setattr(kernel_table, "host_cpu_features",
+                        lambda: frozenset({VNNI, "amx_int8", "amx_tile"}))
+    monkeypatch.setattr(amx, "enable", lambda: False)
+    assert "amx_int8" not in kernel_table.target_features(["llvm-cpu"])
+    monkeypatch.setattr(amx, "enable", lambda: True)
+    assert "amx_int8" in kernel_table.target_features(["llvm-cpu"])
+    # Linux is asked only where the host has the features
+    monkeypatch.setattr(host, "host_cpu_features", lambda: frozenset({VNNI}))
+    assert host.enable_amx.__wrapped__() is False
+
+
 @pytest.mark.parametrize("features,fast", [
     (("avx2", "avx512f", "avx512bw", VNNI), "avx512"),     # Sapphire Rapids, Zen 4
     (("avx2", "avx_vnni"), "avx2"),                         # Alder Lake: 256-bit VNNI only
@@ -707,7 +804,7 @@ def test_every_strategy_is_in_one_table():
     an emitter."""
     assert TABLE == kernel_table.rows("ternary_matmul")
     assert NAMES == tuple(r.kernel for r in TABLE)
-    assert {"dispatch-vnni", "dispatch", "avx512-tall", "avx512", "avx2", "vnni", "blocked",
+    assert {"dispatch-vnni", "dispatch", "avx512-tall", "amx", "avx512", "avx2", "vnni", "blocked",
             "addsub", "int8", "f32"} == set(NAMES)
     for r in TABLE:
         assert r.targets and r.why and callable(r.emit.kernel) and callable(r.fits)

@@ -7,6 +7,7 @@ import tercomp as tc
 from conftest import run_filecheck
 from tercomp import nn
 from tercomp.kernels.table import AVX2, VNNI, host_cpu_features
+from tercomp.kernels.ternary import amx
 
 K, N = 256, 128          # packed: [N, K/4] i8
 
@@ -111,7 +112,7 @@ def _agrees_with_f32_at_every_batch(exe):
 
 def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
     """On an AVX2 host, "auto" with a symbolic batch is the host's hand-scheduled kernel
-    (avx512 with AVX-512 VNNI, else avx2): one flow.dispatch reading the one 2-bit
+    (amx with AMX-INT8, avx512 with AVX-512 VNNI, else avx2): one flow.dispatch reading the one 2-bit
     constant, whatever the batch size, after the dispatch that quantizes x, no branch on
     the batch, and no optimization barrier (a host-side op that would split the command
     buffer). The constant holds the offset codes w + 1 that the kernel multiplies
@@ -119,6 +120,10 @@ def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
     if AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
     kernel = "avx512" if VNNI in host_cpu_features() else "avx2"
+    kernel = "amx" if kernel == "avx512" and amx.enable() else kernel
+    quant, codes, name = (("tern_amx_quant_64", "3", "tern_amx_gemm_128x64_offset_q") if kernel == "amx"
+                          else ("tern_avx2_quant_64", "2", f"tern_{kernel}_gemv_128x64_offset_q"))
+    operands = ", ".join(f"%[[Q]]#{i}" for i in range(int(codes)))
     auto = _compile("auto")
     run_filecheck(auto.ir("ternary"), rf"""
 # CHECK: "tern.ternary_matmul"(%x, %{{{{.*}}}}) {{act_quant = true, codes = "offset", {{{{.*}}}}strategy = "{kernel}"}}
@@ -129,9 +134,9 @@ def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
 # CHECK-NOT:   arith.constant dense_resource
 # CHECK-NOT:   scf.if
 # CHECK-NOT:   util.optimization_barrier
-# CHECK:       %[[Q:.*]]:2 = flow.dispatch @tern_avx2_quant_64::@tern_avx2_quant_64[%{{{{.*}}}}](%arg0, %{{{{.*}}}})
+# CHECK:       %[[Q:.*]]:{codes} = flow.dispatch @{quant}::@{quant}[%{{{{.*}}}}](%arg0, %{{{{.*}}}})
 # CHECK-NOT:   scf.if
-# CHECK:       flow.dispatch @tern_{kernel}_gemv_128x64_offset_q::@tern_{kernel}_gemv_128x64_offset_q[%{{{{.*}}}}](%[[Q]]#0, %[[Q]]#1, %[[W]], %{{{{.*}}}}, %{{{{.*}}}})
+# CHECK:       flow.dispatch @{name}::@{name}[%{{{{.*}}}}]({operands}, %[[W]], %{{{{.*}}}}, %{{{{.*}}}})
 # CHECK-NOT:   scf.if
 # CHECK:       return
 """)

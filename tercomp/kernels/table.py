@@ -24,6 +24,8 @@ row again.
     op               kernel        targets   feature      fits; where "auto" picks it
     ternary_matmul   avx512-tall   llvm-cpu  avx512_vnni  M % 16 == 0 (a symbolic M's factor),
                                                           N % 4 == 0, 4 KB <= 6144; N <= 512
+    ternary_matmul   amx           llvm-cpu  amx_int8     avx512's shapes with N % 32 == 0; M
+                                                          symbolic or >= 8
     ternary_matmul   avx512        llvm-cpu  avx512_vnni  KB % 64 == 0, N % 4 == 0, 4 KB <= 16384;
                                                           every M where it fits
     ternary_matmul   avx2          llvm-cpu  avx2         KB % 32 == 0, N % 4 == 0, 4 KB <= 8192;
@@ -73,7 +75,7 @@ from .attention import attention_cpu
 from .dense import vnni_avx512, widening_avx2
 from .host import host_cpu_features
 from .rows import rows_cpu
-from .ternary import avx2, avx512, avx512_tall
+from .ternary import amx, avx2, avx512, avx512_tall
 from .ternary import emitters as te
 from .ternary.emitters import GEMV_MAX_M, TernaryEmit
 
@@ -81,6 +83,7 @@ CPU_TARGETS = ("llvm-cpu", "llvm-cpu-generic")
 ALL_TARGETS = CPU_TARGETS + ("vulkan", "cuda")
 HOST = ("llvm-cpu",)
 VNNI = "avx512_vnni"
+AMX = "amx_int8"
 AVX2 = "avx2"
 
 _DATA_TILING = ("--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all")
@@ -210,6 +213,17 @@ def _avx512_rule(types, attrs):
     return avx512_fits(k, n)
 
 
+def _amx_fits(types, attrs):
+    """packed weights [N, KB] with KB a multiple of 64 (4 KB <= 16384) and N of 16"""
+    return amx.fits(_packed_bytes(types), int(attrs["n"]))
+
+
+def _amx_rule(types, attrs):
+    """M symbolic or at least 8, the padded K/4 a multiple of 64 and N of 32"""
+    m, k, n = ternary_shape(types, attrs)
+    return (m is None or m >= amx.MIN_M) and amx.fits(padded_k(k) // 4, n)
+
+
 def _tall_fits(types, attrs):
     """x [M, K] with M a multiple of 16 (static, or a symbolic M's factor), packed
     weights [N, KB] with 4 KB <= 6144 and N a multiple of 4"""
@@ -282,6 +296,13 @@ TABLE = (
               "M: a convolution's patch rows (M >> N), where the avx512 kernel's "
               "reductions cost as much as its products",
               needs_feature=True, picks=_tall_rule, codes="offset"),
+    KernelRow(_T, "amx", HOST, AMX, _amx_fits, TernaryEmit(te.AMX),
+              "the avx512 kernel with AMX tiles (tdpbusd, 16 x 16 x 64 products an "
+              "instruction) for blocks of 16 rows of x (a last one of 8 or more padded): a "
+              "prefill's and a batched decode's matmuls, the weights spread to bytes once "
+              "per chunk for every block",
+              (f"--iree-llvmcpu-stack-allocation-limit={amx.STACK_LIMIT}",),
+              needs_feature=True, picks=_amx_rule, codes="offset"),
     KernelRow(_T, "avx512", HOST, VNNI, _avx512_fits, TernaryEmit(te.AVX512),
               "the avx2 kernel on 512-bit vectors, products reduced with vpdpbusd (no i16 "
               "stage); on an AVX-512 VNNI host faster than avx2 at every M measured",
@@ -386,8 +407,12 @@ def row_of(opname: str, attrs: dict) -> KernelRow | None:
 
 
 def target_features(targets: Sequence[str]) -> frozenset:
-    """The CPU features every target has: the host's for llvm-cpu alone, none else."""
-    return host_cpu_features() if list(targets) == ["llvm-cpu"] else frozenset()
+    """The CPU features every target has: the host's for llvm-cpu alone (AMX only where
+    this process may use its tiles: amx.enable), none else."""
+    if list(targets) != ["llvm-cpu"]:
+        return frozenset()
+    features = host_cpu_features()
+    return features if AMX not in features or amx.enable() else features - {AMX}
 
 
 def choose(op: str, types, attrs: dict, targets: Sequence[str] = HOST,

@@ -1,4 +1,4 @@
-{# params: name, n, kb, offset, prequantized, rows, blocks, gfni, tile_rows, kchunk, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi #}
+{# params: name, n, kb, offset, prequantized, rows, blocks, gfni, tile_rows, kchunk, chunk, prefetch_rows, stream_ahead, workgroups, decode_workgroups, eps, c127, lo, hi, amx, amx_kc, amx_rows, amx_group, amx_super, amx_pad #}
 {#
   The avx512 ternary matmul (see ternary/avx512.py for the why): the avx2 kernel's
   inputs and outputs (ternary_avx2.mlir) on 64-byte zmm chunks, each u8 x s8 product
@@ -13,6 +13,7 @@
 #}
 %% import "lib.mlir" as lib
 %% import "avx2_quant_lib.mlir" as quant
+%% import "amx_lib.mlir" as amx_lib
 %% set v8, v32, vf = "vector<64xi8>", "vector<16xi32>", "vector<16xf32>"
 %% set dp = 'llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"'
 %% set dpt = "(%s, %s, %s) -> %s" % (v32, v8, v8, v32)
@@ -272,8 +273,11 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
           }
         }
 %% endmacro
-%% set ends, starts = namespace(prev="%c0"), namespace(prev="%c0")
+%% set first_row = "%m16" if amx else "%c0"
+%% set ends, starts = namespace(prev=first_row), namespace(prev=first_row)
 %% set inputs = "%bq: !stream.binding, %bs: !stream.binding, " if prequantized else "%bx: !stream.binding, "
+%% set inputs = inputs ~ ("%bv: !stream.binding, " if amx else "")
+%% set xvt = "memref<?x%dxi8>" % (64 * kb)
 %% call lib.executable(name, inputs ~ "%bw: !stream.binding, %bo: !stream.binding, %wscale: f32, %m: index", few=decode_workgroups, many=workgroups, m_min=blocks[-1][0])
 {{ quant.common(kp, rows, eps, c127, lo, hi) }}
       %cr = arith.constant {{ rows }} : index
@@ -301,8 +305,13 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
       %wg = stream.dispatch.workgroup.id[0] : index
       %ng = stream.dispatch.workgroup.count[0] : index
       %rpg = arith.ceildivui %cn, %ng : index
-      %rpr = arith.ceildivui %rpg, %cr : index
-      %rpw = arith.muli %rpr, %cr : index
+%% if amx
+      %crw = arith.constant {{ 16 * amx_rows }} : index
+%% else
+      %crw = arith.constant {{ rows }} : index
+%% endif
+      %rpr = arith.ceildivui %rpg, %crw : index
+      %rpw = arith.muli %rpr, %crw : index
       %r0u = arith.muli %wg, %rpw : index
       %r0 = arith.minui %r0u, %cn : index
       %r1u = arith.addi %r0, %rpw : index
@@ -323,6 +332,16 @@ memref.store %y{{ i }}, %o[%mrow, {{ row }}] : {{ ot }}
       %gfa{{ j }} = vector.bitcast %gfa{{ j }}q : vector<8xi64> to {{ v8 }}
 %%   endfor
       %gfb = arith.constant 0 : i8
+%% endif
+%% if amx
+      %amc16 = arith.constant 16 : index
+      %amcpad = arith.constant {{ 16 - amx_pad }} : index
+      %ampad = arith.addi %m, %amcpad : index
+      %nmb = arith.divui %ampad, %amc16 : index
+      %m16b = arith.muli %nmb, %amc16 : index
+      %m16 = arith.minui %m16b, %m : index
+      %xv = stream.binding.subspan %bv[%c0] : !stream.binding -> {{ xvt }}{%nmb}
+{{ amx_lib.amx_gemm(kb, n, amx_kc, amx_rows, amx_group, amx_super, wt, ot, vf, xvt) }}
 %% endif
 %% if prequantized
       %c0i32 = arith.constant 0 : i32

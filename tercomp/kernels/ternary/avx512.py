@@ -157,7 +157,7 @@ def executable_text(name: str, n: int, kb: int, offset: bool = False,
                   gfni=gfni, tile_rows=TILE_ROWS, kchunk=k_chunk(kb),
                   chunk=CHUNK, prefetch_rows=PREFETCH_ROWS, stream_ahead=STREAM_AHEAD,
                   workgroups=WORKGROUPS, decode_workgroups=DECODE_WORKGROUPS,
-                  **quant_literals())
+                  amx=False, amx_kc=0, amx_rows=0, amx_group=0, amx_super=0, amx_pad=16, **quant_literals())
 
 
 def emit(kern) -> ir.Value:

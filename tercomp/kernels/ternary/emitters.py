@@ -17,7 +17,7 @@ from iree.compiler.dialects import arith, scf
 
 from ...codegen.builders import const
 from ...errors import VerifyError
-from . import avx2, avx512, avx512_tall
+from . import amx, avx2, avx512, avx512_tall
 from .blocked import blocked
 from .builder import TernaryBuilder, check_packed
 from .vnni import vnni
@@ -66,6 +66,7 @@ def dispatch(small: Kernel, large: Kernel) -> Kernel:
 
 
 AVX512 = float_without_quant(avx512.emit)
+AMX = float_without_quant(amx.emit)
 AVX512_TALL = float_without_quant(avx512_tall.emit)
 AVX2 = float_without_quant(avx2.emit)
 VNNI = float_without_quant(vnni)

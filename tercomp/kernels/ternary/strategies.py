@@ -7,8 +7,9 @@ targets) and the CLI (`--ternary` choices).
 
 "auto" takes the first row, in table order, that compiles for every target of the
 compile (on llvm-cpu: with the host's features), which fits the shape and which "auto"
-picks for it (M None: a symbolic batch): avx512 on an AVX-512 VNNI host where the shape
-fits, avx2 on an AVX2 host where the shape fits, else for a symbolic batch
+picks for it (M None: a symbolic batch): amx on a host with AMX-INT8 (whose process
+Linux lets use the tiles) for a symbolic M or one of 16 or more where avx512 fits and N
+is a multiple of 32, avx512 on an AVX-512 VNNI host where the shape fits, avx2 on an AVX2 host where the shape fits, else for a symbolic batch
 dispatch-vnni (a VNNI host) or dispatch, for M <= 4 vnni (VNNI) or addsub, for
 M > 4 blocked, and addsub on GPUs and for CPU + GPU artifacts. int8 and f32 are never
 picked: int8 keeps an unpacked int8 copy of every weight in RAM (1 B a weight, 4 B
@@ -25,7 +26,9 @@ measured at every M, and needs no data tiling (so no scf.if on M, no per-call re
 "avx512" (`avx512`: the same dispatch on zmm registers with `vpdpbusd`, K/4 a multiple
 of 64) comes before it and is picked only on an AVX-512 VNNI host, where it measured
 faster than avx2 at every M (bench/RESULTS.md); the vnni rows stay for shapes neither
-hand-scheduled kernel takes.
+hand-scheduled kernel takes. "amx" (`amx`) is avx512's dispatch with AMX tiles for the
+whole blocks of 16 rows of x, the other rows through avx512's loops: 1.5-3.5x avx512 at
+a prefill's M on a Sapphire/Emerald Rapids Xeon, a decode's rows alike.
 "vnni" needs llvm-cpu on a host with AVX-512 VNNI (`vpdpbusd`) to be fast; elsewhere
 (AVX2) it still compiles but LLVM widens the products to i32 `vpmaddwd`, slower than
 addsub. The measurements behind these choices are in bench/RESULTS.md.
