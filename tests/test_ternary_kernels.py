@@ -3,6 +3,10 @@
 the strategy table that picks them (tercomp/kernels/ternary/strategies.py)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -585,8 +589,9 @@ def test_amx_matches_reference(m, k, n, batches):
 def test_amx_dispatches_the_b_tiles_of_x_once_for_every_matmul_of_it():
     """A symbolic M, no branch on it: one quantize dispatch writes x's codes, statistics
     and B tiles, and both matmuls of the same x read them, the kernel multiplying with
-    tdpbusd. Below 16 rows (a decode) the same dispatches run: no tile is written or
-    read, and the rows go through avx512's loops."""
+    tdpbusd. Below 8 rows (a decode) the same dispatches run: no tile is written or
+    read, and the rows go through avx512's loops. The module runs in IREE's own
+    iree-run-module too: its quantize dispatch asks Linux for the tiles."""
     k, n = 1024, 32
     rng = np.random.default_rng(3)
     packed = to_offset_codes(pack_ternary(random_ternary(rng, n, k)))
@@ -616,6 +621,21 @@ def test_amx_dispatches_the_b_tiles_of_x_once_for_every_matmul_of_it():
         x = rng.standard_normal((batch, k)).astype(np.float32)
         ref = 0.75 * ternary_matmul_reference(x, from_offset_codes(packed), k, 1.0, True)
         np.testing.assert_allclose(mod.main(x).to_host(), ref, rtol=1e-5, atol=1e-4)
+    # a fresh process that never asked Linux for the tiles: the module asks itself
+    import iree._runtime_libs as libs
+    tool = os.path.join(os.path.dirname(libs.__file__), "iree-run-module")
+    with tempfile.TemporaryDirectory() as d:
+        x = rng.standard_normal((37, k)).astype(np.float32)
+        paths = [os.path.join(d, f) for f in ("m.vmfb", "x.npy", "y.npy")]
+        with open(paths[0], "wb") as f:
+            f.write(vmfb)
+        np.save(paths[1], x)
+        r = subprocess.run([tool, f"--module={paths[0]}", "--device=local-task",
+                            "--function=main", f"--input=@{paths[1]}", f"--output=@{paths[2]}"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        ref = 0.75 * ternary_matmul_reference(x, from_offset_codes(packed), k, 1.0, True)
+        np.testing.assert_allclose(np.load(paths[2]), ref, rtol=1e-5, atol=1e-4)
 
 
 def test_auto_takes_amx_for_a_prefill_on_a_host_with_amx():

@@ -32,8 +32,9 @@ def enable_amx() -> bool:
     """Ask Linux for this process's permission to use AMX tile data, once (without it a
     process's first tile instruction is a SIGILL: arch_prctl(ARCH_REQ_XCOMP_PERM,
     XFEATURE_XTILEDATA), Linux 5.16 and later). True where the host has AMX-INT8 and the
-    permission was granted. Every process that compiles or runs a module with the amx
-    ternary kernel calls it: the kernel's emitter and the CPU devices' opening do."""
+    permission was granted. The kernel table offers the amx kernel only then; the kernel's
+    emitter and the CPU devices' opening call it, and the module's own quantize dispatch
+    asks again (templates/amx_lib.mlir `permit`), so IREE's tools run it too."""
     if not all(f in host_cpu_features() for f in AMX_FEATURES):
         return False
     try:

@@ -304,3 +304,17 @@ llvm.call_intrinsic "llvm.x86.tilestored64.internal"(%tr16, %tc64, {{ src }}sp, 
 %%   endfor
         }
 %% endmacro
+{#
+  permit: ask Linux for this process's permission to use AMX tile data
+  (arch_prctl(ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18), syscall 158),
+  granted once per process and idempotent. The dispatches that lay out x's B tiles run
+  it, and they run before every AMX matmul of that x, so a module with the kernel runs
+  in any process that loads it (iree-run-module, iree-benchmark-module), not only in
+  tercomp's, which asks too (host.enable_amx). A syscall a workgroup.
+#}
+%% macro permit()
+      %prctl_nr = llvm.mlir.constant(158 : i64) : i64
+      %prctl_cmd = llvm.mlir.constant(4131 : i64) : i64
+      %prctl_feat = llvm.mlir.constant(18 : i64) : i64
+      %prctl = llvm.inline_asm has_side_effects "syscall", "={rax},{rax},{rdi},{rsi},~{rcx},~{r11},~{memory}" %prctl_nr, %prctl_cmd, %prctl_feat : (i64, i64, i64) -> i64
+%% endmacro

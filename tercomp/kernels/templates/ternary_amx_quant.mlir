@@ -16,6 +16,7 @@
 %% set xcols = kp if kx is none else kx
 %% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %bv: !stream.binding, %m: index", per_group=16)
 {{ quant.common(kp, 2, eps, c127, lo, hi) }}
+{{ amx.permit() }}
       %crows = arith.constant 16 : index
       %cpad = arith.constant {{ 16 - pad }} : index
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{{ xcols }}xf32>{%m}

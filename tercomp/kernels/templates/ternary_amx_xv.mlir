@@ -10,6 +10,7 @@
 %% set xvt = "memref<?x%dxi8>" % (64 * kb)
 %% call lib.executable(name, "%bq: !stream.binding, %bv: !stream.binding, %m: index", per_group=16)
       %c0 = arith.constant 0 : index
+{{ amx.permit() }}
       %c16 = arith.constant 16 : index
       %cpad = arith.constant {{ 16 - pad }} : index
       %mpad = arith.addi %m, %cpad : index
