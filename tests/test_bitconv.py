@@ -124,18 +124,21 @@ def test_patches_are_quantized_from_the_padded_input_in_one_dispatch(cls, x_shap
         np.testing.assert_allclose(exe(x[:batch]), want, rtol=1e-5, atol=1e-5)
 
 
-def test_amx_takes_patch_rows_from_the_im2col_quantize():
-    """Where the AMX kernel takes a patch matmul (N a multiple of 32, M no multiple of 16
-    for avx512-tall), its B tiles come from the one dispatch that quantized the patches
-    straight from the padded input: the layer's numbers for 0, 1 and 4 blocks of 16."""
+def test_amx_leaves_patch_rows_to_the_avx512_dispatch():
+    """Where "auto" gives a patch matmul the amx row (N a multiple of 32, M no multiple
+    of 16 for avx512-tall), the patches still go from the padded input through
+    im2col_quant's one dispatch into avx512's kernel (no second int8 copy of them as B
+    tiles): the layer's numbers at every batch."""
     from tercomp.kernels.ternary import amx
     if not amx.enable():
         pytest.skip("the host lacks AMX-INT8")
     nn.manual_seed(8)
     layer = nn.BitConv1d(96, 64, 3, padding=1)
     exe = tc.compile(layer, tc.spec(("B", 96, 13)), cache=False)
+    assert 'strategy = "amx"' in exe.ir("ternary")
     mlir = exe.ir("mlir")
-    assert "tern_im2col_quant_" in mlir and "tern_amx_xv_" in mlir
+    assert "tern_im2col_quant_" in mlir and "tern_avx512_gemv_" in mlir
+    assert "tern_amx" not in mlir
     x = np.random.default_rng(12).standard_normal((5, 96, 13)).astype(np.float32) * 2
     for batch in (1, 2, 5):
         np.testing.assert_allclose(exe(x[:batch]), np_bitconv(layer, x[:batch], 1, 1),

@@ -20,7 +20,7 @@ from tercomp.errors import TercompError
 ir = pytest.importorskip("iree.compiler.ir")
 
 KERNELS = ["attention", "attention_rows", "dense_avx2", "dense_vnni", "rms_norm", "rope", "ternary_amax_map",
-           "ternary_amx_quant", "ternary_amx_xv", "ternary_avx2", "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall",
+           "ternary_amx_quant", "ternary_avx2", "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall",
            "ternary_im2col_quant", "ternary_lanes_quant", "ternary_lanes_quant_unpadded"]
 
 
@@ -230,11 +230,6 @@ CHECK:     scf.if %whole
 CHECK:         %xcol8_0 = vector.shuffle %xa0, %xb0 [0, 1, 32, 33, 2, 3, 34, 35,
 CHECK:         %xt3_0 = vector.shuffle %xt2_0, %xt2_8 [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23]
 CHECK:         vector.store %xo0, %xv[%wg, %xoff0] : memref<?x4096xi8>, vector<64xi8>
-""")
-    check(ternary_amx.xv_text("tern_amx_xv_64", 64), """
-CHECK-LABEL: stream.executable private @tern_amx_xv_64
-CHECK:     scf.for %mb = %wg to %nmb step %ng
-CHECK:         vector.store %xo15, %xv[%mb, %xoff15] : memref<?x4096xi8>, vector<64xi8>
 """)
 
 

@@ -32,9 +32,10 @@ def enable_amx() -> bool:
     """Ask Linux for this process's permission to use AMX tile data, once (without it a
     process's first tile instruction is a SIGILL: arch_prctl(ARCH_REQ_XCOMP_PERM,
     XFEATURE_XTILEDATA), Linux 5.16 and later). True where the host has AMX-INT8 and the
-    permission was granted. The kernel table offers the amx kernel only then; the kernel's
-    emitter and the CPU devices' opening call it, and the module's own quantize dispatch
-    asks again (templates/amx_lib.mlir `permit`), so IREE's tools run it too."""
+    permission was granted. The kernel table offers the amx kernel only then, and the
+    kernel's emitter calls it; a module with the kernel asks again in its own quantize
+    dispatch (templates/amx_lib.mlir `permit`), so any process runs it (tercomp's
+    runtime, which imports no compiler side, and IREE's tools alike)."""
     if not all(f in host_cpu_features() for f in AMX_FEATURES):
         return False
     try:

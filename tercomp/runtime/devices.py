@@ -23,7 +23,6 @@ from iree.runtime import flags as rt_flags
 from iree.runtime import system_setup
 
 from ..errors import ConfigError, DeviceUnavailable
-from ..kernels.host import enable_amx
 
 # Which HAL drivers run the code of each tercomp target, preferred first.
 TARGET_DRIVERS = {
@@ -155,7 +154,6 @@ def open_device(device: str, threads: int | None = None) -> HeldDevice:
     try:
         with _mpi_launch_hidden():
             if driver in ("local-task", "local-sync"):
-                enable_amx()    # a module may hold the amx ternary kernel (tile data)
                 return HeldDevice(rt.get_device(uri))
             held = _held.get(uri)
             if held is None:

@@ -1,7 +1,7 @@
 """The avx512 ternary kernel with AMX tiles for the rows of x in whole blocks of 16 (a
 prefill's), on hosts with AMX-INT8 (Sapphire Rapids and later Xeons):
 
-    xv = the B tiles of x (templates/ternary_amx_xv.mlir, a dispatch of its own)
+    q, xv = x quantized, and its B tiles (templates/ternary_amx_quant.mlir, one dispatch)
     for each 16 weight rows of the workgroup, K in chunks of 256 packed columns:
         A tiles = the chunk's 2-bit codes spread to bytes (vpermb + vpmultishiftqb)
         C[16 blocks of x] += tdpbusd(A, B)     a group of 4 blocks at a time
@@ -92,12 +92,6 @@ def executable_text(name: str, n: int, kb: int, offset: bool = True,
                   amx_rows=NA, amx_group=GROUP, amx_super=SUPER, amx_pad=PAD, **quant_literals())
 
 
-def xv_text(name: str, kb: int) -> str:
-    """The `stream.executable @name` (templates/ternary_amx_xv.mlir) laying out the B
-    tiles of codes another dispatch quantized: q [M, 4 KB] i8 -> xv [M // 16, 64 KB] i8."""
-    return render("ternary_amx_xv", name=name, kb=kb, pad=PAD)
-
-
 def quantize_text(name: str, kb: int, kx: int | None = None) -> str:
     """The `stream.executable @name` (templates/ternary_amx_quant.mlir): avx2_quant's
     quantize dispatch, 16 rows a workgroup, writing the B tiles of each whole block of
@@ -125,20 +119,10 @@ def _xv_type(kern) -> ir.RankedTensorType:
 
 
 def _quantized(kern, m: ir.Value, dims) -> tuple[list[ir.Value], list[ir.Value]]:
-    """([q, stats, xv] of x, xv's dynamic sizes): a convolution's patch rows from
-    im2col_quant's dispatch and an xv dispatch over its codes; any other x from the
-    fused quantize dispatch (quantize_text), one per x."""
+    """([q, stats, xv] of x, xv's dynamic sizes) from the fused quantize dispatch
+    (quantize_text), one per x."""
     xv_dims = ([arith.divui(arith.addi(m, arith.constant(kern.index, BLOCK - PAD)),
                             arith.constant(kern.index, BLOCK))] if dims else [])
-    patches = im2col_quant.quantized(kern, m, dims)
-    if patches is not None:
-        name = f"tern_amx_xv_{kern.kb}"
-        found = _shared(patches[0], name)
-        if found is None:
-            ensure_executable(name, lambda: xv_text(name, kern.kb))
-            found = dispatch(name, name, [m], [patches[0], m], dims, [_xv_type(kern)],
-                             xv_dims)[0].owner
-        return [*patches, found.results[0]], xv_dims
     x = kern.x if unpadded(kern) else kern.pad_k(kern.x)
     kx = int(ir.RankedTensorType(x.type).get_dim_size(1))
     kx = None if kx == 4 * kern.kb else kx
@@ -154,10 +138,13 @@ def _quantized(kern, m: ir.Value, dims) -> tuple[list[ir.Value], list[ir.Value]]
 
 def emit(kern) -> ir.Value:
     """y [M, N] f32 for the `TernaryBuilder` `kern`: avx512.emit's for a static M below
-    MIN_M (a decode's rows), else one dispatch of the kernel after the fused quantize
-    dispatch. A symbolic M needs no branch: below 16 rows the AMX loop has no block to
+    MIN_M (a decode's rows) and for a convolution's patch rows (quantized from the padded
+    input by im2col_quant's dispatch, as measured for issue #34; the tiles would need a
+    second int8 copy of the patches), else one dispatch of the kernel after the fused
+    quantize dispatch. A symbolic M needs no branch: below 16 rows the AMX loop has no block to
     take and the quantize writes no tiles, so a decode costs what avx512's does."""
-    if kern.codes != "offset" or (kern.m is not None and kern.m < MIN_M):
+    if (kern.codes != "offset" or (kern.m is not None and kern.m < MIN_M)
+            or im2col_quant.patches_source(kern.x) is not None):
         return avx512.emit(kern)
     enable()        # the compiling process may run the module (tests, tc.compile's check)
     name = f"tern_amx_gemm_{kern.n}x{kern.kb}_offset_q"
