@@ -141,7 +141,7 @@ CHECK:     %cmb = arith.constant 8 : index
 CHECK:     %flip = arith.constant dense<-128> : vector<64xi8>
 CHECK:     %xq = memref.alloca() : memref<8x128xi8>
 CHECK:     scf.for %mi = %c0 to %mwhole step %cmb
-CHECK:         %rd = math.roundeven %sc : vector<8xf32>
+CHECK:         %rd = llvm.call_intrinsic "llvm.roundeven.v8f32"(%sc) : (vector<8xf32>) -> vector<8xf32>
 CHECK:         %qcorrb = arith.muli %qsumb, %c128i : i32
 CHECK:       %accbp0:16 = scf.for %c = %c0 to %ck step %c64
 CHECK:         memref.prefetch %w[%wp0, %c], read, locality<3>, data : memref<40x128xi8>
@@ -311,7 +311,7 @@ CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 8)>()[%m]
 CHECK:   func.func @tern_avx2_quant_16(%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %m: index)
 CHECK:     %c127 = arith.constant 1.270000000e+02 : f32
 CHECK:     scf.for %row = %row0 to %row1 step %c1
-CHECK:       %rd = math.roundeven %sc : vector<8xf32>
+CHECK:       %rd = llvm.call_intrinsic "llvm.roundeven.v8f32"(%sc) : (vector<8xf32>) -> vector<8xf32>
 CHECK:       vector.store %qb, %q[%row, %k] : memref<?x64xi8>, vector<8xi8>
 CHECK:       %sxf0 = arith.sitofp %sx0 : i32 to f32
 CHECK:       memref.store %amc0, %xs[%row, %c1] : memref<?x2xf32>
@@ -509,7 +509,7 @@ CHECK:     %base = affine.apply affine_map<(d0, d1, d2) -> (d0 * 1600 + d1 * 20 
 CHECK:     vector.gather %x[%base][%idx], %all, %zf : memref<?xf32>, vector<16xi32>, vector<16xi1>, vector<16xf32> into vector<16xf32>
 CHECK:     %amc = arith.maximumf %amax, %eps : f32
 CHECK:     vector.gather %x[%base][%idx]
-CHECK:     %rd = math.roundeven %sc : vector<16xf32>
+CHECK:     %rd = llvm.call_intrinsic "llvm.roundeven.v16f32"(%sc) : (vector<16xf32>) -> vector<16xf32>
 CHECK:     vector.store %qb, %q[%row, %col] : memref<?x256xi8>, vector<16xi8>
 CHECK:     scf.for %col = %ck to %ckp step %c16
 CHECK:     memref.store %amc, %xs[%row, %c1] : memref<?x2xf32>

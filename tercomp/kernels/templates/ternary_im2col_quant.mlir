@@ -74,7 +74,7 @@
           %idx = vector.load %off[%col] : {{ ot }}, {{ vi }}
           %v = vector.gather %x[%base][%idx], %all, %zf : {{ xt }}, {{ vi }}, {{ vm }}, {{ vf }} into {{ vf }}
           %sc = arith.mulf %v, %qsv : {{ vf }}
-          %rd = math.roundeven %sc : {{ vf }}
+          %rd = llvm.call_intrinsic "llvm.roundeven.v16f32"(%sc) : ({{ vf }}) -> {{ vf }}
           %lo = arith.maximumf %rd, %lov : {{ vf }}
           %cl = arith.minimumf %lo, %hiv : {{ vf }}
           %qi = arith.fptosi %cl : {{ vf }} to {{ vi }}
