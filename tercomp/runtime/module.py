@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import threading
 
 import iree.runtime as rt
 import numpy as np
@@ -26,6 +27,28 @@ from .signature import Signature
 def _flat(in_tree) -> bool:
     """Whether the arguments are the input arrays themselves (no nested pytree)."""
     return in_tree is None or (in_tree[0] == "tuple" and not any(in_tree[1]))
+
+
+def _transient_storage(fn, device, name: str):
+    """The storage a function compiled with `iree.abi.transients` (lowering.lower_graph's
+    `transients`) takes as its last argument, allocated once on `device`: IREE places
+    every buffer that lives only within a call there, so the calls reuse the same
+    memory instead of the queue pool's (slabs mapped, faulted in and unmapped again each
+    call on local-task). None for a function without that argument. Calls are
+    synchronous, so one storage serves every call, one at a time."""
+    refl = fn.vm_function.reflection
+    if "iree.abi.transients" not in refl.get("iree.abi.declaration", ""):
+        return None
+    size = refl.get("iree.abi.transients.size.constant")
+    if size is None and "iree.abi.transients.size" in refl:
+        raise ExecutionError(f"{name} takes its transient storage from the caller, with a size "
+                             f"known only at run time, which tercomp does not allocate",
+                             hint="compile it with static shapes (no symbolic dims)")
+    size = int(size or 0)
+    buf = device.allocator.allocate_buffer(memory_type=rt.MemoryType.DEVICE_LOCAL,
+                                           allowed_usage=rt.BufferUsage.DEFAULT,
+                                           allocation_size=max(size, 64))
+    return buf.create_view(rt.Shape([max(size, 64)]), 1)
 
 
 def _plain_arrays_key(args) -> tuple | None:
@@ -166,6 +189,8 @@ class CompiledModule:
         self.threads = threads
         self._fn = None
         self._checked = None
+        self._transients = None
+        self._call_lock = threading.Lock()
 
     def _load(self):
         if self._fn is None:
@@ -201,6 +226,7 @@ class CompiledModule:
             except Exception as e:
                 raise DeviceUnavailable(f"the module does not load on {self.device}: {e}",
                                         hint=f"it was compiled for {', '.join(self.targets)}") from None
+            self._transients = _transient_storage(fn, hal_device, self.signature.function)
             self._ctx, self._held, self._hal_device, self._fn = ctx, held, hal_device, fn
         return self._fn
 
@@ -265,7 +291,11 @@ class CompiledModule:
             arrays = [self._device_input(a) for a in arrays]
             self._checked = key
         try:
-            res = fn(*arrays)
+            if self._transients is None:
+                res = fn(*arrays)
+            else:       # one storage: one call at a time
+                with self._call_lock:
+                    res = fn(*arrays, self._transients)
         except Exception as e:
             raise ExecutionError(f"the IREE runtime failed running {sig.function} on "
                                  f"{self.device}: {e}") from None

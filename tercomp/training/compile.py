@@ -38,6 +38,17 @@ def _keep(cond, new, old):
     return tree_map(lambda n, o: _t.where(cond, n, o), new, old)
 
 
+def _own_transients(graph, opts) -> bool:
+    """Does the step keep its transient buffers (lowering.lower_graph's `transients`)?
+    On CPU targets, with every input shape static (IREE then knows the bytes at compile
+    time): the step is called again and again, and the device's queue pool would map
+    and fault in its hundreds of MB of activations and gradients on every call
+    (bench/RESULTS.md: 0.75-0.8x the step's time on bench/conv.py's ResNet). The step
+    holds that memory while it lives."""
+    return all(t.startswith("llvm-cpu") for t in opts.names) and \
+        all(isinstance(d, int) for v in graph.inputs for d in v.type.shape)
+
+
 def _host_leaf(x):
     return np.array(x) if not isinstance(x, Tracer) else x
 
@@ -293,7 +304,8 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     dumper = Dumper(dump_dir)
     graph = trace(train_step, run_params, run_state, buffers, *example_batch, name="train_step")
     exe = build(pipeline(opts, ternary="off", check_numerics=check_numerics,
-                         driver="compile_train_step"), graph, opts, dumper=dumper, cache=cache)
+                         driver="compile_train_step", transients=_own_transients(graph, opts)),
+                graph, opts, dumper=dumper, cache=cache)
     step = TrainStep(exe, model, optimizer, run_params, run_state, len(example_batch),
                      detected.get("has_aux", False), on_nan, accumulate, clip_norm,
                      packing=packing, buffers=buffers)
