@@ -75,6 +75,10 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     on_nan="raise", a TercompError is raised, with on_nan="stop" a warning is issued,
     `step.stopped` becomes True and later calls return NaN without running.
 
+    With static shapes on a CPU target, the step keeps the buffers that live only within
+    a call (activations, gradients) in one storage allocated at its first call and held
+    while the step lives, instead of mapping them afresh every call.
+
     >>> def loss_fn(m, x, y): return tc.cross_entropy(m(x), y)
     >>> step = tc.compile_train_step(loss_fn, model, tc.optim.SGD(0.1, momentum=0.9),
     ...                              tc.spec(("B", 64)), tc.spec(("B",), "int32"))
