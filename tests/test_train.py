@@ -218,6 +218,19 @@ def test_step_keeps_its_transient_storage(monkeypatch):
         np.testing.assert_array_equal(np.asarray(params[k]), np.asarray(want[k]), err_msg=k)
 
 
+def test_symbolic_batch_step_uses_the_pool():
+    """A symbolic batch leaves IREE's transient bytes to a run-time query: such a step
+    does not take a storage argument, and runs on the device's pool as before."""
+    model, x, t = make(8)
+    step = tc.compile_train_step(mse, model, tc.optim.SGD(lr=0.1), tc.spec(("B", IN)),
+                                 tc.spec(("B", OUT)))
+    assert "iree.abi.transients" not in step.exe.ir("mlir")
+    p0 = model.state_dict()
+    step(x, t)
+    assert step.exe._transients is None
+    assert_tree_close(step.params(), {k: p0[k] - 0.1 * g for k, g in np_grads(p0, x, t)[1].items()})
+
+
 def test_cosine_schedule_eager_and_traced():
     sched = tc.optim.cosine(1.0, total_steps=20, warmup_steps=5, final_lr=0.1)
     steps = np.arange(0, 25, dtype=np.float32)
