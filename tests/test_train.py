@@ -218,17 +218,25 @@ def test_step_keeps_its_transient_storage(monkeypatch):
         np.testing.assert_array_equal(np.asarray(params[k]), np.asarray(want[k]), err_msg=k)
 
 
-def test_symbolic_batch_step_uses_the_pool():
-    """A symbolic batch leaves IREE's transient bytes to a run-time query: such a step
-    does not take a storage argument, and runs on the device's pool as before."""
+def test_symbolic_batch_step_grows_its_transient_storage():
+    """With a symbolic batch IREE's size query tells the transient bytes of each batch
+    size: the storage grows for a larger batch, is kept for a smaller one, and every
+    call trains as the NumPy reference does."""
     model, x, t = make(8)
     step = tc.compile_train_step(mse, model, tc.optim.SGD(lr=0.1), tc.spec(("B", IN)),
                                  tc.spec(("B", OUT)))
-    assert "iree.abi.transients" not in step.exe.ir("mlir")
-    p0 = model.state_dict()
-    step(x, t)
-    assert step.exe._transients is None
-    assert_tree_close(step.params(), {k: p0[k] - 0.1 * g for k, g in np_grads(p0, x, t)[1].items()})
+    assert "iree.abi.transients" in step.exe.ir("mlir")
+    p = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    sizes = []
+    for n in (4, 16, 8):
+        step(x[:n], t[:n])
+        _, g = np_grads(p, x[:n], t[:n])
+        p = {k: p[k] - 0.1 * g[k] for k in p}
+        sizes.append(step.exe._transients.size)
+    assert_tree_close(step.params(), p)
+    assert sizes[0] < sizes[1] == sizes[2], sizes
+    asked = sorted(step.exe._transients.sizes.values())      # one query per batch size
+    assert len(asked) == 3 and asked[-1] == sizes[1] and asked[0] < asked[1] < asked[2]
 
 
 def test_cosine_schedule_eager_and_traced():

@@ -123,8 +123,8 @@ def lower_graph(graph: Graph, module: ir.Module, params=None, targets=("llvm-cpu
     pool each call (on local-task that pool's slabs are calloc'ed and unmapped again
     every call: a training step page-faulted ~700 MB a call, bench/RESULTS.md). IREE
     records the bytes it needs in the function's reflection
-    (`iree.abi.transients.size.constant` for static shapes); CompiledModule allocates
-    them once and passes them to every call."""
+    (`iree.abi.transients.size.constant` for static shapes, else a size query function
+    of the same arguments); CompiledModule allocates them and passes them to every call."""
     arg_types = [tensor_type(v.type) for v in graph.inputs]
     res_types = [tensor_type(v.type) for v in graph.outputs]
     with ir.InsertionPoint(module.body), ir.Location.unknown():

@@ -39,14 +39,12 @@ def _keep(cond, new, old):
 
 
 def _own_transients(graph, opts) -> bool:
-    """Does the step keep its transient buffers (lowering.lower_graph's `transients`)?
-    On CPU targets, with every input shape static (IREE then knows the bytes at compile
-    time): the step is called again and again, and the device's queue pool would map
-    and fault in its hundreds of MB of activations and gradients on every call
-    (bench/RESULTS.md: 0.75-0.8x the step's time on bench/conv.py's ResNet). The step
+    """Does the step keep its transient buffers (lowering.lower_graph's `transients`)? On
+    CPU targets: the step is called again and again, and local-task's queue pool would
+    map and fault in its hundreds of MB of activations and gradients on every call
+    (bench/RESULTS.md: 0.7-0.75x the step's time on bench/conv.py's ResNet). The step
     holds that memory while it lives."""
-    return all(t.startswith("llvm-cpu") for t in opts.names) and \
-        all(isinstance(d, int) for v in graph.inputs for d in v.type.shape)
+    return all(t.startswith("llvm-cpu") for t in opts.names)
 
 
 def _host_leaf(x):
@@ -75,9 +73,10 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     on_nan="raise", a TercompError is raised, with on_nan="stop" a warning is issued,
     `step.stopped` becomes True and later calls return NaN without running.
 
-    With static shapes on a CPU target, the step keeps the buffers that live only within
-    a call (activations, gradients) in one storage allocated at its first call and held
-    while the step lives, instead of mapping them afresh every call.
+    On a CPU target the step keeps the buffers that live only within a call
+    (activations, gradients) in one storage allocated at its first call (grown for a
+    larger batch) and held while the step lives, instead of mapping them afresh every
+    call.
 
     >>> def loss_fn(m, x, y): return tc.cross_entropy(m(x), y)
     >>> step = tc.compile_train_step(loss_fn, model, tc.optim.SGD(0.1, momentum=0.9),
