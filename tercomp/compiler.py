@@ -72,9 +72,10 @@ def compile(fn, *example_args, target="llvm-cpu", ternary: str = "auto",
 
 def pipeline(opts: BuildOptions, *, passes=None, ternary: str = "auto",
              check_numerics: bool | None = None, weights: str = "auto",
-             driver: str = "compile") -> Pipeline:
+             driver: str = "compile", transients: bool = False) -> Pipeline:
     """tc.compile's Pipeline: `passes` (default simplify), the ternary pass before
-    simplify unless ternary="off", check_numerics last; one function lowered as it is."""
+    simplify unless ternary="off", check_numerics last; one function lowered as it is,
+    with `transients` taking the caller's transient storage (lowering.lower_graph)."""
     names = opts.names
     steps = list(DEFAULT_PASSES if passes is None else passes)
     if ternary != "off":
@@ -83,7 +84,9 @@ def pipeline(opts: BuildOptions, *, passes=None, ternary: str = "auto",
     if numerics_enabled(check_numerics):
         steps.append("check_numerics")      # last: simplify would fold its checks away
     return Pipeline(driver, tuple(steps), weights=weights,
-                    lower=lambda g, ctx, params: to_mlir(g, ctx, params=params, targets=names))
+                    lower=lambda g, ctx, params: to_mlir(g, ctx, params=params, targets=names,
+                                                         transients=transients),
+                    lower_key="transients" if transients else "")
 
 
 def _trace_stages(fn, example_args, name, dumper: Dumper) -> Graph:

@@ -182,6 +182,63 @@ def test_accumulate_compiled_matches_numpy():
     assert_tree_close(step.params(), {key: p0[key] - 0.1 * g[key] for key in p0})
 
 
+class _Mlp(nn.Module):
+    def __init__(self):
+        self.a, self.b = nn.Linear(IN, 64), nn.Linear(64, OUT)
+
+    def forward(self, x):
+        return self.b(tc.relu(self.a(x)))
+
+
+def test_step_keeps_its_transient_storage(monkeypatch):
+    """A static-shape step on CPU takes IREE's transient buffers from one storage the
+    module allocated once (lowering.lower_graph's `transients`): calls that reuse it give
+    the numbers of a step that takes them from the device's pool, bit for bit."""
+    from tercomp.training import compile as train_compile
+
+    def steps(own):
+        monkeypatch.setattr(train_compile, "_own_transients", lambda graph, opts: own)
+        nn.manual_seed(7)
+        rng = np.random.default_rng(7)
+        x = rng.standard_normal((32, IN)).astype(np.float32)
+        t = rng.standard_normal((32, OUT)).astype(np.float32)
+        step = tc.compile_train_step(mse, _Mlp(), tc.optim.AdamW(1e-2), x, t)
+        losses = [step(x, t) for _ in range(3)]
+        return step, losses, step.params()
+
+    kept, losses, params = steps(True)
+    pooled, want_losses, want = steps(False)
+    assert "iree.abi.transients" in kept.exe.ir("mlir")
+    assert "iree.abi.transients" not in pooled.exe.ir("mlir")
+    storage, refl = kept.exe._transients, kept.exe._fn.vm_function.reflection
+    assert storage is not None and pooled.exe._transients is None
+    assert int(refl["iree.abi.transients.size.constant"]) > 32 * 64 * 4   # the hidden layer, at least
+    assert losses == want_losses and losses[-1] < losses[0]
+    for k in want:
+        np.testing.assert_array_equal(np.asarray(params[k]), np.asarray(want[k]), err_msg=k)
+
+
+def test_symbolic_batch_step_grows_its_transient_storage():
+    """With a symbolic batch IREE's size query tells the transient bytes of each batch
+    size: the storage grows for a larger batch, is kept for a smaller one, and every
+    call trains as the NumPy reference does."""
+    model, x, t = make(8)
+    step = tc.compile_train_step(mse, model, tc.optim.SGD(lr=0.1), tc.spec(("B", IN)),
+                                 tc.spec(("B", OUT)))
+    assert "iree.abi.transients" in step.exe.ir("mlir")
+    p = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    sizes = []
+    for n in (4, 16, 8):
+        step(x[:n], t[:n])
+        _, g = np_grads(p, x[:n], t[:n])
+        p = {k: p[k] - 0.1 * g[k] for k in p}
+        sizes.append(step.exe._transients.size)
+    assert_tree_close(step.params(), p)
+    assert sizes[0] < sizes[1] == sizes[2], sizes
+    asked = sorted(step.exe._transients.sizes.values())      # one query per batch size
+    assert len(asked) == 3 and asked[-1] == sizes[1] and asked[0] < asked[1] < asked[2]
+
+
 def test_cosine_schedule_eager_and_traced():
     sched = tc.optim.cosine(1.0, total_steps=20, warmup_steps=5, final_lr=0.1)
     steps = np.arange(0, 25, dtype=np.float32)

@@ -105,15 +105,35 @@ def _lower_decomposition(ctx: LowerCtx, op: Op, opdef) -> list:
     return [ctx.values[v] for v in outs]
 
 
-def lower_graph(graph: Graph, module: ir.Module, params=None, targets=("llvm-cpu",)) -> set:
+#: The argument `transients=True` appends to a function: the caller's storage for every
+#: buffer IREE allocates and frees within one call (IREE's `iree.abi.transients`).
+TRANSIENTS_ARG = "!hal.buffer_view"
+
+
+def lower_graph(graph: Graph, module: ir.Module, params=None, targets=("llvm-cpu",),
+                transients: bool = False) -> set:
     """Append `func.func @<graph.name>` to `module` (inside an active context); returns
     the kernel table's rows its ops were emitted with (see `lowered`). `params`: the ParamTable
     that parameter constants are declared in; `targets`: the target names the module
-    is compiled for (LowerCtx.targets)."""
+    is compiled for (LowerCtx.targets).
+
+    With `transients`, the function takes one more argument, last, after the graph's
+    inputs: a `!hal.buffer_view {iree.abi.transients}` into which IREE places every
+    buffer that lives only within a call, instead of taking them from the device's queue
+    pool each call (on local-task that pool's slabs are calloc'ed and unmapped again
+    every call: a training step page-faulted ~700 MB a call, bench/RESULTS.md). IREE
+    records the bytes it needs in the function's reflection
+    (`iree.abi.transients.size.constant` for static shapes, else a size query function
+    of the same arguments); CompiledModule allocates them and passes them to every call."""
     arg_types = [tensor_type(v.type) for v in graph.inputs]
     res_types = [tensor_type(v.type) for v in graph.outputs]
     with ir.InsertionPoint(module.body), ir.Location.unknown():
-        fop = func.FuncOp(graph.name, (arg_types, res_types))
+        extra = [ir.Type.parse(TRANSIENTS_ARG)] if transients else []
+        fop = func.FuncOp(graph.name, (arg_types + extra, res_types))
+        if transients:
+            plain = ir.DictAttr.get({})
+            fop.arg_attrs = ir.ArrayAttr.get(
+                [plain] * len(arg_types) + [ir.DictAttr.get({"iree.abi.transients": ir.UnitAttr.get()})])
         entry = fop.add_entry_block()
     sources = {}
     for v, a in zip(graph.inputs, entry.arguments):
@@ -205,16 +225,18 @@ def check_storage(graphs, targets) -> None:
                               f"{', '.join(map(repr, WITH_16BIT_STORAGE))}, ...")
 
 
-def to_mlir(graphs, ctx: ir.Context, params=None, targets=("llvm-cpu",)) -> Lowered:
+def to_mlir(graphs, ctx: ir.Context, params=None, targets=("llvm-cpu",),
+            transients: bool = False) -> Lowered:
     """Lower one or more graphs into one MLIR module in `ctx`, compiled for `targets`.
     Constants swapped for `Parameter`s (codegen.params.parameterized) are declared in
-    `params`."""
+    `params`; `transients`: each function takes the caller's transient storage
+    (lower_graph)."""
     if isinstance(graphs, Graph):
         graphs = [graphs]
     kernels = set()
     with ctx, ir.Location.unknown():
         module = ir.Module.create()
         for g in graphs:
-            kernels |= lower_graph(g, module, params, targets)
+            kernels |= lower_graph(g, module, params, targets, transients)
         check_legal(module)
     return lowered(module, kernels, targets)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import threading
 
 import iree.runtime as rt
 import numpy as np
@@ -26,6 +27,53 @@ from .signature import Signature
 def _flat(in_tree) -> bool:
     """Whether the arguments are the input arrays themselves (no nested pytree)."""
     return in_tree is None or (in_tree[0] == "tuple" and not any(in_tree[1]))
+
+
+class _TransientStorage:
+    """The storage a function compiled with `iree.abi.transients` (lowering.lower_graph's
+    `transients`) takes as its last argument: IREE places every buffer that lives only
+    within a call there, so the calls reuse the same memory instead of the queue pool's
+    (slabs mapped, faulted in and unmapped again each call on local-task). Its bytes are
+    the function's reflection's `iree.abi.transients.size.constant` for static shapes;
+    with symbolic dims IREE's size query (`iree.abi.transients.size`, a function of the
+    same arguments) tells them, asked once per new set of input shapes, and the storage
+    grows to the largest. Calls are synchronous, so one storage serves every call, one
+    at a time (`lock`)."""
+
+    def __init__(self, device, size: int, size_fn=None):
+        self.device, self.size_fn, self.lock = device, size_fn, threading.Lock()
+        self.sizes = {}                   # input shapes -> bytes, for size_fn
+        self.size, self.view = 0, None
+        self._grow(size)
+
+    def _grow(self, size: int):
+        size = max(int(size), 64)
+        if size > self.size:
+            buf = self.device.allocator.allocate_buffer(memory_type=rt.MemoryType.DEVICE_LOCAL,
+                                                        allowed_usage=rt.BufferUsage.DEFAULT,
+                                                        allocation_size=size)
+            self.size, self.view = size, buf.create_view(rt.Shape([size]), 1)
+
+    def for_call(self, arrays):
+        """The storage for a call with `arrays` (grown first where a symbolic size needs it)."""
+        if self.size_fn is not None:
+            key = tuple(tuple(a.shape) for a in arrays)
+            if key not in self.sizes:
+                self.sizes[key] = int(self.size_fn(*arrays, self.view))
+                self._grow(self.sizes[key])
+        return self.view
+
+    @classmethod
+    def of(cls, fn, device, functions):
+        """The storage of iree.runtime function `fn`, or None for a function that does not
+        take one; `functions` looks the size query up by name."""
+        refl = fn.vm_function.reflection
+        if "iree.abi.transients" not in refl.get("iree.abi.declaration", ""):
+            return None
+        size = refl.get("iree.abi.transients.size.constant")
+        if size is not None or "iree.abi.transients.size" not in refl:
+            return cls(device, int(size or 0))
+        return cls(device, 0, functions[refl["iree.abi.transients.size"]])
 
 
 def _plain_arrays_key(args) -> tuple | None:
@@ -166,6 +214,7 @@ class CompiledModule:
         self.threads = threads
         self._fn = None
         self._checked = None
+        self._transients = None
 
     def _load(self):
         if self._fn is None:
@@ -201,6 +250,7 @@ class CompiledModule:
             except Exception as e:
                 raise DeviceUnavailable(f"the module does not load on {self.device}: {e}",
                                         hint=f"it was compiled for {', '.join(self.targets)}") from None
+            self._transients = _TransientStorage.of(fn, hal_device, ctx.modules.module)
             self._ctx, self._held, self._hal_device, self._fn = ctx, held, hal_device, fn
         return self._fn
 
@@ -265,7 +315,11 @@ class CompiledModule:
             arrays = [self._device_input(a) for a in arrays]
             self._checked = key
         try:
-            res = fn(*arrays)
+            if self._transients is None:
+                res = fn(*arrays)
+            else:       # one storage: one call at a time
+                with self._transients.lock:
+                    res = fn(*arrays, self._transients.for_call(arrays))
         except Exception as e:
             raise ExecutionError(f"the IREE runtime failed running {sig.function} on "
                                  f"{self.device}: {e}") from None

@@ -38,6 +38,15 @@ def _keep(cond, new, old):
     return tree_map(lambda n, o: _t.where(cond, n, o), new, old)
 
 
+def _own_transients(graph, opts) -> bool:
+    """Does the step keep its transient buffers (lowering.lower_graph's `transients`)? On
+    CPU targets: the step is called again and again, and local-task's queue pool would
+    map and fault in its hundreds of MB of activations and gradients on every call
+    (bench/RESULTS.md: 0.7-0.75x the step's time on bench/conv.py's ResNet). The step
+    holds that memory while it lives."""
+    return all(t.startswith("llvm-cpu") for t in opts.names)
+
+
 def _host_leaf(x):
     return np.array(x) if not isinstance(x, Tracer) else x
 
@@ -63,6 +72,11 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     compiled step (params keep their last finite values) and then, with
     on_nan="raise", a TercompError is raised, with on_nan="stop" a warning is issued,
     `step.stopped` becomes True and later calls return NaN without running.
+
+    On a CPU target the step keeps the buffers that live only within a call
+    (activations, gradients) in one storage allocated at its first call (grown for a
+    larger batch) and held while the step lives, instead of mapping them afresh every
+    call.
 
     >>> def loss_fn(m, x, y): return tc.cross_entropy(m(x), y)
     >>> step = tc.compile_train_step(loss_fn, model, tc.optim.SGD(0.1, momentum=0.9),
@@ -293,7 +307,8 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
     dumper = Dumper(dump_dir)
     graph = trace(train_step, run_params, run_state, buffers, *example_batch, name="train_step")
     exe = build(pipeline(opts, ternary="off", check_numerics=check_numerics,
-                         driver="compile_train_step"), graph, opts, dumper=dumper, cache=cache)
+                         driver="compile_train_step", transients=_own_transients(graph, opts)),
+                graph, opts, dumper=dumper, cache=cache)
     step = TrainStep(exe, model, optimizer, run_params, run_state, len(example_batch),
                      detected.get("has_aux", False), on_nan, accumulate, clip_norm,
                      packing=packing, buffers=buffers)
