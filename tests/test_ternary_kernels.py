@@ -573,16 +573,20 @@ needs_amx = pytest.mark.skipif(not amx.enable(), reason="host CPU lacks AMX-INT8
     # a last block of 8 or more rows padded with zero rows (a batched decode's 8 rows),
     # 7 left over through avx512's loops
     (DYN, 1536, 64, (7, 8, 9, 24, 39)),
-    (8, 4096, 64, None),                     # a static M of 8: one padded block
+    (DYN, 4096, 64, (8, 24)),
     (32, 4096, 64, None),                    # a static M of two blocks: one group
     (DYN, 6912, 64, (80,)),                  # packed K 1728: 13 chunks and a 64-column tail
     (DYN, 256, 32, (16, 21, 31)),            # packed K 64, below a chunk: the tail alone
 ])
-def test_amx_matches_reference(m, k, n, batches):
+def test_amx_matches_reference(m, k, n, batches, monkeypatch):
     """The AMX kernel (whole blocks of 16 rows of x through tdpbusd, the rest through the
     avx512 loops of the same dispatch) against the reference, exactly: rows of all +1 /
-    all -1, an outlier, x of all 2."""
+    all -1, an outlier, x of all 2. The K = 1536 and 4096 cases with a last block of 8
+    or more rows padded too (amx.PAD 8, not the default)."""
     _check_kernel_exactly("amx", m, k, n, "offset", batches or [m])
+    if m is None and k in (1536, 4096) and n == 64:
+        monkeypatch.setattr(amx, "PAD", 8)
+        _check_kernel_exactly("amx", m, k, n, "offset", batches)
 
 
 @needs_amx
@@ -639,17 +643,15 @@ def test_amx_dispatches_the_b_tiles_of_x_once_for_every_matmul_of_it():
 
 
 def test_auto_takes_amx_for_a_prefill_on_a_host_with_amx():
-    """With AMX-INT8 the table gives the AMX kernel to M of 8 and more and to a symbolic M,
-    where avx512 fits and N is a multiple of 32; a static M below 8 (a decode's), and N
-    of 4 but not 32, keep avx512."""
+    """With AMX-INT8 the table gives the AMX kernel to M of 16 and more and to a symbolic
+    M, where avx512 fits and N is a multiple of 32; a static M below 16 (a decode's, a
+    batched decode's), and N of 4 but not 32, keep avx512."""
     amx_host = ("avx2", "avx512f", "avx512bw", VNNI, "amx_int8", "amx_tile")
     for m in (16, 128, 512, None):
         assert choose_strategy(m, 4096, 4096, features=amx_host) == "amx"
         assert choose_strategy(m, 14336, 4096, features=amx_host) == "amx"
         assert choose_strategy(m, 4096, 4100, features=amx_host) == "avx512"
-    for m in (8, 15):
-        assert choose_strategy(m, 4096, 4096, features=amx_host) == "amx"
-    for m in (1, 4, 7):
+    for m in (1, 4, 8, 15):
         assert choose_strategy(m, 4096, 4096, features=amx_host) == "avx512"
     assert weight_codes("amx", 4096, 4096) == "offset"
 

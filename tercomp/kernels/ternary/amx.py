@@ -57,9 +57,12 @@ SUPER = 8
 STACK_LIMIT = 65536
 #: Rows of x a block (a tile's rows).
 BLOCK = 16
-#: The fewest rows of x the AMX loop takes as a block, padded with zero rows: a batched
-#: decode's 8 sequences, or the last rows of a prefill past its whole blocks.
-PAD = 8
+#: The fewest rows of x the AMX loop takes as a block, padded with zero rows (below it
+#: they go through avx512's loops). 16: no padded block. At 8, a batched decode's 8
+#: sequences took the tiles: the kernel alone measured 0.83-1.0x avx512's time at
+#: 8x1536x4096 and 8x4096x1536, but the 700M batched step at 8 sequences went from
+#: 2.56x to 2.28x one sequence's tokens/s (bench/RESULTS.md).
+PAD = 16
 #: The smallest static M that takes the kernel (below it: avx512's dispatch).
 MIN_M = PAD
 #: The host features the tiles need.
