@@ -133,13 +133,13 @@ def test_amx_leaves_patch_rows_to_the_avx512_dispatch():
     if not amx.enable():
         pytest.skip("the host lacks AMX-INT8")
     nn.manual_seed(8)
-    layer = nn.BitConv1d(96, 64, 3, padding=1)
-    exe = tc.compile(layer, tc.spec(("B", 96, 13)), cache=False)
+    layer = nn.BitConv1d(1024, 512, 3, padding=1)       # N x K = 1.5M weights (amx.MIN_WEIGHTS)
+    exe = tc.compile(layer, tc.spec(("B", 1024, 13)), cache=False)
     assert 'strategy = "amx"' in exe.ir("ternary")
     mlir = exe.ir("mlir")
     assert "tern_im2col_quant_" in mlir and "tern_avx512_gemv_" in mlir
     assert "tern_amx" not in mlir
-    x = np.random.default_rng(12).standard_normal((5, 96, 13)).astype(np.float32) * 2
+    x = np.random.default_rng(12).standard_normal((5, 1024, 13)).astype(np.float32) * 2
     for batch in (1, 2, 5):
         np.testing.assert_allclose(exe(x[:batch]), np_bitconv(layer, x[:batch], 1, 1),
                                    rtol=1e-5, atol=1e-5)

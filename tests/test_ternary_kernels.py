@@ -645,7 +645,8 @@ def test_amx_dispatches_the_b_tiles_of_x_once_for_every_matmul_of_it():
 def test_auto_takes_amx_for_a_prefill_on_a_host_with_amx():
     """With AMX-INT8 the table gives the AMX kernel to M of 16 and more and to a symbolic
     M, where avx512 fits and N is a multiple of 32; a static M below 16 (a decode's, a
-    batched decode's), and N of 4 but not 32, keep avx512."""
+    batched decode's), N of 4 but not 32, and a matrix under a million weights (its
+    compile costs more than it saves: amx.MIN_WEIGHTS) keep avx512."""
     amx_host = ("avx2", "avx512f", "avx512bw", VNNI, "amx_int8", "amx_tile")
     for m in (16, 128, 512, None):
         assert choose_strategy(m, 4096, 4096, features=amx_host) == "amx"
@@ -653,6 +654,9 @@ def test_auto_takes_amx_for_a_prefill_on_a_host_with_amx():
         assert choose_strategy(m, 4096, 4100, features=amx_host) == "avx512"
     for m in (1, 4, 8, 15):
         assert choose_strategy(m, 4096, 4096, features=amx_host) == "avx512"
+    assert choose_strategy(None, 1024, 1024, features=amx_host) == "amx"
+    assert choose_strategy(None, 1024, 992, features=amx_host) == "avx512"
+    assert choose_strategy(None, 256, 512, features=amx_host) == "avx512"
     assert weight_codes("amx", 4096, 4096) == "offset"
 
 

@@ -7,7 +7,6 @@ import tercomp as tc
 from conftest import run_filecheck
 from tercomp import nn
 from tercomp.kernels.table import AVX2, VNNI, host_cpu_features
-from tercomp.kernels.ternary import amx
 
 K, N = 256, 128          # packed: [N, K/4] i8
 
@@ -112,7 +111,8 @@ def _agrees_with_f32_at_every_batch(exe):
 
 def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
     """On an AVX2 host, "auto" with a symbolic batch is the host's hand-scheduled kernel
-    (amx with AMX-INT8, avx512 with AVX-512 VNNI, else avx2): one flow.dispatch reading the one 2-bit
+    (avx512 with AVX-512 VNNI, else avx2; amx takes only a million weights and more): one
+    flow.dispatch reading the one 2-bit
     constant, whatever the batch size, after the dispatch that quantizes x, no branch on
     the batch, and no optimization barrier (a host-side op that would split the command
     buffer). The constant holds the offset codes w + 1 that the kernel multiplies
@@ -120,9 +120,7 @@ def test_auto_takes_one_kernel_for_every_batch_on_an_avx2_host():
     if AVX2 not in host_cpu_features():
         pytest.skip("host CPU lacks AVX2")
     kernel = "avx512" if VNNI in host_cpu_features() else "avx2"
-    kernel = "amx" if kernel == "avx512" and amx.enable() else kernel
-    quant, codes, name = (("tern_amx_quant_64", "3", "tern_amx_gemm_128x64_offset_q") if kernel == "amx"
-                          else ("tern_avx2_quant_64", "2", f"tern_{kernel}_gemv_128x64_offset_q"))
+    quant, codes, name = ("tern_avx2_quant_64", "2", f"tern_{kernel}_gemv_128x64_offset_q")
     operands = ", ".join(f"%[[Q]]#{i}" for i in range(int(codes)))
     auto = _compile("auto")
     run_filecheck(auto.ir("ternary"), rf"""

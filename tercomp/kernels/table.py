@@ -25,7 +25,7 @@ row again.
     ternary_matmul   avx512-tall   llvm-cpu  avx512_vnni  M % 16 == 0 (a symbolic M's factor),
                                                           N % 4 == 0, 4 KB <= 6144; N <= 512
     ternary_matmul   amx           llvm-cpu  amx_int8     avx512's shapes with N % 32 == 0; M
-                                                          symbolic or >= 8
+                                                          symbolic or >= 16, N K >= 2^20
     ternary_matmul   avx512        llvm-cpu  avx512_vnni  KB % 64 == 0, N % 4 == 0, 4 KB <= 16384;
                                                           every M where it fits
     ternary_matmul   avx2          llvm-cpu  avx2         KB % 32 == 0, N % 4 == 0, 4 KB <= 8192;
@@ -219,9 +219,11 @@ def _amx_fits(types, attrs):
 
 
 def _amx_rule(types, attrs):
-    """M symbolic or at least 8, the padded K/4 a multiple of 64 and N of 32"""
+    """M symbolic or at least 16, the padded K/4 a multiple of 64, N of 32 and N x K at
+    least 2^20 (amx.MIN_WEIGHTS: a smaller matrix saves less than its compile costs)"""
     m, k, n = ternary_shape(types, attrs)
-    return (m is None or m >= amx.MIN_M) and amx.fits(padded_k(k) // 4, n)
+    return ((m is None or m >= amx.MIN_M) and amx.fits(padded_k(k) // 4, n)
+            and n * k >= amx.MIN_WEIGHTS)
 
 
 def _tall_fits(types, attrs):

@@ -65,6 +65,13 @@ BLOCK = 16
 PAD = 16
 #: The smallest static M that takes the kernel (below it: avx512's dispatch).
 MIN_M = PAD
+#: The fewest weights (N x K) a matrix needs for "auto" to give it the kernel. Each AMX
+#: executable adds 0.5-1 s of compile time, about twice the avx512 one's; below a
+#: million weights the kernel saved 0.02-0.04 ms a 128-row matmul (128x256x512: 0.128
+#: against 0.165 ms; 128x512x256: 0.111 against 0.135), from 1024 x 1024 up 0.15 ms and
+#: more (128x1024x1024: 0.29 against 0.44; 128x1536x1536: 0.98 against 1.52;
+#: bench/RESULTS.md). A model that small gained less at a prefill than its compile lost.
+MIN_WEIGHTS = 1 << 20
 #: The host features the tiles need.
 FEATURES = AMX_FEATURES
 
