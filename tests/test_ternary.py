@@ -7,6 +7,7 @@ from tercomp import nn
 from tercomp.errors import TercompError
 from tercomp import ternary_pack as tp
 from tercomp.ops.interpret import interpret
+from tercomp.tracing.tracer import apply
 from tests.conftest import run_filecheck
 
 
@@ -197,3 +198,56 @@ def test_eager_ops_match_numpy():
 def _apply(name, *a):
     from tercomp.tracing.tracer import apply
     return apply(name, *a)
+
+
+@pytest.mark.parametrize("codes", ["signed", "offset"])
+def test_ternary_pack_lowers_to_one_generic_over_the_planes(codes):
+    """tern.ternary_pack: the padded t [N, KP] viewed [N, 4, KB], one generic ORing each
+    plane's 2-bit code into its byte; the bytes pack_ternary (and to_offset_codes) give."""
+    rng = np.random.default_rng(3)
+    t = (rng.integers(-1, 2, (6, 300)) * 0.25).astype(np.float32)     # K = 300 pads to 512
+
+    def fn(t):
+        return apply("ternary_pack", t, codes=codes)
+    exe = tc.compile(fn, t, cache=False)
+    run_filecheck(exe.ir("mlir"), r"""
+# CHECK-LABEL: func.func @forward
+# CHECK:       tensor.pad %{{.*}} low[0, 0] high[0, 212]
+# CHECK:       tensor.expand_shape %{{.*}} {{\[}}[0], [1, 2]] output_shape [6, 4, 128]
+# CHECK:       linalg.generic {{.*}}iterator_types = ["parallel", "parallel", "reduction"]{{.*}} ins(%{{.*}} : tensor<6x4x128xf32>) outs(%{{.*}} : tensor<6x128xi8>)
+# CHECK:         arith.ori
+""")
+    packed = tp.pack_ternary(np.sign(t).astype(np.int8))
+    want = tp.to_offset_codes(packed) if codes == "offset" else packed
+    np.testing.assert_array_equal(exe(t).view(np.uint8), want)
+
+
+def test_a_computed_ternary_weight_takes_the_hosts_kernel_packed_every_call():
+    """A matmul on ternarize of a weight traced as an input (a gradient's, a training
+    step's) gets the host's hand-scheduled kernel with the weight packed at run time
+    (ternary_pack, the output times max |T|) where the table gives it one; its
+    gradients are the f32 graph's (autodiff ran before the pass). Value and gradients
+    as the hand-derived ones."""
+    from tercomp.kernels.table import VNNI, host_cpu_features
+    if VNNI not in host_cpu_features():
+        pytest.skip("host CPU lacks AVX-512 VNNI (no hand-scheduled kernel fits this shape)")
+    nn.manual_seed(4)
+    layer = nn.BitLinear(256, 64)
+    x = np.random.default_rng(5).standard_normal((20, 256)).astype(np.float32)
+
+    def loss(m, x):
+        return tc.sum(m(x) ** 2)
+    exe = tc.compile(tc.value_and_grad(loss, argnums=(0, 1)), layer,
+                     tc.spec(("B", 256)), cache=False)
+    run_filecheck(exe.ir("ternary"), r"""
+# CHECK: %[[P:.*]] = "tern.ternary_pack"(%{{.*}}) {codes = "offset"} : (tensor<64x256xf32>) -> tensor<64x64xi8>
+# CHECK: %[[Y:.*]] = "tern.ternary_matmul"(%{{.*}}, %[[P]]) {act_quant = true, codes = "offset", k = 256 : i64, n = 64 : i64, scale = 1.0 : f64, strategy = "avx512"}
+# CHECK: "tern.mul"(%[[Y]], %{{.*}}) : (tensor<?x64xf32>, tensor<f32>)
+""")
+    for batch in (3, 20):
+        v, (gm, gx) = exe(layer, x[:batch])
+        xq, w = _quant(x[:batch]), _tern(layer.weight)
+        y = xq @ w.T
+        np.testing.assert_allclose(v, (y ** 2).sum(), rtol=1e-5)
+        np.testing.assert_allclose(gm["weight"], (2 * y).T @ xq, rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(gx, (2 * y) @ w, rtol=1e-4, atol=1e-3)

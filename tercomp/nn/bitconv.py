@@ -17,9 +17,12 @@ generic lowering of its fake-quantized form.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import ternary_pack as tp
+from ..autodiff import custom_vjp, vjp
 from ..errors import TraceError, ConfigError
 from ..ops.conv import _out_size
 from ..ops.shape_util import SLICE_END
@@ -91,6 +94,75 @@ def _is_input(w) -> bool:
     return isinstance(w, Tracer) and (w.value.producer is None or w.value.producer.opname != "constant")
 
 
+def _columns(x, t, kernel, stride, pads, dilation, out, act_quant=True):
+    """The convolution of x [N, C, *S] by the ternarized weight t [O, C, *kernel] with
+    the patches as columns [N, C * K, P] (P the output positions, innermost: read and
+    written along the input's rows) and y = W @ columns, batched over the images,
+    already [N, O, *P]. Every matmul of it and of its VJP is then IREE's fast
+    orientation (A [M, K] @ B [K, N], no transposed operand or output map): the input's
+    cotangent W^T @ g comes out as [N, C, *K, *P], the col2im's own layout, and the
+    weight's, g @ columns^T, sums a batched matmul (ops/linalg.py). As rows [N * P, C *
+    K] IREE fused the transposes into the f32 matmuls and the quantize wrote 3-wide rows
+    (bench/RESULTS.md). The quantized columns are built one kernel offset at a time
+    (_sliced_quantized_columns) where a max_pool gives the patches' absmax; else from
+    tern.im2col and the rows' act_quant. The backward of a training step's layer
+    (_kernel_conv), and its forward with act_quant=False."""
+    nd, o = len(kernel), int(t.shape[0])
+    p, k = int(np.prod(out)), int(np.prod(t.shape[1:]))
+    if act_quant and _pooled_absmax(kernel, pads, dilation):
+        cols = _sliced_quantized_columns(x, kernel, stride, pads, dilation, out)
+        cols = _t.reshape(cols, (-1, k, p))                                     # [N, C * K, P]
+    else:
+        cols = apply("im2col", x, kernel=list(kernel), stride=list(stride),
+                     padding=[list(q) for q in pads], dilation=list(dilation))  # [N, *P, C, *K]
+        cols = _t.transpose(cols, [0] + list(range(nd + 1, 2 * nd + 2)) + list(range(1, nd + 1)))
+        cols = _t.reshape(cols, (-1, k, p))                                     # [N, C * K, P]
+        if act_quant:             # dilation, or padding over half the kernel: the rows' act_quant
+            cols = _t.transpose(apply("act_quant", _t.transpose(cols, [0, 2, 1])), [0, 2, 1])
+    y = _t.matmul(_t.reshape(t, (o, k)), cols)                                  # [N, out, P]
+    return _t.reshape(y, (-1, o) + tuple(out))
+
+
+def _rows(x, t, kernel, stride, pads, dilation):
+    """The same convolution as patch rows: act_quant(im2col rows [N * P, C * K]) @ T^T,
+    [N, O, *P]: the form the `ternary` pass hands to a ternary kernel (with the weights
+    packed at run time when they are computed) and the inference forward's."""
+    nd, o = len(kernel), int(t.shape[0])
+    rows, out = patches(x, kernel, stride, pads, dilation)
+    rows = apply("act_quant", rows)
+    y = _t.matmul(rows, _t.reshape(t, (o, int(rows.shape[-1]))), transpose_b=True)  # [N * P, O]
+    y = _t.reshape(y, (x.shape[0],) + tuple(out) + (o,))
+    return _t.transpose(y, [0, nd + 1] + list(range(1, nd + 1)))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_conv(kernel, stride, pads, dilation, out):
+    """conv(x, w) of a layer whose weights are computed (a training step's, a gradient's),
+    as a custom_vjp: the value from the patch rows (_rows: on the host's ternary kernel,
+    the weights ternarized and packed every call: the `ternary` pass), the gradients
+    those of the columns form (_columns: IREE's fast matmul orientations for W^T g and g
+    columns^T). The rows' f32 matmul is IREE's fast orientation forward too where no
+    kernel takes it (bench/RESULTS.md: 27-29 against 49-51 ms for the 64-channel layer at
+    batch 32); its VJP is not (3-10x slower), which this keeps out of the step. One
+    rule per layer geometry."""
+    pads = [list(q) for q in pads]
+
+    def conv(x, w):
+        return _rows(x, apply("ternarize", w), kernel, stride, pads, dilation)
+
+    def fwd(x, w):
+        return conv(x, w), (x, w)
+
+    def bwd(res, g):
+        x, w = res
+        _, pullback = vjp(lambda x, w: _columns(x, apply("ternarize", w), kernel, stride, pads,
+                                                dilation, out), x, w)
+        return pullback(g)
+
+    conv.__name__ = "bitconv"
+    return custom_vjp(conv).defvjp(fwd, bwd)
+
+
 class _BitConvNd(Module):
     nd = 0
 
@@ -134,16 +206,24 @@ class _BitConvNd(Module):
             if isinstance(d, (int, np.integer)) and dl * (k - 1) + 1 > d + lo + hi:
                 raise TraceError(f"{name}: the kernel spans {dl * (k - 1) + 1} on spatial dim {i}, "
                                  f"more than the padded input ({d} + {lo + hi} padding)")
-        # the 4-D (5-D) weight is ternarized, then viewed as [out, K]: the ternary pass
-        # packs it through that reshape
-        t = apply("ternarize", _traced(self.weight))
         if self.groups == 1 and _is_input(self.weight) and self.in_channels > 1:
             # weights traced as inputs (a gradient, a training step: no constant to pack).
             # One input channel stays on the rows: IREE 3.13 fails to compile the columns'
             # quantize there ("write affecting operations on global resources are
             # restricted to workgroup distributed contexts")
             out = _out_size(tuple(shape[2:]), self.kernel_size, self.stride, self.dilation, pads, name)
-            return self._columns_forward(x, t, pads, out)
+            if self.act_quant:
+                y = _kernel_conv(self.kernel_size, self.stride, tuple(map(tuple, pads)),
+                                 self.dilation, tuple(out))(x, _traced(self.weight))
+            else:
+                y = _columns(x, apply("ternarize", _traced(self.weight)), self.kernel_size,
+                             self.stride, pads, self.dilation, out, act_quant=False)
+            if self.bias is not None:
+                y = y + _t.reshape(self.bias, (self.out_channels,) + (1,) * self.nd)
+            return y
+        # the 4-D (5-D) weight is ternarized, then viewed as [out, K]: the ternary pass
+        # packs it through that reshape
+        t = apply("ternarize", _traced(self.weight))
         rows, out = patches(x, self.kernel_size, self.stride, pads, self.dilation)
         g, o, k = self.groups, self.out_channels, int(rows.shape[-1]) // self.groups
         if g == 1:
@@ -158,36 +238,6 @@ class _BitConvNd(Module):
             y = _t.reshape(_t.transpose(y, (1, 0, 2)), (-1, o))
         y = _t.reshape(y, (shape[0],) + tuple(out) + (o,))
         y = _t.transpose(y, [0, self.nd + 1] + list(range(1, self.nd + 1)))
-        if self.bias is not None:
-            y = y + _t.reshape(self.bias, (o,) + (1,) * self.nd)
-        return y
-
-    def _columns_forward(self, x, t, pads, out):
-        """The layer where its weights are traced as inputs (a gradient, a training step):
-        the patches as columns [N, C * K, P] (P the output positions, innermost: read and
-        written along the input's rows) and y = W @ columns, batched over the images,
-        already [N, out, *P]. Every matmul of it and of its VJP is then IREE's fast
-        orientation (A [M, K] @ B [K, N], no transposed operand or output map): the
-        input's cotangent W^T @ g comes out as [N, C, *K, *P], the col2im's own layout,
-        and the weight's, g @ columns^T, sums a batched matmul (ops/linalg.py). As rows
-        [N * P, C * K] IREE fused the transposes into the f32 matmuls and the quantize
-        wrote 3-wide rows (bench/RESULTS.md). The quantized columns are built one kernel
-        offset at a time (_sliced_quantized_columns) where a max_pool gives the patches'
-        absmax; else from tern.im2col and the rows' act_quant."""
-        nd, o = self.nd, self.out_channels
-        p, k = int(np.prod(out)), self.in_channels * int(np.prod(self.kernel_size))
-        if self.act_quant and _pooled_absmax(self.kernel_size, pads, self.dilation):
-            cols = _sliced_quantized_columns(x, self.kernel_size, self.stride, pads, self.dilation, out)
-            cols = _t.reshape(cols, (-1, k, p))                                     # [N, C * K, P]
-        else:
-            cols = apply("im2col", x, kernel=list(self.kernel_size), stride=list(self.stride),
-                         padding=[list(q) for q in pads], dilation=list(self.dilation))  # [N, *P, C, *K]
-            cols = _t.transpose(cols, [0] + list(range(nd + 1, 2 * nd + 2)) + list(range(1, nd + 1)))
-            cols = _t.reshape(cols, (-1, k, p))                                     # [N, C * K, P]
-            if self.act_quant:        # dilation, or padding over half the kernel: the rows' act_quant
-                cols = _t.transpose(apply("act_quant", _t.transpose(cols, [0, 2, 1])), [0, 2, 1])
-        y = _t.matmul(_t.reshape(t, (o, k)), cols)                                  # [N, out, P]
-        y = _t.reshape(y, (-1, o) + tuple(out))
         if self.bias is not None:
             y = y + _t.reshape(self.bias, (o,) + (1,) * self.nd)
         return y

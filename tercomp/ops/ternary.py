@@ -10,6 +10,10 @@
   i8 [N, KB] ternary matrix: how a stored ternary weight (`nn.BitLinear.from_ternary`)
   enters the IR, so that no f32 copy of it is made while tracing; the `ternary` pass
   hands its packed bytes to ternary_matmul unchanged. Not differentiable (frozen).
+* ``ternary_pack(t) {codes}``: the packed i8 [N, KB] 2-bit planar codes (``codes``:
+  "signed" or "offset") of the signs of a ternarized matrix t [N, K] (values in {-s, 0,
+  s}): how the `ternary` pass gives a kernel the weights of a matmul whose ternarized
+  weight is computed at run time (a training step's, a gradient's). Not differentiable.
 * ``ternary_matmul(x, packed) {k, n, scale, strategy, act_quant, codes}``:
   ``y[M, N] = scale * x @ T^T`` with T ternary, packed 2-bit planar as an i8 tensor
   [N, KB] (see ternary_pack) in the "signed" codes, or, with ``codes = "offset"``, the
@@ -21,11 +25,12 @@ from __future__ import annotations
 
 import numpy as np
 from iree.compiler import ir
-from iree.compiler.dialects import arith, math, tensor
+from iree.compiler.dialects import arith, linalg, math, tensor
 
 from ..errors import TraceError
 from ..ir import TensorType
 from ..ir.types import is_float
+from ..codegen.builders import PARALLEL, REDUCTION, affine_map, generic
 from ..kernels.ternary.builder import unpack_codes
 from ..kernels.table import check_attr
 from .. import ternary_pack as tp
@@ -148,6 +153,63 @@ register(OpDef("ternary_weight", "ternary", _tw_infer, _tw_reference, num_operan
                attrs={"k": REQUIRED, "scale": REQUIRED}, lower=_tw_lower, vjp=None,
                differentiable=False, nondiff_operands=(0,),
                doc="the f32 weights scale * T [N, K] of a packed 2-bit ternary matrix"))
+
+
+# -- ternary_pack --------------------------------------------------------------------------
+def _tp_infer(types, a):
+    (t,) = types
+    if t.rank != 2 or t.dtype != "f32" or not t.is_static:
+        raise TraceError(f"ternary_pack expects a static f32 matrix [N, K], got {t.mlir()}")
+    if a.get("codes") not in tp.CODES:
+        raise TraceError(f"unknown ternary code format {a.get('codes')!r}; expected one of "
+                         f"{', '.join(map(repr, tp.CODES))}")
+    n, k = (int(d) for d in t.shape)
+    return [TensorType((n, tp.padded_k(k) // 4), "i8")]
+
+
+def _tp_reference(xs, a):
+    packed = tp.pack_ternary(np.sign(np.asarray(xs[0])).astype(np.int8))
+    return [(tp.to_offset_codes(packed) if a["codes"] == "offset" else packed).view(np.int8)]
+
+
+def _tp_lower(ctx, op, operands):
+    """Zero-pad t to [N, KP], view it [N, 4, KB], and OR each plane's 2-bit code into the
+    byte (a reduction over the 4 planes): code = 0b01 / 0b10 / 0b00 for t > 0 / t < 0 / 0
+    ("signed"), t's sign + 1 ("offset")."""
+    (t,) = op.operands
+    n, k = (int(d) for d in t.type.shape)
+    kb = op.results[0].type.shape[1]
+    f32, i8 = ir.F32Type.get(), ir.IntegerType.get_signless(8)
+    x = operands[0]
+    if 4 * kb != k:
+        zero = arith.constant(f32, 0.0)
+        x = tensor.PadOp(ir.RankedTensorType.get([n, 4 * kb], f32), x, [], [], [0, 0], [0, 4 * kb - k])
+        block = x.regions[0].blocks.append(ir.IndexType.get(), ir.IndexType.get())
+        with ir.InsertionPoint(block):
+            tensor.YieldOp(zero)
+        x = x.result
+    planes = tensor.expand_shape(ir.RankedTensorType.get([n, 4, kb], f32), x, [[0], [1, 2]],
+                                 [], [n, 4, kb])
+    pos, neg, nil = ((2, 0, 1) if op.attrs["codes"] == "offset" else (1, 2, 0))
+
+    def body(v, acc):
+        j = arith.index_cast(i8, linalg.IndexOp(2).result)
+        zero = arith.constant(f32, 0.0)
+        c = arith.select(arith.cmpf(arith.CmpFPredicate.OGT, v, zero), arith.constant(i8, pos),
+                         arith.select(arith.cmpf(arith.CmpFPredicate.OLT, v, zero),
+                                      arith.constant(i8, neg), arith.constant(i8, nil)))
+        return arith.ori(acc, arith.shli(c, arith.shli(j, arith.constant(i8, 1))))
+
+    init = ctx.fill(op.results[0].type, 0)
+    return [generic(ir.RankedTensorType.get([n, kb], i8), [planes], init,
+                    [affine_map(3, [0, 2, 1]), affine_map(3, [0, 1])],
+                    [PARALLEL, PARALLEL, REDUCTION], body)]
+
+
+register(OpDef("ternary_pack", "ternary", _tp_infer, _tp_reference, num_operands=1,
+               attrs={"codes": REQUIRED}, lower=_tp_lower, vjp=None, differentiable=False,
+               nondiff_operands=(0,), foldable=False,
+               doc="the packed 2-bit codes [N, KB] of a ternarized matrix's signs"))
 
 
 # -- ternary_matmul ------------------------------------------------------------------------

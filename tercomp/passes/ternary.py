@@ -5,8 +5,21 @@
     matmul(x, ternary_weight(constant packed), transpose_b=True)
  -> reshape(ternary_matmul(reshape(x, [-1, K]), constant packed_i8), [..., N])
 
+    matmul(act_quant(x), [reshape(]ternarize(W)[)], transpose_b=True)   (W computed: an input)
+ -> reshape(ternary_matmul(reshape(x, [-1, K]), ternary_pack(T)) * max|T|, [..., N])
+    (T the ternarize's result [N, K]; on a hand-scheduled CPU kernel only)
+
 W [N, K] is ternarized (absmean, or the ternarize op's `scale`) and packed 2-bit planar
-at compile time, so no f32 copy of the weights remains; a stored ternary weight
+at compile time, so no f32 copy of the weights remains. A ternarized weight computed at
+run time (a training step's or a gradient's: W an input, the forward's matmul kept for
+the loss) is packed at run time, every call, by tern.ternary_pack, and its scale (max
+|T|: every nonzero of T is +-scale, and an all-zero T makes y zero whatever the scale)
+multiplies the kernel's output, where the table gives the matmul a hand-scheduled kernel
+of the host (a row that needs its CPU feature: avx512-tall, amx, avx512, avx2); the
+generic kernels would not beat IREE's f32 matmul, so the matmul stays as it is there.
+Its gradient was built from the f32 matmul before this pass (autodiff runs first); the
+kernel computes the same value from the int8 activations exactly (bench/RESULTS.md).
+Otherwise a stored ternary weight
 (`nn.BitLinear.from_ternary`, `ternary_weight`) is already packed and is used as it is,
 except that a kernel that reads other 2-bit codes (the row's `codes`: the avx2 kernel's w + 1)
 gets its constant re-coded, under the same name. `strategy` is "auto", a ternary_matmul
@@ -23,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import TercompError
 from ..ir import Graph, TensorType
 from ..kernels.ternary.strategies import check_strategy
 from .kernels import recode, settle_patterns, settle_ternary, take_names
@@ -65,6 +79,26 @@ def _packed_weight(w):
     return _ternarized(c, w.attrs.get("scale"))
 
 
+def _runtime_weight(w):
+    """(T, N, K) for a matmul's rhs that is `ternarize` of a value computed at run time
+    (absmean: no fixed scale), viewed [N, K] (T the [N, K] value itself: the ternarize's
+    result, or a BitConv's reshape of it), or None."""
+    if w is None:
+        return None
+    t = w
+    if w.opname == "reshape" and w.operands[0].producer is not None and \
+            w.operands[0].producer.opname == "ternarize" and w.results[0].type.rank == 2 and \
+            w.results[0].type.shape[0] == w.operands[0].type.shape[0]:
+        t = w.operands[0].producer
+    if t.opname != "ternarize" or t.attrs.get("scale") is not None or \
+            const_value(t.operands[0]) is not None or t.operands[0].dtype != "f32":
+        return None
+    ty = w.results[0].type
+    if ty.rank != 2 or not ty.is_static:
+        return None
+    return w.results[0], int(ty.shape[0]), int(ty.shape[1])
+
+
 def _ternarized(c, fixed):
     """(packed, N, K, scale) of the f32 matrix c [N, K], ternarized by absmean (or with
     the fixed scale)."""
@@ -82,12 +116,15 @@ def _pattern(strategy, targets, recoded):
                 not same_dim(x.type.shape[-1], wv.type.shape[1]):
             return None
         found = _packed_weight(wv.producer)
-        if found is None:
+        runtime = None if found is not None else _runtime_weight(wv.producer)
+        if found is None and runtime is None:
             return None
-        packed, n, k, scale = found
         aq = False
         if x.producer is not None and x.producer.opname == "act_quant":
             x, aq = x.producer.operands[0], True
+        if runtime is not None:
+            return _runtime_matmul(b, op, x, aq, runtime, strategy, targets)
+        packed, n, k, scale = found
         lead = list(x.type.shape[:-1])
         x2 = x if x.type.rank == 2 else b.reshape(x, shape=[-1, k])
         kb = packed.shape[1] if isinstance(packed, np.ndarray) else packed.type.shape[1]
@@ -102,6 +139,34 @@ def _pattern(strategy, targets, recoded):
             y = b.reshape(y, shape=[_dim(d) for d in lead] + [int(n)])
         return y
     return pat
+
+
+def _runtime_matmul(b, op, x, aq, runtime, strategy, targets):
+    """The matmul on a ternarized weight computed at run time (`runtime`: its [N, K]
+    value T, N, K) on the kernel the table gives it, when that is a hand-scheduled CPU
+    kernel: ternary_pack(T) in the kernel's codes, its output times max |T|; else None
+    (the matmul is kept)."""
+    t, n, k = runtime
+    if not aq:
+        return None
+    lead = list(x.type.shape[:-1])
+    x2 = x if x.type.rank == 2 else b.reshape(x, shape=[-1, k])
+    types = [x2.type, TensorType((n, tp.padded_k(k) // 4), "i8")]
+    attrs = {"k": k, "n": n, "act_quant": True}
+    try:
+        chosen = settle_ternary(strategy, types, attrs, targets, op.loc)
+    except TercompError:
+        return None
+    if not chosen.needs_feature:
+        return None
+    packed = b.ternary_pack(t, codes=chosen.codes)
+    coded = {} if chosen.codes == "signed" else {"codes": chosen.codes}
+    y = b.ternary_matmul(x2, packed, k=k, n=n, scale=1.0, strategy=chosen.kernel,
+                         act_quant=True, **coded)
+    y = b.mul(y, b.max(b.abs(t), axes=[0, 1]))
+    if x.type.rank != 2:
+        y = b.reshape(y, shape=[_dim(d) for d in lead] + [n])
+    return y
 
 
 @register_pass("ternary")

@@ -290,7 +290,7 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         return new_params, new_state, loss, norm, aux
 
     compile_opts = dict(target=target, device=device, threads=threads, dump_dir=dump_dir,
-                        cache=cache, ternary="off", isolate=isolate, check_numerics=check_numerics)
+                        cache=cache, ternary="auto", isolate=isolate, check_numerics=check_numerics)
     if data_parallel:
         step = compile_data_parallel(rank_grads, update, model, optimizer, run_params,
                                      run_state, buffers, example_batch, on_nan=on_nan,
@@ -300,13 +300,15 @@ def compile_train_step(loss_fn, model, optimizer, *example_batch, accumulate: in
         step.has_aux = detected.get("has_aux", False)      # known once traced
         step._name_batch(loss_fn)
         return step
-    # the one compiled function: tc.compile's pipeline without the ternary pass (the
-    # latent float weights train; ternarize's straight-through estimator is in the graph)
-    opts = BuildOptions.resolve(target, device=device, threads=threads, ternary="off",
+    # the one compiled function: tc.compile's pipeline. The latent float weights train
+    # (ternarize's straight-through estimator is in the graph); the ternary pass gives a
+    # forward matmul on their ternarized values a kernel of the host, which packs them
+    # every call (passes/ternary.py), where one takes it
+    opts = BuildOptions.resolve(target, device=device, threads=threads, ternary="auto",
                                 isolate=isolate)
     dumper = Dumper(dump_dir)
     graph = trace(train_step, run_params, run_state, buffers, *example_batch, name="train_step")
-    exe = build(pipeline(opts, ternary="off", check_numerics=check_numerics,
+    exe = build(pipeline(opts, ternary="auto", check_numerics=check_numerics,
                          driver="compile_train_step", transients=_own_transients(graph, opts)),
                 graph, opts, dumper=dumper, cache=cache)
     step = TrainStep(exe, model, optimizer, run_params, run_state, len(example_batch),
