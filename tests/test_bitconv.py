@@ -321,26 +321,26 @@ def test_straight_through_gradients_and_a_training_step():
 def test_a_training_steps_conv_forward_runs_on_the_ternary_kernel():
     """compile_train_step: a BitConv2d whose shape the avx512-tall kernel takes runs its
     forward there, the latent weights ternarized and packed every call (tern.ternary_pack
-    in the step); the gradients are the columns form's (a custom_vjp). The SGD step's
-    loss and updated weights are the eager layer's."""
+    in the step; a static batch large enough: passes/ternary.py RUNTIME_MIN_WORK); the
+    gradients are the columns form's (a custom_vjp). The SGD step's loss and updated
+    weights are the eager layer's."""
     from tercomp.kernels.table import VNNI, host_cpu_features
     if VNNI not in host_cpu_features():
         pytest.skip("host CPU lacks AVX-512 VNNI")
     nn.manual_seed(21)
-    layer = nn.BitConv2d(32, 32, 3, padding=1)
-    x = np.random.default_rng(22).standard_normal((4, 32, 8, 8)).astype(np.float32)
-    target = np.random.default_rng(23).standard_normal((4, 32, 8, 8)).astype(np.float32)
+    layer = nn.BitConv2d(64, 64, 3, padding=1)
+    x = np.random.default_rng(22).standard_normal((64, 64, 8, 8)).astype(np.float32)
+    target = np.random.default_rng(23).standard_normal((64, 64, 8, 8)).astype(np.float32)
 
     def mse(m, x, t):
         return tc.mean((m(x) - t) ** 2)
     w0 = np.array(layer.weight)
     want_loss, want_grads = tc.value_and_grad(mse)(layer, x, target)
-    step = tc.compile_train_step(mse, layer, tc.optim.SGD(0.1), tc.spec(("B", 32, 8, 8)),
-                                 tc.spec(("B", 32, 8, 8)))
+    step = tc.compile_train_step(mse, layer, tc.optim.SGD(0.1), x, target)
     ir = step.exe.ir("ternary")
     assert "tern.ternary_pack" in ir and 'strategy = "avx512-tall"' in ir and "tern.custom_vjp" in ir
     loss = step(x, target)
-    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    np.testing.assert_allclose(loss, want_loss, rtol=2e-4)     # a mean of 262144 f32 squares
     np.testing.assert_allclose(step.params()["weight"], w0 - 0.1 * want_grads["weight"],
                                rtol=1e-5, atol=1e-6)
 

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import TercompError
 from ..ir import Graph, TensorType
+from ..kernels.ternary.avx512_tall import m_multiple
 from ..kernels.ternary.strategies import check_strategy
 from .kernels import recode, settle_patterns, settle_ternary, take_names
 from .. import ternary_pack as tp
@@ -141,6 +142,15 @@ def _pattern(strategy, targets, recoded):
     return pat
 
 
+#: The least work (M x N x K products, M's known factor where it is symbolic) of a matmul
+#: on a computed ternarized weight that takes a kernel. Each kernel executable adds
+#: ~0.5 s to the step's compile; a small matmul saves less than a millisecond a call
+#: (bench/compile_time.py's 3-layer LM, M = 576, 256-512 wide: compile 9.06 -> 9.71 s,
+#: the warm step within the noise); ResNet's 64-channel layer at batch 32 (32768 x 64 x
+#: 576) lost 180 ms of f32 matmul a call (bench/RESULTS.md).
+RUNTIME_MIN_WORK = 1 << 26
+
+
 def _runtime_matmul(b, op, x, aq, runtime, strategy, targets):
     """The matmul on a ternarized weight computed at run time (`runtime`: its [N, K]
     value T, N, K) on the kernel the table gives it, when that is a hand-scheduled CPU
@@ -151,6 +161,8 @@ def _runtime_matmul(b, op, x, aq, runtime, strategy, targets):
         return None
     lead = list(x.type.shape[:-1])
     x2 = x if x.type.rank == 2 else b.reshape(x, shape=[-1, k])
+    if m_multiple(x2.type.shape[0]) * n * k < RUNTIME_MIN_WORK:
+        return None
     types = [x2.type, TensorType((n, tp.padded_k(k) // 4), "i8")]
     attrs = {"k": k, "n": n, "act_quant": True}
     try:
