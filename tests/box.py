@@ -1,0 +1,80 @@
+"""Run a `python -c` script in a child process without starting python: the hostile-input
+tests (test_hostile_models, test_hostile_ir) run each case in its own process, with an
+address-space limit and a timeout, so that a case that hangs, crashes or allocates
+without bound fails that case alone. A fresh interpreter per case paid python's start
+and tercomp's import (`from tercomp import models`: ~1.3 s of a 2-core CI machine's time)
+for every one of them; here each case is a fork of multiprocessing's forkserver, a
+single-threaded process that imported tercomp once, so a case costs a fork.
+
+The child is a process of its own as a fresh interpreter is: its own address space
+(what it allocates or corrupts is not the test's), its own limits (the script sets
+them), its own working directory, killed at the timeout, and a crash is its exit code
+(negative: the signal)."""
+import contextlib
+import io
+import multiprocessing
+import os
+import sys
+import traceback
+
+# what the forkserver imports once; a script importing more imports it in each child
+PRELOAD = ["box", "tercomp", "tercomp.models", "tercomp.ops"]
+
+_context = None
+
+
+def _forkserver():
+    global _context
+    if _context is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        _context = ctx
+    return _context
+
+
+def _child(conn, code, argv, cwd):
+    """In the child: run `code` as `python -c code *argv` would, in `cwd`; send back what it
+    printed, its stdout then its stderr (a traceback where it raised, as python prints one),
+    and exit 1 where it raised."""
+    out, err = io.StringIO(), io.StringIO()
+    rc = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.argv = ["-c", *argv]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+                rc = 1
+    finally:
+        conn.send(out.getvalue() + err.getvalue())
+        conn.close()
+    os._exit(rc)         # no atexit handlers, no flushing of the parent's buffers
+
+
+def run(code, *args, timeout=60, cwd=None):
+    """(exit code, output) of `python -c code *args` run in a forked child; a child still
+    running after `timeout` seconds is killed and raises TimeoutError, as
+    subprocess.run(timeout=...) raises."""
+    ctx = _forkserver()
+    here, there = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(there, code, [str(a) for a in args],
+                                         None if cwd is None else str(cwd)))
+    p.start()
+    there.close()
+    out = ""
+    if here.poll(timeout):
+        try:
+            out = here.recv()
+        except EOFError:      # the child died before it sent anything (a signal)
+            pass
+        p.join(timeout)       # it exits once it has sent
+    if p.is_alive():
+        p.kill()
+        p.join()
+        raise TimeoutError(f"the child running {code[:60]!r}... took more than {timeout} s")
+    return p.exitcode, out
