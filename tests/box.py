@@ -18,9 +18,25 @@ import sys
 import traceback
 
 # what the forkserver imports once; a script importing more imports it in each child
-PRELOAD = ["box", "tercomp", "tercomp.models", "tercomp.ops"]
+PRELOAD = ["box", "tercomp", "tercomp.models", "tercomp.ops", "tercomp.compiler", "tercomp.cli"]
 
 _context = None
+
+
+def run(code, *args, timeout=60, cwd=None, stdin=None):
+    """(exit code, output: its stdout then its stderr) of `python -c code *args` run in a
+    forked child in `cwd` (`stdin`: the text on its standard input, else an empty one); a
+    child still running after `timeout` seconds is killed and raises TimeoutError, as
+    subprocess.run(timeout=...) raises."""
+    rc, out, err = _run(code, args, timeout, cwd, stdin)
+    return rc, out + err
+
+
+def cli(*args, stdin=None, timeout=300):
+    """(exit code, stdout, stderr) of the `tercomp` command line with `args` (the console
+    script's tercomp.cli.main) run in a forked child, as `run` runs a script."""
+    return _run("import sys\nfrom tercomp.cli import main\nsys.exit(main(sys.argv[1:]))\n",
+                args, timeout, None, stdin)
 
 
 def _forkserver():
@@ -32,44 +48,17 @@ def _forkserver():
     return _context
 
 
-def _child(conn, code, argv, cwd):
-    """In the child: run `code` as `python -c code *argv` would, in `cwd`; send back what it
-    printed, its stdout then its stderr (a traceback where it raised, as python prints one),
-    and exit 1 where it raised."""
-    out, err = io.StringIO(), io.StringIO()
-    rc = 0
-    try:
-        if cwd is not None:
-            os.chdir(cwd)
-        sys.argv = ["-c", *argv]
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
-            except SystemExit as e:
-                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-                rc = 1
-    finally:
-        conn.send(out.getvalue() + err.getvalue())
-        conn.close()
-    os._exit(rc)         # no atexit handlers, no flushing of the parent's buffers
-
-
-def run(code, *args, timeout=60, cwd=None):
-    """(exit code, output) of `python -c code *args` run in a forked child; a child still
-    running after `timeout` seconds is killed and raises TimeoutError, as
-    subprocess.run(timeout=...) raises."""
+def _run(code, args, timeout, cwd, stdin):
     ctx = _forkserver()
     here, there = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_child, args=(there, code, [str(a) for a in args],
-                                         None if cwd is None else str(cwd)))
+                                         None if cwd is None else str(cwd), stdin))
     p.start()
     there.close()
-    out = ""
+    out = err = ""
     if here.poll(timeout):
         try:
-            out = here.recv()
+            out, err = here.recv()
         except EOFError:      # the child died before it sent anything (a signal)
             pass
         p.join(timeout)       # it exits once it has sent
@@ -77,4 +66,33 @@ def run(code, *args, timeout=60, cwd=None):
         p.kill()
         p.join()
         raise TimeoutError(f"the child running {code[:60]!r}... took more than {timeout} s")
-    return p.exitcode, out
+    return p.exitcode, out, err
+
+
+def _child(conn, code, argv, cwd, stdin):
+    """In the child: run `code` as `python -c code *argv` would; send back what it printed
+    to stdout and to stderr (a traceback where it raised, as python prints one), and exit
+    with its status (1 where it raised)."""
+    out, err = io.StringIO(), io.StringIO()
+    rc = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        sys.argv = ["-c", *argv]
+        sys.stdin = io.TextIOWrapper(io.BytesIO((stdin or "").encode()), encoding="utf-8")
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})
+            except SystemExit as e:
+                if isinstance(e.code, int) or e.code is None:
+                    rc = e.code or 0
+                else:             # sys.exit("message"), as python prints it
+                    print(e.code, file=sys.stderr)
+                    rc = 1
+            except BaseException:
+                traceback.print_exc()
+                rc = 1
+    finally:
+        conn.send((out.getvalue(), err.getvalue()))
+        conn.close()
+    os._exit(rc)         # no atexit handlers, no flushing of the parent's buffers
