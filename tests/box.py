@@ -23,20 +23,21 @@ PRELOAD = ["box", "tercomp", "tercomp.models", "tercomp.ops", "tercomp.compiler"
 _context = None
 
 
-def run(code, *args, timeout=60, cwd=None, stdin=None):
+def run(code, *args, timeout=60, cwd=None, stdin=None, env=None):
     """(exit code, output: its stdout then its stderr) of `python -c code *args` run in a
-    forked child in `cwd` (`stdin`: the text on its standard input, else an empty one); a
-    child still running after `timeout` seconds is killed and raises TimeoutError, as
-    subprocess.run(timeout=...) raises."""
-    rc, out, err = _run(code, args, timeout, cwd, stdin)
+    forked child in `cwd` (`stdin`: the text on its standard input, else an empty one;
+    `env`: variables set in its environment, which tercomp reads when it uses them, not
+    at import); a child still running after `timeout` seconds is killed and raises
+    TimeoutError, as subprocess.run(timeout=...) raises."""
+    rc, out, err = _run(code, args, timeout, cwd, stdin, env)
     return rc, out + err
 
 
-def cli(*args, stdin=None, timeout=300):
+def cli(*args, stdin=None, timeout=300, env=None):
     """(exit code, stdout, stderr) of the `tercomp` command line with `args` (the console
     script's tercomp.cli.main) run in a forked child, as `run` runs a script."""
     return _run("import sys\nfrom tercomp.cli import main\nsys.exit(main(sys.argv[1:]))\n",
-                args, timeout, None, stdin)
+                args, timeout, None, stdin, env)
 
 
 def _forkserver():
@@ -48,11 +49,11 @@ def _forkserver():
     return _context
 
 
-def _run(code, args, timeout, cwd, stdin):
+def _run(code, args, timeout, cwd, stdin, env):
     ctx = _forkserver()
     here, there = ctx.Pipe(duplex=False)
     p = ctx.Process(target=_child, args=(there, code, [str(a) for a in args],
-                                         None if cwd is None else str(cwd), stdin))
+                                         None if cwd is None else str(cwd), stdin, env))
     p.start()
     there.close()
     out = err = ""
@@ -69,7 +70,7 @@ def _run(code, args, timeout, cwd, stdin):
     return p.exitcode, out, err
 
 
-def _child(conn, code, argv, cwd, stdin):
+def _child(conn, code, argv, cwd, stdin, env):
     """In the child: run `code` as `python -c code *argv` would; send back what it printed
     to stdout and to stderr (a traceback where it raised, as python prints one), and exit
     with its status (1 where it raised)."""
@@ -78,6 +79,7 @@ def _child(conn, code, argv, cwd, stdin):
     try:
         if cwd is not None:
             os.chdir(cwd)
+        os.environ.update({k: str(v) for k, v in (env or {}).items()})
         sys.argv = ["-c", *argv]
         sys.stdin = io.TextIOWrapper(io.BytesIO((stdin or "").encode()), encoding="utf-8")
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
