@@ -1,15 +1,19 @@
-"""Run a `python -c` script in a child process without starting python: the hostile-input
-tests (test_hostile_models, test_hostile_ir) run each case in its own process, with an
-address-space limit and a timeout, so that a case that hangs, crashes or allocates
-without bound fails that case alone. A fresh interpreter per case paid python's start
-and tercomp's import (`from tercomp import models`: ~1.3 s of a 2-core CI machine's time)
-for every one of them; here each case is a fork of multiprocessing's forkserver, a
-single-threaded process that imported tercomp once, so a case costs a fork.
+"""Run a `python -c` script, or the `tercomp` command line, in a child process without
+starting python: the hostile-input tests (test_hostile_models, test_hostile_ir) run each
+case in its own process, with an address-space limit and a timeout, so that a case that
+hangs, crashes or allocates without bound fails that case alone, and test_cli runs each
+command in its own. A fresh interpreter each paid python's start and tercomp's import
+(`from tercomp import models`: ~1.3 s of a 2-core CI machine's time); here each is a
+fork of multiprocessing's forkserver, a single-threaded process that imported tercomp
+once (and made no device), so a case costs a fork.
 
 The child is a process of its own as a fresh interpreter is: its own address space
 (what it allocates or corrupts is not the test's), its own limits (the script sets
-them), its own working directory, killed at the timeout, and a crash is its exit code
-(negative: the signal)."""
+them), its own working directory, threads and devices, killed at the timeout, and a
+crash is its exit code (negative: the signal). What it prints is what Python code
+writes to sys.stdout and sys.stderr (not what C code writes to the file descriptors).
+A test of what an import does, or of the console script itself, still needs a fresh
+interpreter (subprocess)."""
 import contextlib
 import io
 import multiprocessing
