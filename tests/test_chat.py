@@ -3,9 +3,6 @@ the model file (tokenizer_config.json, or the GGUF's tokenizer.chat_template) as
 transformers does, in jinja2's sandbox; `tercomp generate --chat`; a compiled LM and its
 saved artifact keep the template."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +12,7 @@ from tercomp import models
 from tercomp.runtime.chat import ChatTemplate, ChatTemplateError
 
 import bitnet_ref as R
+import box
 from test_models_formats import CFG, hf_config, write_hf
 
 # Llama 3's template, as its tokenizer_config.json carries it
@@ -124,15 +122,14 @@ def test_generate_chat_from_the_command_line_and_a_saved_artifact(hf_dir, tmp_pa
     assert gen.chat_template["template"] == LLAMA3
     gen.save(str(tmp_path / "chat.tcm"))
     assert tc.load(str(tmp_path / "chat.tcm")).chat_template["eos_token"] == "<|eot_id|>"
-    env = {**os.environ, "TERCOMP_CACHE_DIR": str(tmp_path / "cache")}
     for model in (str(hf_dir), str(tmp_path / "chat.tcm")):
-        r = subprocess.run([sys.executable, "-m", "tercomp.cli", "generate", model, "--chat",
-                            "Hi!", "-n", "4"], capture_output=True, text=True, timeout=600,
-                           env=env)
-        assert r.returncode == 0, r.stderr
-        assert "prefill:" in r.stderr
+        # the command line in a process of its own (tests/box.py), with a cache of its own
+        rc, stdout, stderr = box.cli("generate", model, "--chat", "Hi!", "-n", "4", timeout=600,
+                                     env={"TERCOMP_CACHE_DIR": tmp_path / "cache"})
+        assert rc == 0, stderr
+        assert "prefill:" in stderr and "from the compile cache" not in stderr
         prompt = lm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi!"}],
                                                   add_generation_prompt=True)
         want = gen.generate(np.array(prompt), max_new_tokens=4,
                             eos={lm.tokenizer.token_to_id("<|eot_id|>")})
-        assert r.stdout[:-1] == gen.decode_text(want), (r.stdout, want)
+        assert stdout[:-1] == gen.decode_text(want), (stdout, want)

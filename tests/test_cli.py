@@ -1,4 +1,4 @@
-"""The `tercomp` command line: every subcommand in a subprocess, errors in one line."""
+"""The `tercomp` command line: every subcommand in a process of its own, errors in one line."""
 import importlib.util
 import os
 import shutil
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import bitnet_ref as R
+import box
 from conftest import run_filecheck
 import tercomp as tc
 from tercomp import models
@@ -57,12 +58,17 @@ MODEL = textwrap.dedent("""
 """)
 
 
-def tercomp(*args, stdin=None, check=True, env=None):
-    """Run the command line in a subprocess: the console script when installed."""
-    script = shutil.which("tercomp")
-    cmd = [script] if script else [sys.executable, "-m", "tercomp"]
-    r = subprocess.run(cmd + [str(a) for a in args], input=stdin, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, **(env or {})})
+def tercomp(*args, stdin=None, check=True, console_script=False):
+    """Run the command line in a process of its own: tercomp.cli.main in a fork of a
+    process that imported tercomp (tests/box.py: no python start and import, ~1.3 s, per
+    command); with `console_script` the `tercomp` script (or `python -m tercomp`) itself."""
+    if console_script:
+        script = shutil.which("tercomp")
+        cmd = [script] if script else [sys.executable, "-m", "tercomp"]
+        r = subprocess.run(cmd + [str(a) for a in args], input=stdin, capture_output=True,
+                           text=True, timeout=300)
+    else:
+        r = subprocess.CompletedProcess(args, *box.cli(*args, stdin=stdin))
     assert "Traceback" not in r.stderr, r.stderr
     if check:
         assert r.returncode == 0, r.stderr
@@ -97,10 +103,10 @@ def mlp_ref(m, x):
     return h @ m.fc2.weight.T + m.fc2.bias
 
 
-# -- every subcommand in a subprocess ---------------------------------------------------
+# -- every subcommand in a process of its own -------------------------------------------
 
 def test_help_of_every_command(capsys):
-    r = tercomp("--help")
+    r = tercomp("--help", console_script=True)
     assert "usage: tercomp" in r.stdout
     for command in ("compile", "run", "info", "opt", "bench", "perplexity"):
         assert command in r.stdout

@@ -1,7 +1,7 @@
 """IR text and other input text are data: parsed by grammars with limits, never run.
 
-Each hostile case runs in a subprocess with a time limit, so a hang or a crash fails the
-test instead of the test run."""
+Each hostile case runs in a child process with a time limit, so a hang or a crash fails
+the test instead of the test run."""
 import ast
 import pathlib
 import subprocess
@@ -14,6 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import tercomp as tc
 from tercomp import dimexpr
 from tercomp.ops import parse
+
+import box
 
 PKG = pathlib.Path(tc.__file__).parent
 
@@ -77,15 +79,14 @@ HOSTILE = {
 
 
 def _run_parse(text, tmp_path):
-    """Parse `text` in a fresh interpreter with a 60 s limit; returns its output."""
+    """Parse `text` in a child process (tests/box.py: a fork of a process that imported
+    tercomp) in `tmp_path` with a 60 s limit; returns (exit code, output)."""
     src = tmp_path / "case.tern.mlir"
     src.write_text(text)
     code = ("import sys, tercomp\nfrom tercomp.ops import parse\n"
             "try:\n    parse(open(sys.argv[1]).read())\n    print('PARSED')\n"
             "except tercomp.TercompError as e:\n    print('ERROR', type(e).__name__, e)\n")
-    r = subprocess.run([sys.executable, "-c", code, str(src)], capture_output=True, text=True,
-                       timeout=60, cwd=tmp_path)
-    return r.returncode, r.stdout + r.stderr
+    return box.run(code, src, timeout=60, cwd=tmp_path)
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))

@@ -1,12 +1,10 @@
 """Model files as an attacker writes them: every case is a TercompError naming the file
-and the key or tensor, in bounded time and memory (run in a subprocess with an address-
-space limit and a timeout), and a failed save leaves the existing file whole. The long
+and the key or tensor, in bounded time and memory (run in a child process with an
+address-space limit and a timeout), and a failed save leaves the existing file whole. The long
 campaigns (2,000 cases per format, byte-level and structure-aware) run with -m fuzz."""
 import json
 import os
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ import tercomp as tc
 from tercomp import models
 
 import bitnet_ref as R
+import box
 from test_models_formats import CFG, hf_config, write_hf
 
 
@@ -29,16 +28,15 @@ def good_gguf(tmp_path_factory, weights):
 
 
 def load_in_a_box(path, limit_gib=2, timeout=60):
-    """models.load(path) in a subprocess under an address-space limit: (exit code,
-    output). The child prints the TercompError it got; anything else is a failure."""
+    """models.load(path) in a child process (tests/box.py: a fork of a process that
+    imported tercomp) under an address-space limit: (exit code, output). The child prints
+    the TercompError it got; anything else is a failure."""
     code = ("import resource, sys\n"
             f"resource.setrlimit(resource.RLIMIT_AS, ({limit_gib << 30}, {limit_gib << 30}))\n"
             "import tercomp as tc\nfrom tercomp import models\n"
             "try:\n    models.load(sys.argv[1])\n    print('LOADED')\n"
             "except tc.TercompError as e:\n    print('TercompError:', e)\n")
-    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                       timeout=timeout)
-    return r.returncode, r.stdout + r.stderr
+    return box.run(code, path, timeout=timeout)
 
 
 def assert_refused(path, *patterns):

@@ -185,6 +185,8 @@ def test_llama_architecture_chat_section_runs_as_written(tmp_path, monkeypatch):
     r = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, f"{command}\n{r.stdout}\n{r.stderr}"
+    # the module compile_lm built above, as the README says (a compile of its own took 4 s)
+    assert "(compiled module from the compile cache)" in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(distributed.mpi4py is None or distributed.launcher() is None,
