@@ -602,6 +602,14 @@ irdl.dialect @tern {
     %7 = irdl.any
     irdl.results(r0: %7)
   }
+  irdl.operation @ternary_pack {
+    %0 = irdl.any
+    irdl.operands(x0: %0)
+    %1 = irdl.any
+    irdl.attributes {"codes" = %1}
+    %2 = irdl.any
+    irdl.results(r0: %2)
+  }
   irdl.operation @ternary_weight {
     %0 = irdl.any
     irdl.operands(x0: %0)

@@ -251,11 +251,9 @@ def test_compiled_value_and_gradients_match_the_layer(cin, size, kw):
     f = tc.value_and_grad(loss, argnums=(0, 1))
     exe = tc.compile(f, layer, tc.spec(("B", cin, size, size)), cache=False)
     dilated = kw.get("dilation", 1) > 1
-    # the value from the patch rows (tern.im2col), the gradients from the columns
-    assert "tern.custom_vjp" in exe.ir("tern") and "tern.im2col" in exe.ir("tern")
-    backward = exe.ir("autodiff").split('"tern.custom_vjp"')[1]
-    assert ("tern.im2col" in backward) == dilated
-    assert backward.count("tern.slice") >= (0 if dilated else kw["kernel_size"] ** 2)
+    assert "tern.custom_vjp" not in exe.ir("tern")     # too small for a kernel fed at run time
+    assert ("tern.im2col" in exe.ir("tern")) == dilated
+    assert exe.ir("tern").count("tern.slice") >= (0 if dilated else kw["kernel_size"] ** 2)
     x = np.random.default_rng(13).standard_normal((3, cin, size, size)).astype(np.float32)
     x[0, :, 2] = 30.0
     for batch in (1, 3):

@@ -25,6 +25,7 @@ from .. import ternary_pack as tp
 from ..autodiff import custom_vjp, vjp
 from ..errors import TraceError, ConfigError
 from ..ops.conv import _out_size
+from ..passes.ternary import runtime_kernel_pays
 from ..ops.shape_util import SLICE_END
 from ..tracing import api as _t
 from ..tracing.conv_api import PADDING_HINT, resolve_padding
@@ -105,8 +106,9 @@ def _columns(x, t, kernel, stride, pads, dilation, out, act_quant=True):
     K] IREE fused the transposes into the f32 matmuls and the quantize wrote 3-wide rows
     (bench/RESULTS.md). The quantized columns are built one kernel offset at a time
     (_sliced_quantized_columns) where a max_pool gives the patches' absmax; else from
-    tern.im2col and the rows' act_quant. The backward of a training step's layer
-    (_kernel_conv), and its forward with act_quant=False."""
+    tern.im2col and the rows' act_quant. The forward and backward of a layer whose
+    matmul is too small for a kernel fed at run time (passes/ternary.py:
+    runtime_kernel_pays) or without act_quant; the backward of the others (_kernel_conv)."""
     nd, o = len(kernel), int(t.shape[0])
     p, k = int(np.prod(out)), int(np.prod(t.shape[1:]))
     if act_quant and _pooled_absmax(kernel, pads, dilation):
@@ -212,12 +214,15 @@ class _BitConvNd(Module):
             # quantize there ("write affecting operations on global resources are
             # restricted to workgroup distributed contexts")
             out = _out_size(tuple(shape[2:]), self.kernel_size, self.stride, self.dilation, pads, name)
-            if self.act_quant:
+            k = self.in_channels * int(np.prod(self.kernel_size))
+            if self.act_quant and runtime_kernel_pays(shape[0] * int(np.prod(out)), self.out_channels, k):
+                # large enough for the host's kernel (the ternary pass): the value from the
+                # patch rows, the gradients from the columns
                 y = _kernel_conv(self.kernel_size, self.stride, tuple(map(tuple, pads)),
                                  self.dilation, tuple(out))(x, _traced(self.weight))
-            else:
+            else:       # the columns form, whose quantized columns the backward shares
                 y = _columns(x, apply("ternarize", _traced(self.weight)), self.kernel_size,
-                             self.stride, pads, self.dilation, out, act_quant=False)
+                             self.stride, pads, self.dilation, out, act_quant=self.act_quant)
             if self.bias is not None:
                 y = y + _t.reshape(self.bias, (self.out_channels,) + (1,) * self.nd)
             return y

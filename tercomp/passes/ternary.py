@@ -151,6 +151,13 @@ def _pattern(strategy, targets, recoded):
 RUNTIME_MIN_WORK = 1 << 26
 
 
+def runtime_kernel_pays(m, n: int, k: int) -> bool:
+    """Is a matmul [M, K] x [K, N] on a computed ternarized weight large enough for a
+    kernel (RUNTIME_MIN_WORK; `m` static or symbolic: its known factor)? Where it is not,
+    nn.BitConv2d keeps its training forward in the columns form its backward shares."""
+    return m_multiple(m) * n * k >= RUNTIME_MIN_WORK
+
+
 def _runtime_matmul(b, op, x, aq, runtime, strategy, targets):
     """The matmul on a ternarized weight computed at run time (`runtime`: its [N, K]
     value T, N, K) on the kernel the table gives it, when that is a hand-scheduled CPU
@@ -161,7 +168,7 @@ def _runtime_matmul(b, op, x, aq, runtime, strategy, targets):
         return None
     lead = list(x.type.shape[:-1])
     x2 = x if x.type.rank == 2 else b.reshape(x, shape=[-1, k])
-    if m_multiple(x2.type.shape[0]) * n * k < RUNTIME_MIN_WORK:
+    if not runtime_kernel_pays(x2.type.shape[0], n, k):
         return None
     types = [x2.type, TensorType((n, tp.padded_k(k) // 4), "i8")]
     attrs = {"k": k, "n": n, "act_quant": True}
