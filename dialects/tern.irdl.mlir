@@ -297,7 +297,17 @@ irdl.dialect @tern {
     %1 = irdl.any
     irdl.operands(x0: %0, x1: %1)
     %2 = irdl.any
-    irdl.attributes {"transpose_b" = %2}
+    %3 = irdl.any
+    irdl.attributes {"transpose_b" = %2, "kernel" = %3}
+    %4 = irdl.any
+    irdl.results(r0: %4)
+  }
+  irdl.operation @matmul_sum {
+    %0 = irdl.any
+    %1 = irdl.any
+    irdl.operands(x0: %0, x1: %1)
+    %2 = irdl.any
+    irdl.attributes {"kernel" = %2}
     %3 = irdl.any
     irdl.results(r0: %3)
   }

@@ -123,6 +123,7 @@ CASES: dict[str, list] = {
     "matmul": [Case([A((3, 4)), A((4, 5))]),
                Case([A((3, 4)), A((5, 4))], {"transpose_b": True}),
                Case([A((2, 3, 4)), A((4, 5))])],
+    "matmul_sum": [Case([A((2, 3, 4)), A((2, 5, 4))])],
     # shape
     "broadcast_to": [Case([A((3, 1))], {"shape": [2, 3, 4]})],
     "concatenate": [Case([A((2, 3)), A((4, 3))], {"axis": 0}),

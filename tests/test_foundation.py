@@ -84,7 +84,7 @@ def test_traced_ir_filecheck():
     g = tc.trace(f, tc.spec(("B", 8)), np.ones((4, 8), np.float32))
     run_filecheck(str(g), """
 # CHECK-LABEL: func.func @forward(%x: tensor<?x8xf32> {tern.dims = ["B", 8 : i64]}, %w: tensor<4x8xf32>)
-# CHECK: %[[H:.*]] = "tern.matmul"(%x, %w) {transpose_b = true} : (tensor<?x8xf32>, tensor<4x8xf32>) -> tensor<?x4xf32> loc("{{.*}}test_foundation.py":[[L:[0-9]+]]:{{[0-9]+}})
+# CHECK: %[[H:.*]] = "tern.matmul"(%x, %w) {kernel = "generic", transpose_b = true} : (tensor<?x8xf32>, tensor<4x8xf32>) -> tensor<?x4xf32> loc("{{.*}}test_foundation.py":[[L:[0-9]+]]:{{[0-9]+}})
 # CHECK: %[[R:.*]] = "tern.relu"(%[[H]])
 # CHECK: %[[S:.*]] = "tern.sum"(%[[R]]) {axes = [1 : i64], keepdims = false}
 # CHECK: "func.return"(%[[S]])

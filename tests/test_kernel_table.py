@@ -34,8 +34,8 @@ def test_every_row_is_a_kernel_of_a_registered_op():
         assert r.kernel in kt.kernel_names(r.op) and r.targets and r.why
         assert callable(r.fits) and callable(r.emit) and r.fits.__doc__
         assert r.describe().startswith(f"{r.op} kernel {r.kernel!r}")
-    assert kt.ops() == ("ternary_matmul", "widening_matmul", "rms_norm", "rope",
-                        "cached_attention", "slot_attention")
+    assert kt.ops() == ("ternary_matmul", "widening_matmul", "matmul", "matmul_sum", "rms_norm",
+                        "rope", "cached_attention", "slot_attention")
     assert ternary_strategies.TABLE == kt.rows("ternary_matmul")
     assert ternary_strategies.CHOICES == ("auto", *kt.kernel_names("ternary_matmul"), "off")
 
@@ -44,16 +44,21 @@ def test_every_row_is_a_kernel_of_a_registered_op():
 def test_host_only_rows_are_never_chosen_for_other_targets(targets):
     types = {"ternary_matmul": kt.ternary_types(1, 4096, 4096),
              "widening_matmul": [TensorType((1, 64), "f32"), TensorType((8, 64), "f16")],
+             "matmul": [TensorType((64, 576), "f32"), TensorType((32, 576, 1024), "f32")],
+             "matmul_sum": [TensorType((32, 64, 1024), "f32"), TensorType((32, 576, 1024), "f32")],
              "rms_norm": [TensorType((1, 64), "f32"), TensorType((64,), "f32")],
              "rope": [TensorType((1, 2, 64), "f32")] + [TensorType((1, 32), "f32")] * 2,
              "cached_attention": [TensorType((1, 2, 64), "f32"), TensorType((8, 2, 64), "f32")],
              "slot_attention": [TensorType((1, 2, 64), "f32"), TensorType((2, 8, 2, 64), "f32")]}
-    attrs = {"k": 4096, "n": 4096, "style": "neox"}
+    attrs = {"k": 4096, "n": 4096, "style": "neox", "transpose_b": False}
     for op in kt.ops():
         found = kt.choose(op, types[op], attrs, targets, features=("avx2",))
         assert found is None or found.compiles_for(targets)
-    for op in kt.ops()[2:]:
+    for op in kt.ops()[4:]:
         assert kt.choose(op, types[op], attrs, ["llvm-cpu"], features=()).kernel == "cpu"
+    for op in ("matmul", "matmul_sum"):
+        assert kt.choose(op, types[op], {}, ["llvm-cpu"], features=("avx2",)) is None
+        assert kt.choose(op, types[op], {}, ["llvm-cpu"], features=("avx512f",)).kernel == "avx512-f32"
     wm = types["widening_matmul"]
     assert kt.choose("widening_matmul", wm, {}, ["llvm-cpu"], features=()) is None
     assert kt.choose("widening_matmul", wm, {}, ["llvm-cpu"], features=("avx2",)).kernel == "avx2"
@@ -138,6 +143,16 @@ def _slots(d, cache_dtype):
              tc.spec(("T",), "int32")])
 
 
+def _matmul(a_shape, x_shape, transpose_b=False, dtype=F32):
+    return (lambda a, x, kernel: apply("matmul", a, x, transpose_b=transpose_b, kernel=kernel),
+            [tc.spec(a_shape, dtype), tc.spec(x_shape, dtype)])
+
+
+def _matmul_sum(a_shape, x_shape):
+    return (lambda a, x, kernel: apply("matmul_sum", a, x, kernel=kernel),
+            [tc.spec(a_shape), tc.spec(x_shape)])
+
+
 #: op -> ops of it whose shapes and attributes each row of the op fits, or not
 SAMPLES = {
     "ternary_matmul": [_ternary(m, k, n, aq) for m in ("B", 1, 6) for k, n in
@@ -153,6 +168,13 @@ SAMPLES = {
     "cached_attention": [_attention(16, "float16"), _attention(16, F32), _attention(12, F32),
                          _attention(520, "float16")],
     "slot_attention": [_slots(16, "float16"), _slots(12, F32)],
+    "matmul": [_matmul((64, 72), (16, 72, 256)), _matmul((24, 72), (16, 72, 256)),
+               _matmul((64, 72), (16, 72, 48)), _matmul((64, 72), (16, 72, 40)),
+               _matmul((8, 8), (2, 8, 16)), _matmul((64, 72), (16, 256, 72), True),
+               _matmul((16, 64, 72), (16, 72, 256)), _matmul((64, 72), ("B", 72, 256)),
+               _matmul((64, 72), (16, 72, 256), dtype="float16")],
+    "matmul_sum": [_matmul_sum((16, 64, 256), (16, 72, 256)), _matmul_sum((16, 40, 256), (16, 72, 256)),
+                   _matmul_sum((2, 16, 8), (2, 8, 8)), _matmul_sum((16, 64, 256), (16, 71, 256))],
 }
 
 
@@ -195,7 +217,7 @@ def test_a_row_emits_an_op_exactly_where_its_fits_says(opname, monkeypatch):
                 continue
             named = tc.trace(lambda *xs: fn(*xs, r.kernel), *specs)
             assert _emitted(monkeypatch, named) == [(opname, r.kernel)], (r.kernel, types)
-        monkeypatch.setattr(kt, "target_features", lambda targets: frozenset({kt.AVX2, kt.VNNI}))
+        monkeypatch.setattr(kt, "target_features", lambda targets: frozenset({kt.AVX2, kt.VNNI, kt.AVX512F}))
         settled = run_pipeline(auto, [("kernels", {"targets": ["llvm-cpu"]})])
         monkeypatch.undo()
         want = next((r for r in kt.rows(opname) if r.auto(types, attrs)), None)

@@ -6,6 +6,7 @@ import pytest
 from conftest import run_filecheck
 from tercomp.kernels import template
 from tercomp.kernels.attention import attention_cpu
+from tercomp.kernels.dense import gemm_avx512 as dense_gemm
 from tercomp.kernels.dense import vnni_avx512 as dense_vnni
 from tercomp.kernels.dense import widening_avx2 as dense_avx2
 from tercomp.kernels.rows import rows_cpu
@@ -19,7 +20,7 @@ from tercomp.errors import TercompError
 
 ir = pytest.importorskip("iree.compiler.ir")
 
-KERNELS = ["attention", "attention_rows", "dense_avx2", "dense_vnni", "rms_norm", "rope", "ternary_amax_map",
+KERNELS = ["attention", "attention_rows", "dense_avx2", "dense_vnni", "gemm_avx512", "rms_norm", "rope", "ternary_amax_map",
            "ternary_amx_quant", "ternary_avx2", "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall",
            "ternary_im2col_quant", "ternary_lanes_quant", "ternary_lanes_quant_unpadded"]
 
@@ -156,6 +157,38 @@ CHECK:       %accrs:4 = scf.for %c = %c0 to %ck step %c64
 CHECK:     scf.if %some
 CHECK:       vector.store %zb, %xq[%zj, %zk]
 CHECK:         scf.if %gdpp0_0_1
+""")
+
+
+def test_gemm_avx512():
+    """sum: 9 workgroups of 8 rows (72 = 9 x 8, every b in each), K = 256 in chunks of
+    64 copied to the stack, 8 x 2 accumulators from zero at the first chunk of the first
+    b, else from c; shared: a workgroup per (b, 64 columns), c per b."""
+    check(dense_gemm.executable_text("g", "sum", 4, 72, 256, 64), """
+CHECK-LABEL: stream.executable private @g
+CHECK:   %g = arith.constant 9 : index
+CHECK:   func.func @g(%ba: !stream.binding, %bx: !stream.binding, %bc: !stream.binding, %m: index)
+CHECK:     %ckc = arith.constant 64 : index
+CHECK:     %xp = "memref.alloca"() <{alignment = 64 : i64, operandSegmentSizes = array<i32: 0, 0>}> : () -> memref<64x64xf32>
+CHECK:     %a = stream.binding.subspan %ba[%c0] : !stream.binding -> memref<4x72x256xf32>
+CHECK:     %r0 = affine.apply affine_map<(d0) -> ((d0 floordiv 1) * 8)>(%wg)
+CHECK:     scf.for %bi = %b0 to %b1 step %c1
+CHECK:         %first = arith.andi %firstb, %firstk : i1
+CHECK:             vector.store %pv, %xp[%pk, %pn] : memref<64x64xf32>, vector<16xf32>
+CHECK:               %ld7_1 = scf.if %first -> (vector<16xf32>)
+CHECK:                 %v = vector.load %c[%mi7, %nc1] : memref<72x64xf32>, vector<16xf32>
+CHECK:               %acc:16 = scf.for %pkk = %c0 to %ckc step %c1
+CHECK:                 %as7 = memref.load %a[%bi, %mi7, %kk] : memref<4x72x256xf32>
+CHECK:                 %y7_1 = vector.fma %av7, %xv1, %s7_1 : vector<16xf32>
+CHECK:               vector.store %acc#15, %c[%mi7, %nc1] : memref<72x64xf32>, vector<16xf32>
+""")
+    check(dense_gemm.executable_text("s", "shared", 2, 16, 32, 16), """
+CHECK-LABEL: stream.executable private @s
+CHECK:   %g = arith.constant 2 : index
+CHECK:     %b0 = affine.apply affine_map<(d0) -> (d0 floordiv 1)>(%wg)
+CHECK:               %acc:16 = scf.for %pkk = %c0 to %ckc step %c1
+CHECK:                 %as15 = memref.load %a[%mi15, %kk] : memref<16x32xf32>
+CHECK:               vector.store %acc#15, %c[%bi, %mi15, %nc0] : memref<2x16x16xf32>, vector<16xf32>
 """)
 
 

@@ -195,6 +195,8 @@ CASES = [
          lambda a, b: [np.einsum("bmk,bnk->bmn", a, b)], sym=[("B", "S", 4), ("B", 5, 4)], diff=(0, 1)),
     Case("matmul_int", "matmul", [ints(-3, 3, 2, 3), ints(-3, 3, 2, 3, 4)], {},
          lambda a, b: [np.stack([a @ b[0], a @ b[1]]).astype(np.int32)], diff=()),
+    Case("matmul_sum", "matmul_sum", [rand(3, 4, 5), rand(3, 2, 5)], {},
+         lambda a, x: [np.einsum("bmn,bkn->mk", a, x)], diff=(0, 1)),
     Case("widening_matmul_f16", "widening_matmul", [rand(3, 16), rand(5, 16).astype(np.float16)],
          {"kernel": "generic"}, lambda x, w: [x @ w.astype(np.float32).T], sym=[("B", 16), None],
          diff=()),

@@ -58,6 +58,7 @@ EXAMPLES = {
     "max": ([f32(3, 4)], {"axes": [1]}), "min": ([f32(3, 4)], {"axes": [0], "keepdims": True}),
     "argmax": ([f32(3, 5)], {"axis": 1}),
     "matmul": ([f32(2, 3, 4), f32(4, 5)], {}),
+    "matmul_sum": ([f32(2, 3, 4), f32(2, 5, 4)], {}),
     "widening_matmul": ([f32(3, 8), np.arange(-20, 20, dtype=np.int8).reshape(5, 8)],
                         {"kernel": "generic"}),
     "reshape": ([f32(3, 4)], {"shape": [2, 6]}),

@@ -33,7 +33,7 @@ def test_traced_tern(addsub):
 # CHECK:       %[[W:.*]] = "tern.constant"() {value = dense_resource<__elided__> : tensor<128x256xf32>}
 # CHECK:       %[[Q:.*]] = "tern.act_quant"(%x) : (tensor<?x256xf32>) -> tensor<?x256xf32>
 # CHECK:       %[[T:.*]] = "tern.ternarize"(%[[W]]) : (tensor<128x256xf32>) -> tensor<128x256xf32>
-# CHECK:       %[[Y:.*]] = "tern.matmul"(%[[Q]], %[[T]]) {transpose_b = true} : (tensor<?x256xf32>, tensor<128x256xf32>) -> tensor<?x128xf32>
+# CHECK:       %[[Y:.*]] = "tern.matmul"(%[[Q]], %[[T]]) {kernel = "generic", transpose_b = true} : (tensor<?x256xf32>, tensor<128x256xf32>) -> tensor<?x128xf32>
 # CHECK:       "func.return"(%[[Y]])
 """)
 

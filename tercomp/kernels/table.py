@@ -72,7 +72,7 @@ from ..errors import TraceError, ConfigError, UnsupportedError
 from ..ir import TensorType, is_static
 from ..ternary_pack import padded_k
 from .attention import attention_cpu
-from .dense import vnni_avx512, widening_avx2
+from .dense import gemm_avx512, vnni_avx512, widening_avx2
 from .host import host_cpu_features
 from .rows import rows_cpu
 from .ternary import amx, avx2, avx512, avx512_tall
@@ -292,6 +292,32 @@ TALL_MAX_N = 512
 
 _T = "ternary_matmul"
 #: THE table. Order matters within an op: the pass takes the first row that fits.
+# ------------------------------------------------------------------ f32 GEMMs
+AVX512F = "avx512f"
+
+
+def _static_f32(types) -> bool:
+    return all(t.dtype == "f32" and t.is_static for t in types)
+
+
+def _gemm_shared_fits(types, attrs):
+    """f32 a [M, K] @ x [B, K, N], static, N a multiple of 16, at least 2^22 multiply-adds"""
+    a, x = types
+    if attrs.get("transpose_b") or a.rank != 2 or x.rank != 3 or not _static_f32(types):
+        return False
+    (m, k), (bt, _, n) = a.shape, x.shape
+    return gemm_avx512.fits(int(bt), int(m), int(k), int(n))
+
+
+def _gemm_sum_fits(types, attrs):
+    """f32 a [B, M, N], x [B, K, N], static, M a multiple of 16, at least 2^22 multiply-adds"""
+    a, x = types
+    if not _static_f32(types):
+        return False
+    bt, m, n = (int(d) for d in a.shape)
+    return gemm_avx512.fits(bt, int(x.shape[1]), n, m)
+
+
 TABLE = (
     KernelRow(_T, "avx512-tall", HOST, VNNI, _tall_fits, TernaryEmit(te.AVX512_TALL),
               "rows of x in the vector lanes (no horizontal sum an output), workgroups over "
@@ -351,6 +377,14 @@ TABLE = (
     KernelRow("widening_matmul", "avx2", HOST, AVX2, _widening_avx2_fits, widening_avx2.emit_op,
               "f16 (or int8 with a row scale) weights widened in registers by a hand-written "
               "GEMV: IREE's data tiling re-lays the weights out on every call"),
+    KernelRow("matmul", "avx512-f32", HOST, AVX512F, _gemm_shared_fits, gemm_avx512.emit_shared_op,
+              "a batch of f32 products sharing their left matrix (a convolution's W^T @ g): "
+              "x's rows in the vector lanes, K in chunks whose rows of x stay in L1; "
+              "2-4x IREE's codegen without data tiling (bench/RESULTS.md)", needs_feature=True),
+    KernelRow("matmul_sum", "avx512-f32", HOST, AVX512F, _gemm_sum_fits, gemm_avx512.emit_sum_op,
+              "a batch of f32 products summed (a convolution's weight cotangent) inside one "
+              "dispatch, no [B, M, K] intermediate; 1.5-4x IREE's batched matmul and sum",
+              needs_feature=True),
     KernelRow("rms_norm", "cpu", HOST, None, _rms_norm_cpu_fits, rows_cpu.emit_rms_norm,
               "one row a workgroup step without masked loads (IREE masks a dynamic row "
               "count's tile of 8)"),

@@ -55,6 +55,7 @@ def _matmul_dims(a: TensorType, b: TensorType, transpose_b: bool):
 def _matmul_infer(types, attrs):
     a, b = types
     batch, m, _, n = _matmul_dims(a, b, attrs["transpose_b"])
+    check_attr("matmul", types, attrs)
     return [TensorType(tuple(batch) + (m, n), a.dtype)]
 
 
@@ -144,6 +145,11 @@ def _lhs_cotangent(b, g, lhs, rhs, tb: bool):
         # rhs [B, K, N]: (g_cols @ rhs_cols^T) with rhs_cols [K, B * N]
         rhs_cols = b.reshape(b.transpose(rhs, perm=[1, 0, 2]), shape=[int(rhs.type.shape[-2]), -1])
         return b.matmul(g_cols, rhs_cols, transpose_b=True)
+    if lhs.type.rank == 2 and rhs.type.rank == 3 and g.type.rank == 3 and g.type.is_static \
+            and rhs.type.is_static and not tb:
+        # one op for the batched g @ rhs^T and its sum over B: the kernel table has a
+        # kernel that sums inside it (kernels/dense/gemm_avx512.py)
+        return b.matmul_sum(g, rhs)
     return unbroadcast(b, matmul_lhs_rule(b, g, rhs, tb), lhs.type)
 
 
@@ -160,8 +166,37 @@ def _rhs_cotangent(b, g, lhs, rhs, tb: bool):
 
 
 register(OpDef("matmul", "linalg", _matmul_infer, _matmul_ref, num_operands=2,
-               attrs={"transpose_b": False}, lower=_matmul_lower, vjp=_matmul_vjp,
+               attrs={"transpose_b": False, "kernel": "generic"}, lower=_matmul_lower,
+               vjp=_matmul_vjp,
                doc="a @ b (or a @ b^T with transpose_b) for rank >= 2, batch dims broadcast"))
+
+
+def _matmul_sum_infer(types, attrs):
+    a, x = types
+    if a.rank != 3 or x.rank != 3 or a.dtype != x.dtype or not same_dim(a.shape[0], x.shape[0]) \
+            or not same_dim(a.shape[2], x.shape[2]):
+        raise TraceError(f"matmul_sum expects a [B, M, N] and x [B, K, N] of one dtype, got "
+                         f"{a.mlir()} and {x.mlir()}")
+    check_attr("matmul_sum", types, attrs)
+    return [TensorType((a.shape[1], x.shape[1]), a.dtype)]
+
+
+def _matmul_sum_ref(xs, attrs):
+    a, x = xs
+    return [np.einsum("bmn,bkn->mk", a, x).astype(a.dtype)]
+
+
+def _matmul_sum_decompose(b, operands, attrs):
+    """The batched matmul, then the sum over B (what the lhs cotangent of a shared
+    matrix was before this op: unbroadcast of g @ rhs^T)."""
+    a, x = operands
+    return b.sum(b.matmul(a, x, transpose_b=True), axes=[0])
+
+
+register(OpDef("matmul_sum", "linalg", _matmul_sum_infer, _matmul_sum_ref, num_operands=2,
+               attrs={"kernel": "generic"}, decompose=_matmul_sum_decompose,
+               doc="sum over b of a[b] @ x[b]^T: a [B, M, N], x [B, K, N] -> [M, K] (the "
+                   "cotangent of a matrix shared by a batch of matmuls, a convolution's weight)"))
 
 
 WIDENING_DTYPES = ("f32", "f16", "i8")

@@ -197,6 +197,7 @@ def ternary(graph: Graph, strategy: str = "auto", targets=("llvm-cpu",)) -> Grap
         return graph
     recoded = {}
     # the ternary matmuls already in the IR are settled by the kernels pass's rule
-    patterns = {"matmul": [_pattern(strategy, targets, recoded)],
-                **settle_patterns(targets, ("ternary_matmul",), strategy, recoded)}
+    settle = settle_patterns(targets, ("ternary_matmul", "matmul", "matmul_sum"), strategy, recoded)
+    # a matmul that is no ternary one gets the table's kernel for its shape, if any
+    patterns = {**settle, "matmul": [_pattern(strategy, targets, recoded), *settle.get("matmul", ())]}
     return take_names(dce(rewrite(graph, patterns)), recoded)
