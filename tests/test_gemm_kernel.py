@@ -29,11 +29,11 @@ def test_tiles_cover_the_shapes_the_rows_take():
     assert gemm.tiles(20, 27, 48) == (4, 1, 48, 27)           # 20 rows: tiles of 4; K = 27 whole
     assert gemm.tiles(64, 200, 64)[3] == 50                   # K chunks divide K
     assert gemm.tiles(64, 64, 40) is None                     # N not a multiple of 16
-    assert not gemm.fits(1, 8, 8, 16)                         # too small to pay a compile
+    assert not gemm.fits(1, 64, 256, 256) and gemm.fits(1, 256, 256, 256)  # 2^22 MACs: IREE's
 
 
 @needs_avx512
-@pytest.mark.parametrize("batch, m, k, n", [(16, 64, 72, 256), (128, 20, 27, 160), (40, 64, 200, 16)])
+@pytest.mark.parametrize("batch, m, k, n", [(16, 64, 72, 256), (256, 20, 27, 160), (128, 64, 200, 16)])
 def test_shared_matmul_kernel_matches_numpy(batch, m, k, n):
     rng = np.random.default_rng(m + k)
     a, x = _f32(rng, m, k), _f32(rng, batch, k, n)
@@ -43,7 +43,23 @@ def test_shared_matmul_kernel_matches_numpy(batch, m, k, n):
 
 
 @needs_avx512
-@pytest.mark.parametrize("batch, m, k, n", [(8, 64, 72, 256), (16, 32, 24, 400), (8, 16, 576, 64)])
+@pytest.mark.parametrize("m, k, n, transpose_b", [(256, 784, 512, False), (256, 784, 512, True),
+                                                  (512, 256, 784, False)])
+def test_a_matrix_product_runs_as_a_batch_of_one(m, k, n, transpose_b):
+    """A 2-D product (an MLP's backward: g @ W, g^T @ x; a Linear's x @ W^T with its
+    weight transposed first) takes the shared kernel as a batch of one."""
+    rng = np.random.default_rng(m + k + n)
+    a = _f32(rng, m, k)
+    x = _f32(rng, n, k) if transpose_b else _f32(rng, k, n)
+    exe = tc.compile(lambda a, x: tc.matmul(a, x.T) if transpose_b else tc.matmul(a, x), a, x,
+                     cache=False)
+    assert 'kernel = "avx512-f32"' in exe.ir("ternary")
+    assert f"flow.dispatch @tern_gemm_avx512_shared_1x{m}x{k}x{n}" in exe.ir("mlir")
+    np.testing.assert_allclose(exe(a, x), a @ (x.T if transpose_b else x), rtol=1e-5, atol=1e-4)
+
+
+@needs_avx512
+@pytest.mark.parametrize("batch, m, k, n", [(16, 64, 72, 256), (64, 32, 24, 400), (32, 16, 576, 64)])
 def test_matmul_sum_kernel_matches_numpy(batch, m, k, n):
     rng = np.random.default_rng(m + n)
     a, x = _f32(rng, batch, m, n), _f32(rng, batch, k, n)
@@ -56,25 +72,25 @@ def test_matmul_sum_kernel_matches_numpy(batch, m, k, n):
 def test_the_kernels_lowering():
     """matmul_sum: x's rows broadcast against a transposed to [B, N, M], the [K, M] sum
     transposed back; the shared matmul one dispatch."""
-    a = np.ones((8, 64, 256), np.float32)
-    x = np.ones((8, 72, 256), np.float32)
+    a = np.ones((16, 64, 256), np.float32)
+    x = np.ones((16, 72, 256), np.float32)
     exe = tc.compile(lambda a, x: apply("matmul_sum", a, x, kernel="avx512-f32"), a, x, cache=False)
     run_filecheck(exe.ir("mlir"), """
-# CHECK: stream.executable private @tern_gemm_avx512_sum_8x72x256x64
+# CHECK: stream.executable private @tern_gemm_avx512_sum_16x72x256x64
 # CHECK: memref.alloca() alignment = 64 : memref<64x64xf32>
 # CHECK: vector.fma
 # CHECK: func.func @forward
-# CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<8x64x256xf32>) outs(%{{.*}} : tensor<8x256x64xf32>)
-# CHECK: %[[C:.*]] = flow.dispatch @tern_gemm_avx512_sum_8x72x256x64::@tern_gemm_avx512_sum_8x72x256x64
-# CHECK-SAME: (tensor<8x72x256xf32>, tensor<8x256x64xf32>, index) -> tensor<72x64xf32>
+# CHECK: linalg.generic {{.*}} ins(%{{.*}} : tensor<16x64x256xf32>) outs(%{{.*}} : tensor<16x256x64xf32>)
+# CHECK: %[[C:.*]] = flow.dispatch @tern_gemm_avx512_sum_16x72x256x64::@tern_gemm_avx512_sum_16x72x256x64
+# CHECK-SAME: (tensor<16x72x256xf32>, tensor<16x256x64xf32>, index) -> tensor<72x64xf32>
 # CHECK: linalg.generic {{.*}} ins(%[[C]] : tensor<72x64xf32>) outs(%{{.*}} : tensor<64x72xf32>)
 """)
     w = np.ones((64, 72), np.float32)
     exe = tc.compile(lambda w, x: tc.matmul(w, x), w, x, cache=False)
     assert 'kernel = "avx512-f32"' in exe.ir("ternary")
     run_filecheck(exe.ir("mlir"), """
-# CHECK: flow.dispatch @tern_gemm_avx512_shared_8x64x72x256::@tern_gemm_avx512_shared_8x64x72x256
-# CHECK-SAME: (tensor<64x72xf32>, tensor<8x72x256xf32>, index) -> tensor<8x64x256xf32>
+# CHECK: flow.dispatch @tern_gemm_avx512_shared_16x64x72x256::@tern_gemm_avx512_shared_16x64x72x256
+# CHECK-SAME: (tensor<64x72xf32>, tensor<16x72x256xf32>, index) -> tensor<16x64x256xf32>
 """)
 
 
@@ -85,7 +101,7 @@ def test_a_convolutions_gradients_run_on_the_gemm_kernels():
     pass settles them), and equal the eager layer's."""
     nn.manual_seed(1)
     layer = nn.BitConv2d(16, 32, 3, padding=1)
-    x = np.random.default_rng(2).standard_normal((8, 16, 16, 16)).astype(np.float32)
+    x = np.random.default_rng(2).standard_normal((16, 16, 16, 16)).astype(np.float32)
 
     def loss(m, x):
         y = m(x)

@@ -168,12 +168,15 @@ SAMPLES = {
     "cached_attention": [_attention(16, "float16"), _attention(16, F32), _attention(12, F32),
                          _attention(520, "float16")],
     "slot_attention": [_slots(16, "float16"), _slots(12, F32)],
-    "matmul": [_matmul((64, 72), (16, 72, 256)), _matmul((24, 72), (16, 72, 256)),
+    "matmul": [_matmul((64, 72), (16, 72, 256)), _matmul((24, 72), (16, 72, 256)), _matmul((24, 72), (64, 72, 256)),
                _matmul((64, 72), (16, 72, 48)), _matmul((64, 72), (16, 72, 40)),
                _matmul((8, 8), (2, 8, 16)), _matmul((64, 72), (16, 256, 72), True),
                _matmul((16, 64, 72), (16, 72, 256)), _matmul((64, 72), ("B", 72, 256)),
-               _matmul((64, 72), (16, 72, 256), dtype="float16")],
-    "matmul_sum": [_matmul_sum((16, 64, 256), (16, 72, 256)), _matmul_sum((16, 40, 256), (16, 72, 256)),
+               _matmul((64, 72), (16, 72, 256), dtype="float16"), _matmul((256, 256), (256, 256)),
+               _matmul((256, 256), (256, 256), True), _matmul((8, 8), (8, 16)),
+               _matmul((256, 72), (72, 40))],
+    "matmul_sum": [_matmul_sum((16, 64, 256), (16, 72, 256)), _matmul_sum((32, 64, 256), (32, 72, 256)),
+                   _matmul_sum((16, 40, 256), (16, 72, 256)),
                    _matmul_sum((2, 16, 8), (2, 8, 8)), _matmul_sum((16, 64, 256), (16, 71, 256))],
 }
 

@@ -301,16 +301,23 @@ def _static_f32(types) -> bool:
 
 
 def _gemm_shared_fits(types, attrs):
-    """f32 a [M, K] @ x [B, K, N], static, N a multiple of 16, at least 2^22 multiply-adds"""
+    """f32 a [M, K] @ x [B, K, N] or @ x [K, N] (or x [N, K] transposed), static, N a
+    multiple of 16, at least 2^24 multiply-adds"""
     a, x = types
-    if attrs.get("transpose_b") or a.rank != 2 or x.rank != 3 or not _static_f32(types):
+    if a.rank != 2 or x.rank not in (2, 3) or not _static_f32(types):
         return False
-    (m, k), (bt, _, n) = a.shape, x.shape
-    return gemm_avx512.fits(int(bt), int(m), int(k), int(n))
+    if x.rank == 3 and attrs.get("transpose_b"):
+        return False
+    m, k = (int(d) for d in a.shape)
+    if x.rank == 3:
+        bt, n = int(x.shape[0]), int(x.shape[2])
+    else:
+        bt, n = 1, int(x.shape[0] if attrs.get("transpose_b") else x.shape[1])
+    return gemm_avx512.fits(bt, m, k, n)
 
 
 def _gemm_sum_fits(types, attrs):
-    """f32 a [B, M, N], x [B, K, N], static, M a multiple of 16, at least 2^22 multiply-adds"""
+    """f32 a [B, M, N], x [B, K, N], static, M a multiple of 16, at least 2^24 multiply-adds"""
     a, x = types
     if not _static_f32(types):
         return False
@@ -378,9 +385,10 @@ TABLE = (
               "f16 (or int8 with a row scale) weights widened in registers by a hand-written "
               "GEMV: IREE's data tiling re-lays the weights out on every call"),
     KernelRow("matmul", "avx512-f32", HOST, AVX512F, _gemm_shared_fits, gemm_avx512.emit_shared_op,
-              "a batch of f32 products sharing their left matrix (a convolution's W^T @ g): "
-              "x's rows in the vector lanes, K in chunks whose rows of x stay in L1; "
-              "2-4x IREE's codegen without data tiling (bench/RESULTS.md)", needs_feature=True),
+              "f32 products of static shape, a batch sharing their left matrix (a "
+              "convolution's W^T @ g) or one (an MLP's training step): x's rows in the "
+              "vector lanes, K in chunks whose rows of x stay in L1; 1.5-4x IREE's codegen "
+              "without data tiling (bench/RESULTS.md)", needs_feature=True),
     KernelRow("matmul_sum", "avx512-f32", HOST, AVX512F, _gemm_sum_fits, gemm_avx512.emit_sum_op,
               "a batch of f32 products summed (a convolution's weight cotangent) inside one "
               "dispatch, no [B, M, K] intermediate; 1.5-4x IREE's batched matmul and sum",

@@ -7,6 +7,9 @@ data tiling (its data tiling does not take a batched matmul with a broadcast ope
     shared: c[b] = a @ x[b]            a [M, K] f32, x [B, K, N], c [B, M, N]
     sum:    c = sum_b a[b] @ x[b]      a [B, M, K], x [B, K, N], c [M, N]
 
+A plain product a [M, K] @ x [K, N] (an MLP's training step: g @ W and g^T @ x of its
+backward, x @ W^T of its forward with W transposed first) is the shared form with B = 1.
+
 templates/gemm_avx512.mlir: x's rows are in the vector lanes (16 columns a vector), a's
 elements broadcast (one vfmadd231ps with a {1to16} memory operand per element and
 vector); tiles of MR rows x NV vectors of accumulators over chunks of KC of K, the
@@ -18,9 +21,11 @@ dispatch in the step (bench/RESULTS.md).
 from __future__ import annotations
 
 from iree.compiler import ir
+from iree.compiler.dialects import tensor
 
-from ...codegen.builders import index_const
+from ...codegen.builders import PARALLEL, affine_map, index_const
 from ...codegen.executables import dispatch, ensure_executable
+from ...ir import TensorType
 from ..template import render
 
 LANES = 16
@@ -34,9 +39,10 @@ NW = 64
 KC_MAX = 96
 #: Rows a workgroup of the summed form takes, at most.
 MB_MAX = 64
-#: Below this many multiply-adds the op keeps IREE's lowering (each executable costs
-#: about 0.3-0.5 s of compile).
-MIN_MACS = 1 << 22
+#: Below this many multiply-adds the op keeps IREE's lowering: each executable costs
+#: about 0.3-0.5 s of compile, and at 2^22 (an MLP of 256 at batch 64) the kernel and
+#: the transposes around it were alike or slower than IREE's dispatch (bench/RESULTS.md).
+MIN_MACS = 1 << 24
 
 
 def tiles(m: int, k: int, n: int) -> tuple[int, int, int, int] | None:
@@ -93,16 +99,31 @@ def emit(a: ir.Value, x: ir.Value, mode: str) -> ir.Value:
 
 def _transposed(ctx, v: ir.Value, shape) -> ir.Value:
     """v [B, R, C] (static f32) as [B, C, R]: a copy generic."""
-    from ...codegen.builders import PARALLEL, affine_map
-    from ...ir import TensorType
     bt, r, c = shape
     return ctx.generic([v], [affine_map(3, [0, 2, 1])], TensorType((bt, c, r), "f32"),
                        affine_map(3, [0, 1, 2]), [PARALLEL] * 3, lambda x, acc: x)
 
 
 def emit_shared_op(ctx, op, xs) -> list:
-    """The kernel table's matmul "avx512-f32" row: a [M, K] @ x [B, K, N]."""
-    return [emit(xs[0], xs[1], "shared")]
+    """The kernel table's matmul "avx512-f32" row: a [M, K] @ x [B, K, N], or a plain
+    matrix product a [M, K] @ x [K, N] (x [N, K] with transpose_b: transposed first, a
+    copy of the smaller operand where x is a layer's weight) as a batch of one."""
+    a_t, x_t = (v.type for v in op.operands)
+    if x_t.rank == 3:
+        return [emit(xs[0], xs[1], "shared")]
+    x = xs[1]
+    if op.attrs.get("transpose_b"):
+        n, k = (int(d) for d in x_t.shape)
+        x = ctx.generic([x], [affine_map(2, [1, 0])], TensorType((k, n), "f32"),
+                        affine_map(2, [0, 1]), [PARALLEL] * 2, lambda v, acc: v)
+    else:
+        k, n = (int(d) for d in x_t.shape)
+    m = int(a_t.shape[0])
+    f32 = ir.F32Type.get()
+    x3 = tensor.ExpandShapeOp(ir.RankedTensorType.get([1, k, n], f32), x, [[0, 1], [2]], [],
+                              [1, k, n]).result
+    c = emit(xs[0], x3, "shared")
+    return [tensor.CollapseShapeOp(ir.RankedTensorType.get([m, n], f32), c, [[0, 1], [2]]).result]
 
 
 def emit_sum_op(ctx, op, xs) -> list:
@@ -114,7 +135,5 @@ def emit_sum_op(ctx, op, xs) -> list:
     bt, m, n = (int(d) for d in op.operands[0].type.shape)
     k = int(op.operands[1].type.shape[1])
     c = emit(xs[1], _transposed(ctx, xs[0], (bt, m, n)), "sum")               # [K, M]
-    from ...codegen.builders import PARALLEL, affine_map
-    from ...ir import TensorType
     return [ctx.generic([c], [affine_map(2, [1, 0])], TensorType((m, k), "f32"),
                         affine_map(2, [0, 1]), [PARALLEL] * 2, lambda v, acc: v)]
