@@ -35,7 +35,7 @@ def test_dispatch_kinds_and_bytes():
 
 def test_profile_of_a_module_reads_back(tmp_path):
     # two dispatches (an add, then an exp that cannot fuse past the reduction between
-    # them) profiled over 3 calls: every call's events come back, named and timed
+    # them) profiled over 9 calls: every call's events come back, named and timed
     from iree.compiler import compile_str
     src = """
     func.func @main(%a: tensor<1048576xf32>) -> (tensor<1048576xf32>, tensor<f32>) {
@@ -50,15 +50,16 @@ def test_profile_of_a_module_reads_back(tmp_path):
     vmfb.write_bytes(compile_str(src, target_backends=["llvm-cpu"],
                                  extra_args=["--iree-llvmcpu-target-cpu=host"]))
     prof = str(tmp_path / "p.ireeprof")
-    t = timeline.bench_module(str(vmfb), None, None, ["1048576xf32=0.5"], 2, 3, profile=prof,
+    t = timeline.bench_module(str(vmfb), None, None, ["1048576xf32=0.5"], 2, 9, profile=prof,
                               function="main")
     assert 0 < t < 1
     subs = timeline.dispatch_events(prof)
     names, kinds, dsum, span, count, n = timeline.per_call(subs, VOCAB)
-    assert n == 3 and sum(count.values()) >= 2
+    assert n == 9 and sum(count.values()) >= 2
     assert all(name.startswith("main_dispatch_") for name in names)
     # the median of the calls' sums, and the sum of each name's median: near, not equal
     # (dispatches of ~0.1-1 ms: at 4096 elements, a few microseconds each, a scheduling
-    # hiccup of 10 us in two of the three calls doubled the median sum)
+    # hiccup of 10 us in two of the three calls doubled the median sum; with 3 calls a
+    # loaded machine's hiccup in two of them moved the median sum by 50%: 9 calls)
     assert np.isclose(dsum, sum(names.values()), rtol=0.25) and 0 < dsum <= span * 1.5
     assert kinds["other"] == dsum
