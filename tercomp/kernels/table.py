@@ -301,18 +301,14 @@ def _static_f32(types) -> bool:
 
 
 def _gemm_shared_fits(types, attrs):
-    """f32 a [M, K] @ x [B, K, N] or @ x [K, N] (or x [N, K] transposed), static, N a
-    multiple of 16, at least 2^24 multiply-adds"""
+    """f32 a [M, K] @ x [B, K, N] or @ x [K, N], static, N a multiple of 16, at least
+    2^24 multiply-adds (not x transposed: a layer's constant weight would be copied
+    transposed, at compile time or every call)"""
     a, x = types
-    if a.rank != 2 or x.rank not in (2, 3) or not _static_f32(types):
-        return False
-    if x.rank == 3 and attrs.get("transpose_b"):
+    if attrs.get("transpose_b") or a.rank != 2 or x.rank not in (2, 3) or not _static_f32(types):
         return False
     m, k = (int(d) for d in a.shape)
-    if x.rank == 3:
-        bt, n = int(x.shape[0]), int(x.shape[2])
-    else:
-        bt, n = 1, int(x.shape[0] if attrs.get("transpose_b") else x.shape[1])
+    bt, n = (int(x.shape[0]), int(x.shape[2])) if x.rank == 3 else (1, int(x.shape[1]))
     return gemm_avx512.fits(bt, m, k, n)
 
 

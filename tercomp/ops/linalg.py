@@ -142,9 +142,11 @@ def _lhs_cotangent(b, g, lhs, rhs, tb: bool):
         g_cols = b.reshape(b.transpose(g, perm=[1, 0, 2]), shape=[m, -1])           # [M, B * N]
         if tb:                                                      # rhs [B, N, K]
             return b.matmul(g_cols, b.reshape(rhs, shape=[-1, int(rhs.type.shape[-1])]))
-        # rhs [B, K, N]: (g_cols @ rhs_cols^T) with rhs_cols [K, B * N]
+        # rhs [B, K, N]: (g_cols @ rhs_cols^T) with rhs_cols [K, B * N], as a matmul_sum of
+        # one (the kernel table's f32 kernel reads rhs_cols as it is; a matmul's
+        # transposed operand it does not take)
         rhs_cols = b.reshape(b.transpose(rhs, perm=[1, 0, 2]), shape=[int(rhs.type.shape[-2]), -1])
-        return b.matmul(g_cols, rhs_cols, transpose_b=True)
+        return b.matmul_sum(b.expand_dims(g_cols, axis=0), b.expand_dims(rhs_cols, axis=0))
     if lhs.type.rank == 2 and rhs.type.rank == 3 and g.type.rank == 3 and g.type.is_static \
             and rhs.type.is_static and not tb:
         # one op for the batched g @ rhs^T and its sum over B: the kernel table has a
@@ -190,6 +192,8 @@ def _matmul_sum_decompose(b, operands, attrs):
     """The batched matmul, then the sum over B (what the lhs cotangent of a shared
     matrix was before this op: unbroadcast of g @ rhs^T)."""
     a, x = operands
+    if a.type.shape[0] == 1:            # a batch of one: the product itself
+        return b.squeeze(b.matmul(a, x, transpose_b=True), axes=[0])
     return b.sum(b.matmul(a, x, transpose_b=True), axes=[0])
 
 

@@ -8,7 +8,9 @@ data tiling (its data tiling does not take a batched matmul with a broadcast ope
     sum:    c = sum_b a[b] @ x[b]      a [B, M, K], x [B, K, N], c [M, N]
 
 A plain product a [M, K] @ x [K, N] (an MLP's training step: g @ W and g^T @ x of its
-backward, x @ W^T of its forward with W transposed first) is the shared form with B = 1.
+backward) is the shared form with B = 1. Not x @ W^T (a Linear's forward): a constant W
+would be copied transposed, and IREE's compile evaluated that copy (a static-shape LM's
+32000-row output layer: its test's compile 5 -> 15 s).
 
 templates/gemm_avx512.mlir: x's rows are in the vector lanes (16 columns a vector), a's
 elements broadcast (one vfmadd231ps with a {1to16} memory operand per element and
@@ -106,18 +108,12 @@ def _transposed(ctx, v: ir.Value, shape) -> ir.Value:
 
 def emit_shared_op(ctx, op, xs) -> list:
     """The kernel table's matmul "avx512-f32" row: a [M, K] @ x [B, K, N], or a plain
-    matrix product a [M, K] @ x [K, N] (x [N, K] with transpose_b: transposed first, a
-    copy of the smaller operand where x is a layer's weight) as a batch of one."""
+    matrix product a [M, K] @ x [K, N] as a batch of one."""
     a_t, x_t = (v.type for v in op.operands)
     if x_t.rank == 3:
         return [emit(xs[0], xs[1], "shared")]
     x = xs[1]
-    if op.attrs.get("transpose_b"):
-        n, k = (int(d) for d in x_t.shape)
-        x = ctx.generic([x], [affine_map(2, [1, 0])], TensorType((k, n), "f32"),
-                        affine_map(2, [0, 1]), [PARALLEL] * 2, lambda v, acc: v)
-    else:
-        k, n = (int(d) for d in x_t.shape)
+    k, n = (int(d) for d in x_t.shape)
     m = int(a_t.shape[0])
     f32 = ir.F32Type.get()
     x3 = tensor.ExpandShapeOp(ir.RankedTensorType.get([1, k, n], f32), x, [[0, 1], [2]], [],
