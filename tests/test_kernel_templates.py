@@ -49,7 +49,7 @@ def check(text: str, checks: str):
 def test_rms_norm():
     check(rows_cpu.rms_norm_text("tern_rms_norm_64", 64), """
 CHECK-LABEL: stream.executable private @tern_rms_norm_64
-CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 8)>()[%m]
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 4)>()[%m]
 CHECK:   func.func @tern_rms_norm_64(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding, %eps: f32, %m: index)
 CHECK:     %nf = arith.constant 64.0 : f32
 CHECK:     %[[ACC:.*]] = scf.for %c = %c0 to %cn step %c8 iter_args(%a = %z8) -> (vector<8xf32>)
@@ -257,8 +257,14 @@ CHECK:       scf.for %mrow = %m16 to %mend0 step %cmb0
 """)
     check(ternary_amx.quantize_text("tern_amx_quant_64", 64), """
 CHECK-LABEL: stream.executable private @tern_amx_quant_64
+CHECK:   %big = arith.cmpi uge, %m, %mmin : index
+CHECK:   %gbig = affine.apply affine_map<()[s0] -> (s0 ceildiv 16)>()[%m]
+CHECK:   %gsmall = affine.apply affine_map<()[s0] -> (s0 ceildiv 4)>()[%m]
+CHECK:   %g = arith.select %big, %gbig, %gsmall : index
 CHECK:   func.func @tern_amx_quant_64(%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %bv: !stream.binding, %m: index)
-CHECK:     %crows = arith.constant 16 : index
+CHECK:     %csmall = arith.constant 4 : index
+CHECK:     %tiled = arith.cmpi uge, %m, %cpadm : index
+CHECK:     %crows = arith.select %tiled, %c16, %csmall : index
 CHECK:     scf.if %whole
 CHECK:         %xcol8_0 = vector.shuffle %xa0, %xb0 [0, 1, 32, 33, 2, 3, 34, 35,
 CHECK:         %xt3_0 = vector.shuffle %xt2_0, %xt2_8 [0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23]
@@ -340,7 +346,7 @@ CHECK:         %q0_0 = vector.bitcast %qw0_0 : vector<16xi32> to vector<64xi8>
 def test_ternary_avx2_quant():
     check(ternary_avx2_quant.quantize_text("tern_avx2_quant_16", 16), """
 CHECK-LABEL: stream.executable private @tern_avx2_quant_16
-CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 8)>()[%m]
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 4)>()[%m]
 CHECK:   func.func @tern_avx2_quant_16(%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %m: index)
 CHECK:     %c127 = arith.constant 1.270000000e+02 : f32
 CHECK:     scf.for %row = %row0 to %row1 step %c1

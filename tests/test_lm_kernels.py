@@ -133,7 +133,7 @@ def test_rms_norm_kernel_matches_reference(kernel):
     graph = tc.trace(norm, tc.spec(("R", n)))
     if kernel == "cpu":
         run_filecheck(exe.ir("mlir"), r"""
-# CHECK: [[MAP:#map[0-9]*]] = affine_map<()[s0] -> (s0 ceildiv 8)>
+# CHECK: [[MAP:#map[0-9]*]] = affine_map<()[s0] -> (s0 ceildiv 4)>
 # CHECK: stream.executable private @tern_rms_norm_40
 # CHECK: workgroups(%[[M:.*]]: index)
 # CHECK: affine.apply [[MAP]]()[%[[M]]]
@@ -141,7 +141,7 @@ def test_rms_norm_kernel_matches_reference(kernel):
 # CHECK: flow.dispatch @tern_rms_norm_40::@tern_rms_norm_40
 """)
     r = np.random.default_rng(5)
-    for rows in (1, 3, 8, 9, 17):           # one workgroup of 8 rows, partial, several
+    for rows in (1, 3, 4, 8, 9, 17):        # one workgroup of 4 rows, partial, several
         x = (r.standard_normal((rows, n)) * 3).astype(np.float32)
         np.testing.assert_allclose(exe(x), tc.ops.interpret(graph, x)[0], rtol=2e-6, atol=2e-6)
 

@@ -8,6 +8,13 @@ empty rows of a decode step's one-row tile made one RMSNorm of 1536 floats cost 
 (a static R = 1 compiles to ~0.006 ms): the 97 norms of the 700M shape were ~6 ms of a
 ~30 ms decode step. Here each workgroup takes ROWS rows, one row at a time, 8 lanes
 at a time, with no masking: N (and D/2) must be multiples of 8.
+
+ROWS = 4: a batched decode step's 8 rows are two workgroups, one a thread. At 8 rows a
+workgroup they were one, and the other thread waited: at the 700M shape's batched step
+of 8 sequences the 97 norms, 48 ropes and 96 quantizes took 2.0 ms, and with the
+quantize dispatch split too (ternary.avx2_quant.QUANT_ROWS, ternary.amx.SMALL_ROWS)
+the step was 0.65 ms faster (median of 12 paired rounds, bench/RESULTS.md 2026-11-28),
+bit for bit the same.
 """
 from __future__ import annotations
 
@@ -20,7 +27,7 @@ from ...codegen.executables import dispatch, ensure_executable
 from ...ir import TensorType, is_static
 from ..template import render
 
-ROWS = 8
+ROWS = 4
 
 
 def norm_fits(n: int) -> bool:

@@ -9,7 +9,7 @@
   `prelude`: text put in the executable's module before the function (constant
   `memref.global`s the body reads by `memref.get_global`).
 #}
-%% macro executable(name, bindings, groups=none, per_group=none, few=none, many=none, m_min=none, times=none, prelude=none)
+%% macro executable(name, bindings, groups=none, per_group=none, few=none, many=none, m_min=none, times=none, prelude=none, per_group_small=none)
 stream.executable private @{{ name }} {
   stream.executable.export public @{{ name }} workgroups(%m: index) -> (index, index, index) {
     %c1 = arith.constant 1 : index
@@ -24,6 +24,12 @@ stream.executable private @{{ name }} {
 %% elif times is not none
     %times = arith.constant {{ times }} : index
     %g = arith.muli %m, %times : index
+%% elif per_group_small is not none
+    %mmin = arith.constant {{ m_min }} : index
+    %big = arith.cmpi uge, %m, %mmin : index
+    %gbig = affine.apply affine_map<()[s0] -> (s0 ceildiv {{ per_group }})>()[%m]
+    %gsmall = affine.apply affine_map<()[s0] -> (s0 ceildiv {{ per_group_small }})>()[%m]
+    %g = arith.select %big, %gbig, %gsmall : index
 %% else
     %g = affine.apply affine_map<()[s0] -> (s0 ceildiv {{ per_group }})>()[%m]
 %% endif

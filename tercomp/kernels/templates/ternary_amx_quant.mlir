@@ -1,11 +1,12 @@
-{# params: name, kb, kx, pad, eps, c127, lo, hi #}
+{# params: name, kb, kx, pad, small_rows, eps, c127, lo, hi #}
 {#
   The AMX ternary kernel's quantize dispatch: the avx2 kernel's (ternary_avx2_quant.mlir:
   x [M, 4 KB] f32, or [M, kx] unpadded, into q [M, 4 KB] i8 and stats [M, 2] f32), 16
   rows a workgroup, and for a block of 16 rows its B tiles too (amx_lib.xv_block: xv
   [(M + 16 - pad) // 16, 64 KB] i8; a last block of `pad` rows or more padded with zeros)
   while the block's codes are in cache. Fewer than `pad` rows (a decode's) write none:
-  the same work as avx2's quantize, in one dispatch.
+  the same work as avx2's quantize, in one dispatch, `small_rows` rows a workgroup (so a
+  batched decode's rows are shared by the threads).
 #}
 %% import "lib.mlir" as lib
 %% import "avx2_quant_lib.mlir" as quant
@@ -14,10 +15,14 @@
 %% set qt = "memref<?x%dxi8>" % kp
 %% set xvt = "memref<?x%dxi8>" % (64 * kb)
 %% set xcols = kp if kx is none else kx
-%% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %bv: !stream.binding, %m: index", per_group=16)
+%% call lib.executable(name, "%bx: !stream.binding, %bq: !stream.binding, %bs: !stream.binding, %bv: !stream.binding, %m: index", per_group=16, per_group_small=small_rows, m_min=pad)
 {{ quant.common(kp, 2, eps, c127, lo, hi) }}
 {{ amx.permit() }}
-      %crows = arith.constant 16 : index
+      %c16 = arith.constant 16 : index
+      %csmall = arith.constant {{ small_rows }} : index
+      %cpadm = arith.constant {{ pad }} : index
+      %tiled = arith.cmpi uge, %m, %cpadm : index
+      %crows = arith.select %tiled, %c16, %csmall : index
       %cpad = arith.constant {{ 16 - pad }} : index
       %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<?x{{ xcols }}xf32>{%m}
 %% if kx is not none
@@ -25,7 +30,7 @@
       %zb8 = arith.constant dense<0> : vector<8xi8>
 %% endif
       %mpad = arith.addi %m, %cpad : index
-      %nmb = arith.divui %mpad, %crows : index
+      %nmb = arith.divui %mpad, %c16 : index
       %q = stream.binding.subspan %bq[%c0] : !stream.binding -> {{ qt }}{%m}
       %xs = stream.binding.subspan %bs[%c0] : !stream.binding -> memref<?x2xf32>{%m}
       %xv = stream.binding.subspan %bv[%c0] : !stream.binding -> {{ xvt }}{%nmb}

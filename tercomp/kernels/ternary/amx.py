@@ -63,6 +63,11 @@ BLOCK = 16
 #: 8x1536x4096 and 8x4096x1536, but the 700M batched step at 8 sequences went from
 #: 2.56x to 2.28x one sequence's tokens/s (bench/RESULTS.md).
 PAD = 16
+#: Rows of x a workgroup of the quantize dispatch takes below PAD rows (a batched
+#: decode's, which write no tiles); from PAD rows on, a block of 16 a workgroup. One
+#: workgroup of 16 left a batched step's 8 rows to one thread (bench/RESULTS.md,
+#: 2026-11-28 "Row kernels at a batched step's rows").
+SMALL_ROWS = 4
 #: The smallest static M that takes the kernel (below it: avx512's dispatch).
 MIN_M = PAD
 #: The fewest weights (N x K) a matrix needs for "auto" to give it the kernel. Each AMX
@@ -104,10 +109,10 @@ def executable_text(name: str, n: int, kb: int, offset: bool = True,
 
 def quantize_text(name: str, kb: int, kx: int | None = None) -> str:
     """The `stream.executable @name` (templates/ternary_amx_quant.mlir): avx2_quant's
-    quantize dispatch, 16 rows a workgroup, writing the B tiles of each whole block of
-    16 rows too: x -> q [M, 4 KB] i8, stats [M, 2] f32, xv [M // 16, 64 KB] i8."""
+    quantize dispatch, 16 rows a workgroup (SMALL_ROWS below PAD rows), writing the B
+    tiles of each whole block of 16 rows too: x -> q [M, 4 KB] i8, stats [M, 2] f32, xv [M // 16, 64 KB] i8."""
     return render("ternary_amx_quant", name=name, kb=kb, kx=kx, pad=PAD,
-                  **quant_literals())
+                  small_rows=SMALL_ROWS, **quant_literals())
 
 
 def _shared(x: ir.Value, name: str):

@@ -24,8 +24,9 @@ def quant_literals() -> dict:
     return {"eps": _f(ACT_EPS), "c127": _f(ACT_MAX), "lo": _f(-ACT_MAX), "hi": _f(ACT_MAX)}
 
 
-#: Rows of x per workgroup of the quantize dispatch.
-QUANT_ROWS = 8
+#: Rows of x per workgroup of the quantize dispatch: 4, so a batched decode's 8 rows are
+#: shared by two threads (kernels/rows/rows_cpu.py says what it measured).
+QUANT_ROWS = 4
 
 
 def quantize_text(name: str, kb: int, kx: int | None = None) -> str:
