@@ -39,7 +39,10 @@ A prefill of 512 tokens takes about 4x one of 128 (in every engine), which each
 repetition of each run pays once more; --long-prompt 0 leaves it out.
 Printed: the median and the best of all repetitions of all rounds, tercomp's ratio to
 each peer (median to median, best to best), the weights read per decoded token against
-a plain streaming read with the same threads, the CPU and the load average.
+a plain streaming read with the same threads (a fresh process in every round, taking
+its turn with the engines: the machine's read rate moves from minute to minute, so the
+decode's median is set against the read's median and its best against the read's
+best), the CPU and the load average.
 
 With --batch B, a second table: batched decode, B sequences each with its own PROMPT-token
 prompt, then GEN tokens generated for all B at once (aggregate tokens/s), and one
@@ -309,17 +312,43 @@ def worker_stamp(a):
 
 def worker_stream(a):
     """A plain streaming read with `threads` threads (NumPy sums of 512 MiB, each thread
-    its part; NumPy releases the GIL): the memory bandwidth a decode step can hope for."""
+    its part; NumPy releases the GIL): the memory bandwidth a decode step can hope for.
+    The GB/s of each of 5 sweeps after the first (which maps the pages)."""
     from concurrent.futures import ThreadPoolExecutor
     buf = np.ones(64 << 20, np.int64)           # 512 MiB, touched once
     parts = np.array_split(buf, a.threads)
+    rates = []
     with ThreadPoolExecutor(a.threads) as pool:
-        best = float("inf")
+        list(pool.map(np.sum, parts))
         for _ in range(5):
             t = time.perf_counter()
             list(pool.map(np.sum, parts))
-            best = min(best, time.perf_counter() - t)
-    return {"stream_gbs": buf.nbytes / best / 1e9}
+            rates.append(buf.nbytes / (time.perf_counter() - t) / 1e9)
+    return {"stream_gbs": rates}
+
+
+def stream_line(threads: int, stream_gbs: list, compiled: dict, rows: dict) -> str:
+    """The streaming-read line: the read's median / best GB/s over every sweep of every
+    round, and for each tercomp generator with a known `bytes_per_token` the GB/s its
+    decode reads at its median and at its best tokens/s, each as a fraction of the read
+    at the same statistic (median to median, best to best).
+
+    >>> print(stream_line(2, [20.0, 21.0, 22.0], {"tercomp int8": {"bytes_per_token": 2**20 * 200}},
+    ...                   {"tercomp int8": {"tg": [95.0, 100.0, 105.0]}}))
+    a streaming read, 2 threads: 21.0 / 22.0 GB/s (median / best of 3 sweeps, in turns with the engines); tercomp int8 reads 200 MiB a token: 21.0 GB/s at its median (100% of the read's median), 22.0 at its best (100%)
+    """
+    med, best = float(np.median(stream_gbs)), float(np.max(stream_gbs))
+    line = (f"a streaming read, {threads} thread{'s' if threads > 1 else ''}: {med:.1f} / "
+            f"{best:.1f} GB/s (median / best of {len(stream_gbs)} sweeps, in turns with the "
+            f"engines)")
+    for n, r in compiled.items():
+        if r.get("bytes_per_token") and rows.get(n, {}).get("tg"):
+            tmed, tbest = summarize(rows[n]["tg"])
+            gm, gb = r["bytes_per_token"] * tmed / 1e9, r["bytes_per_token"] * tbest / 1e9
+            line += (f"; {n} reads {r['bytes_per_token'] / 2**20:.0f} MiB a token: {gm:.1f} "
+                     f"GB/s at its median ({gm / med:.0%} of the read's median), {gb:.1f} at "
+                     f"its best ({gb / best:.0%})")
+    return line
 
 
 WORKERS = {"tercomp-compile": worker_tercomp_compile, "tercomp-run": worker_tercomp_run,
@@ -644,9 +673,15 @@ def report(a, given):
     for threads in a.thread_list:
         a.threads = threads
         rows = {n: {"pp": [], "tg": [], "pp_long": []} for n in runs}
+        stream_gbs = []
         # the engines take turns, each round in fresh processes: a change in the shared
-        # machine's load then hits every engine alike
+        # machine's load then hits every engine alike (and the streaming read, which
+        # takes its turn too)
         for _ in range(a.rounds):
+            stream_artifact, a.artifact = a.artifact, a.model
+            stream_gbs += (run_worker("stream", a, [f"--threads={threads}"]) or {}).get(
+                "stream_gbs", [])
+            a.artifact = stream_artifact
             for n, (engine, path) in runs.items():
                 if engine == "tercomp":
                     a.artifact = path
@@ -668,17 +703,8 @@ def report(a, given):
         print(f"\n{threads} thread{'s' if threads > 1 else ''}; model {tag}; {a.rounds} rounds "
               f"in turns x {a.repeat} repetitions; {machine.load()}")
         print(format_table(rows, a.prompt, a.gen, wrong, a.long_prompt))
-        a.artifact = a.model
-        stream = run_worker("stream", a, [f"--threads={threads}"])
-        if stream:
-            line = (f"a streaming read, {threads} thread{'s' if threads > 1 else ''}: "
-                    f"{stream['stream_gbs']:.1f} GB/s")
-            for n, r in compiled.items():
-                if r.get("bytes_per_token") and rows[n]["tg"]:
-                    gbs = r["bytes_per_token"] * summarize(rows[n]["tg"])[0] / 1e9
-                    line += (f"; {n} reads {r['bytes_per_token'] / 2**20:.0f} MiB a token, "
-                             f"{gbs:.1f} GB/s at its median ({gbs / stream['stream_gbs']:.0%})")
-            print(line)
+        if stream_gbs:
+            print(stream_line(threads, stream_gbs, compiled, rows))
     for n, b in builds.items():
         print(f"{n}: {given[runs[n][0]]}, llama-bench build {b}")
     if a.batch > 1:

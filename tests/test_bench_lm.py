@@ -147,6 +147,22 @@ def test_format_table_docstring_example():
     assert runner.summarize(verbose=False).failed == 0
 
 
+def test_stream_line_sets_median_against_median_and_best_against_best():
+    finder = doctest.DocTestFinder()
+    runner = doctest.DocTestRunner()
+    for t in finder.find(lm.stream_line, "stream_line", globs={"stream_line": lm.stream_line}):
+        runner.run(t)
+    assert runner.summarize(verbose=False).failed == 0
+    # a read whose sweeps moved 16 -> 24 GB/s: the decode's median against the read's median
+    line = lm.stream_line(1, [16.0, 20.0, 24.0], {"tercomp f16": {"bytes_per_token": 10**8},
+                                                  "tercomp int8": {"bytes_per_token": None}},
+                          {"tercomp f16": {"tg": [150.0, 170.0, 200.0]}})
+    assert line.startswith("a streaming read, 1 thread: 20.0 / 24.0 GB/s (median / best of 3")
+    assert "tercomp f16 reads 95 MiB a token: 17.0 GB/s at its median (85% of the read's " \
+           "median), 20.0 at its best (83%)" in line
+    assert "tercomp int8" not in line          # no bytes a token known: no fraction
+
+
 def test_every_peer_flag_is_an_option_of_the_bench():
     flags = {p.flag for p in peers.PEERS.values()}
     assert flags == {"ik-llama", "bitnet-cpp", "llama-cpp"}
