@@ -82,9 +82,10 @@ def kind(name: str, vocab: int) -> tuple[str, str]:
         return "rms_norm", name
     if "rope" in name:
         return "rope", name
-    # the batched cache's rows go in by iree_linalg_ext.scatter; the single one's
-    # (tensor.insert_slice into the global) by IREE's copy dispatch, `slow_memcpy`
-    if re.search(r"scatter|cache_write|update_slice|insert_slice|memcpy", name):
+    # the batched cache's rows go in by the kv_write kernel (or iree_linalg_ext.scatter,
+    # the generic kernel); the single one's (tensor.insert_slice into the global) by
+    # IREE's copy dispatch, `slow_memcpy`
+    if re.search(r"kv_write|scatter|cache_write|update_slice|insert_slice|memcpy", name):
         return "kv_write", name
     if re.search(r"gemv|gemm|matmul|ternary|tl_", name) and name.startswith("tern_"):
         return "ternary", name

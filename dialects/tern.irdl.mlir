@@ -238,7 +238,9 @@ irdl.dialect @tern {
     %3 = irdl.any
     irdl.operands(x0: %0, x1: %1, x2: %2, x3: %3)
     %4 = irdl.any
-    irdl.results(r0: %4)
+    irdl.attributes {"kernel" = %4}
+    %5 = irdl.any
+    irdl.results(r0: %5)
   }
   irdl.operation @layer_norm {
     %0 = irdl.any

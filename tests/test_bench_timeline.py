@@ -24,6 +24,7 @@ def test_dispatch_kinds_and_bytes():
     assert k("tern_rope_16x96") == "rope"
     assert k("step_dispatch_7_scatter_8x512x16x96xf16_dispatch_tensor_store") == "kv_write"
     assert k("step_dispatch_7_slow_memcpy") == "kv_write"
+    assert k("tern_kv_write_8x512x1536_f16") == "kv_write"
     assert k("step_dispatch_12_elementwise_D_f32") == "other"
     # N rows of K/4 bytes (2-bit codes); the output table's rows of K int8 or f16
     assert timeline.weight_bytes("tern_avx512_gemv_4096x384_offset_q") == 4096 * 384

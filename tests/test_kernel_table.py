@@ -35,7 +35,7 @@ def test_every_row_is_a_kernel_of_a_registered_op():
         assert callable(r.fits) and callable(r.emit) and r.fits.__doc__
         assert r.describe().startswith(f"{r.op} kernel {r.kernel!r}")
     assert kt.ops() == ("ternary_matmul", "widening_matmul", "matmul", "matmul_sum", "rms_norm",
-                        "rope", "cached_attention", "slot_attention")
+                        "rope", "cached_attention", "slot_attention", "kv_scatter")
     assert ternary_strategies.TABLE == kt.rows("ternary_matmul")
     assert ternary_strategies.CHOICES == ("auto", *kt.kernel_names("ternary_matmul"), "off")
 
@@ -49,7 +49,8 @@ def test_host_only_rows_are_never_chosen_for_other_targets(targets):
              "rms_norm": [TensorType((1, 64), "f32"), TensorType((64,), "f32")],
              "rope": [TensorType((1, 2, 64), "f32")] + [TensorType((1, 32), "f32")] * 2,
              "cached_attention": [TensorType((1, 2, 64), "f32"), TensorType((8, 2, 64), "f32")],
-             "slot_attention": [TensorType((1, 2, 64), "f32"), TensorType((2, 8, 2, 64), "f32")]}
+             "slot_attention": [TensorType((1, 2, 64), "f32"), TensorType((2, 8, 2, 64), "f32")],
+             "kv_scatter": [TensorType((2, 8, 2, 64), "f16"), TensorType((1, 2, 64), "f16")]}
     attrs = {"k": 4096, "n": 4096, "style": "neox", "transpose_b": False}
     for op in kt.ops():
         found = kt.choose(op, types[op], attrs, targets, features=("avx2",))
@@ -143,6 +144,13 @@ def _slots(d, cache_dtype):
              tc.spec(("T",), "int32")])
 
 
+def _kv_scatter(kv, d, cache_dtype, t="T"):
+    return (lambda cache, rows, slots, pos, kernel: apply("kv_scatter", cache, rows, slots, pos,
+                                                          kernel=kernel),
+            [tc.spec((3, 32, kv, d), cache_dtype), tc.spec((t, kv, d), cache_dtype),
+             tc.spec((t,), "int32"), tc.spec((t,), "int32")])
+
+
 def _matmul(a_shape, x_shape, transpose_b=False, dtype=F32):
     return (lambda a, x, kernel: apply("matmul", a, x, transpose_b=transpose_b, kernel=kernel),
             [tc.spec(a_shape, dtype), tc.spec(x_shape, dtype)])
@@ -168,6 +176,9 @@ SAMPLES = {
     "cached_attention": [_attention(16, "float16"), _attention(16, F32), _attention(12, F32),
                          _attention(520, "float16")],
     "slot_attention": [_slots(16, "float16"), _slots(12, F32)],
+    # rows of 64 bytes and more, f16 and f32, a static T; then rows of 48 bytes, i32 caches
+    "kv_scatter": [_kv_scatter(2, 16, "float16"), _kv_scatter(2, 16, F32), _kv_scatter(4, 32, "float16", 5),
+                   _kv_scatter(2, 12, "float16"), _kv_scatter(2, 16, "int32")],
     "matmul": [_matmul((64, 72), (16, 72, 256)), _matmul((24, 72), (16, 72, 256)), _matmul((24, 72), (64, 72, 256)),
                _matmul((64, 72), (16, 72, 48)), _matmul((64, 72), (16, 72, 40)),
                _matmul((8, 8), (2, 8, 16)), _matmul((64, 72), (16, 256, 72), True),

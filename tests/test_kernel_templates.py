@@ -20,7 +20,7 @@ from tercomp.errors import TercompError
 
 ir = pytest.importorskip("iree.compiler.ir")
 
-KERNELS = ["attention", "attention_rows", "dense_avx2", "dense_vnni", "gemm_avx512", "rms_norm", "rope", "ternary_amax_map",
+KERNELS = ["attention", "attention_rows", "dense_avx2", "dense_vnni", "gemm_avx512", "kv_write", "rms_norm", "rope", "ternary_amax_map",
            "ternary_amx_quant", "ternary_avx2", "ternary_avx2_quant", "ternary_avx512", "ternary_avx512_tall",
            "ternary_im2col_quant", "ternary_lanes_quant", "ternary_lanes_quant_unpadded"]
 
@@ -44,6 +44,21 @@ def parsed(text: str) -> str:
 def check(text: str, checks: str):
     parsed(text)                    # IREE's parser takes it
     run_filecheck(text, checks)
+
+
+def test_kv_write():
+    check(rows_cpu.kv_write_text("tern_kv_write_8x512x1536_f16", 8, 512, 1536, "f16"), """
+CHECK-LABEL: stream.executable private @tern_kv_write_8x512x1536_f16
+CHECK:   %g = affine.apply affine_map<()[s0] -> (s0 ceildiv 1)>()[%m]
+CHECK:   func.func @tern_kv_write_8x512x1536_f16(%bc: !stream.binding, %br: !stream.binding, %bs: !stream.binding, %bp: !stream.binding, %m: index)
+CHECK:     %cl = arith.constant 32 : index
+CHECK:     %cache = stream.binding.subspan %bc[%c0] : !stream.binding -> memref<8x512x1536xf16>
+CHECK:     %slot = arith.index_cast %s32 : i32 to index
+CHECK:     scf.for %c = %c0 to %cw step %cl
+CHECK:       %v = vector.load %rows[%t, %c] : memref<?x1536xf16>, vector<32xf16>
+CHECK:       vector.store %v, %cache[%slot, %pos, %c] : memref<8x512x1536xf16>, vector<32xf16>
+""")
+    assert "vector<16xf32>" in rows_cpu.kv_write_text("k", 2, 4, 64, "f32")
 
 
 def test_rms_norm():

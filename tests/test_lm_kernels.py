@@ -1,5 +1,6 @@
 """The hand-written CPU kernels of a language model's step (kernel="cpu"):
-cached_attention (kernels/attention/attention_cpu.py), rms_norm and rope (kernels/rows/rows_cpu.py),
+cached_attention (kernels/attention/attention_cpu.py), rms_norm, rope and the slot caches'
+kv_scatter (kernels/rows/rows_cpu.py),
 each compiled alone with a dynamic row count and checked against the op's reference,
 and the IR they leave (one dispatch, no masked linalg)."""
 import numpy as np
@@ -179,6 +180,35 @@ def test_rope_matches_reference(style, kernel):
         want = np.concatenate([y1, y2], -1) if style == "neox" else np.stack([y1, y2], -1).reshape(t, h, d)
         np.testing.assert_allclose(exe(x, cos, sin), want, rtol=1e-6, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("kv_dtype", ["float16", "float32"])
+def test_kv_write_kernel_matches_reference(kv_dtype):
+    # the in-place dispatch (a result tied to the cache operand), one workgroup a row, for
+    # a symbolic row count: rows into several slots, one slot's rows apart, the last
+    # position of a slot, and no row at all; every other row of the cache is kept
+    n, s, kv, d = 3, 40, 2, 32
+
+    def write(cache, rows, slots, pos):
+        return apply("kv_scatter", cache, rows, slots, pos, kernel="cpu")
+    specs = (tc.spec((n, s, kv, d), kv_dtype), tc.spec(("T", kv, d), kv_dtype),
+             tc.spec(("T",), "int32"), tc.spec(("T",), "int32"))
+    exe = tc.compile(write, *specs, cache=False)
+    graph = tc.trace(write, *specs)
+    el = "f16" if kv_dtype == "float16" else "f32"
+    run_filecheck(exe.ir("mlir"), rf"""
+# CHECK: stream.executable private @tern_kv_write_3x40x64_{el}
+# CHECK: %[[C:.*]] = flow.dispatch @tern_kv_write_3x40x64_{el}::@tern_kv_write_3x40x64_{el}[%{{{{.*}}}}](%[[X:[a-z0-9_]+]], {{{{.*}}}}) : (tensor<3x40x64x{el}>, {{{{.*}}}}) -> %[[X]]
+# CHECK-NOT: iree_linalg_ext.scatter
+""")
+    r = np.random.default_rng(7)
+    cache = r.standard_normal((n, s, kv, d)).astype(kv_dtype)
+    for slots, pos in (([0, 1, 2], [5, 0, 39]), ([1, 1, 1, 1], [10, 11, 12, 13]), ([2], [7]),
+                       ([], [])):
+        slots, pos = np.array(slots, np.int32), np.array(pos, np.int32)
+        rows = r.standard_normal((slots.size, kv, d)).astype(kv_dtype)
+        want = tc.ops.interpret(graph, cache, rows, slots, pos)[0]
+        np.testing.assert_array_equal(exe(cache, rows, slots, pos), want)
 
 
 def test_interleaved_rope_kernel_equals_the_generic_lowering():

@@ -41,6 +41,22 @@ def dispatch(executable: str, entry: str, workload: Sequence[ir.Value], args: Se
     return list(op.results) if isinstance(result_type, (list, tuple)) else op.result
 
 
+def dispatch_in_place(executable: str, entry: str, workload: Sequence[ir.Value],
+                      args: Sequence[ir.Value], arg_dims: Sequence[ir.Value]) -> ir.Value:
+    """`flow.dispatch` whose one result is its first argument updated in place (a tied
+    operand: `-> %args[0]`, which must be statically shaped): the executable gets a
+    binding per argument and none for the result, and writes the result through the
+    first argument's binding; IREE keeps the tensor's storage (a KV cache's global) with
+    no copy."""
+    op = flow.DispatchOp([args[0].type], list(workload),
+                         ir.ArrayAttr.get([ir.SymbolRefAttr.get([executable, entry])]),
+                         list(args), list(arg_dims), [])
+    # IREE stores tied operands as index attributes (its verifier's message says i64)
+    op.operation.attributes["tied_operands"] = ir.ArrayAttr.get(
+        [ir.IntegerAttr.get(ir.IndexType.get(), 0)])
+    return op.result
+
+
 def split_rows(n: int, workgroups: int, align: int) -> tuple[int, int]:
     """(rows per workgroup, workgroup count): about `workgroups` workgroups over n rows,
     each a multiple of `align` rows."""

@@ -47,6 +47,9 @@ row again.
     cached_attention cpu           llvm-cpu  -            D % 8 == 0, D <= 512, an f16 or f32
                                                           cache; where it fits
     slot_attention   cpu           llvm-cpu  -            as cached_attention; where it fits
+    kv_scatter       cpu           llvm-cpu  -            a static f16 or f32 cache whose rows
+                                                          (KV x D) are whole 64-byte vectors;
+                                                          where it fits
 
 ("CPU" is llvm-cpu and llvm-cpu-generic; KB is the packed weights' bytes a row, 4 KB the
 padded K: padded_k makes every K above 256 a multiple of 256, so the avx512 row takes a
@@ -272,6 +275,11 @@ def _rms_norm_cpu_fits(types, attrs):
         and rows_cpu.norm_fits(int(x.shape[-1]))
 
 
+def _kv_write_fits(types, attrs):
+    """a static f16 or f32 cache [N, S, KV, D], KV x D x its bytes a multiple of 64"""
+    return rows_cpu.kv_write_fits(types[0])
+
+
 def _rope_cpu_fits(types, attrs):
     """"neox" or "interleaved" pairs of one sequence, f32 x [(1,) T, H, D] with D % 16 == 0"""
     x = types[0]
@@ -402,6 +410,9 @@ TABLE = (
     KernelRow("slot_attention", "cpu", HOST, None, _attention_cpu_fits, attention_cpu.emit_slot,
               "a workgroup per (query, group of KV heads) reading each cache row's group of "
               "heads contiguously, 4 rows a step, with an online softmax per head"),
+    KernelRow("kv_scatter", "cpu", HOST, None, _kv_write_fits, rows_cpu.emit_kv_write,
+              "one workgroup a row, 64-byte vector copies into the cache in place (IREE's "
+              "scatter copies element by element: 3.5x slower at a batched step's 8 rows)"),
 )
 
 #: The value of an op's kernel attribute that asks the pass to choose: "auto" for the

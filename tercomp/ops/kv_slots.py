@@ -3,10 +3,12 @@ max_batch > 1) holds one sequence per slot, and one call mixes tokens of several
 sequences, each at its own position (decode steps of running streams, a chunk of a new
 prompt; the "ragged batch" of vLLM's attention backends).
 
-- `kv_scatter(cache [N, S, KV, D], rows [T, KV, D], slots [T], positions [T])`: the cache
-  with row t written at (slots[t], positions[t]) (IREE's `iree_linalg_ext.scatter`,
-  updated in place in a global: measured 0.03 ms for a row of a 64 MiB cache). The
-  pairs must be distinct.
+- `kv_scatter(cache [N, S, KV, D], rows [T, KV, D], slots [T], positions [T]) {kernel}`:
+  the cache with row t written at (slots[t], positions[t]), updated in place in a global.
+  The pairs must be distinct. `kernel` "generic" is IREE's `iree_linalg_ext.scatter`
+  (0.03 ms for a row of a 64 MiB cache; it copies element by element); "cpu" (the kernel
+  table's row, where it fits) is kernels/rows/rows_cpu.py's kv_write, one workgroup a
+  row of 64-byte vector copies in a dispatch tied to the cache.
 - `slot_attention(q [T, H, D], k [N, S, KV, D], v, slots [T], positions [T]) {scale,
   window, kernel}`: causal softmax attention of query t over the rows 0..positions[t] of
   its slot slots[t] (which this call's kv_scatter has written up to positions[t]); with
@@ -65,6 +67,7 @@ def _scatter_infer(types, a):
         raise TraceError(f"kv_scatter: rows {_fmt(rows)} do not fit the cache {_fmt(cache)}",
                          hint="rows are [T, KV, D] of the cache's dtype")
     _check_index([slots, positions], "kv_scatter", rows.shape[0])
+    check_attr("kv_scatter", types, a)
     return [cache]
 
 
@@ -102,7 +105,8 @@ def _scatter_lower(ctx, op, xs):
 
 
 register(OpDef("kv_scatter", "cache", _scatter_infer, _scatter_ref, num_operands=4,
-               lower=_scatter_lower, differentiable=False, nondiff_operands=(0, 1, 2, 3),
+               attrs={"kernel": "generic"}, lower=_scatter_lower, differentiable=False,
+               nondiff_operands=(0, 1, 2, 3),
                doc="the cache [N, S, ...] with row t written at (slots[t], positions[t])"))
 
 

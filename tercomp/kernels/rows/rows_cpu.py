@@ -1,6 +1,7 @@
 """Row-wise kernels of a language model's step on a CPU, as hand-written dispatches
 (vector code compiled by IREE like `kernels.ternary.avx2`): `rms_norm` over the rows of
-x [R, N], and `rope` (the "neox" or "interleaved" rotation) over the rows of x [T, H, D].
+x [R, N], `rope` (the "neox" or "interleaved" rotation) over the rows of x [T, H, D], and
+`kv_write`, the batched generator's KV rows written into their slots in place.
 
 Why by hand: with a dynamic row count R, IREE 3.13 tiles the rows by 8 and masks the
 tile, and on this Zen 3 machine the masked loads and stores (`vmaskmovps`) of the 7
@@ -23,7 +24,7 @@ from iree.compiler import ir
 from iree.compiler.dialects import arith, tensor
 
 from ...codegen.builders import tensor_type
-from ...codegen.executables import dispatch, ensure_executable
+from ...codegen.executables import dispatch, dispatch_in_place, ensure_executable
 from ...ir import TensorType, is_static
 from ..template import render
 
@@ -49,6 +50,55 @@ def rope_text(name: str, heads: int, d: int, interleaved: bool = False) -> str:
     (i, i + D/2), or (2i, 2i + 1) where `interleaved`: (x1 c - x2 s, x2 c + x1 s)
     (templates/rope.mlir)."""
     return render("rope", name=name, heads=heads, d=d, rows=ROWS, interleaved=interleaved)
+
+
+#: The kv_write kernel's vector: 64 bytes (one cache line) a load and a store.
+KV_VECTOR_BYTES = 64
+_KV_BYTES = {"f16": 2, "f32": 4}
+
+
+def kv_write_fits(cache: TensorType) -> bool:
+    """Whether kv_write takes a static cache [N, S, KV, D] of f16 or f32 whose rows (KV x D
+    elements) are whole 64-byte vectors."""
+    return (cache.rank == 4 and all(is_static(d) for d in cache.shape)
+            and cache.dtype in _KV_BYTES
+            and int(cache.shape[2]) * int(cache.shape[3]) * _KV_BYTES[cache.dtype]
+            % KV_VECTOR_BYTES == 0)
+
+
+def kv_write_text(name: str, n: int, s: int, w: int, el: str) -> str:
+    """(cache [N, S, W] el, rows [T, W] el, slots, positions: i32 [T], T: index) -> the
+    cache with row t at (slots[t], positions[t]), in place (templates/kv_write.mlir)."""
+    return render("kv_write", name=name, n=n, s=s, w=w, el=el,
+                  lanes=KV_VECTOR_BYTES // _KV_BYTES[el])
+
+
+def emit_kv_write(ctx, op, xs) -> list:
+    """The kernel table's kv_scatter "cpu" row: the rows [T, KV, D] written into the cache
+    [N, S, KV, D] by one workgroup a row, in place (a dispatch whose result is the cache
+    operand). IREE's scatter of the same rows ran element by element: 15 us a layer's K
+    or V at 8 rows (the 700M shape's batched step), 4.3 us here; 0.14 -> 0.03 ms a step of
+    one row (bench/RESULTS.md 2026-11-28)."""
+    cache, rows, slots, positions = xs
+    ct = op.operands[0].type
+    n, s, kv, d = (int(x) for x in ct.shape)
+    w = kv * d
+    el = ir.RankedTensorType(cache.type).element_type
+    name = f"tern_kv_write_{n}x{s}x{w}_{ct.dtype}"
+    ensure_executable(name, lambda: kv_write_text(name, n, s, w, ct.dtype))
+    rt = op.operands[1].type
+    t = ctx.dim(rt.shape[0])
+    dyn = not is_static(rt.shape[0])
+    flat_rows = tensor.CollapseShapeOp(
+        ir.RankedTensorType.get([ir.ShapedType.get_dynamic_size() if dyn else int(rt.shape[0]), w],
+                                el), rows, [[0], [1, 2]]).result
+    flat_cache = tensor.CollapseShapeOp(ir.RankedTensorType.get([n, s, w], el), cache,
+                                        [[0], [1], [2, 3]]).result
+    dims = [t] if dyn else []
+    idx = [t] if ir.RankedTensorType(slots.type).is_dynamic_dim(0) else []
+    out = dispatch_in_place(name, name, [t], [flat_cache, flat_rows, slots, positions, t],
+                            dims + idx + idx)
+    return [tensor.ExpandShapeOp(cache.type, out, [[0], [1], [2, 3]], [], [n, s, kv, d]).result]
 
 
 def _dims(rows: ir.Value, *xs: ir.Value) -> list:
