@@ -238,30 +238,38 @@ def worker_tercomp_run(a):
 def worker_tercomp_batched(a):
     """Aggregate tokens/s of batched decode with the max_batch artifact: for B = 1 and
     a.max_batch, B prompts prefilled one slot at a time, then a.gen steps of B tokens
-    (each followed by the argmax of every row), a.repeat times after a warm-up."""
+    (each followed by the argmax of every row), a.repeat times after a warm-up of each.
+    The batch sizes take turns, repetition by repetition (the order swapped each time):
+    the machine's speed moves from minute to minute, and B's ratio to one sequence is
+    the number that matters."""
     import tercomp as tc
     gen = tc.load(a.artifact, threads=a.threads)
     rng = np.random.default_rng(1)
-    out = {}
-    for b in sorted({1, a.max_batch}):
-        prompts = [rng.integers(3, a.vocab, a.prompt).astype(np.int32) for _ in range(b)]
-        slots = np.arange(b, dtype=np.int32)
+    sizes = sorted({1, a.max_batch})
+    prompts = {b: [rng.integers(3, a.vocab, a.prompt).astype(np.int32) for _ in range(b)]
+               for b in sizes}
 
-        def once():
-            t = time.perf_counter()
-            toks = np.array([int(np.argmax(gen.prefill(p, slot=s, logits_to_keep=1)[-1]))
-                             for s, p in enumerate(prompts)], np.int32)
-            pp = time.perf_counter() - t
-            t = time.perf_counter()
-            for _ in range(a.gen):
-                toks = np.argmax(gen.step(toks, slots=slots), axis=-1).astype(np.int32)
-            tg = time.perf_counter() - t
-            for s in range(b):
-                gen.free(s)
-            return b * a.prompt / pp, b * a.gen / tg
-        once()
-        samples = [once() for _ in range(a.repeat)]
-        out[str(b)] = {"pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
+    def once(b):
+        slots = np.arange(b, dtype=np.int32)
+        t = time.perf_counter()
+        toks = np.array([int(np.argmax(gen.prefill(p, slot=s, logits_to_keep=1)[-1]))
+                         for s, p in enumerate(prompts[b])], np.int32)
+        pp = time.perf_counter() - t
+        t = time.perf_counter()
+        for _ in range(a.gen):
+            toks = np.argmax(gen.step(toks, slots=slots), axis=-1).astype(np.int32)
+        tg = time.perf_counter() - t
+        for s in range(b):
+            gen.free(s)
+        return b * a.prompt / pp, b * a.gen / tg
+    for b in sizes:
+        once(b)
+    out = {str(b): {"pp": [], "tg": []} for b in sizes}
+    for r in range(a.repeat):
+        for b in (sizes if r % 2 == 0 else sizes[::-1]):
+            pp, tg = once(b)
+            out[str(b)]["pp"].append(pp)
+            out[str(b)]["tg"].append(tg)
     return out
 
 
