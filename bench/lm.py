@@ -32,9 +32,13 @@ rounds, each run a fresh process:
   tokens/s of pp128 and pp512 (a 128- and a 512-token prompt, --prompt and
   --long-prompt) and tg64 (64 tokens generated one at a time, from an empty cache);
 - tercomp: a saved generator (`tc.load`), `prefill(prompt, logits_to_keep=1)` of 128
-  tokens, then 64 `decode` calls each followed by an argmax (the greedy loop), then a
-  `prefill` of 512 tokens (starting over), 3 repetitions after a warm-up; its decode
-  starts at position 128.
+  tokens; then, as llama-bench's tg64 runs, 64 tokens one at a time from an empty cache
+  (positions 0-63: a one-token `prefill`, which starts over, then 63 `decode` calls),
+  each followed by an argmax (the greedy loop); then a `prefill` of 512 tokens (starting
+  over); 3 repetitions after a warm-up. (Until 2026-11-28 13:30 tercomp's decode
+  continued at positions 128-191 after its prompt, where attention reads 2-6x the rows
+  of the peers' tg64: a handicap of 5-10% at the 700M shape. The --batch table's decode,
+  like llama-batched-bench's, still runs after the 128-token prompts.)
 A prefill of 512 tokens takes about 4x one of 128 (in every engine), which each
 repetition of each run pays once more; --long-prompt 0 leaves it out.
 Printed: the median and the best of all repetitions of all rounds, tercomp's ratio to
@@ -207,8 +211,9 @@ def worker_tercomp_compile(a):
 
 def worker_tercomp_run(a):
     """pp, tg and pp_long tokens/s of every repetition: prefill(logits_to_keep=1) of the
-    prompt, then `gen` decode calls, each followed by the argmax a greedy loop takes, then
-    (a.long_prompt > 0) a prefill of a.long_prompt tokens, which starts over."""
+    prompt; then `gen` tokens from an empty cache (a one-token prefill, then gen - 1
+    decode calls), each followed by the argmax a greedy loop takes; then (a.long_prompt
+    > 0) a prefill of a.long_prompt tokens, which starts over."""
     import tercomp as tc
     gen = tc.load(a.artifact, threads=a.threads)
     rng = np.random.default_rng(1)
@@ -222,8 +227,9 @@ def worker_tercomp_run(a):
 
     def once():
         tok, pp = prefill(prompt)
-        t = time.perf_counter()
-        for _ in range(a.gen):
+        t = time.perf_counter()         # tg: from an empty cache, as llama-bench's
+        tok = int(np.argmax(gen.prefill(np.array([tok], np.int32), logits_to_keep=1)[-1]))
+        for _ in range(a.gen - 1):
             tok = int(np.argmax(gen.decode(tok)))
         tg = a.gen / (time.perf_counter() - t)
         return pp, tg, (prefill(long_prompt)[1] if a.long_prompt else None)

@@ -119,14 +119,17 @@ def calls(gen, batch: int, pos: int, prompt: int, vocab: int):
     def arr(xs):
         xs = list(map(int, xs))
         return f"{len(xs)}xi32=" + " ".join(map(str, xs))
+    def start(p):      # a scalar argument (StepABI), a 0-d tensor in older modules
+        gen._fn()
+        return str(p) if gen._scalar else f"i32={p}"
     out = []
     if batch == 1:
         gen.prefill(ctx_ids)
         tok = int(ctx_ids[-1])
-        out.append(("decode M=1", 1, [arr([tok]), f"i32={pos}", arr([0])],
+        out.append(("decode M=1", 1, [arr([tok]), start(pos), arr([0])],
                     lambda: gen.extend([tok], start=pos, logits_to_keep=1)))
         out.append((f"prefill T={prompt}", prompt,
-                    [arr(prompt_ids), "i32=0", arr([prompt - 1])],
+                    [arr(prompt_ids), start(0), arr([prompt - 1])],
                     lambda: gen.extend(prompt_ids, start=0, logits_to_keep=1)))
         return out, lambda: gen.prefill(ctx_ids)
     for s in range(batch):

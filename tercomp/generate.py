@@ -292,10 +292,11 @@ def _pipeline(abi: StepABI, n_caches: int, cache_type, ternary, opts: BuildOptio
                              abi.bind_outputs(n_caches, 0)))
 
     def lower(g, ctx, params):
-        return to_stateful_mlir([Entry(abi.function, g, bind_in, bind_out), *entries], state,
+        return to_stateful_mlir([Entry(abi.function, g, bind_in, bind_out, abi.scalars),
+                                 *entries], state,
                                 ctx, params=params, targets=names)
     return Pipeline("compile_lm", tuple(passes), lower,
-                    lower_key=repr((abi, cache_type, sorted(bind_in.items()),
+                    lower_key=repr((abi, sorted(abi.scalars), cache_type, sorted(bind_in.items()),
                                     sorted(bind_out.items()),
                                     copy and digest(copy))),
                     weights="irpa", function=abi.function, stages_on_hit=False,

@@ -307,6 +307,28 @@ def test_artifact_of_an_older_step_is_refused(gen):
         LMGenerator(old)
 
 
+def test_start_is_a_scalar_and_older_tensor_start_modules_still_run(gen, lm_file, full,
+                                                                     monkeypatch):
+    # the step takes `start` as an i32 (no readback of a 0-d tensor on every call)
+    decl = dict(gen._fn().vm_function.reflection)["iree.abi.declaration"]
+    assert "%input1: i32," in decl and gen._scalar
+    # a module compiled before (start a tensor<i32>) still loads and runs the same
+    from tercomp.runtime.step_abi import StepABI
+    monkeypatch.setattr(StepABI, "scalars", property(lambda self: frozenset()))
+    older = tc.compile_lm(models.load(lm_file), max_seq=MAX_SEQ, cache=False)
+    monkeypatch.undo()
+    decl = dict(older._fn().vm_function.reflection)["iree.abi.declaration"]
+    assert "%input1: tensor<i32>" in decl and not older._scalar
+    assert LMGenerator.module_mismatch(older.exe.meta["lm"],
+                                       dict(older._fn().vm_function.reflection)) is None
+    np.testing.assert_array_equal(older.prefill(IDS), full)
+    gen.prefill(IDS[:10])
+    older.prefill(IDS[:10])
+    np.testing.assert_array_equal(older.decode(int(IDS[10])), gen.decode(int(IDS[10])))
+    assert StepABI(batched=False).scalar_inputs([([None], "i32"), ([], "f32"), ([None], "i32")]) \
+        is None
+
+
 def test_decode_before_prefill_and_full_cache(gen):
     gen.reset()
     with pytest.raises(tc.TercompError, match="decode before prefill"):

@@ -15,6 +15,8 @@ from tercomp.runtime.module import CompiledModule
 from tercomp.runtime.signature import Signature
 from tercomp.tracing.tracer import apply
 
+from conftest import run_filecheck
+
 S, H, KV, D, E = 16, 4, 2, 8, 32
 rng = np.random.default_rng(0)
 WQ, WK, WV = (rng.standard_normal((E, n)).astype(np.float32) / 6 for n in (H * D, KV * D, KV * D))
@@ -54,7 +56,15 @@ def toy():
     session, ctx = new_session()
     module = to_stateful_mlir([Entry("prefill", gp, bind_in, bind_out),
                                Entry("decode", gd, bind_in, bind_out),
-                               Entry("step", gp, bind_in, bind_out)], state, ctx).module  # gp again
+                               Entry("step", gp, bind_in, bind_out),      # gp again
+                               Entry("step_scalar", gp, bind_in, bind_out, frozenset({1}))],
+                              state, ctx).module
+    run_filecheck(str(module), """
+        CHECK-LABEL: func.func @step_scalar(
+        CHECK-SAME:    %[[X:.+]]: tensor<?x32xf32>, %[[S:.+]]: i32) -> tensor<?x32xf32>
+        CHECK:         %[[T:.+]] = tensor.from_elements %[[S]] : tensor<i32>
+        CHECK:         call @prefill_step(%[[X]], %[[T]],
+        """)
     vmfb = compile_module(session, module, HOST_CPU_FLAGS)
     exe = CompiledModule(vmfb, dataclasses.replace(Signature.from_graph(gp), function="prefill"))
     return exe, gp
@@ -97,6 +107,27 @@ def test_state_binding_errors():
         to_stateful_mlir([Entry("decode", g, {2: "nope"}, {})], [], ctx)
     with pytest.raises(CompileError, match="static shape"):
         StateVar("k", TensorType(("S", KV, D), "f16"))
+
+
+def test_a_scalar_start_runs_as_the_tensor_one(toy):
+    # Entry.scalars: the 0-d start taken as a plain i32 (a Python int), the same results
+    exe, _ = toy
+    prefill, step = exe.function("prefill"), exe.function("step_scalar")
+    x = rng.standard_normal((6, E)).astype(np.float32)
+    want = numpy_attention(x)
+    prefill(x[:3], np.array(0, np.int32))
+    for i in range(3, 6):
+        np.testing.assert_allclose(step(x[i:i + 1], i).to_host(), want[i:i + 1], atol=2e-5)
+
+
+def test_scalar_inputs_must_be_unbound_0d_integers():
+    cache = tc.spec((S, KV, D), "float16")
+    g = tc.trace(step, tc.spec((1, E)), tc.spec((), "int32"), cache, cache, name="decode_step")
+    state = [StateVar("k", TensorType((S, KV, D), "f16"))]
+    _, ctx = new_session()
+    for bad in (0, 2, 7):       # x [1, E], a bound cache, no such input
+        with pytest.raises(CompileError, match="taken as a scalar"):
+            to_stateful_mlir([Entry("decode", g, {2: "k"}, {}, frozenset({bad}))], state, ctx)
 
 
 def test_entries_share_a_graph(toy):

@@ -14,6 +14,13 @@ globals, calls it, stores the bound outputs back and returns the rest:
       return %logits
     }
 
+An entry may take some of its 0-d integer inputs as plain scalars (`Entry.scalars`: an
+`i32` argument, made a 0-d tensor inside with `tensor.from_elements`). A 0-d tensor
+argument is a device buffer, and a value the host needs (a cache row's offset, a
+dispatch's push constant) is then read back through the queue before the command buffer
+is recorded: a copy, a fence and a wait on every call (measured at the 700M decode step:
+0.27-0.37 ms of a 7.5 ms call, bench/RESULTS.md 2026-11-28 13:00).
+
 IREE inlines the call; a state output computed by `tensor.insert_slice` into the loaded
 global is then updated in place (measured with IREE 3.13: 12 us for a row of a 16 MiB
 global). A state variable must not be returned as an ordinary output as well: IREE
@@ -32,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from iree.compiler import ir
-from iree.compiler.dialects import func, util
+from iree.compiler.dialects import func, tensor, util
 
 from ..errors import CompileError
 from ..ir import Graph, TensorType, is_static
@@ -54,11 +61,13 @@ class StateVar:
 @dataclass
 class Entry:
     """Public function `name` running `graph`; `inputs` / `outputs` map a graph input /
-    output index to the state variable it is bound to."""
+    output index to the state variable it is bound to; `scalars` are the indices of
+    0-d integer inputs the function takes as scalars (see the module doc)."""
     name: str
     graph: Graph
     inputs: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
+    scalars: frozenset = frozenset()
 
 
 def _check(entry: Entry, state: dict, others):
@@ -67,6 +76,11 @@ def _check(entry: Entry, state: dict, others):
         raise CompileError(f"entry {entry.name!r}: the graph needs another name than the entry")
     if any(e.graph.name == g.name and e.graph is not g for e in others):
         raise CompileError(f"entry {entry.name!r}: another entry has a different graph named {g.name!r}")
+    for i in entry.scalars:
+        t = g.inputs[i].type if 0 <= i < len(g.inputs) else None
+        if t is None or i in entry.inputs or t.rank != 0 or t.dtype not in ("i32", "i64"):
+            raise CompileError(f"entry {entry.name!r}: input {i} taken as a scalar must be an "
+                               f"unbound 0-d i32 or i64 input, got {t}")
     for where, binding, values in (("input", entry.inputs, g.inputs), ("output", entry.outputs, g.outputs)):
         for i, name in binding.items():
             if name not in state:
@@ -122,9 +136,14 @@ def state_reflection(names, state: dict) -> str:
     return ", ".join(f"{n}: {tensor_type(state[n].type)}" for n in names)
 
 
+def _scalar_type(t: TensorType) -> ir.Type:
+    return ir.IntegerType.get_signless(int(t.dtype[1:]))
+
+
 def _entry(module: ir.Module, e: Entry, state: dict):
     g = e.graph
-    args = [tensor_type(v.type) for i, v in enumerate(g.inputs) if i not in e.inputs]
+    args = [tensor_type(v.type) if i not in e.scalars else _scalar_type(v.type)
+            for i, v in enumerate(g.inputs) if i not in e.inputs]
     results = [tensor_type(v.type) for i, v in enumerate(g.outputs) if i not in e.outputs]
     bound = set(e.inputs.values()) | set(e.outputs.values())
     with ir.InsertionPoint(module.body):
@@ -135,7 +154,8 @@ def _entry(module: ir.Module, e: Entry, state: dict):
     with ir.InsertionPoint(block):
         given = iter(block.arguments)
         operands = [util.GlobalLoadOp(tensor_type(v.type), e.inputs[i]).result if i in e.inputs
-                    else next(given) for i, v in enumerate(g.inputs)]
+                    else tensor.FromElementsOp(tensor_type(v.type), [next(given)]).result
+                    if i in e.scalars else next(given) for i, v in enumerate(g.inputs)]
         call = func.CallOp([tensor_type(v.type) for v in g.outputs], g.name, operands)
         out = []
         for i, r in enumerate(call.results):

@@ -144,7 +144,7 @@ class LMGenerator:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             return f"its max_batch is {batch!r}, not a positive int"
         abi = StepABI.of(batch)
-        if [t and (len(t[0]), t[1]) for t in inputs] != abi.input_ranks:
+        if abi.scalar_inputs(inputs) is None:
             return f"the module's {STEP} takes {inputs}, not ({', '.join(abi.inputs)})"
         if not outputs or outputs[0] is None or len(outputs[0][0]) != 2:
             return f"the module's {STEP} returns {outputs}, not logits [rows, vocab]"
@@ -167,8 +167,17 @@ class LMGenerator:
     def _fn(self):
         if self._step is None:
             # one compiled function serves prefill and decode (T = 1 for decode)
-            self._step = self.exe.function(STEP)
+            step = self.exe.function(STEP)
+            declared = declared_types(dict(step.vm_function.reflection).get(
+                "iree.abi.declaration", ""))
+            # a module compiled before `start` was a scalar takes a 0-d tensor
+            self._scalar = not declared or self.ABI.scalar_inputs(declared[0]) is not False
+            self._step = step
         return self._step
+
+    def _start_arg(self, position: int):
+        """The step's `start` argument (StepABI: an int, or a 0-d array for older modules)."""
+        return int(position) if self._scalar else np.array(position, np.int32)
 
     @contextlib.contextmanager
     def _exclusive(self, what: str):
@@ -212,7 +221,7 @@ class LMGenerator:
 
     def _prefill(self, ids, logits_to_keep):
         arr, rows = self._prompt(ids, logits_to_keep)
-        logits = self._run(self._fn(), (arr, np.array(0, np.int32), rows))
+        logits = self._run(self._fn(), (arr, self._start_arg(0), rows))
         self.position = arr.size
         return logits
 
@@ -275,7 +284,7 @@ class LMGenerator:
         return int(start)
 
     def _extend(self, arr, start: int, rows) -> np.ndarray:
-        logits = self._run(self._fn(), (arr, np.array(start, np.int32), rows))
+        logits = self._run(self._fn(), (arr, self._start_arg(start), rows))
         self.position = start + arr.size
         return logits
 
@@ -296,7 +305,7 @@ class LMGenerator:
         if self.position >= self.max_seq:
             raise InputError(f"decode: the cache is full ({self.max_seq} positions)",
                              hint="compile with a larger max_seq, or reset()")
-        logits = self._run(self._fn(), (arr, np.array(self.position, np.int32), _FIRST_ROW))
+        logits = self._run(self._fn(), (arr, self._start_arg(self.position), _FIRST_ROW))
         self.position += 1
         return logits[0]
 

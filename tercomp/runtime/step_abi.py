@@ -2,10 +2,13 @@
 side (tc.compile_lm, tercomp/generate.py) and the runtime side (runtime/generator.py,
 runtime/batched.py, the checks of a loaded artifact) both read.
 
-    step(ids i32[T], start i32[], rows i32[L])                  one sequence
+    step(ids i32[T], start i32, rows i32[L])                    one sequence
     step(ids i32[T], slots i32[T], positions i32[T], rows i32[L])   max_batch > 1
         -> logits f32[L, vocab]
 
+`start` is a plain i32 argument, not a 0-d tensor (lowering/state.py `Entry.scalars`: a
+tensor's value would be read back through the queue on every call); modules compiled
+before took it as a tensor, which the generator still accepts (`scalar_inputs`).
 Token t of the call is at position start + t (one sequence), or at positions[t] of the
 sequence in cache slot slots[t]; `rows` picks the positions of the call whose logits
 are computed. The KV caches kv0, kv1, ... (K and V of each layer: [max_seq, KV, D], or
@@ -40,6 +43,8 @@ COPY_INPUTS = ("src", "dst", "positions")
 
 _SINGLE = (("ids", ("T",)), ("start", ()), ("rows", ("L",)))
 _BATCHED = (("ids", ("T",)), ("slots", ("T",)), ("positions", ("T",)), ("rows", ("L",)))
+#: the named inputs passed as scalars (0-d in the traced step)
+_SCALARS = ("start",)
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,26 @@ class StepABI:
         return tuple(s for _, s in (_BATCHED if self.batched else _SINGLE))
 
     @property
+    def scalars(self) -> frozenset:
+        """The indices of the named inputs the exported step takes as i32 scalars."""
+        return frozenset(i for i, n in enumerate(self.inputs) if n in _SCALARS)
+
+    @property
     def input_ranks(self) -> list:
-        """(rank, "i32") of each named input, as a module's declaration shows them."""
-        return [(len(s), "i32") for s in self.input_shapes]
+        """(rank, "i32") of each named input, as a module's declaration shows them (None
+        for a scalar: signature.declared_types reads only tensors)."""
+        return [None if i in self.scalars else (len(s), "i32")
+                for i, s in enumerate(self.input_shapes)]
+
+    def scalar_inputs(self, declared: list) -> bool | None:
+        """Whether a module whose step declares `declared` (signature.declared_types'
+        inputs) takes the scalars as scalars (True: this tercomp's modules) or as 0-d
+        tensors (False: an earlier one's), or None where it matches neither."""
+        ranks = [t and (len(t[0]), t[1]) for t in declared]
+        if ranks == self.input_ranks:
+            return True
+        tensors = [(0, "i32") if r is None else r for r in self.input_ranks]
+        return False if ranks == tensors else None
 
     @staticmethod
     def cache_names(n_caches: int) -> list:
