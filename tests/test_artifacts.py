@@ -441,27 +441,6 @@ def test_a_bad_task_local_memory_setting_is_named():
     assert "TERCOMP_TASK_LOCAL_MEMORY='lots' is not a number of bytes" in out, out
 
 
-def test_the_task_pool_s_worker_spin_is_set_and_can_be_overridden():
-    code = ("import numpy as np, tercomp as tc\n"
-            "from tercomp.runtime import devices\n"
-            "parse = devices.rt_flags.parse_flags\n"
-            "def spy(*flags):\n"
-            "    print('FLAGS', *flags)\n"
-            "    return parse(*flags)\n"
-            "devices.rt_flags.parse_flags = spy\n"
-            "exe = tc.compile(lambda a: tc.exp(a), tc.spec(('N',)))\n"
-            "try:\n"
-            "    print('OUT', exe(np.zeros(2, np.float32)).tolist())\n"
-            "except tc.ConfigError as e:\n"
-            "    print(e)\n")
-    rc, out = box.run(code, timeout=300)
-    assert "--task_worker_spin_us=100" in out and "OUT [1.0, 1.0]" in out, out
-    rc, out = box.run(code, timeout=300, env={"TERCOMP_TASK_SPIN_US": "0"})
-    assert "--task_worker_spin_us=0" in out and "OUT [1.0, 1.0]" in out, out
-    rc, out = box.run(code, timeout=300, env={"TERCOMP_TASK_SPIN_US": "fast"})
-    assert "TERCOMP_TASK_SPIN_US='fast' is not a number" in out, out
-
-
 class _WideConv(nn.Module):
     """Four 3x3 BitConv2d layers at 1024 channels on 4x4 inputs: 9 MiB of 2-bit weights
     (packed K 9216), activations of a few hundred KiB."""

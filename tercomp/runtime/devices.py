@@ -44,16 +44,6 @@ _task_threads: list = []     # [n] once the local-task pool exists (n None: IREE
 # needs more fails loudly ("dispatch requires N b of local memory"), it is not wrong.
 # TERCOMP_TASK_LOCAL_MEMORY overrides it (bytes; 0: IREE's default).
 TASK_WORKER_LOCAL_MEMORY = 64 * 1024
-# Microseconds a worker of the pool spins for more work before it sleeps (IREE's
-# --task_worker_spin_us; its default 0 sleeps at once). A decode step is one call of
-# ~560 dispatches every ~7 ms, and between two calls (the host records the next command
-# buffer) or two dispatches a sleeping worker is woken through the kernel: measured on
-# the 2-core AMD EPYC VM (Zen 5), the 700M decode at 2 threads, fresh processes in turns,
-# 6 rounds, medians of tokens/s: 0 us 141.5, 100 us 149.6 (+5.7%), 1000 us and 10 ms
-# slower (a spinning worker holds the core the host thread needs: 126-132 and 99-106);
-# on the Xeon VM 0 and 50 us measured alike (bench/RESULTS.md 2026-11-28 13:40).
-# TERCOMP_TASK_SPIN_US overrides it (microseconds; 0: never spin).
-TASK_WORKER_SPIN_US = 100
 
 
 def driver_present(driver: str) -> bool:
@@ -112,10 +102,8 @@ def _configure_task_threads(threads: int | None):
             uri.startswith("local-task") for uri in getattr(system_setup, "_GLOBAL_DEVICES_BY_URI", {})):
         _task_threads.append(None)         # someone else's iree.runtime code made the pool
     if not _task_threads:
-        local, spin = _local_memory(), _env_int("TERCOMP_TASK_SPIN_US", TASK_WORKER_SPIN_US,
-                                                "microseconds a worker spins (0: never)")
+        local = _local_memory()
         rt_flags.parse_flags(f"--task_topology_group_count={threads or 0}",
-                             f"--task_worker_spin_us={spin}",
                              *([f"--task_worker_local_memory={local}"] if local else []))
         _task_threads.append(threads)
     elif threads is not None and _task_threads[0] != threads:
@@ -124,15 +112,6 @@ def _configure_task_threads(threads: int | None):
                           f"threads; IREE sizes it once per process, so threads={threads} "
                           "cannot take effect",
                           hint="pass threads= to the first compile or load of the process")
-
-
-def _env_int(name: str, default: int, what: str) -> int:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    if not value.isdigit():
-        raise ConfigError(f"{name}={value!r} is not a number", hint=f"unset it, or give {what}")
-    return int(value)
 
 
 def _local_memory() -> int:
