@@ -737,6 +737,12 @@ def batched(a, given, files, wrong):
     a.artifact = os.path.join(a.dir, f"batched{a.batch}-{d}.tcm")
     r = compile_once(a, [f"--output-dtype={d}", f"--threads={a.threads}"], a.stamp)
     rows = {}
+    files = dict(files)
+    for name in list(files):        # a build without the tool: said once, not every round
+        if not os.access(os.path.join(given[name], "llama-batched-bench"), os.X_OK):
+            print(f"{peers.PEERS[name].label}: no llama-batched-bench in {given[name]}: "
+                  "left out of the batched table", file=sys.stderr)
+            del files[name]
     for _ in range(a.rounds):
         if r is not None:
             got = run_worker("tercomp-batched", a, [f"--threads={a.threads}"]) or {}
