@@ -214,8 +214,8 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
     >>> gen.generate([1, 15043], max_new_tokens=16, temperature=0.8, top_p=0.9, seed=1)
     """
     opts = BuildOptions.resolve(target, vulkan_target=vulkan_target, cuda_target=cuda_target,
-                                flags=flags, device=device, threads=threads, ternary=ternary,
-                                isolate=isolate)
+                                flags=tuple(flags) + (ASYNC_EXTERNAL,), device=device,
+                                threads=threads, ternary=ternary, isolate=isolate)
     if len(opts.targets) > 1:
         # Measured with IREE 3.13: a step built for local+vulkan or local+cuda computes
         # wrong logits on every device, NaN on local-sync, and one variant segfaulted
@@ -269,6 +269,13 @@ def compile_lm(lm, max_seq: int | None = None, kv_dtype: str | None = None, *,
                 dumper=dumper, cache=cache, meta={"lm": lm_meta}, hit_meta={"lm": lm_meta},
                 stage=f"the IREE compile of the LM for {', '.join(opts.names)}")
     return wrap(exe)
+
+
+#: The step's functions return once their work is queued and take a wait and a signal
+#: fence (IREE's "coarse-fences" ABI): the generators wait by sleeping, not inside
+#: IREE, whose wait cost the host thread CPU that a 2-core machine's workers needed
+#: (runtime/fenced.py: 700M decode at 2 threads 7.63 -> 6.90 ms a token).
+ASYNC_EXTERNAL = "--iree-execution-model=async-external"
 
 
 def _pipeline(abi: StepABI, n_caches: int, cache_type, ternary, opts: BuildOptions,

@@ -309,16 +309,23 @@ def test_artifact_of_an_older_step_is_refused(gen):
 
 def test_start_is_a_scalar_and_older_tensor_start_modules_still_run(gen, lm_file, full,
                                                                      monkeypatch):
-    # the step takes `start` as an i32 (no readback of a 0-d tensor on every call)
-    decl = dict(gen._fn().vm_function.reflection)["iree.abi.declaration"]
-    assert "%input1: i32," in decl and gen._scalar
-    # a module compiled before (start a tensor<i32>) still loads and runs the same
+    # the step takes `start` as an i32 (no readback of a 0-d tensor on every call), and
+    # is IREE's async-external model, called through runtime.fenced
+    reflection = dict(gen._fn().vm_function.reflection)
+    assert "%input1: i32," in reflection["iree.abi.declaration"] and gen._scalar
+    assert reflection["iree.abi.model"] == "coarse-fences"
+    assert type(gen._fn()).__name__ == "FencedFunction"
+    # a module compiled before (start a tensor<i32>, a synchronous step) still loads
+    # and runs the same
+    from tercomp import generate
     from tercomp.runtime.step_abi import StepABI
     monkeypatch.setattr(StepABI, "scalars", property(lambda self: frozenset()))
+    monkeypatch.setattr(generate, "ASYNC_EXTERNAL", "--iree-execution-model=async-internal")
     older = tc.compile_lm(models.load(lm_file), max_seq=MAX_SEQ, cache=False)
     monkeypatch.undo()
-    decl = dict(older._fn().vm_function.reflection)["iree.abi.declaration"]
-    assert "%input1: tensor<i32>" in decl and not older._scalar
+    reflection = dict(older._fn().vm_function.reflection)
+    assert "%input1: tensor<i32>" in reflection["iree.abi.declaration"] and not older._scalar
+    assert "iree.abi.model" not in reflection and type(older._fn()).__name__ == "FunctionInvoker"
     assert LMGenerator.module_mismatch(older.exe.meta["lm"],
                                        dict(older._fn().vm_function.reflection)) is None
     np.testing.assert_array_equal(older.prefill(IDS), full)
@@ -327,6 +334,17 @@ def test_start_is_a_scalar_and_older_tensor_start_modules_still_run(gen, lm_file
     np.testing.assert_array_equal(older.decode(int(IDS[10])), gen.decode(int(IDS[10])))
     assert StepABI(batched=False).scalar_inputs([([None], "i32"), ([], "f32"), ([None], "i32")]) \
         is None
+
+
+def test_a_failed_step_call_leaves_the_next_ones_working(gen, full):
+    # runtime.fenced: a call that IREE refuses (a missing argument) starts the next call
+    # on a fresh semaphore; the generator then runs as before
+    step = gen._fn()
+    with pytest.raises(Exception):
+        step(np.array([1], np.int32))
+    np.testing.assert_array_equal(gen.prefill(IDS), full)
+    gen.prefill(IDS[:10])
+    np.testing.assert_array_equal(gen.decode(int(IDS[10])), full[10])
 
 
 def test_decode_before_prefill_and_full_cache(gen):

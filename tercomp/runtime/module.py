@@ -21,6 +21,7 @@ from . import artifact
 from .devices import (TARGET_DRIVERS, available_drivers, check_threads, open_device, pick_device,
                       warn_if_lavapipe_mismatch)
 from .numerics import report as report_numerics
+from .fenced import FencedFunction, is_fenced
 from .signature import Signature
 
 
@@ -288,12 +289,17 @@ class CompiledModule:
     def function(self, name: str):
         """The iree.runtime function `name` of the loaded module, called with NumPy arrays
         and returning iree.runtime DeviceArrays, unchecked. Every function of one module
-        shares its loaded state (weights, mutable globals such as a KV cache)."""
+        shares its loaded state (weights, mutable globals such as a KV cache). A function
+        of IREE's async-external model (a language model's step) is called through
+        runtime.fenced.FencedFunction, the same way."""
         self._load()
         try:
-            return self._ctx.modules.module[name]
+            fn = self._ctx.modules.module[name]
         except (KeyError, AttributeError):
             raise ConfigError(f"the module has no function {name!r}") from None
+        if is_fenced(fn.vm_function):       # a language model's step (tc.compile_lm)
+            return FencedFunction(self._ctx.vm_context, self._hal_device, fn.vm_function)
+        return fn
 
     def _device_input(self, x):
         # A DeviceArray of this module's device goes in as is; any other is copied.
