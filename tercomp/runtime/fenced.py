@@ -8,10 +8,10 @@ Why: a synchronous function waits inside IREE (`hal.fence.await`), and on a mach
 with as many cores as workers that wait costs the host thread CPU while the workers
 run: measured at the 700M decode step, 2 threads on a 2-core Zen 5, the host thread
 used 0.9-1.2 ms of CPU a 7.6 ms call and preempted a worker about every other call.
-Here the host sleeps instead: for the call's expected time (the last call of the same
-argument shapes, less a margin), then in steps of POLL seconds until the signal fence
-is reached (longer steps the further a call runs past it). The same step, 6 rounds in turns: 6.90 against 7.63 ms a token (medians),
-the host's CPU 0.43 ms a call (bench/RESULTS.md, 2026-11-28 14:30).
+Here the host sleeps instead: for most of the call's expected time (the last call of
+the same argument shapes), then in short steps until the signal fence is reached. The same step, 6 rounds in turns: 6.90 against 7.63 ms a token (medians, with a first
+sleep of 90% of the expected time), the host's CPU 0.43 ms a call (bench/RESULTS.md,
+2026-11-28 14:30).
 """
 from __future__ import annotations
 
@@ -20,13 +20,16 @@ import time
 import iree.runtime as rt
 import numpy as np
 
-#: Seconds between two looks at the signal fence once the expected time has passed.
-POLL = 50e-6
-#: The longest sleep between two looks: what a call of unknown length (a prompt of a new
-#: length) may wait past its end, at most a 20th of its time.
-MAX_POLL = 1e-3
-#: Seconds the first sleep stops short of the expected time (and a 10th of it).
+#: The first sleep: this share of the expected time, less MARGIN seconds. A call's time
+#: varies by 10% and more from one to the next (a 1 s prefill of the 8B shape: 1.0-1.2 s),
+#: and a sleep past the end is lost.
+FIRST = 0.8
 MARGIN = 400e-6
+#: The shortest and the longest sleep between two looks at the signal fence after the
+#: first: a 100th of the call's expected time within them (at most 1% of a long call
+#: is lost past its end; a 7 ms decode step looks every 70 us).
+POLL = 50e-6
+MAX_POLL = 1e-3
 
 MODEL = "coarse-fences"
 
@@ -72,12 +75,12 @@ class FencedFunction:
             self._context.invoke(self.vm_function, args, results)
             self._value += 1
             expected = self._expected.get(key, 0.0)
-            time.sleep(max(0.0, 0.9 * expected - MARGIN))
+            time.sleep(max(0.0, FIRST * expected - MARGIN))
             while not signal.wait(timeout=0):
-                # past the expected time (or with none yet: a new shape) the looks thin
-                # out with the overrun, a 20th of it, up to MAX_POLL apart
-                late = time.perf_counter() - start - expected
-                time.sleep(min(MAX_POLL, max(POLL, late / 20)))
+                # then a look every 100th of the expected time (of the time so far, for
+                # a shape not seen yet), POLL to MAX_POLL apart
+                step = (expected or time.perf_counter() - start) / 100
+                time.sleep(min(MAX_POLL, max(POLL, step)))
         except Exception:
             # a failed submission or execution leaves the timeline failed or ahead of
             # its fences: the next call starts on a fresh one
